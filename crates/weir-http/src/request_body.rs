@@ -1,0 +1,70 @@
+//! Reading a request body under the transport limits.
+//!
+//! Invariant owned here: no more than `max_request_body_bytes` are ever
+//! buffered (a body that grows past the limit is refused as soon as it
+//! does), and the whole read ends within `body_read_timeout_ms` — a timer of
+//! its own, separate from the Wasm deadline, because no Wasm runs yet.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http_body::Body;
+use http_body_util::BodyExt;
+
+/// Why a body could not be read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum BodyError {
+    /// More bytes than the limit arrived.
+    TooLarge,
+    /// The body did not complete in time.
+    Timeout,
+    /// The client went away or sent a malformed body.
+    Broken,
+}
+
+/// Reads the whole body, holding at most `limit` bytes.
+pub async fn read_body<B>(body: B, limit: u64, timeout: Duration) -> Result<Bytes, BodyError>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    match tokio::time::timeout(timeout, collect(body, limit)).await {
+        Ok(result) => result,
+        Err(_) => Err(BodyError::Timeout),
+    }
+}
+
+async fn collect<B>(mut body: B, limit: u64) -> Result<Bytes, BodyError>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    // The common case — one frame or none — needs no copy.
+    let mut first: Option<Bytes> = None;
+    let mut rest: Option<BytesMut> = None;
+    let mut total: u64 = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| BodyError::Broken)?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers carry no body bytes
+        };
+        total += data.len() as u64;
+        if total > limit {
+            return Err(BodyError::TooLarge);
+        }
+        match (&mut first, &mut rest) {
+            (None, None) => first = Some(data),
+            (Some(f), None) => {
+                let mut buf = BytesMut::with_capacity(f.len() + data.len());
+                buf.extend_from_slice(f);
+                buf.extend_from_slice(&data);
+                first = None;
+                rest = Some(buf);
+            }
+            (_, Some(buf)) => buf.extend_from_slice(&data),
+        }
+    }
+    Ok(match (first, rest) {
+        (_, Some(buf)) => buf.freeze(),
+        (Some(f), None) => f,
+        (None, None) => Bytes::new(),
+    })
+}

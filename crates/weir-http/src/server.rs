@@ -1,0 +1,226 @@
+//! The listener and the path of one request through the transport.
+//!
+//! Invariants owned here, in the order a request meets them:
+//! 1. a head over `max_request_head_bytes` is answered 431 and a declared
+//!    `content-length` over `max_request_body_bytes` 413 — before admission,
+//!    so the guest is never entered and no lane is used;
+//! 2. admission (a lane or a queue place) happens before a byte of body is
+//!    read; a refused request leaves its body unread;
+//! 3. the body is read while the lane is held, under its own timeout;
+//! 4. responses to HEAD and with status 204, 205 or 304 carry no body, even
+//!    when the guest writes one (what it writes is drained and discarded).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use weir_runtime::event::{self, Dispatch, Reply};
+use weir_runtime::receipt::{Outcome, PendingReceipt, Receipt};
+use weir_runtime::{App, ErrorCode};
+
+use crate::error_response::error_response;
+use crate::head::head_bytes;
+use crate::request_body::{BodyError, read_body};
+use crate::response_body::{ServeBody, SessionBody};
+
+/// Header count accepted by the HTTP parser. hyper reserves this many slots
+/// per request, so it is kept modest; a head with more header lines is
+/// refused by the parser (431) even under `max_request_head_bytes`.
+pub const MAX_REQUEST_HEADERS: usize = 256;
+
+/// The parser's read buffer is this many times `max_request_head_bytes`
+/// (and at least [`MIN_PARSER_BUFFER_BYTES`]), so any head up to that size
+/// reaches Weir's own count and gets its JSON 431; larger heads are cut off
+/// by the parser with a bare 431.
+pub const PARSER_BUFFER_HEAD_MULTIPLE: usize = 4;
+
+/// hyper's smallest allowed read buffer.
+pub const MIN_PARSER_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Name of the optional header that tells which generation answered.
+pub const GENERATION_HEADER: &str = "x-weir-generation";
+
+/// Options of the transport that are not limits.
+#[derive(Clone, Debug, Default)]
+pub struct ServeOptions {
+    /// Add `x-weir-generation` to every response the guest produced.
+    pub receipt_headers: bool,
+}
+
+/// Serves `app` on `listener` until the process ends.
+pub async fn serve(listener: TcpListener, app: Arc<App>, options: ServeOptions) {
+    let options = Arc::new(options);
+    let limits = &app.code.limits;
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .keep_alive(true)
+        .max_headers(MAX_REQUEST_HEADERS)
+        .max_buf_size(
+            (limits.max_request_head_bytes * PARSER_BUFFER_HEAD_MULTIPLE)
+                .max(MIN_PARSER_BUFFER_BYTES),
+        );
+    let builder = Arc::new(builder);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Running out of file descriptors must not end the server.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let options = options.clone();
+        let builder = builder.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let app = app.clone();
+                let options = options.clone();
+                async move { Ok::<_, Infallible>(handle(app, &options, req).await) }
+            });
+            if let Err(e) = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+}
+
+/// Binds a listener, for callers that want the bound address first.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+fn refuse(receipt: &Receipt, outcome: Outcome, code: ErrorCode) -> Response<ServeBody> {
+    receipt.fail(outcome, Some(code), None);
+    receipt.status(code.status());
+    error_response(code)
+}
+
+fn declared_length<B>(req: &Request<B>) -> Option<u64> {
+    req.headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Statuses whose responses never carry a body.
+fn bodyless(method: &Method, status: StatusCode) -> bool {
+    method == Method::HEAD
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::RESET_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+}
+
+async fn handle(
+    app: Arc<App>,
+    options: &ServeOptions,
+    req: Request<Incoming>,
+) -> Response<ServeBody> {
+    let arrived = Instant::now();
+    let receipt = PendingReceipt::new(app.name.clone(), app.metrics.clone(), arrived);
+    let limits = &app.code.limits;
+
+    if head_bytes(&req) > limits.max_request_head_bytes {
+        return refuse(
+            &receipt,
+            Outcome::Limit,
+            ErrorCode::RequestHeaderFieldsTooLarge,
+        );
+    }
+    if declared_length(&req).is_some_and(|n| n > limits.max_request_body_bytes) {
+        return refuse(&receipt, Outcome::Limit, ErrorCode::PayloadTooLarge);
+    }
+
+    let mut guard = match app
+        .admission
+        .admit(&app, arrived + limits.event_limit)
+        .await
+    {
+        Ok(guard) => guard,
+        Err(code) => return refuse(&receipt, Outcome::Capacity, code),
+    };
+    receipt.admitted(guard.lane().id, app.next_admission_index());
+
+    let (parts, body) = req.into_parts();
+    let bytes = match read_body(
+        body,
+        limits.max_request_body_bytes,
+        limits.body_read_timeout,
+    )
+    .await
+    {
+        Ok(bytes) => bytes,
+        Err(BodyError::TooLarge) => {
+            return refuse(&receipt, Outcome::Limit, ErrorCode::PayloadTooLarge);
+        }
+        Err(BodyError::Timeout) => {
+            return refuse(&receipt, Outcome::Deadline, ErrorCode::RequestBodyTimeout);
+        }
+        Err(BodyError::Broken) => {
+            return refuse(&receipt, Outcome::Cancelled, ErrorCode::RequestCancelled);
+        }
+    };
+    receipt.add_bytes_in(bytes.len() as u64);
+    let method = parts.method.clone();
+    let request = Request::from_parts(parts, Full::new(bytes));
+
+    let Dispatch { reply, cancel } = event::dispatch(guard, request, receipt.clone());
+    match reply.await {
+        Ok(Reply::Response {
+            response,
+            session,
+            generation,
+        }) => {
+            let (mut parts, body) = response.into_parts();
+            if options.receipt_headers {
+                parts
+                    .headers
+                    .insert(GENERATION_HEADER, HeaderValue::from(generation));
+            }
+            if bodyless(&method, parts.status) {
+                if parts.status == StatusCode::NO_CONTENT {
+                    parts.headers.remove(header::CONTENT_LENGTH);
+                } else if parts.status == StatusCode::RESET_CONTENT {
+                    parts
+                        .headers
+                        .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+                }
+                // The guest may still be writing; drain what it writes so
+                // it is not failed for a body the client will never see.
+                tokio::spawn(async move {
+                    let _cancel = cancel;
+                    let mut body = body;
+                    while let Some(Ok(_)) = body.frame().await {}
+                    drop(session);
+                });
+                return Response::from_parts(parts, ServeBody::empty());
+            }
+            let body = SessionBody::new(
+                body,
+                session,
+                receipt,
+                cancel,
+                limits.max_response_body_bytes,
+                limits.max_response_chunk_bytes,
+            );
+            Response::from_parts(parts, ServeBody::Session(Box::new(body)))
+        }
+        Ok(Reply::Failure(code)) => error_response(code),
+        // The event task ended without a word: treat the host as gone.
+        Err(_) => error_response(ErrorCode::HostUnavailable),
+    }
+}

@@ -1,0 +1,189 @@
+//! An app: one component, compiled and linked once, served by its lanes.
+//!
+//! Invariant owned here: a component that cannot be compiled, does not
+//! export `wasi:http/incoming-handler`, or imports something Weir does not
+//! provide is refused when the app is loaded — with the reason — never at
+//! the first request. Every lane of a loaded app also instantiated once
+//! before the app is offered to clients.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use wasmtime::component::{Component, Linker};
+use wasmtime_wasi_http::p2::bindings::ProxyPre;
+
+use crate::admission::Admission;
+use crate::engine::WeirEngine;
+use crate::generation::{Generation, GenerationState, InstantiateError};
+use crate::lane::{Lane, LaneBoard};
+use crate::limits::Limits;
+use crate::metrics::AppMetrics;
+
+/// Why an app could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path} is a core Wasm module, not a component; build it for wasm32-wasip2")]
+    NotAComponent { path: String },
+    #[error("{path} does not compile: {reason}")]
+    Compile { path: String, reason: String },
+    #[error("{path} cannot be linked: {reason}")]
+    Link { path: String, reason: String },
+    #[error("{path} does not export wasi:http/incoming-handler: {reason}")]
+    NotAProxy { path: String, reason: String },
+    #[error("{path}: {source}")]
+    Instantiate {
+        path: String,
+        source: InstantiateError,
+    },
+}
+
+/// What every generation of an app is made from: compiled once, shared.
+pub struct AppCode {
+    engine: wasmtime::Engine,
+    pub(crate) pre: ProxyPre<GenerationState>,
+    pub limits: Limits,
+}
+
+impl AppCode {
+    pub fn engine(&self) -> &wasmtime::Engine {
+        &self.engine
+    }
+
+    /// Compiles and links a component file.
+    pub fn load(engine: &WeirEngine, path: &Path, limits: Limits) -> Result<AppCode, LoadError> {
+        let shown = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        Self::from_bytes(engine, &shown, &bytes, limits)
+    }
+
+    pub fn from_bytes(
+        engine: &WeirEngine,
+        shown: &str,
+        bytes: &[u8],
+        limits: Limits,
+    ) -> Result<AppCode, LoadError> {
+        if is_core_module(bytes) {
+            return Err(LoadError::NotAComponent {
+                path: shown.to_string(),
+            });
+        }
+        let engine = engine.engine().clone();
+        let component = Component::from_binary(&engine, bytes).map_err(|e| LoadError::Compile {
+            path: shown.to_string(),
+            reason: format!("{e:#}"),
+        })?;
+        let mut linker: Linker<GenerationState> = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| LoadError::Link {
+            path: shown.to_string(),
+            reason: format!("{e:#}"),
+        })?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(|e| {
+            LoadError::Link {
+                path: shown.to_string(),
+                reason: format!("{e:#}"),
+            }
+        })?;
+        let instance_pre = linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadError::Link {
+                path: shown.to_string(),
+                reason: format!("{e:#}"),
+            })?;
+        let pre = ProxyPre::new(instance_pre).map_err(|e| LoadError::NotAProxy {
+            path: shown.to_string(),
+            reason: format!("{e:#}"),
+        })?;
+        Ok(AppCode {
+            engine,
+            pre,
+            limits,
+        })
+    }
+}
+
+/// True when the bytes are a core module (version 1) rather than a component.
+fn is_core_module(bytes: &[u8]) -> bool {
+    bytes.len() >= 8 && bytes[0..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0]
+}
+
+/// A served app: its code, its lanes and its counters.
+pub struct App {
+    pub name: Arc<str>,
+    pub code: AppCode,
+    pub admission: Admission,
+    pub board: LaneBoard,
+    pub metrics: AppMetrics,
+    next_generation: AtomicU64,
+    next_admission: AtomicU64,
+}
+
+impl App {
+    /// Loads the app and instantiates a first generation on every lane.
+    pub async fn start(
+        name: String,
+        code: AppCode,
+        metrics: AppMetrics,
+        shown: &str,
+    ) -> Result<Arc<App>, LoadError> {
+        let lanes = code.limits.max_concurrent;
+        let app = Arc::new(App {
+            name: name.into(),
+            admission: Admission::new(code.limits.max_queued),
+            board: LaneBoard::new(lanes),
+            metrics,
+            next_generation: AtomicU64::new(1),
+            next_admission: AtomicU64::new(1),
+            code,
+        });
+        for id in 0..lanes {
+            let generation = app
+                .instantiate()
+                .await
+                .map_err(|source| LoadError::Instantiate {
+                    path: shown.to_string(),
+                    source,
+                })?;
+            app.board.set_idle(id, generation.number);
+            app.admission.release(
+                &app,
+                Lane {
+                    id,
+                    generation: Some(generation),
+                },
+            );
+        }
+        Ok(app)
+    }
+
+    /// Creates a fresh generation with the next number.
+    pub async fn instantiate(&self) -> Result<Generation, InstantiateError> {
+        let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let result = Generation::instantiate(&self.code, number).await;
+        match &result {
+            Ok(_) => self.metrics.generation_created(),
+            Err(e) => {
+                self.metrics.instantiation_failed();
+                tracing::error!(app = %self.name, generation = number, error = %e.reason, "instantiation failed");
+            }
+        }
+        result
+    }
+
+    pub fn next_admission_index(&self) -> u64 {
+        self.next_admission.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// True while every lane can admit.
+    pub fn healthy(&self) -> bool {
+        self.board.all_available()
+    }
+}

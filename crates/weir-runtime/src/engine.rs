@@ -1,0 +1,113 @@
+//! The one wasmtime `Engine` of a Weir process and its one epoch ticker.
+//!
+//! Invariant owned here: there is exactly one thread that advances time for
+//! Wasm, whatever the number of requests. Every store yields to tokio at each
+//! epoch tick, so a guest that spins is interrupted by the same tokio timers
+//! that bound every other wait — no thread or timer is created per request.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use wasmtime::{Config, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+/// How often the engine's epoch advances. A spinning guest is interrupted at
+/// the next tick, so this is the granularity of every Wasm deadline; 5 ms
+/// keeps deadline overshoot small while the ticker costs nothing measurable.
+pub const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// Instance slots the pooling allocator reserves beyond the lanes: an
+/// abandoned generation's slot is released when its store drops, but a
+/// replacement may be instantiated a moment before, so each lane may briefly
+/// hold two.
+pub const POOL_SLOTS_PER_LANE: u32 = 2;
+
+/// Core instances and memories one component may hold. Components built by
+/// `cargo` for wasm32-wasip2 have one main module plus the adapter shims;
+/// 16 leaves room for composed components.
+pub const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 16;
+
+/// Wasm stack per instance: 1 MiB, wasmtime's own default, stated so that
+/// it is a decision and not an accident.
+pub const MAX_WASM_STACK_BYTES: usize = 1 << 20;
+
+/// Errors building the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("cannot configure the Wasm engine: {0}")]
+    Config(String),
+}
+
+/// Sizing the engine needs up front (the pooling allocator reserves slots).
+#[derive(Clone, Copy, Debug)]
+pub struct EngineSizing {
+    /// Total lanes across every app this engine will run.
+    pub lanes: u32,
+    /// The largest `memory_limit_bytes` of any app.
+    pub memory_limit_bytes: u64,
+}
+
+/// The shared engine plus its ticker; dropping it stops the ticker.
+pub struct WeirEngine {
+    engine: wasmtime::Engine,
+    stop: Arc<AtomicBool>,
+    ticker: Option<JoinHandle<()>>,
+}
+
+impl WeirEngine {
+    pub fn new(sizing: EngineSizing) -> Result<Self, EngineError> {
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        config.max_wasm_stack(MAX_WASM_STACK_BYTES);
+        config.wasm_component_model(true);
+
+        let slots = sizing.lanes.saturating_mul(POOL_SLOTS_PER_LANE).max(4);
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(slots);
+        pool.total_core_instances(slots.saturating_mul(MAX_CORE_INSTANCES_PER_COMPONENT));
+        pool.total_memories(slots.saturating_mul(MAX_CORE_INSTANCES_PER_COMPONENT));
+        pool.total_tables(slots.saturating_mul(MAX_CORE_INSTANCES_PER_COMPONENT));
+        pool.total_stacks(slots);
+        pool.max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT);
+        pool.max_memories_per_component(MAX_CORE_INSTANCES_PER_COMPONENT);
+        pool.max_tables_per_component(MAX_CORE_INSTANCES_PER_COMPONENT);
+        pool.max_memory_size(sizing.memory_limit_bytes as usize);
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+
+        let engine =
+            wasmtime::Engine::new(&config).map_err(|e| EngineError::Config(format!("{e:#}")))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let ticker = {
+            let engine = engine.clone();
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("weir-epoch".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(EPOCH_TICK);
+                        engine.increment_epoch();
+                    }
+                })
+                .map_err(|e| EngineError::Config(format!("cannot start epoch ticker: {e}")))?
+        };
+        Ok(WeirEngine {
+            engine,
+            stop,
+            ticker: Some(ticker),
+        })
+    }
+
+    pub fn engine(&self) -> &wasmtime::Engine {
+        &self.engine
+    }
+}
+
+impl Drop for WeirEngine {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.ticker.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,412 @@
+//! One event: a request run on a lane's generation, from Wasm entry to the
+//! end of the response body, and the lane's renewal afterwards.
+//!
+//! Invariants owned here:
+//! - the guest runs on its own task, so a client that leaves does not kill
+//!   it mid-instruction: it gets `cancellation_limit_ms` to finish, then its
+//!   generation is abandoned;
+//! - before headers the deadline is `event_limit_ms` from Wasm entry; after
+//!   headers it is `session_limit_ms`; both are enforced by one tokio timer
+//!   in this task, never by a thread or timer per request;
+//! - a trap, a deadline, a cancellation that does not settle, or a declared
+//!   response length over the limit drops the generation at once; a failure
+//!   after headers is reported to the transport as a failed session, never
+//!   as a clean end of body;
+//! - a lane is released only with a live generation in it: a retired or
+//!   abandoned generation is replaced first, and a lane whose replacement
+//!   cannot be instantiated stays out of admission (unavailable) until one
+//!   can.
+
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::Response;
+use tokio::sync::oneshot;
+use wasmtime_wasi_http::WasiHttpView;
+use wasmtime_wasi_http::p2::bindings::http::types::{ErrorCode as WasiErrorCode, Scheme};
+use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
+
+use crate::admission::LaneGuard;
+use crate::app::App;
+use crate::error_code::ErrorCode;
+use crate::generation::Generation;
+use crate::receipt::{Outcome, Receipt};
+
+/// First wait before retrying a lane whose fresh instantiation failed.
+pub const RENEW_BACKOFF_START: Duration = Duration::from_millis(100);
+
+/// Longest wait between retries of an unavailable lane: a lane that comes
+/// back is found within 30 s, and a persistent failure costs one attempt per
+/// 30 s per lane.
+pub const RENEW_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Longest trap message kept in a receipt; wasmtime's backtraces can be
+/// long, and the receipt is a log line.
+pub const MAX_DETAIL_CHARS: usize = 512;
+
+/// How the guest's session ended, as the transport needs to know before it
+/// may end the body cleanly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// The guest returned: the body it wrote is complete.
+    Clean,
+    /// The guest failed after headers: the body must end with an error.
+    Failed,
+}
+
+/// What the transport receives for an event.
+pub enum Reply {
+    /// The guest produced headers; the body streams from the guest, and
+    /// `session` says how it ended.
+    Response {
+        response: Response<HyperOutgoingBody>,
+        session: oneshot::Receiver<SessionEnd>,
+        generation: u64,
+    },
+    /// Weir answers instead of the guest.
+    Failure(ErrorCode),
+}
+
+/// Dropping this tells the event that nobody wants its result any more.
+pub struct CancelHandle {
+    _tx: oneshot::Sender<()>,
+}
+
+/// An event handed to its lane.
+pub struct Dispatch {
+    pub reply: oneshot::Receiver<Reply>,
+    pub cancel: CancelHandle,
+}
+
+/// The body a guest streams into its response.
+pub type GuestBody = HyperOutgoingBody;
+
+/// A request whose body has been read in full, as the guest will see it.
+pub type EventRequest = http::Request<Full<Bytes>>;
+
+enum Verdict {
+    Returned,
+    Trap(String),
+    EventDeadline,
+    SessionDeadline,
+    Cancelled,
+    ResponseTooLarge,
+}
+
+/// Starts the event on the lane held by `guard`.
+pub fn dispatch(guard: LaneGuard, request: EventRequest, receipt: Receipt) -> Dispatch {
+    let (reply_tx, reply) = oneshot::channel();
+    let (cancel_tx, cancel_rx) = oneshot::channel();
+    tokio::spawn(run_event(guard, request, receipt, reply_tx, cancel_rx));
+    Dispatch {
+        reply,
+        cancel: CancelHandle { _tx: cancel_tx },
+    }
+}
+
+fn declared_length(response: &Response<HyperOutgoingBody>) -> Option<u64> {
+    response
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+async fn run_event(
+    mut guard: LaneGuard,
+    request: EventRequest,
+    receipt: Receipt,
+    reply_tx: oneshot::Sender<Reply>,
+    mut cancel_rx: oneshot::Receiver<()>,
+) {
+    let Some(app) = guard.app() else { return };
+    let limits = &app.code.limits;
+    let lane_id = guard.lane().id;
+    let Some(mut generation) = guard.lane().generation.take() else {
+        // Unreachable by construction (lanes are released only with a live
+        // generation), but a lane without one must not be used.
+        let _ = reply_tx.send(Reply::Failure(ErrorCode::HostUnavailable));
+        receipt.fail(Outcome::Capacity, Some(ErrorCode::HostUnavailable), None);
+        let fresh = renew(&app, lane_id).await;
+        guard.lane().generation = Some(fresh);
+        return;
+    };
+    generation.admitted += 1;
+    app.board.set_busy(lane_id);
+
+    let (out_tx, mut out_rx) = oneshot::channel();
+    let handles = {
+        let http = generation.store.data_mut();
+        let mut view = http.http();
+        view.new_incoming_request(Scheme::Http, request)
+            .and_then(|req| Ok((req, view.new_response_outparam(out_tx)?)))
+    };
+    let (req, out) = match handles {
+        Ok(handles) => handles,
+        Err(e) => {
+            receipt.fail(
+                Outcome::Limit,
+                Some(ErrorCode::BadRequest),
+                Some(e.to_string()),
+            );
+            let _ = reply_tx.send(Reply::Failure(ErrorCode::BadRequest));
+            finish_lane(&app, guard, generation, false).await;
+            return;
+        }
+    };
+
+    let number = generation.number;
+    receipt.entered_wasm(number);
+    let entered = Instant::now();
+    let mut reply_tx = Some(reply_tx);
+    let mut session_tx: Option<oneshot::Sender<SessionEnd>> = None;
+    let mut headers_sent = false;
+    let mut cancelled = false;
+    let mut deadline = entered + limits.event_limit;
+
+    let verdict = {
+        let Generation { store, proxy, .. } = &mut generation;
+        let mut call = pin!(
+            proxy
+                .wasi_http_incoming_handler()
+                .call_handle(store, req, out)
+        );
+        loop {
+            tokio::select! {
+                biased;
+                response = &mut out_rx, if !headers_sent => {
+                    headers_sent = true;
+                    match response {
+                        Ok(Ok(response)) => {
+                            if declared_length(&response)
+                                .is_some_and(|n| n > limits.max_response_body_bytes)
+                            {
+                                break Verdict::ResponseTooLarge;
+                            }
+                            receipt.status(response.status().as_u16());
+                            receipt.headers_sent();
+                            let (tx, session) = oneshot::channel();
+                            session_tx = Some(tx);
+                            if let Some(reply_tx) = reply_tx.take() {
+                                let _ = reply_tx.send(Reply::Response { response, session, generation: number });
+                            }
+                            if !cancelled {
+                                deadline = Instant::now() + limits.session_limit;
+                            }
+                        }
+                        Ok(Err(code)) => {
+                            invalid_response(&receipt, &mut reply_tx, Some(code));
+                        }
+                        Err(_) => invalid_response(&receipt, &mut reply_tx, None),
+                    }
+                }
+                result = &mut call => {
+                    break match result {
+                        Ok(()) => Verdict::Returned,
+                        Err(e) => Verdict::Trap(truncate(format!("{e:#}"))),
+                    };
+                }
+                _ = tokio::time::sleep_until(deadline.into()) => {
+                    break if cancelled {
+                        Verdict::Cancelled
+                    } else if headers_sent {
+                        Verdict::SessionDeadline
+                    } else {
+                        Verdict::EventDeadline
+                    };
+                }
+                _ = &mut cancel_rx, if !cancelled => {
+                    cancelled = true;
+                    receipt.fail(Outcome::Cancelled, Some(ErrorCode::RequestCancelled), None);
+                    deadline = deadline.min(Instant::now() + limits.cancellation_limit);
+                }
+            }
+        }
+    };
+
+    receipt.memory(generation.memory_bytes());
+    let keep = match verdict {
+        Verdict::Returned => {
+            if !headers_sent {
+                // The guest may have set its response in the same poll in
+                // which it returned.
+                match out_rx.try_recv() {
+                    Ok(Ok(response))
+                        if declared_length(&response)
+                            .is_some_and(|n| n > limits.max_response_body_bytes) =>
+                    {
+                        fail_event(
+                            &receipt,
+                            &mut reply_tx,
+                            Outcome::Limit,
+                            ErrorCode::ResponseBodyTooLarge,
+                            None,
+                        );
+                    }
+                    Ok(Ok(response)) => {
+                        receipt.status(response.status().as_u16());
+                        receipt.headers_sent();
+                        let (tx, session) = oneshot::channel();
+                        let _ = tx.send(SessionEnd::Clean);
+                        if let Some(reply_tx) = reply_tx.take() {
+                            let _ = reply_tx.send(Reply::Response {
+                                response,
+                                session,
+                                generation: number,
+                            });
+                        }
+                    }
+                    Ok(Err(code)) => invalid_response(&receipt, &mut reply_tx, Some(code)),
+                    Err(_) => invalid_response(&receipt, &mut reply_tx, None),
+                }
+            }
+            if let Some(tx) = session_tx.take() {
+                let _ = tx.send(SessionEnd::Clean);
+            }
+            receipt.succeed();
+            true
+        }
+        Verdict::Trap(detail) => {
+            let (outcome, code) = if generation.store.data().memory.exceeded {
+                (Outcome::Limit, ErrorCode::MemoryLimitExceeded)
+            } else {
+                (Outcome::Trap, ErrorCode::InstanceAbandoned)
+            };
+            fail_event(&receipt, &mut reply_tx, outcome, code, Some(detail));
+            false
+        }
+        Verdict::EventDeadline => {
+            fail_event(
+                &receipt,
+                &mut reply_tx,
+                Outcome::Deadline,
+                ErrorCode::EventDeadlineExceeded,
+                None,
+            );
+            false
+        }
+        Verdict::SessionDeadline => {
+            fail_event(
+                &receipt,
+                &mut reply_tx,
+                Outcome::Deadline,
+                ErrorCode::EventDeadlineExceeded,
+                Some("session_limit_ms passed".into()),
+            );
+            false
+        }
+        Verdict::Cancelled => {
+            fail_event(
+                &receipt,
+                &mut reply_tx,
+                Outcome::Cancelled,
+                ErrorCode::RequestCancelled,
+                Some("guest did not finish within cancellation_limit_ms".into()),
+            );
+            false
+        }
+        Verdict::ResponseTooLarge => {
+            fail_event(
+                &receipt,
+                &mut reply_tx,
+                Outcome::Limit,
+                ErrorCode::ResponseBodyTooLarge,
+                None,
+            );
+            false
+        }
+    };
+    if !keep {
+        // Drop the store first: it holds the response channels, and a
+        // failed session must be seen as failed, not as a clean end.
+        drop(generation);
+        if let Some(tx) = session_tx.take() {
+            let _ = tx.send(SessionEnd::Failed);
+        }
+        drop(receipt);
+        app.metrics.generation_abandoned();
+        tracing::debug!(app = %app.name, lane = lane_id, generation = number, "generation abandoned");
+        let fresh = renew(&app, lane_id).await;
+        app.board.set_idle(lane_id, fresh.number);
+        guard.lane().generation = Some(fresh);
+        return;
+    }
+    drop(receipt);
+    finish_lane(&app, guard, generation, true).await;
+}
+
+/// Puts a generation that ended its event cleanly back in its lane, or
+/// retires it and renews the lane when it has served its admissions.
+async fn finish_lane(app: &Arc<App>, mut guard: LaneGuard, generation: Generation, clean: bool) {
+    let lane_id = guard.lane().id;
+    if clean && generation.admitted < app.code.limits.retirement_admission_limit {
+        app.board.set_idle(lane_id, generation.number);
+        guard.lane().generation = Some(generation);
+        return;
+    }
+    drop(generation);
+    app.metrics.generation_retired();
+    let fresh = renew(app, lane_id).await;
+    app.board.set_idle(lane_id, fresh.number);
+    guard.lane().generation = Some(fresh);
+}
+
+/// Instantiates a fresh generation for a lane, retrying with backoff while
+/// instantiation fails. The lane is marked unavailable meanwhile.
+async fn renew(app: &Arc<App>, lane_id: usize) -> Generation {
+    app.board.set_renewing(lane_id);
+    let mut backoff = RENEW_BACKOFF_START;
+    loop {
+        match app.instantiate().await {
+            Ok(generation) => return generation,
+            Err(_) => {
+                app.board.set_unavailable(lane_id);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(RENEW_BACKOFF_MAX);
+            }
+        }
+    }
+}
+
+fn fail_event(
+    receipt: &Receipt,
+    reply_tx: &mut Option<oneshot::Sender<Reply>>,
+    outcome: Outcome,
+    code: ErrorCode,
+    detail: Option<String>,
+) {
+    receipt.fail(outcome, Some(code), detail);
+    if let Some(tx) = reply_tx.take() {
+        receipt.status(code.status());
+        let _ = tx.send(Reply::Failure(code));
+    }
+}
+
+fn invalid_response(
+    receipt: &Receipt,
+    reply_tx: &mut Option<oneshot::Sender<Reply>>,
+    code: Option<WasiErrorCode>,
+) {
+    let detail = match code {
+        Some(code) => format!("guest answered with an error: {code:?}"),
+        None => "guest returned without setting a response".to_string(),
+    };
+    fail_event(
+        receipt,
+        reply_tx,
+        Outcome::Trap,
+        ErrorCode::InvalidResponse,
+        Some(detail),
+    );
+}
+
+fn truncate(mut s: String) -> String {
+    if s.chars().count() > MAX_DETAIL_CHARS {
+        s = s.chars().take(MAX_DETAIL_CHARS).collect();
+        s.push('…');
+    }
+    s
+}

@@ -1,0 +1,142 @@
+//! A generation: one `Store` and one instance of an app, numbered per app.
+//!
+//! Invariant owned here: everything a guest can hold between events — its
+//! linear memory, its globals, its resource table, its WASI context — lives
+//! in the generation's `Store`, so dropping the generation drops all of it at
+//! once. A generation is never reused after it is dropped, and its number is
+//! never given to another.
+
+use std::time::Instant;
+
+use wasmtime::component::ResourceTable;
+use wasmtime::{ResourceLimiter, Store, UpdateDeadline};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::p2::bindings::Proxy;
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+use crate::app::AppCode;
+use crate::outbound::OutboundPolicy;
+
+/// Everything a generation's store holds for its guest.
+pub struct GenerationState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    http: WasiHttpCtx,
+    outbound: OutboundPolicy,
+    pub(crate) memory: MemoryLimiter,
+}
+
+impl WasiView for GenerationState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for GenerationState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            hooks: &mut self.outbound,
+            table: &mut self.table,
+            ctx: &mut self.http,
+        }
+    }
+}
+
+/// Enforces `memory_limit_bytes` and remembers whether the guest hit it, so
+/// the trap that follows a refused growth is reported as the limit it is.
+pub struct MemoryLimiter {
+    limit: usize,
+    pub(crate) exceeded: bool,
+    /// Largest linear memory this generation has reached, for receipts.
+    pub(crate) peak: usize,
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.limit {
+            self.exceeded = true;
+            return Ok(false);
+        }
+        self.peak = self.peak.max(desired).max(current);
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        _desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        // Tables are bounded by the pooling allocator's per-table slots.
+        Ok(true)
+    }
+}
+
+/// One live instance of an app.
+pub struct Generation {
+    pub number: u64,
+    pub store: Store<GenerationState>,
+    pub proxy: Proxy,
+    /// Events admitted to this generation so far.
+    pub admitted: u32,
+    pub created: Instant,
+}
+
+/// Why a fresh generation could not be created.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot instantiate generation {number}: {reason}")]
+pub struct InstantiateError {
+    pub number: u64,
+    pub reason: String,
+}
+
+impl Generation {
+    /// Instantiates a fresh generation with fresh linear memory.
+    pub async fn instantiate(code: &AppCode, number: u64) -> Result<Generation, InstantiateError> {
+        let state = GenerationState {
+            wasi: WasiCtx::builder().inherit_stdout().inherit_stderr().build(),
+            table: ResourceTable::new(),
+            http: WasiHttpCtx::new(),
+            outbound: OutboundPolicy::new(code.limits.max_response_chunk_bytes),
+            memory: MemoryLimiter {
+                limit: code.limits.memory_limit_bytes as usize,
+                exceeded: false,
+                peak: 0,
+            },
+        };
+        let mut store = Store::new(code.engine(), state);
+        store.limiter(|s| &mut s.memory);
+        // Yield to tokio at every epoch tick: a spinning guest then returns
+        // control to the event's own timers, which decide its fate.
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|_| Ok(UpdateDeadline::Yield(1)));
+        let proxy = code
+            .pre
+            .instantiate_async(&mut store)
+            .await
+            .map_err(|e| InstantiateError {
+                number,
+                reason: format!("{e:#}"),
+            })?;
+        Ok(Generation {
+            number,
+            store,
+            proxy,
+            admitted: 0,
+            created: Instant::now(),
+        })
+    }
+
+    /// Linear memory the guest has reached, in bytes.
+    pub fn memory_bytes(&self) -> usize {
+        self.store.data().memory.peak
+    }
+}

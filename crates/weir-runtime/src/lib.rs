@@ -1,0 +1,24 @@
+//! Weir's runtime: the engine, apps, lanes, generations, admission,
+//! deadlines and receipts of the design's runtime contract.
+//!
+//! Data flows one way: a request is admitted to a lane ([`admission`]), runs
+//! on the lane's generation ([`event`], [`generation`]), and ends with one
+//! receipt ([`receipt`]). The HTTP transport lives in `weir-http`; this
+//! crate never touches a socket.
+
+pub mod admission;
+pub mod app;
+pub mod engine;
+pub mod error_code;
+pub mod event;
+pub mod generation;
+pub mod lane;
+pub mod limits;
+pub mod metrics;
+pub mod outbound;
+pub mod receipt;
+
+pub use app::{App, AppCode, LoadError};
+pub use engine::{EngineSizing, WeirEngine};
+pub use error_code::ErrorCode;
+pub use limits::{LimitError, Limits};

@@ -1,0 +1,123 @@
+//! `weir.toml` and the command line, merged into one checked configuration.
+//!
+//! Invariant owned here: every setting is checked before anything starts:
+//! an unknown key, an unknown limit name or an out-of-range value is a
+//! usage error (exit 2) naming the setting, never a surprise at runtime.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use weir_build::BuildRequest;
+use weir_runtime::Limits;
+
+/// A mistake in how Weir was invoked or configured; exits with code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct File {
+    app: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    admin: Option<SocketAddr>,
+    #[serde(default)]
+    receipt_headers: bool,
+    #[serde(default)]
+    limits: toml::Table,
+}
+
+/// The configuration `weir serve` runs with.
+pub struct Config {
+    pub app: PathBuf,
+    pub listen: Option<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+    pub receipt_headers: bool,
+    pub limits: Limits,
+}
+
+impl Config {
+    /// Reads the config file (if any), then applies the command line.
+    pub fn resolve(
+        file: Option<&Path>,
+        app: Option<&Path>,
+        assignments: &[String],
+    ) -> Result<Config, UsageError> {
+        let (parsed, base) = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    UsageError(format!("cannot read config {}: {e}", path.display()))
+                })?;
+                let parsed: File = toml::from_str(&text).map_err(|e| {
+                    UsageError(format!("config {}: {}", path.display(), e.message()))
+                })?;
+                (parsed, path.parent().map(Path::to_path_buf))
+            }
+            None => (File::default(), None),
+        };
+        let mut limits = Limits::default();
+        for (name, value) in &parsed.limits {
+            let value = match value {
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            limits
+                .set(name, &value)
+                .map_err(|e| UsageError(format!("config: {e}")))?;
+        }
+        for assignment in assignments {
+            limits
+                .apply(assignment)
+                .map_err(|e| UsageError(e.to_string()))?;
+        }
+        let app = match (app, parsed.app) {
+            (Some(app), _) => app.to_path_buf(),
+            // A path in the config file is relative to the file.
+            (None, Some(app)) => match base {
+                Some(base) if app.is_relative() => base.join(app),
+                _ => app,
+            },
+            (None, None) => {
+                return Err(UsageError(
+                    "no app given: pass a .wasm component or a guest crate directory, or set `app` in --config".into(),
+                ));
+            }
+        };
+        if !app.exists() {
+            return Err(UsageError(format!("app {} does not exist", app.display())));
+        }
+        Ok(Config {
+            app,
+            listen: parsed.listen,
+            admin: parsed.admin,
+            receipt_headers: parsed.receipt_headers,
+            limits,
+        })
+    }
+}
+
+/// The component to serve: the path itself, or the result of building the
+/// guest crate in that directory.
+pub fn prepare_app(app: &Path) -> anyhow::Result<PathBuf> {
+    if !app.is_dir() {
+        return Ok(app.to_path_buf());
+    }
+    let manifest = weir_build::manifest_in(app);
+    if !manifest.is_file() {
+        return Err(UsageError(format!(
+            "{} is a directory without a Cargo.toml",
+            app.display()
+        ))
+        .into());
+    }
+    let out_dir = app.join("target").join("weir");
+    eprintln!("weir: building {}", app.display());
+    Ok(weir_build::build(&BuildRequest {
+        manifest,
+        package: None,
+        out_dir,
+        features: Vec::new(),
+    })?)
+}

@@ -1,0 +1,207 @@
+//! The `weir` command: CLI parsing and config loading over the library
+//! crates. Nothing here decides how an event runs.
+
+mod config;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use weir_build::BuildRequest;
+use weir_http::{AdminState, ServeOptions};
+use weir_runtime::metrics::Metrics;
+use weir_runtime::{App, AppCode, EngineSizing, WeirEngine};
+
+use crate::config::{Config, UsageError};
+
+/// Exit code for a usage or configuration error, as clap uses.
+const EXIT_USAGE: u8 = 2;
+
+#[derive(Parser)]
+#[command(
+    name = "weir",
+    version,
+    about = "A self-hosted runtime for Wasm programs that serve events"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve a wasi:http/proxy component.
+    Serve(ServeArgs),
+    /// Build a guest crate into a wasi:http component.
+    Build(BuildArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// A .wasm component, or a guest crate directory (built first).
+    app: Option<PathBuf>,
+    /// Address to serve the app on.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Address for GET /healthz, /status and /metrics; off unless given.
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<SocketAddr>,
+    /// weir.toml with [limits] and the app path.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// NAME=VALUE; repeatable; overrides the config file.
+    #[arg(long = "limit", value_name = "NAME=VALUE", action = clap::ArgAction::Append)]
+    limits: Vec<String>,
+    /// Add `x-weir-generation: <number>` to every response the guest produced.
+    #[arg(long)]
+    receipt_headers: bool,
+}
+
+#[derive(clap::Args)]
+struct BuildArgs {
+    /// The guest crate's Cargo.toml.
+    #[arg(long, value_name = "Cargo.toml", default_value = "Cargo.toml")]
+    manifest: PathBuf,
+    /// The package to build, in a workspace.
+    #[arg(long)]
+    package: Option<String>,
+    /// Where the component is copied.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    out_dir: PathBuf,
+    /// Cargo features, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    features: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Build(args) => build(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if let Some(usage) = e.downcast_ref::<UsageError>() {
+                eprintln!("weir: {usage}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+            eprintln!("weir: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn build(args: BuildArgs) -> anyhow::Result<()> {
+    if !args.manifest.is_file() {
+        return Err(UsageError(format!(
+            "manifest {} does not exist",
+            args.manifest.display()
+        ))
+        .into());
+    }
+    let out = weir_build::build(&BuildRequest {
+        manifest: args.manifest,
+        package: args.package,
+        out_dir: args.out_dir,
+        features: args.features,
+    })?;
+    eprintln!("weir: built {}", out.display());
+    Ok(())
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("WEIR_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_current_span(false)
+        .init();
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let config = Config::resolve(args.config.as_deref(), args.app.as_deref(), &args.limits)?;
+    init_logging();
+    let app_path = config::prepare_app(&config.app)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let engine = WeirEngine::new(EngineSizing {
+            lanes: config.limits.max_concurrent as u32,
+            memory_limit_bytes: config.limits.memory_limit_bytes,
+        })?;
+        let shown = app_path.display().to_string();
+        let code = AppCode::load(&engine, &app_path, config.limits.clone())?;
+        let metrics = Arc::new(Metrics::new());
+        let name = shown_name(&app_path);
+        let app_metrics = metrics.for_app(&name);
+        let app = App::start(name, code, app_metrics, &shown).await?;
+
+        let listen = args
+            .listen
+            .or(config.listen)
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen}"))?;
+        if let Some(admin) = args.admin.or(config.admin) {
+            let admin_listener = tokio::net::TcpListener::bind(admin)
+                .await
+                .with_context(|| format!("cannot listen on {admin}"))?;
+            eprintln!("weir: admin on http://{}", admin_listener.local_addr()?);
+            let state = Arc::new(AdminState {
+                apps: vec![app.clone()],
+                metrics: metrics.clone(),
+            });
+            tokio::spawn(weir_http::serve_admin(admin_listener, state));
+        }
+        eprintln!(
+            "weir: serving {} on http://{}",
+            shown,
+            listener.local_addr()?
+        );
+        let options = ServeOptions {
+            receipt_headers: args.receipt_headers || config.receipt_headers,
+        };
+        tokio::select! {
+            _ = weir_http::serve(listener, app, options) => {}
+            _ = shutdown_signal() => eprintln!("weir: shutting down"),
+        }
+        // Keep the engine (and its ticker) alive until serving stops.
+        drop(engine);
+        Ok(())
+    })
+}
+
+fn shown_name(path: &std::path::Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "app".into())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return ctrl_c.await.unwrap_or(()),
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,209 @@
+//! The test guest: one `wasi:http/proxy` component whose path selects a
+//! behaviour, so that Weir's tests can provoke every runtime and transport
+//! failure from outside with a real component.
+//!
+//! | path | behaviour |
+//! |---|---|
+//! | `/hello` | a fixed greeting |
+//! | `/echo` | the request body back; `x-*` request headers copied to the response; `x-method` and `x-uri` say what the guest saw |
+//! | `/counter` | increments a global held in linear memory and answers its value |
+//! | `/trap` | traps before sending headers |
+//! | `/loop` | spins forever before sending headers |
+//! | `/sleep?ms=N` | sleeps N ms, then answers |
+//! | `/stream?chunks=N&size=S&delay_ms=D` | N chunks of S bytes, D ms apart |
+//! | `/trap-after-headers` | sends headers and a first chunk, then traps |
+//! | `/stall-after-headers?ms=N` | sends headers and a first chunk, then sleeps N ms |
+//! | `/cookies` | two `set-cookie` headers |
+//! | `/status?code=N` | status N with a non-empty body |
+//! | `/grow?mb=N` | grows and touches N MiB of linear memory, then answers |
+//! | `/large?bytes=N` | N bytes of a repeating pattern |
+//! | `/declared-length?len=N` | declares `content-length: N`, writes nothing |
+
+use std::cell::Cell;
+
+use wasi::http::types::{
+    Fields, IncomingRequest, OutgoingBody, OutgoingResponse, OutputStream, ResponseOutparam,
+};
+
+struct Probe;
+
+thread_local! {
+    static COUNTER: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Memory grown by `/grow` stays reachable so it is not freed between calls.
+static mut HOARD: Vec<Vec<u8>> = Vec::new();
+
+fn query(path: &str, name: &str) -> Option<u64> {
+    let (_, q) = path.split_once('?')?;
+    q.split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(k, _)| *k == name)
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+fn sleep_ms(ms: u64) {
+    wasi::clocks::monotonic_clock::subscribe_duration(ms * 1_000_000).block();
+}
+
+fn respond(
+    out: ResponseOutparam,
+    status: u16,
+    headers: &[(&str, &[u8])],
+) -> (OutgoingBody, OutputStream) {
+    let list: Vec<(String, Vec<u8>)> = headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_vec()))
+        .collect();
+    let fields = Fields::from_list(&list).expect("headers are valid");
+    let response = OutgoingResponse::new(fields);
+    response.set_status_code(status).expect("status is valid");
+    let body = response.body().expect("body is taken once");
+    ResponseOutparam::set(out, Ok(response));
+    let stream = body.write().expect("stream is taken once");
+    (body, stream)
+}
+
+fn write_all(stream: &OutputStream, bytes: &[u8]) {
+    // `blocking-write-and-flush` accepts at most 4096 bytes per call.
+    for chunk in bytes.chunks(4096) {
+        stream
+            .blocking_write_and_flush(chunk)
+            .expect("client accepts the body");
+    }
+}
+
+fn finish(body: OutgoingBody, stream: OutputStream) {
+    drop(stream);
+    OutgoingBody::finish(body, None).expect("body is complete");
+}
+
+fn simple(out: ResponseOutparam, status: u16, text: &[u8]) {
+    let (body, stream) = respond(out, status, &[("content-type", b"text/plain")]);
+    write_all(&stream, text);
+    finish(body, stream);
+}
+
+fn read_body(request: &IncomingRequest) -> Vec<u8> {
+    let body = request.consume().expect("body is consumed once");
+    let stream = body.stream().expect("stream is taken once");
+    let mut bytes = Vec::new();
+    loop {
+        match stream.blocking_read(65536) {
+            Ok(chunk) => bytes.extend_from_slice(&chunk),
+            Err(wasi::io::streams::StreamError::Closed) => break,
+            Err(e) => panic!("request body failed: {e:?}"),
+        }
+    }
+    bytes
+}
+
+impl wasi::exports::http::incoming_handler::Guest for Probe {
+    fn handle(request: IncomingRequest, out: ResponseOutparam) {
+        let path = request.path_with_query().unwrap_or_default();
+        let route = path.split('?').next().unwrap_or("");
+        match route {
+            "/hello" => simple(out, 200, b"hello from weir\n"),
+            "/echo" => {
+                let method = format!("{:?}", request.method());
+                let mut headers: Vec<(String, Vec<u8>)> = request
+                    .headers()
+                    .entries()
+                    .into_iter()
+                    .filter(|(k, _)| k.starts_with("x-"))
+                    .collect();
+                headers.push(("x-method".into(), method.into_bytes()));
+                headers.push(("x-uri".into(), path.clone().into_bytes()));
+                let bytes = read_body(&request);
+                let borrowed: Vec<(&str, &[u8])> = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_slice()))
+                    .collect();
+                let (body, stream) = respond(out, 200, &borrowed);
+                write_all(&stream, &bytes);
+                finish(body, stream);
+            }
+            "/counter" => {
+                let n = COUNTER.with(|c| {
+                    c.set(c.get() + 1);
+                    c.get()
+                });
+                simple(out, 200, n.to_string().as_bytes());
+            }
+            "/trap" => panic!("probe traps before headers"),
+            "/loop" => {
+                let mut x: u64 = 0;
+                loop {
+                    x = std::hint::black_box(x.wrapping_add(1));
+                }
+            }
+            "/sleep" => {
+                sleep_ms(query(&path, "ms").unwrap_or(0));
+                simple(out, 200, b"slept\n");
+            }
+            "/stream" => {
+                let chunks = query(&path, "chunks").unwrap_or(4);
+                let size = query(&path, "size").unwrap_or(1024) as usize;
+                let delay = query(&path, "delay_ms").unwrap_or(0);
+                let (body, stream) = respond(out, 200, &[]);
+                for i in 0..chunks {
+                    if i > 0 && delay > 0 {
+                        sleep_ms(delay);
+                    }
+                    write_all(&stream, &vec![b'a' + (i % 26) as u8; size]);
+                }
+                finish(body, stream);
+            }
+            "/trap-after-headers" => {
+                let (_body, stream) = respond(out, 200, &[]);
+                write_all(&stream, b"partial");
+                sleep_ms(20);
+                panic!("probe traps after headers");
+            }
+            "/stall-after-headers" => {
+                let (body, stream) = respond(out, 200, &[]);
+                write_all(&stream, b"partial");
+                sleep_ms(query(&path, "ms").unwrap_or(60_000));
+                finish(body, stream);
+            }
+            "/cookies" => simple_with(
+                out,
+                &[("set-cookie", b"a=1; Path=/"), ("set-cookie", b"b=2; Path=/")],
+            ),
+            "/status" => {
+                let code = query(&path, "code").unwrap_or(200) as u16;
+                simple(out, code, b"this body must not reach the client\n");
+            }
+            "/grow" => {
+                let mb = query(&path, "mb").unwrap_or(1) as usize;
+                let block = vec![7u8; mb << 20];
+                let sum: u64 = block.iter().step_by(4096).map(|b| *b as u64).sum();
+                // SAFETY: the guest is single-threaded; nothing else touches HOARD.
+                unsafe { (*std::ptr::addr_of_mut!(HOARD)).push(block) };
+                simple(out, 200, sum.to_string().as_bytes());
+            }
+            "/large" => {
+                let n = query(&path, "bytes").unwrap_or(0) as usize;
+                let bytes: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+                let (body, stream) = respond(out, 200, &[]);
+                write_all(&stream, &bytes);
+                finish(body, stream);
+            }
+            "/declared-length" => {
+                let len = query(&path, "len").unwrap_or(0).to_string();
+                let (body, stream) = respond(out, 200, &[("content-length", len.as_bytes())]);
+                drop(stream);
+                drop(body);
+            }
+            _ => simple(out, 404, b"no such probe\n"),
+        }
+    }
+}
+
+fn simple_with(out: ResponseOutparam, headers: &[(&str, &[u8])]) {
+    let (body, stream) = respond(out, 200, headers);
+    write_all(&stream, b"ok\n");
+    finish(body, stream);
+}
+
+wasi::http::proxy::export!(Probe);
