@@ -206,7 +206,7 @@ async fn run_event(
                 result = &mut call => {
                     break match result {
                         Ok(()) => Verdict::Returned,
-                        Err(e) => Verdict::Trap(truncate(format!("{e:#}"))),
+                        Err(e) => Verdict::Trap(truncate(e.root_cause().to_string())),
                     };
                 }
                 _ = tokio::time::sleep_until(deadline.into()) => {

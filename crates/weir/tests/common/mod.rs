@@ -1,0 +1,293 @@
+//! Test harness: real guest components, a real `weir serve` process on
+//! 127.0.0.1:0, and a real HTTP client.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crates/weir sits two levels below the root")
+        .to_path_buf()
+}
+
+/// Builds the guests once per test binary and returns the component path.
+pub fn guest(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "--release",
+                "--target",
+                "wasm32-wasip2",
+                "--manifest-path",
+            ])
+            .arg(root().join("guests/Cargo.toml"))
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "guests build");
+    });
+    let path = root().join(format!("guests/target/wasm32-wasip2/release/{name}.wasm"));
+    assert!(path.is_file(), "{} exists", path.display());
+    path
+}
+
+pub fn probe() -> PathBuf {
+    guest("probe")
+}
+
+/// A running `weir serve`.
+pub struct Weir {
+    child: Child,
+    pub addr: SocketAddr,
+    pub admin: Option<SocketAddr>,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+/// What `weir` printed before it exited or became ready.
+pub struct Exited {
+    pub code: Option<i32>,
+    pub stderr: String,
+}
+
+pub fn weir_command() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_weir"))
+}
+
+/// Runs `weir` to completion, for commands that must fail at start.
+pub fn run_weir(args: &[&str]) -> Exited {
+    let out = weir_command()
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("weir runs");
+    Exited {
+        code: out.status.code(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+impl Weir {
+    /// Starts `weir serve <app> --listen 127.0.0.1:0 --admin 127.0.0.1:0 <args>`.
+    pub fn start(app: &Path, args: &[&str]) -> Weir {
+        let mut child = weir_command()
+            .arg("serve")
+            .arg(app)
+            .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .args(args)
+            .env("WEIR_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("weir starts");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let lines = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    if let Some(rest) = line.strip_prefix("weir: serving ") {
+                        if let Some((_, addr)) = rest.rsplit_once(" on http://") {
+                            let _ = tx.send(("serve", addr.to_string()));
+                        }
+                    }
+                    if let Some(addr) = line.strip_prefix("weir: admin on http://") {
+                        let _ = tx.send(("admin", addr.to_string()));
+                    }
+                    lines.lock().unwrap().push(line);
+                }
+                let _ = tx.send(("exit", String::new()));
+            });
+        }
+        let mut admin = None;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(("admin", a)) => admin = Some(a.parse().expect("admin address")),
+                Ok(("serve", a)) => {
+                    return Weir {
+                        child,
+                        addr: a.parse().expect("serve address"),
+                        admin,
+                        lines,
+                    };
+                }
+                Ok(_) | Err(_) => {
+                    let _ = child.kill();
+                    panic!("weir did not start:\n{}", lines.lock().unwrap().join("\n"));
+                }
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Every receipt logged so far.
+    pub fn receipts(&self) -> Vec<Value> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["target"] == "weir::receipt")
+            .map(|v| v["fields"].clone())
+            .collect()
+    }
+
+    /// Waits until a receipt matches, returning it.
+    pub async fn receipt_where(&self, f: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(r) = self.receipts().into_iter().find(|r| f(r)) {
+                return r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no matching receipt; receipts: {:#?}",
+                self.receipts()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+
+    pub async fn get(&self, path: &str) -> Resp {
+        self.send(Request::get(path).body(Full::new(Bytes::new())).unwrap())
+            .await
+    }
+
+    /// Sends one request on a fresh connection and reads the whole response.
+    pub async fn send(&self, mut req: Request<Full<Bytes>>) -> Resp {
+        if !req.headers().contains_key("host") {
+            req.headers_mut()
+                .insert("host", self.addr.to_string().parse().unwrap());
+        }
+        send_to(self.addr, req).await
+    }
+
+    pub async fn admin_get(&self, path: &str) -> Resp {
+        let admin = self.admin.expect("admin listener");
+        let req = Request::get(path)
+            .header("host", admin.to_string())
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        send_to(admin, req).await
+    }
+
+    pub async fn status(&self) -> Value {
+        let r = self.admin_get("/status").await;
+        serde_json::from_slice(r.body.as_ref().expect("status body")).expect("status is JSON")
+    }
+
+    /// One raw exchange: writes `bytes`, then reads until the server closes
+    /// or `wait` passes.
+    pub fn raw(&self, bytes: &[u8], wait: Duration) -> String {
+        let mut s = TcpStream::connect(self.addr).unwrap();
+        s.set_read_timeout(Some(wait)).unwrap();
+        s.write_all(bytes).unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 65536];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
+impl Drop for Weir {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A response as the client saw it: the body, or how it failed.
+#[derive(Debug)]
+pub struct Resp {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Result<Bytes, String>,
+}
+
+impl Resp {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(self.body.as_ref().expect("complete body")).into_owned()
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(self.body.as_ref().expect("complete body")).expect("JSON body")
+    }
+
+    /// Asserts this is Weir's JSON error with the given status and code.
+    pub fn assert_weir_error(&self, status: u16, code: &str) {
+        assert_eq!(self.status.as_u16(), status, "status; body {:?}", self.body);
+        assert_eq!(self.json()["error"], code);
+        assert_eq!(self.headers["content-type"], "application/json");
+        assert_eq!(self.headers["cache-control"], "no-store");
+        assert_eq!(self.headers["x-content-type-options"], "nosniff");
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.headers["x-weir-generation"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+}
+
+pub async fn send_to(addr: SocketAddr, req: Request<Full<Bytes>>) -> Resp {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let response = sender.send_request(req).await.expect("response head");
+    let (parts, body) = response.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(|e| format!("{e:?}"));
+    Resp {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+/// The deterministic byte pattern used for body round trips.
+pub fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
+}
