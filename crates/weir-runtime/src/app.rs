@@ -77,9 +77,18 @@ impl AppCode {
             });
         }
         let engine = engine.engine().clone();
-        let component = Component::from_binary(&engine, bytes).map_err(|e| LoadError::Compile {
-            path: shown.to_string(),
-            reason: format!("{e:#}"),
+        let component = Component::from_binary(&engine, bytes).map_err(|e| {
+            let mut reason = format!("{e:#}");
+            if reason.contains("memory") {
+                reason.push_str(&format!(
+                    " (memory_limit_bytes is {})",
+                    limits.memory_limit_bytes
+                ));
+            }
+            LoadError::Compile {
+                path: shown.to_string(),
+                reason,
+            }
         })?;
         let mut linker: Linker<GenerationState> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| LoadError::Link {

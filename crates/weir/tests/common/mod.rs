@@ -85,9 +85,15 @@ pub fn run_weir(args: &[&str]) -> Exited {
 impl Weir {
     /// Starts `weir serve <app> --listen 127.0.0.1:0 --admin 127.0.0.1:0 <args>`.
     pub fn start(app: &Path, args: &[&str]) -> Weir {
+        let mut all = vec![app.to_str().expect("utf-8 path")];
+        all.extend_from_slice(args);
+        Self::start_with(&all)
+    }
+
+    /// Starts `weir serve <args> --listen 127.0.0.1:0 --admin 127.0.0.1:0`.
+    pub fn start_with(args: &[&str]) -> Weir {
         let mut child = weir_command()
             .arg("serve")
-            .arg(app)
             .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
             .args(args)
             .env("WEIR_LOG", "info")
@@ -104,10 +110,11 @@ impl Weir {
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines() {
                     let Ok(line) = line else { break };
-                    if let Some(rest) = line.strip_prefix("weir: serving ") {
-                        if let Some((_, addr)) = rest.rsplit_once(" on http://") {
-                            let _ = tx.send(("serve", addr.to_string()));
-                        }
+                    if let Some((_, addr)) = line
+                        .strip_prefix("weir: serving ")
+                        .and_then(|rest| rest.rsplit_once(" on http://"))
+                    {
+                        let _ = tx.send(("serve", addr.to_string()));
                     }
                     if let Some(addr) = line.strip_prefix("weir: admin on http://") {
                         let _ = tx.send(("admin", addr.to_string()));

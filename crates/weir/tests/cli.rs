@@ -1,0 +1,247 @@
+//! The command line: refused configurations, refused components, the admin
+//! endpoints, and `weir build`.
+
+mod common;
+
+use common::{Weir, guest, probe, root, run_weir};
+
+fn tempdir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("weir-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn out_of_range_and_unknown_limits_are_usage_errors() {
+    let app = probe();
+    let app = app.to_str().unwrap();
+    for (limit, needle) in [
+        (
+            "retirement_admission_limit=0",
+            "limit `retirement_admission_limit` must be an integer from 1 to 96, got `0`",
+        ),
+        (
+            "retirement_admission_limit=97",
+            "limit `retirement_admission_limit` must be an integer from 1 to 96, got `97`",
+        ),
+        (
+            "max_concurrent=0",
+            "limit `max_concurrent` must be an integer from 1 to 1024, got `0`",
+        ),
+        ("max_bogus=3", "unknown limit `max_bogus`"),
+        ("max_concurrent", "is not of the form NAME=VALUE"),
+    ] {
+        let out = run_weir(&["serve", app, "--limit", limit]);
+        assert_eq!(out.code, Some(2), "{limit}: {}", out.stderr);
+        assert!(out.stderr.contains(needle), "{limit}: {}", out.stderr);
+        assert_eq!(
+            out.stderr.lines().count(),
+            1,
+            "one clear line: {}",
+            out.stderr
+        );
+    }
+}
+
+#[test]
+fn config_file_limits_apply_and_unknown_keys_are_refused() {
+    let dir = tempdir("config");
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[limits]\nmax_concurrent = 0\n").unwrap();
+    let out = run_weir(&[
+        "serve",
+        probe().to_str().unwrap(),
+        "--config",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, Some(2));
+    assert!(out.stderr.contains("max_concurrent"), "{}", out.stderr);
+
+    let typo = dir.join("typo.toml");
+    std::fs::write(&typo, "lisen = \"127.0.0.1:1\"\n").unwrap();
+    let out = run_weir(&[
+        "serve",
+        probe().to_str().unwrap(),
+        "--config",
+        typo.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, Some(2));
+    assert!(out.stderr.contains("lisen"), "{}", out.stderr);
+}
+
+#[tokio::test]
+async fn config_file_sets_limits_and_the_command_line_overrides_them() {
+    let dir = tempdir("config-ok");
+    let file = dir.join("weir.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "app = {:?}\nreceipt_headers = true\n[limits]\nmax_concurrent = 3\nretirement_admission_limit = 5\n",
+            probe().to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let weir = Weir::start_with(&[
+        "--config",
+        file.to_str().unwrap(),
+        "--limit",
+        "max_concurrent=2",
+    ]);
+    let status = weir.status().await;
+    assert_eq!(status["apps"][0]["lanes"].as_array().unwrap().len(), 2);
+    let first = weir.get("/counter").await;
+    for _ in 0..4 {
+        weir.get("/counter").await;
+    }
+    let sixth = weir.get("/counter").await;
+    assert_eq!(
+        sixth.text(),
+        "1",
+        "retired after 5 events from the config file"
+    );
+    assert!(sixth.generation() > first.generation());
+}
+
+#[test]
+fn a_component_with_a_missing_import_is_refused_at_start() {
+    let dir = tempdir("link");
+    let path = dir.join("missing.wasm");
+    let bytes = wat::parse_str(
+        r#"(component (import "weir:missing/thing" (instance (export "f" (func)))))"#,
+    )
+    .unwrap();
+    std::fs::write(&path, bytes).unwrap();
+    let out = run_weir(&["serve", path.to_str().unwrap(), "--listen", "127.0.0.1:0"]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("cannot be linked"), "{}", out.stderr);
+    assert!(out.stderr.contains("weir:missing/thing"), "{}", out.stderr);
+
+    let path = dir.join("empty.wasm");
+    std::fs::write(&path, wat::parse_str("(component)").unwrap()).unwrap();
+    let out = run_weir(&["serve", path.to_str().unwrap(), "--listen", "127.0.0.1:0"]);
+    assert_eq!(out.code, Some(1));
+    assert!(
+        out.stderr
+            .contains("does not export wasi:http/incoming-handler"),
+        "{}",
+        out.stderr
+    );
+
+    let path = dir.join("core.wasm");
+    std::fs::write(&path, wat::parse_str("(module)").unwrap()).unwrap();
+    let out = run_weir(&["serve", path.to_str().unwrap(), "--listen", "127.0.0.1:0"]);
+    assert_eq!(out.code, Some(1));
+    assert!(out.stderr.contains("not a component"), "{}", out.stderr);
+
+    let out = run_weir(&["serve", "/nonexistent/app.wasm"]);
+    assert_eq!(out.code, Some(2));
+    assert!(out.stderr.contains("does not exist"), "{}", out.stderr);
+}
+
+#[test]
+fn a_memory_limit_below_the_initial_memory_is_refused_at_start() {
+    let out = run_weir(&[
+        "serve",
+        probe().to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--limit",
+        "memory_limit_bytes=65536",
+    ]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("exceeds the limit"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("memory_limit_bytes is 65536"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[tokio::test]
+async fn admin_endpoints_report_lanes_generations_and_metrics() {
+    let weir = Weir::start(&probe(), &["--limit", "max_concurrent=2"]);
+    assert_eq!(weir.get("/hello").await.status, 200);
+    weir.get("/trap").await;
+    let health = weir.admin_get("/healthz").await;
+    assert_eq!(health.status, 200);
+    let status = weir.status().await;
+    let app = &status["apps"][0];
+    assert_eq!(app["healthy"], true);
+    assert_eq!(app["generations"]["created"], 3);
+    assert_eq!(app["generations"]["abandoned"], 1);
+    for lane in app["lanes"].as_array().unwrap() {
+        assert_eq!(lane["state"], "idle");
+        assert!(lane["generation"].as_u64().unwrap() >= 1);
+    }
+    let metrics = weir.admin_get("/metrics").await.text();
+    assert!(
+        metrics.contains("weir_events_total{app=\"probe\",outcome=\"ok\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("weir_events_total{app=\"probe\",outcome=\"trap\"} 1"));
+    assert!(metrics.contains("weir_generations_total{app=\"probe\",event=\"abandoned\"} 1"));
+    assert!(metrics.contains("weir_queue_depth{app=\"probe\"} 0"));
+    assert!(metrics.contains("weir_event_duration_seconds_bucket"));
+}
+
+#[test]
+fn build_produces_a_checked_component() {
+    let out_dir = tempdir("build");
+    let manifest = root().join("guests/Cargo.toml");
+    let out = run_weir(&[
+        "build",
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--package",
+        "hello",
+        "--out-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let built = std::fs::read(out_dir.join("hello.wasm")).unwrap();
+    assert_eq!(built, std::fs::read(guest("hello")).unwrap());
+    assert!(out.stderr.contains("weir: built"), "{}", out.stderr);
+
+    // A workspace with two packages and no --package has two artifacts.
+    let out = run_weir(&[
+        "build",
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--out-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("expected exactly one .wasm artifact, found 2"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn build_usage_errors_exit_2_with_one_line() {
+    let out = run_weir(&["build", "--manifest", "/nonexistent/Cargo.toml"]);
+    assert_eq!(out.code, Some(2));
+    assert!(
+        out.stderr
+            .contains("manifest /nonexistent/Cargo.toml does not exist")
+    );
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+
+    let out = run_weir(&["build", "--out-dir", "a", "--out-dir", "b"]);
+    assert_eq!(out.code, Some(2));
+    assert!(out.stderr.contains("--out-dir"), "{}", out.stderr);
+
+    let out = run_weir(&["build", "--bogus"]);
+    assert_eq!(out.code, Some(2));
+    assert!(out.stderr.contains("--bogus"), "{}", out.stderr);
+}
+
+#[tokio::test]
+async fn serving_a_guest_crate_directory_builds_it_first() {
+    let weir = Weir::start(&root().join("guests/hello"), &[]);
+    let resp = weir.get("/").await;
+    assert_eq!(resp.text(), "hello from weir\n");
+}

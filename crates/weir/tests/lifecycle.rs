@@ -1,0 +1,224 @@
+//! Generation lifecycle: retirement, abandonment on trap, deadlines,
+//! failures after headers, cancellation by disconnect, memory limits.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use common::{Weir, probe};
+
+#[tokio::test]
+async fn retirement_gives_a_fresh_generation_after_64_events() {
+    let weir = Weir::start(
+        &probe(),
+        &["--limit", "max_concurrent=1", "--receipt-headers"],
+    );
+    let first = weir.get("/counter").await;
+    assert_eq!(first.text(), "1");
+    let generation = first.generation();
+    for expected in 2..=64 {
+        let resp = weir.get("/counter").await;
+        assert_eq!(resp.text(), expected.to_string());
+        assert_eq!(resp.generation(), generation);
+    }
+    let fresh = weir.get("/counter").await;
+    assert_eq!(fresh.text(), "1", "the 65th event sees fresh linear memory");
+    assert_eq!(fresh.generation(), generation + 1);
+    let status = weir.status().await;
+    assert_eq!(status["apps"][0]["generations"]["retired"], 1);
+    assert_eq!(status["apps"][0]["generations"]["abandoned"], 0);
+}
+
+#[tokio::test]
+async fn retirement_limit_is_configurable() {
+    let weir = Weir::start(
+        &probe(),
+        &[
+            "--limit",
+            "max_concurrent=1",
+            "--limit",
+            "retirement_admission_limit=1",
+            "--receipt-headers",
+        ],
+    );
+    let a = weir.get("/counter").await;
+    let b = weir.get("/counter").await;
+    assert_eq!((a.text(), b.text()), ("1".into(), "1".into()));
+    assert_eq!(b.generation(), a.generation() + 1);
+}
+
+#[tokio::test]
+async fn trap_abandons_the_generation_and_other_lanes_finish() {
+    let weir = Weir::start(
+        &probe(),
+        &["--limit", "max_concurrent=3", "--receipt-headers"],
+    );
+    // Two slow requests occupy two other lanes while the trap happens.
+    let slow: Vec<_> = (0..2)
+        .map(|_| {
+            let url = weir.addr;
+            tokio::spawn(async move {
+                let req = http::Request::get("/sleep?ms=300")
+                    .header("host", "x")
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .unwrap();
+                common::send_to(url, req).await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let trap = weir.get("/trap").await;
+    trap.assert_weir_error(503, "instance_abandoned");
+    for s in slow {
+        let resp = s.await.unwrap();
+        assert_eq!(resp.status, 200);
+        assert_eq!(resp.text(), "slept\n");
+    }
+    let receipt = weir.receipt_where(|r| r["outcome"] == "trap").await;
+    assert_eq!(receipt["error"], "instance_abandoned");
+    let status = weir.status().await;
+    assert_eq!(status["apps"][0]["generations"]["abandoned"], 1);
+    // The next request succeeds on a fresh generation of that lane.
+    let after = weir.get("/counter").await;
+    assert_eq!(after.status, 200);
+    assert!(after.generation() > receipt["generation"].as_u64().unwrap());
+}
+
+#[tokio::test]
+async fn infinite_loop_and_long_sleep_answer_503_near_the_deadline() {
+    let weir = Weir::start(&probe(), &["--limit", "event_limit_ms=300"]);
+    for path in ["/loop", "/sleep?ms=5000"] {
+        let started = Instant::now();
+        let resp = weir.get(path).await;
+        let took = started.elapsed();
+        resp.assert_weir_error(503, "event_deadline_exceeded");
+        assert!(
+            took >= Duration::from_millis(300),
+            "{path} answered early: {took:?}"
+        );
+        println!("{path}: 503 after {took:?} (deadline 300 ms)");
+        assert_eq!(weir.get("/hello").await.status, 200, "the lane recovers");
+    }
+    let receipts = weir.receipts();
+    assert_eq!(
+        receipts
+            .iter()
+            .filter(|r| r["outcome"] == "deadline")
+            .count(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn trap_after_headers_is_a_failed_stream() {
+    let weir = Weir::start(&probe(), &[]);
+    let resp = weir.get("/trap-after-headers").await;
+    assert_eq!(resp.status, 200, "headers were already sent");
+    assert!(
+        resp.body.is_err(),
+        "the body must fail, not end cleanly: {:?}",
+        resp.body
+    );
+    weir.receipt_where(|r| r["outcome"] == "trap").await;
+    assert_eq!(weir.get("/hello").await.status, 200);
+}
+
+#[tokio::test]
+async fn stall_after_headers_past_the_session_limit_is_a_failed_stream() {
+    let weir = Weir::start(&probe(), &["--limit", "session_limit_ms=300"]);
+    let started = Instant::now();
+    let resp = weir.get("/stall-after-headers?ms=10000").await;
+    assert_eq!(resp.status, 200);
+    assert!(resp.body.is_err(), "{:?}", resp.body);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let r = weir.receipt_where(|r| r["outcome"] == "deadline").await;
+    assert_eq!(r["status"], 200);
+    assert_eq!(weir.get("/hello").await.status, 200);
+}
+
+#[tokio::test]
+async fn disconnect_cancels_and_abandons_after_the_cancellation_limit() {
+    let weir = Weir::start(
+        &probe(),
+        &[
+            "--limit",
+            "cancellation_limit_ms=200",
+            "--limit",
+            "max_concurrent=1",
+        ],
+    );
+    let mut s = std::net::TcpStream::connect(weir.addr).unwrap();
+    s.write_all(b"GET /sleep?ms=5000 HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let left = Instant::now();
+    drop(s);
+    let receipt = weir.receipt_where(|r| r["outcome"] == "cancelled").await;
+    assert_eq!(receipt["error"], "request_cancelled");
+    let took = left.elapsed();
+    assert!(
+        took >= Duration::from_millis(200),
+        "abandoned before the limit: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(4),
+        "the guest was not left to sleep: {took:?}"
+    );
+    let status = weir.status().await;
+    assert_eq!(status["apps"][0]["generations"]["abandoned"], 1);
+    assert_eq!(weir.get("/hello").await.status, 200);
+}
+
+#[tokio::test]
+async fn disconnect_mid_stream_cancels_the_session() {
+    let weir = Weir::start(&probe(), &["--limit", "cancellation_limit_ms=200"]);
+    let mut s = std::net::TcpStream::connect(weir.addr).unwrap();
+    s.write_all(b"GET /stream?chunks=1000&size=1000&delay_ms=10 HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let n = s.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    drop(s);
+    let receipt = weir.receipt_where(|r| r["outcome"] == "cancelled").await;
+    assert_eq!(receipt["status"], 200);
+    assert_eq!(weir.get("/hello").await.status, 200);
+}
+
+#[tokio::test]
+async fn memory_growth_past_the_limit_fails_and_abandons() {
+    let weir = Weir::start(&probe(), &["--limit", "memory_limit_bytes=16777216"]);
+    let ok = weir.get("/grow?mb=4").await;
+    assert_eq!(ok.status, 200);
+    let resp = weir.get("/grow?mb=64").await;
+    resp.assert_weir_error(503, "memory_limit_exceeded");
+    let receipt = weir.receipt_where(|r| r["outcome"] == "limit").await;
+    assert!(receipt["memory_bytes"].as_u64().unwrap() <= 16 << 20);
+    let status = weir.status().await;
+    assert_eq!(status["apps"][0]["generations"]["abandoned"], 1);
+    // Repeated bombs leave the server's own memory bounded.
+    let rss_before = rss_kib(weir.pid());
+    for _ in 0..20 {
+        weir.get("/grow?mb=64")
+            .await
+            .assert_weir_error(503, "memory_limit_exceeded");
+    }
+    let rss_after = rss_kib(weir.pid());
+    println!("server RSS: {rss_before} KiB before 20 bombs, {rss_after} KiB after");
+    assert!(
+        rss_after < rss_before + 64 * 1024,
+        "server memory grew by {} KiB",
+        rss_after - rss_before
+    );
+    assert_eq!(weir.get("/hello").await.status, 200);
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
