@@ -2,6 +2,7 @@
 //! crates. Nothing here decides how an event runs.
 
 mod config;
+mod logging;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -82,6 +83,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Build(args) => build(args),
     };
+    logging::flush();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -113,20 +115,9 @@ fn build(args: BuildArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn init_logging() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("WEIR_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_current_span(false)
-        .init();
-}
-
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::resolve(args.config.as_deref(), args.app.as_deref(), &args.limits)?;
-    init_logging();
+    logging::init();
     let app_path = config::prepare_app(&config.app)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

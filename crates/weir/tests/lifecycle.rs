@@ -100,14 +100,8 @@ async fn infinite_loop_and_long_sleep_answer_503_near_the_deadline() {
         println!("{path}: 503 after {took:?} (deadline 300 ms)");
         assert_eq!(weir.get("/hello").await.status, 200, "the lane recovers");
     }
-    let receipts = weir.receipts();
-    assert_eq!(
-        receipts
-            .iter()
-            .filter(|r| r["outcome"] == "deadline")
-            .count(),
-        2
-    );
+    weir.count_receipts_where(2, |r| r["outcome"] == "deadline")
+        .await;
 }
 
 #[tokio::test]
@@ -221,4 +215,45 @@ fn rss_kib(pid: u32) -> u64 {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap()
+}
+
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .count()
+}
+
+#[tokio::test]
+async fn spinning_guests_are_stopped_without_a_thread_per_request() {
+    let weir = Weir::start(
+        &probe(),
+        &[
+            "--limit",
+            "max_concurrent=8",
+            "--limit",
+            "event_limit_ms=400",
+        ],
+    );
+    assert_eq!(weir.get("/hello").await.status, 200);
+    let idle = threads(weir.pid());
+    let loops: Vec<_> = (0..8)
+        .map(|_| {
+            let addr = weir.addr;
+            tokio::spawn(async move {
+                let req = http::Request::get("/loop")
+                    .header("host", "x")
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .unwrap();
+                common::send_to(addr, req).await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let busy = threads(weir.pid());
+    for l in loops {
+        l.await
+            .unwrap()
+            .assert_weir_error(503, "event_deadline_exceeded");
+    }
+    assert_eq!(busy, idle, "8 spinning guests added threads");
 }

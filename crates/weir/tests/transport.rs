@@ -40,22 +40,6 @@ fn chunks(body: &[u8]) -> (Vec<usize>, bool) {
     }
 }
 
-fn raw_bytes(weir: &Weir, bytes: &[u8], wait: Duration) -> Vec<u8> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(weir.addr).unwrap();
-    s.set_read_timeout(Some(wait)).unwrap();
-    s.write_all(bytes).unwrap();
-    let mut out = Vec::new();
-    let mut buf = [0u8; 65536];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-        }
-    }
-    out
-}
-
 #[tokio::test]
 async fn binary_bodies_round_trip_exactly() {
     let weir = Weir::start(&probe(), &["--limit", "max_request_body_bytes=4000000"]);
@@ -114,8 +98,7 @@ async fn trailing_question_mark_reaches_the_guest() {
 async fn bodyless_responses_carry_no_body() {
     let weir = Weir::start(&probe(), &[]);
     for code in [204, 205, 304] {
-        let raw = raw_bytes(
-            &weir,
+        let raw = weir.raw_bytes(
             format!("GET /status?code={code} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
                 .as_bytes(),
             Duration::from_secs(5),
@@ -126,8 +109,7 @@ async fn bodyless_responses_carry_no_body() {
         assert_eq!(body, "", "status {code} must carry no body");
         assert!(!head.contains("transfer-encoding"), "{head}");
     }
-    let raw = raw_bytes(
-        &weir,
+    let raw = weir.raw_bytes(
         b"HEAD /hello HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
         Duration::from_secs(5),
     );
@@ -152,19 +134,13 @@ fn head_of_size(target: usize) -> Vec<u8> {
 #[tokio::test]
 async fn head_over_the_limit_is_431_and_at_the_limit_passes() {
     let weir = Weir::start(&probe(), &["--limit", "max_request_head_bytes=2048"]);
-    let ok = String::from_utf8_lossy(&raw_bytes(
-        &weir,
-        &head_of_size(2048),
-        Duration::from_millis(500),
-    ))
-    .into_owned();
+    let ok =
+        String::from_utf8_lossy(&weir.raw_bytes(&head_of_size(2048), Duration::from_millis(500)))
+            .into_owned();
     assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
-    let over = String::from_utf8_lossy(&raw_bytes(
-        &weir,
-        &head_of_size(2049),
-        Duration::from_millis(500),
-    ))
-    .into_owned();
+    let over =
+        String::from_utf8_lossy(&weir.raw_bytes(&head_of_size(2049), Duration::from_millis(500)))
+            .into_owned();
     assert!(over.starts_with("HTTP/1.1 431"), "{over}");
     assert!(
         over.ends_with("{\"error\":\"request_header_fields_too_large\"}"),
@@ -293,8 +269,7 @@ async fn declared_response_length_over_limit_is_502_before_headers() {
 #[tokio::test]
 async fn streamed_response_crossing_the_limit_is_aborted() {
     let weir = Weir::start(&probe(), &["--limit", "max_response_body_bytes=4096"]);
-    let raw = raw_bytes(
-        &weir,
+    let raw = weir.raw_bytes(
         // 1000-byte chunks, 20 ms apart: headers and four chunks reach the
         // client before the fifth crosses the limit.
         b"GET /stream?chunks=10&size=1000&delay_ms=20 HTTP/1.1\r\nhost: x\r\n\r\n",
@@ -318,8 +293,7 @@ async fn streamed_response_crossing_the_limit_is_aborted() {
 #[tokio::test]
 async fn chunks_reaching_the_client_respect_the_chunk_limit() {
     let weir = Weir::start(&probe(), &["--limit", "max_response_chunk_bytes=1024"]);
-    let raw = raw_bytes(
-        &weir,
+    let raw = weir.raw_bytes(
         b"GET /large?bytes=10000 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
         Duration::from_secs(5),
     );

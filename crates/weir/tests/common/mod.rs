@@ -182,6 +182,23 @@ impl Weir {
         }
     }
 
+    /// Waits until exactly `n` receipts match (and stay `n` briefly).
+    pub async fn count_receipts_where(&self, n: usize, f: impl Fn(&Value) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let count = self.receipts().iter().filter(|r| f(r)).count();
+            if count == n {
+                return;
+            }
+            assert!(
+                count < n && Instant::now() < deadline,
+                "expected {n} matching receipts, have {count}: {:#?}",
+                self.receipts()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub fn log(&self) -> String {
         self.lines.lock().unwrap().join("\n")
     }
@@ -217,6 +234,11 @@ impl Weir {
     /// One raw exchange: writes `bytes`, then reads until the server closes
     /// or `wait` passes.
     pub fn raw(&self, bytes: &[u8], wait: Duration) -> String {
+        String::from_utf8_lossy(&self.raw_bytes(bytes, wait)).into_owned()
+    }
+
+    /// [`Weir::raw`], keeping the bytes as received.
+    pub fn raw_bytes(&self, bytes: &[u8], wait: Duration) -> Vec<u8> {
         let mut s = TcpStream::connect(self.addr).unwrap();
         s.set_read_timeout(Some(wait)).unwrap();
         s.write_all(bytes).unwrap();
@@ -228,7 +250,7 @@ impl Weir {
                 Ok(n) => out.extend_from_slice(&buf[..n]),
             }
         }
-        String::from_utf8_lossy(&out).into_owned()
+        out
     }
 }
 

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Hello benchmark: Weir against wasmtime serve and a plain hyper server.
+
+Serves the same hello component with `weir serve` (defaults, and with a fresh
+instance per request) and with `wasmtime serve` 48 (defaults, and with
+instance reuse), plus a plain hyper server as the ceiling; loads each with
+the same wrk settings, one after the other in one run, and prints req/s, p50,
+p99 and the ratios.
+
+Usage: python3 bench/hello.py [--duration 10] [--connections 32] [--wasmtime PATH]
+Needs: wrk (apt-get install wrk); wasmtime 48 (cargo install wasmtime-cli@48.0.8
+--locked --root /opt/wasmtime48) or the servers without it are skipped.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(port, proc, timeout=60.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+                s.sendall(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                if s.recv(16).startswith(b"HTTP/1.1 200"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("server did not become ready")
+
+
+UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def parse_latency(text, pct):
+    m = re.search(rf"^\s*{pct}%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
+    return float(m.group(1)) * UNITS[m.group(2)] if m else float("nan")
+
+
+def run_wrk(port, duration, connections, threads):
+    # Warm up (JIT, pools, page cache), then measure.
+    subprocess.run(
+        ["wrk", f"-t{threads}", f"-c{connections}", "-d2s", f"http://127.0.0.1:{port}/"],
+        capture_output=True,
+        check=True,
+    )
+    out = subprocess.run(
+        [
+            "wrk",
+            f"-t{threads}",
+            f"-c{connections}",
+            f"-d{duration}s",
+            "--latency",
+            f"http://127.0.0.1:{port}/",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(r"Socket errors: (.*)", out)
+    return {
+        "rps": rps,
+        "p50": parse_latency(out, 50),
+        "p99": parse_latency(out, 99),
+        "non2xx": int(errors.group(1)) if errors else 0,
+        "socket_errors": socket_errors.group(1) if socket_errors else "",
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--duration", type=int, default=10)
+    ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--wasmtime",
+        default=shutil.which("wasmtime") or "/opt/wasmtime48/bin/wasmtime",
+    )
+    args = ap.parse_args()
+
+    subprocess.run(
+        ["cargo", "build", "--release", "-p", "weir", "-p", "hyper-hello"],
+        cwd=ROOT,
+        check=True,
+    )
+    subprocess.run(
+        [
+            "cargo", "build", "--release", "--target", "wasm32-wasip2",
+            "--manifest-path", str(ROOT / "guests/Cargo.toml"), "-p", "hello",
+        ],
+        check=True,
+    )
+    hello = ROOT / "guests/target/wasm32-wasip2/release/hello.wasm"
+    weir = ROOT / "target/release/weir"
+    hyper = ROOT / "target/release/hyper-hello"
+
+    servers = [
+        ("hyper hello (ceiling)", lambda p: [str(hyper), f"127.0.0.1:{p}"], {}),
+        ("weir serve (defaults)", lambda p: [str(weir), "serve", str(hello), "--listen", f"127.0.0.1:{p}"], {}),
+        ("weir serve (receipts off)", lambda p: [str(weir), "serve", str(hello), "--listen", f"127.0.0.1:{p}"], {"WEIR_LOG": "warn"}),
+        (
+            "weir serve retirement_admission_limit=1",
+            lambda p: [str(weir), "serve", str(hello), "--listen", f"127.0.0.1:{p}",
+                       "--limit", "retirement_admission_limit=1"],
+            {},
+        ),
+    ]
+    wasmtime = Path(args.wasmtime)
+    if wasmtime.is_file():
+        servers += [
+            ("wasmtime serve (defaults)", lambda p: [str(wasmtime), "serve", "-S", "cli", "--addr", f"127.0.0.1:{p}", str(hello)], {}),
+            (
+                "wasmtime serve reuse=100000",
+                lambda p: [str(wasmtime), "serve", "-S", "cli", "--addr", f"127.0.0.1:{p}",
+                           "--max-instance-reuse-count", "100000", str(hello)],
+                {},
+            ),
+        ]
+    else:
+        print(f"(wasmtime not found at {wasmtime}; skipping its rows)", file=sys.stderr)
+
+    results = {}
+    for name, cmd, env in servers:
+        port = free_port()
+        proc = subprocess.Popen(
+            cmd(port),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, **env},
+        )
+        try:
+            wait_ready(port, proc)
+            results[name] = run_wrk(port, args.duration, args.connections, args.threads)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        r = results[name]
+        print(
+            f"{name:42} {r['rps']:>10.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms"
+            + (f"  non-2xx {r['non2xx']}" if r["non2xx"] else "")
+            + (f"  socket errors: {r['socket_errors']}" if r["socket_errors"] else ""),
+            flush=True,
+        )
+
+    def ratio(a, b):
+        if a in results and b in results:
+            ra, rb = results[a], results[b]
+            print(f"  {a} / {b}: {ra['rps'] / rb['rps']:.2f}x req/s, p99 {ra['p99']:.2f} vs {rb['p99']:.2f} ms")
+
+    print(f"\nwrk -t{args.threads} -c{args.connections} -d{args.duration}s, ratios:")
+    ratio("weir serve (defaults)", "wasmtime serve reuse=100000")
+    ratio("weir serve (defaults)", "wasmtime serve (defaults)")
+    ratio("weir serve retirement_admission_limit=1", "wasmtime serve (defaults)")
+    ratio("weir serve (defaults)", "hyper hello (ceiling)")
+    ratio("weir serve (receipts off)", "hyper hello (ceiling)")
+
+
+if __name__ == "__main__":
+    main()
