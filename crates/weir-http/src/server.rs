@@ -55,8 +55,22 @@ pub struct ServeOptions {
     pub receipt_headers: bool,
 }
 
-/// Serves `app` on `listener` until the process ends.
-pub async fn serve(listener: TcpListener, app: Arc<App>, options: ServeOptions) {
+/// How long a shutdown waits for in-flight events before giving up on them.
+/// Long enough for ordinary events to finish; a streaming session that needs
+/// longer is cut off (its client sees an incomplete body).
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves `app` on `listener` until `shutdown` resolves, then stops
+/// accepting, lets in-flight requests finish (up to [`SHUTDOWN_GRACE`]) and
+/// returns.
+pub async fn serve(
+    listener: TcpListener,
+    app: Arc<App>,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()>,
+) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
     let options = Arc::new(options);
     let limits = &app.code.limits;
     let mut builder = http1::Builder::new();
@@ -68,9 +82,12 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, options: ServeOptions) 
             (limits.max_request_head_bytes * PARSER_BUFFER_HEAD_MULTIPLE)
                 .max(MIN_PARSER_BUFFER_BYTES),
         );
-    let builder = Arc::new(builder);
     loop {
-        let (stream, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = &mut shutdown => break,
+        };
+        let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(e) => {
                 // Running out of file descriptors must not end the server.
@@ -82,20 +99,24 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, options: ServeOptions) 
         let _ = stream.set_nodelay(true);
         let app = app.clone();
         let options = options.clone();
-        let builder = builder.clone();
+        let service = service_fn(move |req| {
+            let app = app.clone();
+            let options = options.clone();
+            async move { Ok::<_, Infallible>(handle(app, &options, req).await) }
+        });
+        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let app = app.clone();
-                let options = options.clone();
-                async move { Ok::<_, Infallible>(handle(app, &options, req).await) }
-            });
-            if let Err(e) = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
+            if let Err(e) = connection.await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
+    }
+    drop(listener);
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("shutdown grace passed with requests still in flight");
     }
 }
 

@@ -161,10 +161,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let options = ServeOptions {
             receipt_headers: args.receipt_headers || config.receipt_headers,
         };
-        tokio::select! {
-            _ = weir_http::serve(listener, app, options) => {}
-            _ = shutdown_signal() => eprintln!("weir: shutting down"),
-        }
+        weir_http::serve(listener, app, options, async {
+            shutdown_signal().await;
+            eprintln!("weir: shutting down");
+        })
+        .await;
         // Keep the engine (and its ticker) alive until serving stops.
         drop(engine);
         Ok(())

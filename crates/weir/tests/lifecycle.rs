@@ -257,3 +257,27 @@ async fn spinning_guests_are_stopped_without_a_thread_per_request() {
     }
     assert_eq!(busy, idle, "8 spinning guests added threads");
 }
+
+#[tokio::test]
+async fn sigterm_lets_in_flight_events_finish_then_exits() {
+    let mut weir = Weir::start(&probe(), &[]);
+    let addr = weir.addr;
+    let slow = tokio::spawn(async move {
+        let req = http::Request::get("/sleep?ms=500")
+            .header("host", "x")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        common::send_to(addr, req).await
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    weir.signal("TERM");
+    let resp = slow.await.unwrap();
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.text(), "slept\n");
+    let status = weir.wait_exit(Duration::from_secs(10)).expect("weir exits");
+    assert!(status.success(), "{status:?}");
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "no longer accepting"
+    );
+}
