@@ -245,3 +245,84 @@ async fn serving_a_guest_crate_directory_builds_it_first() {
     let resp = weir.get("/").await;
     assert_eq!(resp.text(), "hello from weir\n");
 }
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+async fn wait_health(weir: &Weir, status: u16) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while weir.admin_get("/healthz").await.status != status {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "healthz never became {status}: {}",
+            weir.status().await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_lane_that_cannot_instantiate_is_unavailable_and_the_others_serve() {
+    // Instantiation fails from 3 s to 6 s from now, and works outside that.
+    let fail_from = unix_now() + 3;
+    let fail_until = fail_from + 3;
+    let wat = std::fs::read_to_string(root().join("guests/wat/flaky-start.wat"))
+        .unwrap()
+        .replace("FAIL_FROM", &fail_from.to_string())
+        .replace("FAIL_UNTIL", &fail_until.to_string());
+    let dir = tempdir("flaky");
+    let path = dir.join("flaky.wasm");
+    std::fs::write(&path, wat::parse_str(&wat).unwrap()).unwrap();
+    let weir = Weir::start(
+        &path,
+        &[
+            "--limit",
+            "max_concurrent=3",
+            "--limit",
+            "retirement_admission_limit=1",
+        ],
+    );
+    assert_eq!(weir.admin_get("/healthz").await.status, 200);
+    while unix_now() < fail_from {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // This event retires its generation; the replacement cannot be made.
+    weir.get("/")
+        .await
+        .assert_weir_error(502, "invalid_response");
+    wait_health(&weir, 503).await;
+    let status = weir.status().await;
+    let lanes = status["apps"][0]["lanes"].as_array().unwrap().clone();
+    let down: Vec<_> = lanes
+        .iter()
+        .filter(|l| l["state"] == "unavailable")
+        .collect();
+    assert_eq!(down.len(), 1, "{status}");
+    assert_eq!(status["apps"][0]["healthy"], false);
+    assert!(
+        status["apps"][0]["generations"]["instantiation_failed"]
+            .as_u64()
+            .unwrap()
+            >= 1
+    );
+    // The app keeps serving on its other lanes: the guest runs there.
+    weir.get("/")
+        .await
+        .assert_weir_error(502, "invalid_response");
+    let served = weir
+        .receipt_where(|r| r["generation"].is_u64() && r["lane"] != down[0]["lane"])
+        .await;
+    assert_eq!(served["error"], "invalid_response");
+    // Once instantiation works again, the lanes come back by themselves.
+    while unix_now() < fail_until {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    wait_health(&weir, 200).await;
+    weir.get("/")
+        .await
+        .assert_weir_error(502, "invalid_response");
+}

@@ -207,3 +207,4 @@ fn simple_with(out: ResponseOutparam, headers: &[(&str, &[u8])]) {
 }
 
 wasi::http::proxy::export!(Probe);
+
