@@ -27,6 +27,10 @@ pub async fn read_body<B>(body: B, limit: u64, timeout: Duration) -> Result<Byte
 where
     B: Body<Data = Bytes> + Unpin,
 {
+    // A request that declares no body needs neither a read nor a timer.
+    if body.is_end_stream() {
+        return Ok(Bytes::new());
+    }
     match tokio::time::timeout(timeout, collect(body, limit)).await {
         Ok(result) => result,
         Err(_) => Err(BodyError::Timeout),

@@ -15,15 +15,19 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::{Bytes, BytesMut};
+use futures::FutureExt;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use weir_runtime::event::{self, Dispatch, Reply};
-use weir_runtime::receipt::{Outcome, PendingReceipt, Receipt};
+use tokio::sync::oneshot;
+use weir_runtime::event::{self, Dispatch, GuestBody, Reply, SessionEnd};
+use weir_runtime::receipt::{Outcome, Receipt};
 use weir_runtime::{App, ErrorCode};
 
 use crate::error_response::error_response;
@@ -138,6 +142,95 @@ fn declared_length<B>(req: &Request<B>) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
+enum Finished {
+    /// The guest returned cleanly and its whole body is already here.
+    Complete(Bytes),
+    /// The body is still being written (or is large): stream it.
+    Streaming(GuestBody, oneshot::Receiver<SessionEnd>),
+}
+
+/// Most responses are small and complete by the time their headers arrive:
+/// the guest wrote its body and returned in one go. Those are sent as one
+/// sized body — head and body in one write, with `content-length` — instead
+/// of as a chunked stream. Anything else, or anything larger than one chunk,
+/// streams. Nothing is waited for here.
+fn finished_body(
+    mut body: GuestBody,
+    mut session: oneshot::Receiver<SessionEnd>,
+    max_bytes: usize,
+) -> Finished {
+    match session.try_recv() {
+        Ok(SessionEnd::Clean) => {}
+        Err(oneshot::error::TryRecvError::Empty) => return Finished::Streaming(body, session),
+        Ok(SessionEnd::Failed) | Err(oneshot::error::TryRecvError::Closed) => {
+            return Finished::Streaming(body, settled(SessionEnd::Failed));
+        }
+    }
+    let mut read = BytesMut::new();
+    let end = loop {
+        match body.frame().now_or_never() {
+            Some(None) => return Finished::Complete(read.freeze()),
+            Some(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => {
+                    read.extend_from_slice(&data);
+                    if read.len() > max_bytes {
+                        break SessionEnd::Clean;
+                    }
+                }
+                // Trailers: the client must get them, so stream.
+                Err(trailers) => {
+                    let rest = Prepend {
+                        first: Some(read.freeze()),
+                        trailers: trailers.into_trailers().ok(),
+                        rest: body,
+                    };
+                    return Finished::Streaming(rest.boxed_unsync(), settled(SessionEnd::Clean));
+                }
+            },
+            Some(Some(Err(_))) => break SessionEnd::Failed,
+            None => break SessionEnd::Clean,
+        }
+    };
+    let rest = Prepend {
+        first: Some(read.freeze()),
+        trailers: None,
+        rest: body,
+    };
+    Finished::Streaming(rest.boxed_unsync(), settled(end))
+}
+
+/// A session outcome that is already known.
+fn settled(end: SessionEnd) -> oneshot::Receiver<SessionEnd> {
+    let (tx, rx) = oneshot::channel();
+    let _ = tx.send(end);
+    rx
+}
+
+/// Bytes (and trailers) already taken from a guest body, then the rest of it.
+struct Prepend {
+    first: Option<Bytes>,
+    trailers: Option<http::HeaderMap>,
+    rest: GuestBody,
+}
+
+impl Body for Prepend {
+    type Data = Bytes;
+    type Error = <GuestBody as Body>::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(first) = self.first.take().filter(|b| !b.is_empty()) {
+            return std::task::Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        if let Some(trailers) = self.trailers.take() {
+            return std::task::Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        std::pin::Pin::new(&mut self.rest).poll_frame(cx)
+    }
+}
+
 /// Statuses whose responses never carry a body.
 fn bodyless(method: &Method, status: StatusCode) -> bool {
     method == Method::HEAD
@@ -152,7 +245,7 @@ async fn handle(
     req: Request<Incoming>,
 ) -> Response<ServeBody> {
     let arrived = Instant::now();
-    let receipt = PendingReceipt::new(app.name.clone(), app.metrics.clone(), arrived);
+    let receipt = app.receipts.open(arrived);
     let limits = &app.code.limits;
 
     if head_bytes(&req) > limits.max_request_head_bytes {
@@ -230,6 +323,14 @@ async fn handle(
                 });
                 return Response::from_parts(parts, ServeBody::empty());
             }
+            let (body, session) =
+                match finished_body(body, session, limits.max_response_chunk_bytes) {
+                    Finished::Complete(bytes) => {
+                        receipt.add_bytes_out(bytes.len() as u64);
+                        return Response::from_parts(parts, ServeBody::full(bytes));
+                    }
+                    Finished::Streaming(body, session) => (body, session),
+                };
             let body = SessionBody::new(
                 body,
                 session,

@@ -19,6 +19,7 @@ use crate::generation::{Generation, GenerationState, InstantiateError};
 use crate::lane::{Lane, LaneBoard};
 use crate::limits::Limits;
 use crate::metrics::AppMetrics;
+use crate::receipt::ReceiptBook;
 
 /// Why an app could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -131,6 +132,7 @@ pub struct App {
     pub admission: Admission,
     pub board: LaneBoard,
     pub metrics: AppMetrics,
+    pub receipts: Arc<ReceiptBook>,
     next_generation: AtomicU64,
     next_admission: AtomicU64,
 }
@@ -140,11 +142,13 @@ impl App {
     pub async fn start(
         name: String,
         code: AppCode,
-        metrics: AppMetrics,
+        receipts: Arc<ReceiptBook>,
         shown: &str,
     ) -> Result<Arc<App>, LoadError> {
         let lanes = code.limits.max_concurrent;
+        let metrics = receipts.metrics().clone();
         let app = Arc::new(App {
+            receipts,
             name: name.into(),
             admission: Admission::new(code.limits.max_queued),
             board: LaneBoard::new(lanes),

@@ -3,15 +3,18 @@
 //! Invariant owned here: a receipt is emitted once, when the last party that
 //! can still change it lets go. The transport (which counts bytes out) and
 //! the event task (which knows the generation and how the guest ended) each
-//! hold the same [`PendingReceipt`]; it is written — log record plus
-//! metrics — when the last holder drops, so an event cannot end without
-//! one, and never has two. The first failure recorded wins: a cancellation
+//! hold the same [`PendingReceipt`]; it is written — one JSON line to the
+//! app's [`ReceiptSink`] plus metrics — when the last holder drops, so an
+//! event cannot end without one, and never has two. Receipts are encoded
+//! directly (not through a generic log formatter): they are the one log
+//! line every event pays for. The first failure recorded wins: a cancellation
 //! stays a cancellation even if the generation is abandoned afterwards.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
@@ -74,10 +77,49 @@ struct Fields {
     detail: Option<String>,
 }
 
-/// A receipt being assembled; emitted when the last clone is dropped.
-pub struct PendingReceipt {
+/// Where receipt lines go: one complete JSON line (newline included) per
+/// call. Implementations must not block for long: they run on the event's
+/// task.
+pub trait ReceiptSink: Send + Sync + 'static {
+    fn write_line(&self, line: &[u8]);
+}
+
+/// What every receipt of one app shares: its name, its metrics and, if
+/// receipts are logged, the sink they go to.
+pub struct ReceiptBook {
     app: Arc<str>,
     metrics: AppMetrics,
+    sink: Option<Arc<dyn ReceiptSink>>,
+}
+
+impl ReceiptBook {
+    pub fn new(
+        app: Arc<str>,
+        metrics: AppMetrics,
+        sink: Option<Arc<dyn ReceiptSink>>,
+    ) -> Arc<Self> {
+        Arc::new(ReceiptBook { app, metrics, sink })
+    }
+
+    pub fn metrics(&self) -> &AppMetrics {
+        &self.metrics
+    }
+
+    /// Opens the receipt of an event that arrived at `arrived`.
+    pub fn open(self: &Arc<Self>, arrived: Instant) -> Receipt {
+        Arc::new(PendingReceipt {
+            book: self.clone(),
+            arrived,
+            bytes_in: AtomicU64::new(0),
+            bytes_out: AtomicU64::new(0),
+            fields: Mutex::new(Fields::default()),
+        })
+    }
+}
+
+/// A receipt being assembled; emitted when the last clone is dropped.
+pub struct PendingReceipt {
+    book: Arc<ReceiptBook>,
     arrived: Instant,
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
@@ -88,17 +130,6 @@ pub struct PendingReceipt {
 pub type Receipt = Arc<PendingReceipt>;
 
 impl PendingReceipt {
-    pub fn new(app: Arc<str>, metrics: AppMetrics, arrived: Instant) -> Receipt {
-        Arc::new(PendingReceipt {
-            app,
-            metrics,
-            arrived,
-            bytes_in: AtomicU64::new(0),
-            bytes_out: AtomicU64::new(0),
-            fields: Mutex::new(Fields::default()),
-        })
-    }
-
     fn with(&self, f: impl FnOnce(&mut Fields)) {
         let mut fields = self.fields.lock().unwrap_or_else(|p| p.into_inner());
         f(&mut fields);
@@ -172,6 +203,46 @@ fn micros(d: Duration) -> u64 {
     d.as_micros() as u64
 }
 
+/// One receipt as a JSON log line, in the shape of Weir's other log lines.
+#[derive(Serialize)]
+struct Line<'a> {
+    timestamp: String,
+    level: &'static str,
+    target: &'static str,
+    fields: LineFields<'a>,
+}
+
+#[derive(Serialize)]
+struct LineFields<'a> {
+    message: &'static str,
+    app: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lane: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    generation: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admission: Option<u64>,
+    outcome: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'static str>,
+    status: u16,
+    bytes_in: u64,
+    bytes_out: u64,
+    memory_bytes: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queued_us: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wasm_us: Option<u64>,
+    total_us: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<&'a str>,
+}
+
+thread_local! {
+    /// Each thread encodes receipts into its own reused buffer.
+    static LINE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
 impl Drop for PendingReceipt {
     fn drop(&mut self) {
         let now = Instant::now();
@@ -184,26 +255,39 @@ impl Drop for PendingReceipt {
             (Some(entered), Some(headers)) => Some(headers - entered),
             _ => None,
         };
-        self.metrics
+        self.book
+            .metrics
             .event(outcome, total.as_secs_f64(), wasm.map(|w| w.as_secs_f64()));
-        let queued = f.admitted_at.map(|a| micros(a - self.arrived));
-        tracing::info!(
+        let Some(sink) = &self.book.sink else { return };
+        let line = Line {
+            timestamp: humantime::format_rfc3339_micros(SystemTime::now()).to_string(),
+            level: "INFO",
             target: "weir::receipt",
-            app = %self.app,
-            lane = f.lane,
-            generation = f.generation,
-            admission = f.admission,
-            outcome = outcome.as_str(),
-            error = f.error.map(|e| e.as_str()),
-            status = f.status,
-            bytes_in = self.bytes_in.load(Ordering::Relaxed),
-            bytes_out = self.bytes_out.load(Ordering::Relaxed),
-            memory_bytes = f.memory_bytes,
-            queued_us = queued,
-            wasm_us = wasm.map(micros),
-            total_us = micros(total),
-            detail = f.detail.as_deref(),
-            "receipt"
-        );
+            fields: LineFields {
+                message: "receipt",
+                app: &self.book.app,
+                lane: f.lane,
+                generation: f.generation,
+                admission: f.admission,
+                outcome: outcome.as_str(),
+                error: f.error.map(|e| e.as_str()),
+                status: f.status,
+                bytes_in: self.bytes_in.load(Ordering::Relaxed),
+                bytes_out: self.bytes_out.load(Ordering::Relaxed),
+                memory_bytes: f.memory_bytes,
+                queued_us: f.admitted_at.map(|a| micros(a - self.arrived)),
+                wasm_us: wasm.map(micros),
+                total_us: micros(total),
+                detail: f.detail.as_deref(),
+            },
+        };
+        LINE.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            buf.clear();
+            if serde_json::to_writer(&mut *buf, &line).is_ok() {
+                buf.push(b'\n');
+                sink.write_line(&buf);
+            }
+        });
     }
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
+use weir_runtime::receipt::ReceiptSink;
 
 /// A buffer this large is written out at once: large enough to batch a few
 /// hundred receipts into one write, small enough to stay in cache.
@@ -41,12 +42,7 @@ struct Line<'a>(&'a Batched);
 
 impl Write for Line<'_> {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        let mut buf = self.0.buf.lock().unwrap_or_else(|p| p.into_inner());
-        buf.extend_from_slice(data);
-        if buf.len() >= FLUSH_BYTES {
-            let _ = std::io::stderr().lock().write_all(&buf);
-            buf.clear();
-        }
+        self.0.append(data);
         Ok(data.len())
     }
 
@@ -63,7 +59,34 @@ impl<'a> MakeWriter<'a> for Batched {
     }
 }
 
+impl Batched {
+    fn append(&self, data: &[u8]) {
+        let mut buf = self.buf.lock().unwrap_or_else(|p| p.into_inner());
+        buf.extend_from_slice(data);
+        if buf.len() >= FLUSH_BYTES {
+            let _ = std::io::stderr().lock().write_all(&buf);
+            buf.clear();
+        }
+    }
+}
+
+impl ReceiptSink for Batched {
+    fn write_line(&self, line: &[u8]) {
+        self.append(line);
+    }
+}
+
 static OUTPUT: OnceLock<Batched> = OnceLock::new();
+
+/// Where receipts go: the same batched stderr as every other log line, or
+/// nowhere when `WEIR_LOG` filters out `weir::receipt` at `info`.
+pub fn receipt_sink() -> Option<Arc<dyn ReceiptSink>> {
+    if !tracing::enabled!(target: "weir::receipt", tracing::Level::INFO) {
+        return None;
+    }
+    let output = OUTPUT.get_or_init(Batched::default).clone();
+    Some(Arc::new(output))
+}
 
 /// Installs the JSON subscriber; `WEIR_LOG` takes a `tracing` filter.
 pub fn init() {

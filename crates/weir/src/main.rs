@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 use weir_build::BuildRequest;
 use weir_http::{AdminState, ServeOptions};
 use weir_runtime::metrics::Metrics;
+use weir_runtime::receipt::ReceiptBook;
 use weir_runtime::{App, AppCode, EngineSizing, WeirEngine};
 
 use crate::config::{Config, UsageError};
@@ -132,8 +133,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let code = AppCode::load(&engine, &app_path, config.limits.clone())?;
         let metrics = Arc::new(Metrics::new());
         let name = shown_name(&app_path);
-        let app_metrics = metrics.for_app(&name);
-        let app = App::start(name, code, app_metrics, &shown).await?;
+        let receipts = ReceiptBook::new(
+            name.clone().into(),
+            metrics.for_app(&name),
+            logging::receipt_sink(),
+        );
+        let app = App::start(name, code, receipts, &shown).await?;
 
         let listen = args
             .listen
