@@ -292,8 +292,14 @@ async fn handle(
     let method = parts.method.clone();
     let request = Request::from_parts(parts, Full::new(bytes));
 
-    let Dispatch { reply, cancel } = event::dispatch(guard, request, receipt.clone());
-    match reply.await {
+    let Dispatch {
+        mut reply,
+        cancel,
+        mut task,
+    } = event::dispatch(guard, request, receipt.clone());
+    // Whatever of the event is left after the reply runs on as its own task
+    // when `task` drops at the end of this function.
+    match task.until_reply(&mut reply).await {
         Ok(Reply::Response {
             response,
             session,

@@ -17,7 +17,7 @@
 //!   cannot be instantiated stays out of admission (unavailable) until one
 //!   can.
 
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -79,6 +79,43 @@ pub struct CancelHandle {
 pub struct Dispatch {
     pub reply: oneshot::Receiver<Reply>,
     pub cancel: CancelHandle,
+    pub task: EventTask,
+}
+
+/// The event's own future. The transport drives it inline while it waits
+/// for the reply — the common case then costs no task spawn and no thread
+/// hand-off — and whatever is left when the transport lets go (a streaming
+/// body, a lane's renewal, a guest finishing after its client left) runs on
+/// as a task of its own: dropping an unfinished `EventTask` spawns it, so an
+/// event can never be cut short by its connection going away.
+pub struct EventTask {
+    future: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
+
+impl EventTask {
+    /// Runs the event until its reply is available, and returns it.
+    pub async fn until_reply(
+        &mut self,
+        reply: &mut oneshot::Receiver<Reply>,
+    ) -> Result<Reply, oneshot::error::RecvError> {
+        std::future::poll_fn(|cx| {
+            if let Some(future) = self.future.as_mut()
+                && future.as_mut().poll(cx).is_ready()
+            {
+                self.future = None;
+            }
+            Pin::new(&mut *reply).poll(cx)
+        })
+        .await
+    }
+}
+
+impl Drop for EventTask {
+    fn drop(&mut self) {
+        if let Some(future) = self.future.take() {
+            tokio::spawn(future);
+        }
+    }
 }
 
 /// The body a guest streams into its response.
@@ -100,10 +137,14 @@ enum Verdict {
 pub fn dispatch(guard: LaneGuard, request: EventRequest, receipt: Receipt) -> Dispatch {
     let (reply_tx, reply) = oneshot::channel();
     let (cancel_tx, cancel_rx) = oneshot::channel();
-    tokio::spawn(run_event(guard, request, receipt, reply_tx, cancel_rx));
     Dispatch {
         reply,
         cancel: CancelHandle { _tx: cancel_tx },
+        task: EventTask {
+            future: Some(Box::pin(run_event(
+                guard, request, receipt, reply_tx, cancel_rx,
+            ))),
+        },
     }
 }
 
@@ -347,6 +388,9 @@ async fn finish_lane(app: &Arc<App>, mut guard: LaneGuard, generation: Generatio
         guard.lane().generation = Some(generation);
         return;
     }
+    // Give the transport its reply before paying for the old store's
+    // teardown and the new instantiation: the rest runs as its own task.
+    tokio::task::yield_now().await;
     drop(generation);
     app.metrics.generation_retired();
     let fresh = renew(app, lane_id).await;
