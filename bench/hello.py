@@ -7,7 +7,11 @@ instance reuse), plus a plain hyper server as the ceiling; loads each with
 the same wrk settings, one after the other in one run, and prints req/s, p50,
 p99 and the ratios.
 
-Usage: python3 bench/hello.py [--duration 10] [--connections 32] [--wasmtime PATH]
+Each server is measured --rounds times, the rounds interleaved (server A,
+B, ..., then A, B, ... again) so that drift on a shared machine hits all of
+them alike; the median round is reported.
+
+Usage: python3 bench/hello.py [--rounds 3] [--duration 10] [--connections 32] [--wasmtime PATH]
 Needs: wrk (apt-get install wrk); wasmtime 48 (cargo install wasmtime-cli@48.0.8
 --locked --root /opt/wasmtime48) or the servers without it are skipped.
 """
@@ -93,6 +97,7 @@ def main():
     ap.add_argument("--duration", type=int, default=10)
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument(
         "--wasmtime",
         default=shutil.which("wasmtime") or "/opt/wasmtime48/bin/wasmtime",
@@ -140,35 +145,46 @@ def main():
     else:
         print(f"(wasmtime not found at {wasmtime}; skipping its rows)", file=sys.stderr)
 
+    rounds = {name: [] for name, _, _ in servers}
+    for round_no in range(1, args.rounds + 1):
+        for name, cmd, env in servers:
+            port = free_port()
+            proc = subprocess.Popen(
+                cmd(port),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={**os.environ, **env},
+            )
+            try:
+                wait_ready(port, proc)
+                r = run_wrk(port, args.duration, args.connections, args.threads)
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+            rounds[name].append(r)
+            print(
+                f"round {round_no}  {name:42} {r['rps']:>10.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms"
+                + (f"  non-2xx {r['non2xx']}" if r["non2xx"] else "")
+                + (f"  socket errors: {r['socket_errors']}" if r["socket_errors"] else ""),
+                flush=True,
+            )
+
     results = {}
-    for name, cmd, env in servers:
-        port = free_port()
-        proc = subprocess.Popen(
-            cmd(port),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, **env},
-        )
-        try:
-            wait_ready(port, proc)
-            results[name] = run_wrk(port, args.duration, args.connections, args.threads)
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+    print(f"\nmedian of {args.rounds} rounds, wrk -t{args.threads} -c{args.connections} -d{args.duration}s:")
+    for name, rs in rounds.items():
+        by_rps = sorted(rs, key=lambda r: r["rps"])
+        mid = by_rps[len(by_rps) // 2]
+        p99s = sorted(r["p99"] for r in rs)
+        results[name] = {"rps": mid["rps"], "p50": mid["p50"], "p99": p99s[len(p99s) // 2]}
         r = results[name]
-        print(
-            f"{name:42} {r['rps']:>10.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms"
-            + (f"  non-2xx {r['non2xx']}" if r["non2xx"] else "")
-            + (f"  socket errors: {r['socket_errors']}" if r["socket_errors"] else ""),
-            flush=True,
-        )
+        print(f"{name:42} {r['rps']:>10.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms")
 
     def ratio(a, b):
         if a in results and b in results:
             ra, rb = results[a], results[b]
             print(f"  {a} / {b}: {ra['rps'] / rb['rps']:.2f}x req/s, p99 {ra['p99']:.2f} vs {rb['p99']:.2f} ms")
 
-    print(f"\nwrk -t{args.threads} -c{args.connections} -d{args.duration}s, ratios:")
+    print("\nratios:")
     ratio("weir serve (defaults)", "wasmtime serve reuse=100000")
     ratio("weir serve (defaults)", "wasmtime serve (defaults)")
     ratio("weir serve retirement_admission_limit=1", "wasmtime serve (defaults)")

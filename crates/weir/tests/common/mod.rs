@@ -38,6 +38,10 @@ pub fn guest(name: &str) -> PathBuf {
                 "--manifest-path",
             ])
             .arg(root().join("guests/Cargo.toml"))
+            // Explicit, so that a CARGO_TARGET_DIR in the environment does
+            // not move the components away from where the tests read them.
+            .arg("--target-dir")
+            .arg(root().join("guests/target"))
             .status()
             .expect("cargo runs");
         assert!(status.success(), "guests build");
