@@ -281,3 +281,34 @@ async fn sigterm_lets_in_flight_events_finish_then_exits() {
         "no longer accepting"
     );
 }
+
+#[tokio::test]
+async fn a_cancelled_guest_that_finishes_in_time_keeps_its_generation() {
+    let weir = Weir::start(
+        &probe(),
+        &[
+            "--limit",
+            "cancellation_limit_ms=3000",
+            "--limit",
+            "max_concurrent=1",
+            "--receipt-headers",
+        ],
+    );
+    let before = weir.get("/counter").await;
+    let mut s = std::net::TcpStream::connect(weir.addr).unwrap();
+    s.write_all(b"GET /sleep?ms=300 HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    drop(s);
+    let receipt = weir.receipt_where(|r| r["outcome"] == "cancelled").await;
+    assert_eq!(receipt["error"], "request_cancelled");
+    // The guest returned within the cancellation limit: nothing abandoned,
+    // and the same generation (and its memory) serves on.
+    assert_eq!(
+        weir.status().await["apps"][0]["generations"]["abandoned"],
+        0
+    );
+    let after = weir.get("/counter").await;
+    assert_eq!(after.generation(), before.generation());
+    assert_eq!(after.text(), "2");
+}
