@@ -79,7 +79,18 @@ struct BuildArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(), // --help, --version
+        Err(e) => {
+            // One clear line, like every other usage error.
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("weir: {first} (see `weir --help`)");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let result = match cli.command {
         Command::Serve(args) => serve(args),
         Command::Build(args) => build(args),

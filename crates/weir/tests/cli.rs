@@ -238,10 +238,30 @@ fn build_usage_errors_exit_2_with_one_line() {
     let out = run_weir(&["build", "--out-dir", "a", "--out-dir", "b"]);
     assert_eq!(out.code, Some(2));
     assert!(out.stderr.contains("--out-dir"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("cannot be used multiple times"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
 
     let out = run_weir(&["build", "--bogus"]);
     assert_eq!(out.code, Some(2));
     assert!(out.stderr.contains("--bogus"), "{}", out.stderr);
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+
+    let out = run_weir(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:1",
+        "--listen",
+        "127.0.0.1:2",
+    ]);
+    assert_eq!(out.code, Some(2));
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+
+    let help = run_weir(&["build", "--help"]);
+    assert_eq!(help.code, Some(0));
 }
 
 #[tokio::test]
