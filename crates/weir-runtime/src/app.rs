@@ -19,6 +19,7 @@ use crate::generation::{Generation, GenerationState, InstantiateError};
 use crate::lane::{Lane, LaneBoard};
 use crate::limits::Limits;
 use crate::metrics::AppMetrics;
+use crate::outbound::OutboundRules;
 use crate::receipt::ReceiptBook;
 
 /// Why an app could not be loaded.
@@ -49,6 +50,7 @@ pub struct AppCode {
     engine: wasmtime::Engine,
     pub(crate) pre: ProxyPre<GenerationState>,
     pub limits: Limits,
+    pub outbound: Arc<OutboundRules>,
 }
 
 impl AppCode {
@@ -57,13 +59,18 @@ impl AppCode {
     }
 
     /// Compiles and links a component file.
-    pub fn load(engine: &WeirEngine, path: &Path, limits: Limits) -> Result<AppCode, LoadError> {
+    pub fn load(
+        engine: &WeirEngine,
+        path: &Path,
+        limits: Limits,
+        outbound: OutboundRules,
+    ) -> Result<AppCode, LoadError> {
         let shown = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
             path: shown.clone(),
             source,
         })?;
-        Self::from_bytes(engine, &shown, &bytes, limits)
+        Self::from_bytes(engine, &shown, &bytes, limits, outbound)
     }
 
     pub fn from_bytes(
@@ -71,6 +78,7 @@ impl AppCode {
         shown: &str,
         bytes: &[u8],
         limits: Limits,
+        outbound: OutboundRules,
     ) -> Result<AppCode, LoadError> {
         if is_core_module(bytes) {
             return Err(LoadError::NotAComponent {
@@ -116,6 +124,7 @@ impl AppCode {
             engine,
             pre,
             limits,
+            outbound: Arc::new(outbound),
         })
     }
 }
@@ -180,7 +189,7 @@ impl App {
     /// Creates a fresh generation with the next number.
     pub async fn instantiate(&self) -> Result<Generation, InstantiateError> {
         let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        let result = Generation::instantiate(&self.code, number).await;
+        let result = Generation::instantiate(&self.code, &self.metrics, number).await;
         match &result {
             Ok(_) => self.metrics.generation_created(),
             Err(e) => {

@@ -34,6 +34,7 @@ use crate::app::App;
 use crate::error_code::ErrorCode;
 use crate::generation::Generation;
 use crate::receipt::{Outcome, Receipt};
+use crate::scope::EventScope;
 
 /// First wait before retrying a lane whose fresh instantiation failed.
 pub const RENEW_BACKOFF_START: Duration = Duration::from_millis(100);
@@ -199,6 +200,8 @@ async fn run_event(
         }
     };
 
+    let scope = EventScope::new(limits.max_operations);
+    generation.store.data_mut().outbound.scope = Some(scope.clone());
     let number = generation.number;
     receipt.entered_wasm(number);
     let entered = Instant::now();
@@ -261,6 +264,8 @@ async fn run_event(
                 }
                 _ = &mut cancel_rx, if !cancelled => {
                     cancelled = true;
+                    // The client is gone: its event's outbound work stops now.
+                    scope.abort();
                     receipt.fail(Outcome::Cancelled, Some(ErrorCode::RequestCancelled), None);
                     deadline = deadline.min(Instant::now() + limits.cancellation_limit);
                 }
@@ -269,114 +274,123 @@ async fn run_event(
     };
 
     receipt.memory(generation.memory_bytes());
-    let keep = match verdict {
-        Verdict::Returned => {
-            if !headers_sent {
-                // The guest may have set its response in the same poll in
-                // which it returned.
-                match out_rx.try_recv() {
-                    Ok(Ok(response))
-                        if declared_length(&response)
-                            .is_some_and(|n| n > limits.max_response_body_bytes) =>
-                    {
-                        fail_event(
-                            &receipt,
-                            &mut reply_tx,
-                            Outcome::Limit,
-                            ErrorCode::ResponseBodyTooLarge,
-                            None,
-                        );
-                    }
-                    Ok(Ok(response)) => {
-                        receipt.status(response.status().as_u16());
-                        receipt.headers_sent();
-                        let (tx, session) = oneshot::channel();
-                        let _ = tx.send(SessionEnd::Clean);
-                        if let Some(reply_tx) = reply_tx.take() {
-                            let _ = reply_tx.send(Reply::Response {
-                                response,
-                                session,
-                                generation: number,
-                            });
-                        }
-                    }
-                    Ok(Err(code)) => invalid_response(&receipt, &mut reply_tx, Some(code)),
-                    Err(_) => invalid_response(&receipt, &mut reply_tx, None),
-                }
-            }
-            if let Some(tx) = session_tx.take() {
-                let _ = tx.send(SessionEnd::Clean);
-            }
-            receipt.succeed();
-            true
-        }
-        Verdict::Trap(detail) => {
-            let (outcome, code) = if generation.store.data().memory.exceeded {
-                (Outcome::Limit, ErrorCode::MemoryLimitExceeded)
-            } else {
-                (Outcome::Trap, ErrorCode::InstanceAbandoned)
-            };
-            fail_event(&receipt, &mut reply_tx, outcome, code, Some(detail));
-            false
-        }
-        Verdict::EventDeadline => {
-            fail_event(
-                &receipt,
-                &mut reply_tx,
-                Outcome::Deadline,
-                ErrorCode::EventDeadlineExceeded,
-                None,
-            );
-            false
-        }
-        Verdict::SessionDeadline => {
-            fail_event(
-                &receipt,
-                &mut reply_tx,
-                Outcome::Deadline,
-                ErrorCode::EventDeadlineExceeded,
-                Some("session_limit_ms passed".into()),
-            );
-            false
-        }
-        Verdict::Cancelled => {
-            fail_event(
-                &receipt,
-                &mut reply_tx,
-                Outcome::Cancelled,
-                ErrorCode::RequestCancelled,
-                Some("guest did not finish within cancellation_limit_ms".into()),
-            );
-            false
-        }
-        Verdict::ResponseTooLarge => {
-            fail_event(
-                &receipt,
-                &mut reply_tx,
-                Outcome::Limit,
-                ErrorCode::ResponseBodyTooLarge,
-                None,
-            );
-            false
-        }
+    let failure = match verdict {
+        Verdict::Returned => None,
+        Verdict::Trap(detail) => Some(if generation.store.data().memory.exceeded {
+            (Outcome::Limit, ErrorCode::MemoryLimitExceeded, Some(detail))
+        } else {
+            (Outcome::Trap, ErrorCode::InstanceAbandoned, Some(detail))
+        }),
+        Verdict::EventDeadline => Some((Outcome::Deadline, ErrorCode::EventDeadlineExceeded, None)),
+        Verdict::SessionDeadline => Some((
+            Outcome::Deadline,
+            ErrorCode::EventDeadlineExceeded,
+            Some("session_limit_ms passed".to_string()),
+        )),
+        Verdict::Cancelled => Some((
+            Outcome::Cancelled,
+            ErrorCode::RequestCancelled,
+            Some("guest did not finish within cancellation_limit_ms".to_string()),
+        )),
+        Verdict::ResponseTooLarge => Some((Outcome::Limit, ErrorCode::ResponseBodyTooLarge, None)),
     };
-    if !keep {
-        // Drop the store first: it holds the response channels, and a
-        // failed session must be seen as failed, not as a clean end.
-        drop(generation);
-        if let Some(tx) = session_tx.take() {
-            let _ = tx.send(SessionEnd::Failed);
+
+    let Some((outcome, code, detail)) = failure else {
+        if !headers_sent {
+            // The guest may have set its response in the same poll in
+            // which it returned.
+            match out_rx.try_recv() {
+                Ok(Ok(response))
+                    if declared_length(&response)
+                        .is_some_and(|n| n > limits.max_response_body_bytes) =>
+                {
+                    fail_event(
+                        &receipt,
+                        &mut reply_tx,
+                        Outcome::Limit,
+                        ErrorCode::ResponseBodyTooLarge,
+                        None,
+                    );
+                }
+                Ok(Ok(response)) => {
+                    receipt.status(response.status().as_u16());
+                    receipt.headers_sent();
+                    if let Some(reply_tx) = reply_tx.take() {
+                        let _ = reply_tx.send(Reply::Response {
+                            response,
+                            session: settled(SessionEnd::Clean),
+                            generation: number,
+                        });
+                    }
+                }
+                Ok(Err(code)) => invalid_response(&receipt, &mut reply_tx, Some(code)),
+                Err(_) => invalid_response(&receipt, &mut reply_tx, None),
+            }
         }
-        drop(receipt);
-        app.metrics.generation_abandoned();
-        tracing::debug!(app = %app.name, lane = lane_id, generation = number, "generation abandoned");
-        let fresh = renew(&app, lane_id).await;
-        app.board.set_idle(lane_id, fresh.number);
-        guard.lane().generation = Some(fresh);
+        if let Some(tx) = session_tx.take() {
+            let _ = tx.send(SessionEnd::Clean);
+        }
+        receipt.succeed();
+        // The event is over: whatever the guest left running stops, and
+        // nothing more may start in its name.
+        scope.close();
+        scope.abort();
+        generation.store.data_mut().outbound.scope = None;
+        if scope.live() > 0 && !scope.drain(limits.cleanup_timeout).await {
+            receipt.fail(
+                Outcome::Limit,
+                Some(ErrorCode::StorageCleanupUnconfirmed),
+                Some("host operations outlived cleanup_timeout_ms".into()),
+            );
+            drop(receipt);
+            quarantine(&app, lane_id, &scope).await;
+        } else {
+            drop(receipt);
+        }
+        finish_lane(&app, guard, generation, true).await;
         return;
+    };
+
+    // Abandonment: fence the scope at once, then drop the store — it holds
+    // the response channels and every resource the guest started, so a
+    // failed session is seen as failed and the guest's connections close.
+    scope.invalidate();
+    scope.close();
+    drop(generation);
+    let drained = scope.live() == 0 || scope.drain(limits.cleanup_timeout).await;
+    let code = if drained {
+        code
+    } else {
+        ErrorCode::StorageCleanupUnconfirmed
+    };
+    fail_event(&receipt, &mut reply_tx, outcome, code, detail);
+    if let Some(tx) = session_tx.take() {
+        let _ = tx.send(SessionEnd::Failed);
     }
     drop(receipt);
-    finish_lane(&app, guard, generation, true).await;
+    app.metrics.generation_abandoned();
+    tracing::debug!(app = %app.name, lane = lane_id, generation = number, "generation abandoned");
+    if !drained {
+        quarantine(&app, lane_id, &scope).await;
+    }
+    let fresh = renew(&app, lane_id).await;
+    app.board.set_idle(lane_id, fresh.number);
+    guard.lane().generation = Some(fresh);
+}
+
+/// Holds a lane out of admission until its event's host operations have
+/// all ended.
+async fn quarantine(app: &Arc<App>, lane_id: usize, scope: &EventScope) {
+    app.board.set_quarantined(lane_id);
+    tracing::warn!(app = %app.name, lane = lane_id, live = scope.live(), "lane quarantined until its host operations settle");
+    scope.settled().await;
+}
+
+/// A session outcome that is already known.
+fn settled(end: SessionEnd) -> oneshot::Receiver<SessionEnd> {
+    let (tx, rx) = oneshot::channel();
+    let _ = tx.send(end);
+    rx
 }
 
 /// Puts a generation that ended its event cleanly back in its lane, or

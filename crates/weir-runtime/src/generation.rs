@@ -15,6 +15,7 @@ use wasmtime_wasi_http::p2::bindings::Proxy;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::app::AppCode;
+use crate::metrics::AppMetrics;
 use crate::outbound::OutboundPolicy;
 
 /// Everything a generation's store holds for its guest.
@@ -22,7 +23,7 @@ pub struct GenerationState {
     wasi: WasiCtx,
     table: ResourceTable,
     http: WasiHttpCtx,
-    outbound: OutboundPolicy,
+    pub(crate) outbound: OutboundPolicy,
     pub(crate) memory: MemoryLimiter,
 }
 
@@ -100,12 +101,16 @@ pub struct InstantiateError {
 
 impl Generation {
     /// Instantiates a fresh generation with fresh linear memory.
-    pub async fn instantiate(code: &AppCode, number: u64) -> Result<Generation, InstantiateError> {
+    pub async fn instantiate(
+        code: &AppCode,
+        metrics: &AppMetrics,
+        number: u64,
+    ) -> Result<Generation, InstantiateError> {
         let state = GenerationState {
             wasi: WasiCtx::builder().inherit_stdout().inherit_stderr().build(),
             table: ResourceTable::new(),
             http: WasiHttpCtx::new(),
-            outbound: OutboundPolicy::new(code.limits.max_response_chunk_bytes),
+            outbound: OutboundPolicy::new(code.outbound.clone(), &code.limits, metrics.clone()),
             memory: MemoryLimiter {
                 limit: code.limits.memory_limit_bytes as usize,
                 exceeded: false,

@@ -30,6 +30,9 @@ pub enum LaneState {
     Renewing,
     /// A fresh generation could not be instantiated; retried with backoff.
     Unavailable,
+    /// Its last event's host operations outlived the cleanup budget; it
+    /// admits nothing until they end.
+    Quarantined,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -86,6 +89,10 @@ impl LaneBoard {
         self.update(lane, |s| s.state = LaneState::Unavailable);
     }
 
+    pub fn set_quarantined(&self, lane: usize) {
+        self.update(lane, |s| s.state = LaneState::Quarantined);
+    }
+
     pub fn snapshot(&self) -> Vec<LaneStatus> {
         self.lanes
             .iter()
@@ -93,10 +100,10 @@ impl LaneBoard {
             .collect()
     }
 
-    /// True when no lane is unavailable.
+    /// True when no lane is unavailable or quarantined.
     pub fn all_available(&self) -> bool {
         self.snapshot()
             .iter()
-            .all(|s| s.state != LaneState::Unavailable)
+            .all(|s| !matches!(s.state, LaneState::Unavailable | LaneState::Quarantined))
     }
 }

@@ -17,6 +17,7 @@ pub mod limits;
 pub mod metrics;
 pub mod outbound;
 pub mod receipt;
+pub mod scope;
 
 pub use app::{App, AppCode, LoadError};
 pub use engine::{EngineSizing, WeirEngine};

@@ -184,6 +184,30 @@ pub const SPECS: &[LimitSpec] = &[
         meaning: "largest chunk written to the client",
     },
     LimitSpec {
+        name: "outbound_connect_timeout_ms",
+        default: 10_000,
+        min: 1,
+        max: MAX_DURATION_MS,
+        unit: Unit::Millis,
+        meaning: "connecting to an outbound host (a guest may ask for less, not more)",
+    },
+    LimitSpec {
+        name: "outbound_first_byte_timeout_ms",
+        default: 30_000,
+        min: 1,
+        max: MAX_DURATION_MS,
+        unit: Unit::Millis,
+        meaning: "outbound request sent to first response byte (a guest may ask for less, not more)",
+    },
+    LimitSpec {
+        name: "max_outbound_response_bytes",
+        default: 64 << 20,
+        min: 0,
+        max: MAX_RESPONSE_BODY_BYTES,
+        unit: Unit::Bytes,
+        meaning: "body of one outbound response read by a guest",
+    },
+    LimitSpec {
         name: "memory_limit_bytes",
         default: 128 << 20,
         min: MIN_MEMORY_BYTES,
@@ -226,6 +250,9 @@ pub struct Limits {
     pub max_request_body_bytes: u64,
     pub max_response_body_bytes: u64,
     pub max_response_chunk_bytes: usize,
+    pub outbound_connect_timeout: Duration,
+    pub outbound_first_byte_timeout: Duration,
+    pub max_outbound_response_bytes: u64,
     pub memory_limit_bytes: u64,
 }
 
@@ -245,6 +272,9 @@ impl Default for Limits {
             max_request_body_bytes: 0,
             max_response_body_bytes: 0,
             max_response_chunk_bytes: 0,
+            outbound_connect_timeout: Duration::ZERO,
+            outbound_first_byte_timeout: Duration::ZERO,
+            max_outbound_response_bytes: 0,
             memory_limit_bytes: 0,
         };
         for spec in SPECS {
@@ -295,6 +325,9 @@ impl Limits {
             "max_request_body_bytes" => self.max_request_body_bytes,
             "max_response_body_bytes" => self.max_response_body_bytes,
             "max_response_chunk_bytes" => self.max_response_chunk_bytes as u64,
+            "outbound_connect_timeout_ms" => ms(self.outbound_connect_timeout),
+            "outbound_first_byte_timeout_ms" => ms(self.outbound_first_byte_timeout),
+            "max_outbound_response_bytes" => self.max_outbound_response_bytes,
             "memory_limit_bytes" => self.memory_limit_bytes,
             _ => return None,
         })
@@ -316,6 +349,9 @@ impl Limits {
             "max_request_body_bytes" => self.max_request_body_bytes = v,
             "max_response_body_bytes" => self.max_response_body_bytes = v,
             "max_response_chunk_bytes" => self.max_response_chunk_bytes = v as usize,
+            "outbound_connect_timeout_ms" => self.outbound_connect_timeout = ms(v),
+            "outbound_first_byte_timeout_ms" => self.outbound_first_byte_timeout = ms(v),
+            "max_outbound_response_bytes" => self.max_outbound_response_bytes = v,
             "memory_limit_bytes" => self.memory_limit_bytes = v,
             _ => unreachable!("store is only called with names from SPECS"),
         }

@@ -30,6 +30,12 @@ struct GenerationLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutboundLabels {
+    app: String,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AppLabels {
     app: String,
 }
@@ -45,6 +51,7 @@ pub struct Metrics {
     registry: Registry,
     events: Family<OutcomeLabels, Counter>,
     generations: Family<GenerationLabels, Counter>,
+    outbound: Family<OutboundLabels, Counter>,
     queue_depth: Family<AppLabels, Gauge>,
     event_seconds: Family<AppLabels, Histogram>,
     wasm_seconds: Family<AppLabels, Histogram>,
@@ -62,6 +69,7 @@ impl Metrics {
         let events = Family::<OutcomeLabels, Counter>::default();
         let generations = Family::<GenerationLabels, Counter>::default();
         let queue_depth = Family::<AppLabels, Gauge>::default();
+        let outbound = Family::<OutboundLabels, Counter>::default();
         let event_seconds = Family::<AppLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(latency_buckets())
         });
@@ -93,6 +101,7 @@ impl Metrics {
             registry,
             events,
             generations,
+            outbound,
             queue_depth,
             event_seconds,
             wasm_seconds,
@@ -117,6 +126,16 @@ impl Metrics {
                 })
                 .clone()
         };
+        // Each handle is resolved in its own closure call: a family's lookup
+        // guard must be released before the next lookup in the same family.
+        let outbound = |result: &'static str| {
+            self.outbound
+                .get_or_create(&OutboundLabels {
+                    app: app.to_string(),
+                    result,
+                })
+                .clone()
+        };
         let labels = AppLabels {
             app: app.to_string(),
         };
@@ -127,6 +146,8 @@ impl Metrics {
                 retired: generation("retired"),
                 abandoned: generation("abandoned"),
                 failed: generation("instantiation_failed"),
+                outbound_denied: outbound("denied"),
+                outbound_capacity: outbound("event_operation_capacity"),
                 queue_depth: self.queue_depth.get_or_create(&labels).clone(),
                 event_seconds: self.event_seconds.get_or_create(&labels).clone(),
                 wasm_seconds: self.wasm_seconds.get_or_create(&labels).clone(),
@@ -159,6 +180,8 @@ struct AppMetricsInner {
     retired: Counter,
     abandoned: Counter,
     failed: Counter,
+    outbound_denied: Counter,
+    outbound_capacity: Counter,
     queue_depth: Gauge,
     event_seconds: Histogram,
     wasm_seconds: Histogram,
@@ -203,6 +226,14 @@ impl AppMetrics {
             .counts
             .instantiation_failed
             .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn outbound_denied(&self) {
+        self.inner.outbound_denied.inc();
+    }
+
+    pub fn outbound_refused(&self) {
+        self.inner.outbound_capacity.inc();
     }
 
     pub fn set_queue_depth(&self, depth: usize) {

@@ -1,44 +1,358 @@
-//! Outbound HTTP policy for guests (`wasi:http/outgoing-handler`).
+//! Outbound HTTP for guests (`wasi:http/outgoing-handler`).
 //!
-//! Invariant owned here: a guest reaches no network unless configured to.
-//! Until outbound hosts can be granted, every outgoing request fails in the
-//! guest with the standard `HTTP-request-denied` error and nothing is sent.
+//! Invariants owned here:
+//! - a guest reaches no host unless a configured pattern allows its scheme,
+//!   host and port; a denied request fails in the guest with the standard
+//!   `HTTP-request-denied` error, is counted, and nothing is sent;
+//! - every outbound request is an operation of the event's scope: it is
+//!   refused when the scope is full or closed, and an abort ends it for real
+//!   — the connection is dropped, so the upstream sees it closed;
+//! - timeouts and the response size are bounded by the app's limits: a guest
+//!   may ask for shorter timeouts, never longer ones;
+//! - redirects are never followed on the guest's behalf: the guest gets the
+//!   redirect response itself.
 
+use std::fmt;
+use std::pin::Pin;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Uri;
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
-/// The per-generation outbound policy handed to `wasmtime-wasi-http`.
-pub struct OutboundPolicy {
-    chunk_bytes: usize,
+use crate::limits::Limits;
+use crate::metrics::AppMetrics;
+use crate::scope::EventScope;
+
+/// The error text a guest sees for an operation its event's scope stopped.
+pub const ABORTED: &str = "event_operation_aborted";
+
+/// A host a guest may reach: `scheme://host[:port]`, where host may be `*`
+/// or `*.domain`, and port may be `*`; without a port, the scheme's default.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostPattern {
+    scheme: String,
+    host: HostMatch,
+    port: Option<u16>,
 }
 
-impl OutboundPolicy {
-    pub fn new(chunk_bytes: usize) -> Self {
-        OutboundPolicy { chunk_bytes }
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum HostMatch {
+    Any,
+    Exact(String),
+    /// `*.example.com`: any subdomain (not the bare domain).
+    Subdomain(String),
+}
+
+/// A pattern that does not parse.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "`{pattern}` is not an outbound host pattern ({reason}); expected scheme://host[:port], e.g. \"https://api.example.com\" or \"http://127.0.0.1:*\""
+)]
+pub struct PatternError {
+    pattern: String,
+    reason: &'static str,
+}
+
+fn default_port(scheme: &str) -> Option<u16> {
+    match scheme {
+        "http" => Some(80),
+        "https" => Some(443),
+        _ => None,
     }
 }
 
+impl FromStr for HostPattern {
+    type Err = PatternError;
+
+    fn from_str(pattern: &str) -> Result<Self, PatternError> {
+        let fail = |reason| PatternError {
+            pattern: pattern.to_string(),
+            reason,
+        };
+        let (scheme, rest) = pattern.split_once("://").ok_or_else(|| fail("no scheme"))?;
+        let scheme = scheme.to_ascii_lowercase();
+        if default_port(&scheme).is_none() {
+            return Err(fail("scheme must be http or https"));
+        }
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        if rest.contains('/') {
+            return Err(fail("a pattern names a host, not a path"));
+        }
+        let (host, port) = if rest.ends_with(']') {
+            (rest, default_port(&scheme)) // a bracketed IPv6 address, no port
+        } else {
+            match rest.rsplit_once(':') {
+                Some((host, "*")) => (host, None),
+                Some((host, port)) => {
+                    let port = port.parse::<u16>().map_err(|_| fail("bad port"))?;
+                    (host, Some(port))
+                }
+                None => (rest, default_port(&scheme)),
+            }
+        };
+        if host.is_empty() {
+            return Err(fail("no host"));
+        }
+        let host = host.to_ascii_lowercase();
+        let host = if host == "*" {
+            HostMatch::Any
+        } else if let Some(domain) = host.strip_prefix("*.") {
+            HostMatch::Subdomain(domain.to_string())
+        } else if host.contains('*') {
+            return Err(fail(
+                "`*` may only stand for the whole host or a leading label",
+            ));
+        } else {
+            HostMatch::Exact(host)
+        };
+        Ok(HostPattern { scheme, host, port })
+    }
+}
+
+impl HostPattern {
+    fn allows(&self, scheme: &str, host: &str, port: u16) -> bool {
+        scheme == self.scheme
+            && self.port.is_none_or(|p| p == port)
+            && match &self.host {
+                HostMatch::Any => true,
+                HostMatch::Exact(h) => h == host,
+                HostMatch::Subdomain(d) => host
+                    .strip_suffix(d.as_str())
+                    .is_some_and(|prefix| prefix.ends_with('.') && prefix.len() > 1),
+            }
+    }
+}
+
+impl fmt::Display for HostPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let host = match &self.host {
+            HostMatch::Any => "*".to_string(),
+            HostMatch::Exact(h) => h.clone(),
+            HostMatch::Subdomain(d) => format!("*.{d}"),
+        };
+        match self.port {
+            Some(p) => write!(f, "{}://{}:{}", self.scheme, host, p),
+            None => write!(f, "{}://{}:*", self.scheme, host),
+        }
+    }
+}
+
+/// The hosts an app's guests may reach. Empty: none.
+#[derive(Clone, Debug, Default)]
+pub struct OutboundRules {
+    patterns: Vec<HostPattern>,
+}
+
+impl OutboundRules {
+    pub fn new(patterns: Vec<HostPattern>) -> Self {
+        OutboundRules { patterns }
+    }
+
+    /// True when some pattern allows the request's scheme, host and port.
+    pub fn allows(&self, uri: &Uri) -> bool {
+        let Some(scheme) = uri.scheme_str().map(str::to_ascii_lowercase) else {
+            return false;
+        };
+        let Some(host) = uri.host() else { return false };
+        let host = host.to_ascii_lowercase();
+        let Some(port) = uri.port_u16().or_else(|| default_port(&scheme)) else {
+            return false;
+        };
+        self.patterns.iter().any(|p| p.allows(&scheme, &host, port))
+    }
+}
+
+/// The per-generation outbound policy handed to `wasmtime-wasi-http`.
+pub struct OutboundPolicy {
+    rules: Arc<OutboundRules>,
+    chunk_bytes: usize,
+    connect_timeout: Duration,
+    first_byte_timeout: Duration,
+    max_response_bytes: u64,
+    metrics: AppMetrics,
+    /// The scope of the event running now; none between events.
+    pub(crate) scope: Option<Arc<EventScope>>,
+}
+
+impl OutboundPolicy {
+    pub fn new(rules: Arc<OutboundRules>, limits: &Limits, metrics: AppMetrics) -> Self {
+        OutboundPolicy {
+            rules,
+            chunk_bytes: limits.max_response_chunk_bytes,
+            connect_timeout: limits.outbound_connect_timeout,
+            first_byte_timeout: limits.outbound_first_byte_timeout,
+            max_response_bytes: limits.max_outbound_response_bytes,
+            metrics,
+            scope: None,
+        }
+    }
+
+    /// The guest's options, with every timeout bounded by the app's limits.
+    fn bounded(&self, options: Option<RequestOptions>) -> RequestOptions {
+        let asked = options.unwrap_or_default();
+        let bound =
+            |asked: Option<Duration>, limit: Duration| Some(asked.map_or(limit, |a| a.min(limit)));
+        RequestOptions {
+            connect_timeout: bound(asked.connect_timeout, self.connect_timeout),
+            first_byte_timeout: bound(asked.first_byte_timeout, self.first_byte_timeout),
+            between_bytes_timeout: bound(asked.between_bytes_timeout, self.first_byte_timeout),
+        }
+    }
+}
+
+type IoFuture = Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>;
 type SendFuture = Box<
-    dyn Future<
-            Output = wasmtime_wasi_http::Result<(
-                http::Response<WasiBody>,
-                Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
-            )>,
-        > + Send,
+    dyn Future<Output = wasmtime_wasi_http::Result<(http::Response<WasiBody>, IoFuture)>> + Send,
 >;
+
+fn refused(error: Error) -> SendFuture {
+    Box::new(async move { Err(error) })
+}
 
 impl WasiHttpHooks for OutboundPolicy {
     fn send_request(
         &mut self,
-        _request: http::Request<WasiBody>,
-        _options: Option<RequestOptions>,
-        _fut: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
+        request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        _fut: IoFuture,
     ) -> SendFuture {
-        Box::new(async { Err(Error::HttpRequestDenied) })
+        if !self.rules.allows(request.uri()) {
+            self.metrics.outbound_denied();
+            return refused(Error::HttpRequestDenied);
+        }
+        let Some(scope) = &self.scope else {
+            return refused(Error::InternalError(Some("event_scope_closed".into())));
+        };
+        let mut op = match scope.register() {
+            Ok(op) => op,
+            Err(e) => {
+                self.metrics.outbound_refused();
+                return refused(Error::InternalError(Some(e.to_string())));
+            }
+        };
+        let options = self.bounded(options);
+        let max_bytes = self.max_response_bytes;
+        Box::new(async move {
+            let sent = tokio::select! {
+                sent = wasmtime_wasi_http::default_send_request(request, Some(options)) => sent,
+                _ = op.aborted() => return Err(Error::InternalError(Some(ABORTED.into()))),
+            };
+            let (response, io) = sent?;
+            if !op.is_valid() {
+                return Err(Error::InternalError(Some(ABORTED.into())));
+            }
+            let response = response.map(|body| {
+                CappedBody {
+                    inner: body.boxed_unsync(),
+                    left: max_bytes,
+                }
+                .boxed_unsync()
+            });
+            // The connection lives as long as the operation: an abort ends
+            // it, dropping the socket.
+            let io: IoFuture = Box::new(async move {
+                tokio::select! {
+                    done = io => done,
+                    _ = op.aborted() => Err(Error::InternalError(Some(ABORTED.into()))),
+                }
+            });
+            Ok((response, io))
+        })
     }
 
     /// The guest may write at most one client chunk at a time, so a response
     /// body never needs re-chunking on its way out.
     fn p2_outgoing_body_chunk_size(&mut self) -> usize {
         self.chunk_bytes
+    }
+}
+
+/// An outbound response body that fails once it passes its byte budget.
+struct CappedBody {
+    inner: WasiBody,
+    left: u64,
+}
+
+impl Body for CappedBody {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let frame = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        if let Some(Ok(frame)) = &frame
+            && let Some(data) = frame.data_ref()
+        {
+            let n = data.len() as u64;
+            if n > self.left {
+                return Poll::Ready(Some(Err(Error::HttpResponseBodySize(None))));
+            }
+            self.left -= n;
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(patterns: &[&str]) -> OutboundRules {
+        OutboundRules::new(patterns.iter().map(|p| p.parse().unwrap()).collect())
+    }
+
+    fn uri(s: &str) -> Uri {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn nothing_is_allowed_by_default() {
+        assert!(!OutboundRules::default().allows(&uri("http://127.0.0.1/")));
+    }
+
+    #[test]
+    fn scheme_host_and_port_must_all_match() {
+        let r = rules(&["https://api.example.com", "http://127.0.0.1:*"]);
+        assert!(r.allows(&uri("https://api.example.com/x")));
+        assert!(r.allows(&uri("https://API.example.com:443/x")));
+        assert!(!r.allows(&uri("http://api.example.com/x")), "scheme");
+        assert!(!r.allows(&uri("https://api.example.com:8443/x")), "port");
+        assert!(!r.allows(&uri("https://evil.example.com/x")), "host");
+        assert!(r.allows(&uri("http://127.0.0.1:4567/")));
+        assert!(!r.allows(&uri("http://127.0.0.2:4567/")));
+    }
+
+    #[test]
+    fn subdomain_wildcards_do_not_match_the_bare_domain() {
+        let r = rules(&["https://*.example.com"]);
+        assert!(r.allows(&uri("https://a.example.com/")));
+        assert!(!r.allows(&uri("https://example.com/")));
+        assert!(!r.allows(&uri("https://aexample.com/")));
+    }
+
+    #[test]
+    fn bad_patterns_are_refused_with_a_reason() {
+        for bad in [
+            "example.com",
+            "ftp://x",
+            "http://",
+            "http://a/b",
+            "http://a:99999",
+            "http://a*b",
+        ] {
+            assert!(bad.parse::<HostPattern>().is_err(), "{bad}");
+        }
     }
 }

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use weir_build::BuildRequest;
 use weir_runtime::Limits;
+use weir_runtime::outbound::{HostPattern, OutboundRules};
 
 /// A mistake in how Weir was invoked or configured; exits with code 2.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +26,8 @@ struct File {
     #[serde(default)]
     receipt_headers: bool,
     #[serde(default)]
+    allowed_outbound_hosts: Vec<String>,
+    #[serde(default)]
     limits: toml::Table,
 }
 
@@ -35,6 +38,7 @@ pub struct Config {
     pub admin: Option<SocketAddr>,
     pub receipt_headers: bool,
     pub limits: Limits,
+    pub outbound: OutboundRules,
 }
 
 impl Config {
@@ -43,6 +47,7 @@ impl Config {
         file: Option<&Path>,
         app: Option<&Path>,
         assignments: &[String],
+        allow_outbound: &[String],
     ) -> Result<Config, UsageError> {
         let (parsed, base) = match file {
             Some(path) => {
@@ -88,7 +93,17 @@ impl Config {
         if !app.exists() {
             return Err(UsageError(format!("app {} does not exist", app.display())));
         }
+        let patterns = parsed
+            .allowed_outbound_hosts
+            .iter()
+            .chain(allow_outbound)
+            .map(|p| {
+                p.parse::<HostPattern>()
+                    .map_err(|e| UsageError(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Config {
+            outbound: OutboundRules::new(patterns),
             app,
             listen: parsed.listen,
             admin: parsed.admin,

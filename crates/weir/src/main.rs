@@ -60,6 +60,10 @@ struct ServeArgs {
     /// Add `x-weir-generation: <number>` to every response the guest produced.
     #[arg(long)]
     receipt_headers: bool,
+    /// Let guests reach scheme://host[:port] (port `*` for any); repeatable.
+    /// Outbound HTTP is denied unless allowed here or in the config file.
+    #[arg(long = "allow-outbound", value_name = "PATTERN", action = clap::ArgAction::Append)]
+    allow_outbound: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -128,7 +132,12 @@ fn build(args: BuildArgs) -> anyhow::Result<()> {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let config = Config::resolve(args.config.as_deref(), args.app.as_deref(), &args.limits)?;
+    let config = Config::resolve(
+        args.config.as_deref(),
+        args.app.as_deref(),
+        &args.limits,
+        &args.allow_outbound,
+    )?;
     logging::init();
     let app_path = config::prepare_app(&config.app)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -141,7 +150,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             memory_limit_bytes: config.limits.memory_limit_bytes,
         })?;
         let shown = app_path.display().to_string();
-        let code = AppCode::load(&engine, &app_path, config.limits.clone())?;
+        let code = AppCode::load(
+            &engine,
+            &app_path,
+            config.limits.clone(),
+            config.outbound.clone(),
+        )?;
         let metrics = Arc::new(Metrics::new());
         let name = shown_name(&app_path);
         let receipts = ReceiptBook::new(

@@ -1,0 +1,206 @@
+//! The event scope: every host operation a guest starts during one event
+//! is registered here, bounded, abortable, and drained when the event ends.
+//!
+//! Invariants owned here:
+//! - at most `max_operations` operations are live at once; one more is
+//!   refused with `event_operation_capacity` and nothing is started; after
+//!   the scope closes, `event_scope_closed`, nothing started;
+//! - `abort` is idempotent and tells each live operation to stop exactly
+//!   once; an operation ends by dropping its [`Operation`] handle;
+//! - `invalidate` fences at once: a completion checked after it is dropped,
+//!   never delivered into this or any later generation;
+//! - `drain` waits, within one total budget, until every operation —
+//!   including ones registered by late completions before close — has ended,
+//!   and says whether it did. Nothing is retried or rolled back: an
+//!   operation cut off mid-way stays of unknown outcome.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+
+/// Why an operation could not be registered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ScopeError {
+    #[error("event_operation_capacity")]
+    Capacity,
+    #[error("event_scope_closed")]
+    Closed,
+}
+
+struct Counts {
+    live: usize,
+    closed: bool,
+}
+
+/// One event's scope. Shared (`Arc`) between the event task and the host
+/// operations it starts.
+pub struct EventScope {
+    max_operations: usize,
+    counts: Mutex<Counts>,
+    /// Flips to true once, on the first abort; operations watch it.
+    abort: watch::Sender<bool>,
+    invalid: AtomicBool,
+    drained: Notify,
+    /// Operations ever refused for capacity, for receipts and metrics.
+    refused: AtomicUsize,
+}
+
+/// A registered host operation. Dropping it ends the operation's hold on
+/// the scope.
+pub struct Operation {
+    scope: Arc<EventScope>,
+    aborted: watch::Receiver<bool>,
+}
+
+impl EventScope {
+    pub fn new(max_operations: usize) -> Arc<Self> {
+        Arc::new(EventScope {
+            max_operations,
+            counts: Mutex::new(Counts {
+                live: 0,
+                closed: false,
+            }),
+            abort: watch::Sender::new(false),
+            invalid: AtomicBool::new(false),
+            drained: Notify::new(),
+            refused: AtomicUsize::new(0),
+        })
+    }
+
+    fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
+        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers one operation, or refuses it without starting anything.
+    pub fn register(self: &Arc<Self>) -> Result<Operation, ScopeError> {
+        let mut counts = self.counts();
+        if counts.closed {
+            return Err(ScopeError::Closed);
+        }
+        if counts.live >= self.max_operations {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(ScopeError::Capacity);
+        }
+        counts.live += 1;
+        Ok(Operation {
+            scope: self.clone(),
+            aborted: self.abort.subscribe(),
+        })
+    }
+
+    /// Operations live now.
+    pub fn live(&self) -> usize {
+        self.counts().live
+    }
+
+    /// Operations refused for capacity so far.
+    pub fn refused(&self) -> usize {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Tells every live operation to stop. Idempotent.
+    pub fn abort(&self) {
+        self.abort
+            .send_if_modified(|aborted| !std::mem::replace(aborted, true));
+    }
+
+    /// Fences the scope: completions checked from now on are dropped.
+    pub fn invalidate(&self) {
+        self.invalid.store(true, Ordering::SeqCst);
+        self.abort();
+    }
+
+    /// True until the scope is invalidated.
+    pub fn is_valid(&self) -> bool {
+        !self.invalid.load(Ordering::SeqCst)
+    }
+
+    /// Refuses new operations from now on.
+    pub fn close(&self) {
+        self.counts().closed = true;
+    }
+
+    /// Waits until no operation is live, up to `budget`. True if drained.
+    pub async fn drain(&self, budget: Duration) -> bool {
+        let wait = async {
+            loop {
+                let notified = self.drained.notified();
+                if self.live() == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(budget, wait).await.is_ok()
+    }
+
+    /// Waits without a bound until no operation is live.
+    pub async fn settled(&self) {
+        while !self.drain(Duration::from_secs(3600)).await {}
+    }
+}
+
+impl Operation {
+    /// Resolves when the scope aborts this operation.
+    pub async fn aborted(&mut self) {
+        // An error means the scope is gone, which also means: stop.
+        let _ = self.aborted.wait_for(|aborted| *aborted).await;
+    }
+
+    /// True until the scope is invalidated; a completion must check this
+    /// before it delivers anything.
+    pub fn is_valid(&self) -> bool {
+        self.scope.is_valid()
+    }
+}
+
+impl Drop for Operation {
+    fn drop(&mut self) {
+        let mut counts = self.scope.counts();
+        counts.live -= 1;
+        if counts.live == 0 {
+            drop(counts);
+            self.scope.drained.notify_waiters();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn capacity_close_abort_and_drain() {
+        let scope = EventScope::new(2);
+        let a = scope.register().unwrap();
+        let mut b = scope.register().unwrap();
+        assert_eq!(scope.register().err(), Some(ScopeError::Capacity));
+        assert_eq!(scope.refused(), 1);
+        drop(a);
+        let c = scope.register().unwrap();
+        scope.close();
+        assert_eq!(scope.register().err(), Some(ScopeError::Closed));
+        assert!(
+            !scope.drain(Duration::from_millis(20)).await,
+            "two still live"
+        );
+        scope.abort();
+        scope.abort();
+        b.aborted().await;
+        drop(b);
+        drop(c);
+        assert!(scope.drain(Duration::from_millis(20)).await);
+    }
+
+    #[tokio::test]
+    async fn invalidation_fences_and_aborts() {
+        let scope = EventScope::new(4);
+        let mut op = scope.register().unwrap();
+        assert!(op.is_valid());
+        scope.invalidate();
+        assert!(!op.is_valid());
+        op.aborted().await;
+    }
+}
