@@ -83,6 +83,11 @@ impl Metrics {
             generations.clone(),
         );
         registry.register(
+            "outbound_refused",
+            "Outbound requests refused before anything was sent: denied host, or the event's operations full",
+            outbound.clone(),
+        );
+        registry.register(
             "queue_depth",
             "Requests waiting for a lane",
             queue_depth.clone(),

@@ -18,11 +18,17 @@
 //! | `/grow?mb=N` | grows and touches N MiB of linear memory, then answers |
 //! | `/large?bytes=N` | N bytes of a repeating pattern |
 //! | `/declared-length?len=N` | declares `content-length: N`, writes nothing |
+//! | `/fetch?url=U` | GETs `U` (outbound HTTP); answers its status in `x-upstream-status` and its body, or 502 and the error |
+//! | `/fetch-many?url=U&n=N` | starts N GETs of `U` at once, waits for all; answers `ok=A capacity=B other=C` |
+//! | `/fetch-stash?url=U&wait_ms=W` | starts a GET of `U`, waits W ms, keeps its handle in a global and answers |
+//! | `/fetch-collect` | waits on the handle a previous event stashed; answers what it got |
 
 use std::cell::Cell;
 
+use wasi::http::outgoing_handler;
 use wasi::http::types::{
-    Fields, IncomingRequest, OutgoingBody, OutgoingResponse, OutputStream, ResponseOutparam,
+    ErrorCode, Fields, FutureIncomingResponse, IncomingRequest, OutgoingBody, OutgoingRequest,
+    OutgoingResponse, OutputStream, ResponseOutparam, Scheme,
 };
 
 struct Probe;
@@ -33,6 +39,57 @@ thread_local! {
 
 /// Memory grown by `/grow` stays reachable so it is not freed between calls.
 static mut HOARD: Vec<Vec<u8>> = Vec::new();
+
+thread_local! {
+    static STASHED: std::cell::RefCell<Option<FutureIncomingResponse>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+fn query_str<'a>(path: &'a str, name: &str) -> Option<&'a str> {
+    let (_, q) = path.split_once('?')?;
+    q.split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// Starts a GET of `http://authority/path`.
+fn start_get(url: &str) -> Result<FutureIncomingResponse, ErrorCode> {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let request = OutgoingRequest::new(Fields::new());
+    request.set_scheme(Some(&Scheme::Http)).expect("scheme");
+    request.set_authority(Some(authority)).expect("authority");
+    request.set_path_with_query(Some(path)).expect("path");
+    outgoing_handler::handle(request, None)
+}
+
+/// Waits for a started GET: its status and body, or the error's name.
+fn finish_get(future: &FutureIncomingResponse) -> Result<(u16, Vec<u8>), String> {
+    future.subscribe().block();
+    match future.get() {
+        Some(Ok(Ok(response))) => {
+            let status = response.status();
+            let body = response.consume().map_err(|_| "body taken".to_string())?;
+            let stream = body.stream().map_err(|_| "stream taken".to_string())?;
+            let mut bytes = Vec::new();
+            loop {
+                match stream.blocking_read(65536) {
+                    Ok(chunk) => bytes.extend_from_slice(&chunk),
+                    Err(wasi::io::streams::StreamError::Closed) => break,
+                    Err(e) => return Err(format!("body failed: {e:?}")),
+                }
+            }
+            Ok((status, bytes))
+        }
+        Some(Ok(Err(code))) => Err(format!("{code:?}")),
+        Some(Err(())) => Err("already taken".into()),
+        None => Err("not ready".into()),
+    }
+}
 
 fn query(path: &str, name: &str) -> Option<u64> {
     let (_, q) = path.split_once('?')?;
@@ -194,6 +251,59 @@ impl wasi::exports::http::incoming_handler::Guest for Probe {
                 let (body, stream) = respond(out, 200, &[("content-length", len.as_bytes())]);
                 drop(stream);
                 drop(body);
+            }
+            "/fetch" => {
+                let url = query_str(&path, "url").unwrap_or("").to_string();
+                match start_get(&url).map_err(|e| format!("{e:?}")).and_then(|f| finish_get(&f)) {
+                    Ok((status, body)) => {
+                        let status = status.to_string();
+                        let (out_body, stream) =
+                            respond(out, 200, &[("x-upstream-status", status.as_bytes())]);
+                        write_all(&stream, &body);
+                        finish(out_body, stream);
+                    }
+                    Err(e) => simple(out, 502, e.as_bytes()),
+                }
+            }
+            "/fetch-many" => {
+                let url = query_str(&path, "url").unwrap_or("").to_string();
+                let n = query(&path, "n").unwrap_or(1);
+                let started: Vec<_> = (0..n).map(|_| start_get(&url)).collect();
+                let (mut ok, mut capacity, mut other) = (0, 0, 0);
+                for f in &started {
+                    match f.as_ref().map_err(|e| format!("{e:?}")).and_then(finish_get) {
+                        Ok(_) => ok += 1,
+                        Err(e) if e.contains("event_operation_capacity") => capacity += 1,
+                        Err(_) => other += 1,
+                    }
+                }
+                let text = format!("ok={ok} capacity={capacity} other={other}");
+                simple(out, 200, text.as_bytes());
+            }
+            "/fetch-stash" => {
+                let url = query_str(&path, "url").unwrap_or("").to_string();
+                match start_get(&url) {
+                    Ok(f) => {
+                        // Give the request time to reach its upstream.
+                        sleep_ms(query(&path, "wait_ms").unwrap_or(0));
+                        STASHED.with(|s| *s.borrow_mut() = Some(f));
+                        simple(out, 200, b"stashed\n");
+                    }
+                    Err(e) => simple(out, 502, format!("{e:?}").as_bytes()),
+                }
+            }
+            "/fetch-collect" => {
+                let stashed = STASHED.with(|s| s.borrow_mut().take());
+                let text = match stashed {
+                    None => "nothing stashed".to_string(),
+                    Some(f) => match finish_get(&f) {
+                        Ok((status, body)) => {
+                            format!("delivered {status} {}", String::from_utf8_lossy(&body))
+                        }
+                        Err(e) => format!("error {e}"),
+                    },
+                };
+                simple(out, 200, text.as_bytes());
             }
             _ => simple(out, 404, b"no such probe\n"),
         }

@@ -1,0 +1,296 @@
+//! Outbound HTTP through the event scope, against real upstream servers on
+//! loopback run by the test itself.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Weir, probe};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// What an upstream does with each request it reads.
+#[derive(Clone)]
+enum Behavior {
+    /// Answers 200 with a fixed body after a delay.
+    Answer(Duration),
+    /// Reads the request and never answers.
+    Never,
+    /// Answers 302 to the given location.
+    Redirect(String),
+}
+
+/// A real HTTP/1.1 server on 127.0.0.1 that records what reached it.
+struct Upstream {
+    port: u16,
+    accepted: Arc<AtomicUsize>,
+    /// When each connection was seen closed by its client.
+    closed: Arc<Mutex<Vec<Instant>>>,
+}
+
+impl Upstream {
+    async fn start(behavior: Behavior) -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let closed = Arc::new(Mutex::new(Vec::new()));
+        let (a, c) = (accepted.clone(), closed.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
+                };
+                a.fetch_add(1, Ordering::SeqCst);
+                let behavior = behavior.clone();
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    // Read the head.
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => {
+                                c.lock().unwrap().push(Instant::now());
+                                return;
+                            }
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let answer = match behavior {
+                        Behavior::Answer(delay) => {
+                            tokio::time::sleep(delay).await;
+                            Some(
+                                "HTTP/1.1 200 OK\r\ncontent-length: 13\r\n\r\nupstream body"
+                                    .to_string(),
+                            )
+                        }
+                        Behavior::Redirect(to) => Some(format!(
+                            "HTTP/1.1 302 Found\r\nlocation: {to}\r\ncontent-length: 0\r\n\r\n"
+                        )),
+                        Behavior::Never => None,
+                    };
+                    if let Some(answer) = answer {
+                        let _ = stream.write_all(answer.as_bytes()).await;
+                    }
+                    // Wait for the client to close.
+                    loop {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(_) => {}
+                        }
+                    }
+                    c.lock().unwrap().push(Instant::now());
+                });
+            }
+        });
+        Upstream {
+            port,
+            accepted,
+            closed,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/", self.port)
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    async fn wait_closed(&self, n: usize) -> Vec<Instant> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let closed = self.closed.lock().unwrap().clone();
+            if closed.len() >= n {
+                return closed;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "upstream saw {} closes, wanted {n}",
+                closed.len()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbound_is_denied_by_default_and_allowed_by_pattern() {
+    let upstream = Upstream::start(Behavior::Answer(Duration::ZERO)).await;
+    let fetch = format!("/fetch?url={}", upstream.url());
+
+    let denied = Weir::start(&probe(), &[]);
+    let resp = denied.get(&fetch).await;
+    assert_eq!(resp.status, 502);
+    assert_eq!(resp.text(), "ErrorCode::HttpRequestDenied");
+    assert_eq!(upstream.accepted(), 0, "nothing was sent");
+    let metrics = denied.admin_get("/metrics").await.text();
+    assert!(
+        metrics.contains("weir_outbound_refused_total{app=\"probe\",result=\"denied\"} 1"),
+        "{metrics}"
+    );
+
+    let other_port = Weir::start(&probe(), &["--allow-outbound", "http://127.0.0.1:1"]);
+    assert_eq!(
+        other_port.get(&fetch).await.text(),
+        "ErrorCode::HttpRequestDenied"
+    );
+    let https_only = Weir::start(&probe(), &["--allow-outbound", "https://127.0.0.1:*"]);
+    assert_eq!(
+        https_only.get(&fetch).await.text(),
+        "ErrorCode::HttpRequestDenied"
+    );
+    assert_eq!(upstream.accepted(), 0);
+
+    let allowed = Weir::start(&probe(), &["--allow-outbound", "http://127.0.0.1:*"]);
+    let resp = allowed.get(&fetch).await;
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.headers["x-upstream-status"], "200");
+    assert_eq!(resp.text(), "upstream body");
+    assert_eq!(upstream.accepted(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_a_denied_host_is_not_followed() {
+    let denied_target = Upstream::start(Behavior::Answer(Duration::ZERO)).await;
+    let redirector = Upstream::start(Behavior::Redirect(denied_target.url())).await;
+    let weir = Weir::start(
+        &probe(),
+        &[
+            "--allow-outbound",
+            &format!("http://127.0.0.1:{}", redirector.port),
+        ],
+    );
+    let resp = weir.get(&format!("/fetch?url={}", redirector.url())).await;
+    assert_eq!(resp.status, 200);
+    assert_eq!(
+        resp.headers["x-upstream-status"], "302",
+        "the guest sees the redirect itself"
+    );
+    assert_eq!(redirector.accepted(), 1);
+    assert_eq!(denied_target.accepted(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_closes_the_upstream_connection() {
+    let upstream = Upstream::start(Behavior::Never).await;
+    let weir = Weir::start(
+        &probe(),
+        &[
+            "--allow-outbound",
+            "http://127.0.0.1:*",
+            // Long, so that a close before it can only come from the abort
+            // on disconnect, not from abandoning the generation.
+            "--limit",
+            "cancellation_limit_ms=10000",
+        ],
+    );
+    let mut client = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+    client
+        .write_all(
+            format!(
+                "GET /fetch?url={} HTTP/1.1\r\nhost: x\r\n\r\n",
+                upstream.url()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    while upstream.accepted() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let left = Instant::now();
+    drop(client);
+    let closed = upstream.wait_closed(1).await;
+    let after = closed[0] - left;
+    println!("upstream saw its connection closed {after:?} after the client left");
+    assert!(
+        after < Duration::from_secs(5),
+        "closed by the abort, not by abandonment: {after:?}"
+    );
+    // The guest saw only the abort (never a late response) and finished in
+    // time: cancelled, not abandoned.
+    let receipt = weir.receipt_where(|r| r["outcome"] == "cancelled").await;
+    assert_eq!(receipt["error"], "request_cancelled");
+    assert_eq!(
+        weir.status().await["apps"][0]["generations"]["abandoned"],
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_requests_at_once_run_128_and_refuse_the_rest() {
+    let upstream = Upstream::start(Behavior::Answer(Duration::from_millis(300))).await;
+    let weir = Weir::start(&probe(), &["--allow-outbound", "http://127.0.0.1:*"]);
+    let resp = weir
+        .get(&format!("/fetch-many?n=200&url={}", upstream.url()))
+        .await;
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.text(), "ok=128 capacity=72 other=0");
+    assert_eq!(upstream.accepted(), 128, "the refused 72 started nothing");
+    weir.receipt_where(|r| r["outcome"] == "ok" && r["status"] == 200)
+        .await;
+    let metrics = weir.admin_get("/metrics").await.text();
+    assert!(
+        metrics.contains(
+            "weir_outbound_refused_total{app=\"probe\",result=\"event_operation_capacity\"} 72"
+        ),
+        "{metrics}"
+    );
+    // The scope is per event: the next event has all 128 again.
+    let again = weir
+        .get(&format!("/fetch-many?n=128&url={}", upstream.url()))
+        .await;
+    assert_eq!(again.text(), "ok=128 capacity=0 other=0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_left_running_at_the_end_of_an_event_is_aborted_and_never_delivered_later() {
+    let never = Upstream::start(Behavior::Never).await;
+    let weir = Weir::start(
+        &probe(),
+        &[
+            "--allow-outbound",
+            "http://127.0.0.1:*",
+            "--limit",
+            "max_concurrent=1",
+        ],
+    );
+    // The guest starts a request to an upstream that never answers, keeps
+    // the handle, and answers at once.
+    let resp = weir
+        .get(&format!("/fetch-stash?wait_ms=200&url={}", never.url()))
+        .await;
+    assert_eq!(resp.text(), "stashed\n");
+    let ended = Instant::now();
+    assert_eq!(never.accepted(), 1, "the request reached its upstream");
+    let closed = never.wait_closed(1).await;
+    println!(
+        "upstream connection closed {:?} after the event ended",
+        closed[0].saturating_duration_since(ended)
+    );
+    // The next event on the same generation finds the handle aborted.
+    let collect = weir.get("/fetch-collect").await;
+    assert_eq!(
+        collect.text(),
+        "error ErrorCode::InternalError(Some(\"event_operation_aborted\"))"
+    );
+
+    // An upstream that answers after the event ended: the answer is never
+    // delivered into the next event.
+    let late = Upstream::start(Behavior::Answer(Duration::from_millis(300))).await;
+    assert_eq!(
+        weir.get(&format!("/fetch-stash?wait_ms=100&url={}", late.url()))
+            .await
+            .text(),
+        "stashed\n"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let collect = weir.get("/fetch-collect").await.text();
+    assert!(collect.starts_with("error "), "{collect}");
+    assert!(!collect.contains("delivered"), "{collect}");
+}
