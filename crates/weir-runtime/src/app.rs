@@ -21,6 +21,7 @@ use crate::limits::Limits;
 use crate::metrics::AppMetrics;
 use crate::outbound::OutboundRules;
 use crate::receipt::ReceiptBook;
+use weir_store::KvStores;
 
 /// Why an app could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +52,7 @@ pub struct AppCode {
     pub(crate) pre: ProxyPre<GenerationState>,
     pub limits: Limits,
     pub outbound: Arc<OutboundRules>,
+    pub kv: Arc<KvStores>,
 }
 
 impl AppCode {
@@ -64,13 +66,14 @@ impl AppCode {
         path: &Path,
         limits: Limits,
         outbound: OutboundRules,
+        kv: Arc<KvStores>,
     ) -> Result<AppCode, LoadError> {
         let shown = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
             path: shown.clone(),
             source,
         })?;
-        Self::from_bytes(engine, &shown, &bytes, limits, outbound)
+        Self::from_bytes(engine, &shown, &bytes, limits, outbound, kv)
     }
 
     pub fn from_bytes(
@@ -79,6 +82,7 @@ impl AppCode {
         bytes: &[u8],
         limits: Limits,
         outbound: OutboundRules,
+        kv: Arc<KvStores>,
     ) -> Result<AppCode, LoadError> {
         if is_core_module(bytes) {
             return Err(LoadError::NotAComponent {
@@ -110,6 +114,12 @@ impl AppCode {
                 reason: format!("{e:#}"),
             }
         })?;
+        crate::keyvalue::add_to_linker(&mut linker, GenerationState::keyvalue).map_err(|e| {
+            LoadError::Link {
+                path: shown.to_string(),
+                reason: format!("{e:#}"),
+            }
+        })?;
         let instance_pre = linker
             .instantiate_pre(&component)
             .map_err(|e| LoadError::Link {
@@ -125,6 +135,7 @@ impl AppCode {
             pre,
             limits,
             outbound: Arc::new(outbound),
+            kv,
         })
     }
 }

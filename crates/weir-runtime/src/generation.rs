@@ -14,7 +14,12 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::p2::bindings::Proxy;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
+use std::sync::Arc;
+
+use weir_store::KvStores;
+
 use crate::app::AppCode;
+use crate::keyvalue::KeyValueView;
 use crate::metrics::AppMetrics;
 use crate::outbound::OutboundPolicy;
 
@@ -24,6 +29,7 @@ pub struct GenerationState {
     table: ResourceTable,
     http: WasiHttpCtx,
     pub(crate) outbound: OutboundPolicy,
+    kv: Arc<KvStores>,
     pub(crate) memory: MemoryLimiter,
 }
 
@@ -32,6 +38,17 @@ impl WasiView for GenerationState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl GenerationState {
+    /// What `wasi:keyvalue` calls see: the app's stores and the event's scope.
+    pub(crate) fn keyvalue(&mut self) -> KeyValueView<'_> {
+        KeyValueView {
+            table: &mut self.table,
+            stores: &self.kv,
+            scope: self.outbound.scope.as_ref(),
         }
     }
 }
@@ -111,6 +128,7 @@ impl Generation {
             table: ResourceTable::new(),
             http: WasiHttpCtx::new(),
             outbound: OutboundPolicy::new(code.outbound.clone(), &code.limits, metrics.clone()),
+            kv: code.kv.clone(),
             memory: MemoryLimiter {
                 limit: code.limits.memory_limit_bytes as usize,
                 exceeded: false,

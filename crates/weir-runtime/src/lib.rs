@@ -12,6 +12,7 @@ pub mod engine;
 pub mod error_code;
 pub mod event;
 pub mod generation;
+pub mod keyvalue;
 pub mod lane;
 pub mod limits;
 pub mod metrics;

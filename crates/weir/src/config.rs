@@ -11,6 +11,7 @@ use serde::Deserialize;
 use weir_build::BuildRequest;
 use weir_runtime::Limits;
 use weir_runtime::outbound::{HostPattern, OutboundRules};
+use weir_store::Durability;
 
 /// A mistake in how Weir was invoked or configured; exits with code 2.
 #[derive(Debug, thiserror::Error)]
@@ -27,9 +28,24 @@ struct File {
     receipt_headers: bool,
     #[serde(default)]
     allowed_outbound_hosts: Vec<String>,
+    data_dir: Option<PathBuf>,
+    #[serde(default)]
+    keyvalue: KeyValueSection,
     #[serde(default)]
     limits: toml::Table,
 }
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct KeyValueSection {
+    #[serde(default)]
+    stores: Vec<String>,
+    #[serde(default)]
+    durability: Option<String>,
+}
+
+/// Where Weir keeps data unless told otherwise.
+pub const DEFAULT_DATA_DIR: &str = ".weir";
 
 /// The configuration `weir serve` runs with.
 pub struct Config {
@@ -39,6 +55,19 @@ pub struct Config {
     pub receipt_headers: bool,
     pub limits: Limits,
     pub outbound: OutboundRules,
+    pub data_dir: PathBuf,
+    pub kv_stores: Vec<String>,
+    pub durability: Durability,
+}
+
+/// What the command line adds to the config file.
+#[derive(Default)]
+pub struct Overrides<'a> {
+    pub limits: &'a [String],
+    pub allow_outbound: &'a [String],
+    pub data_dir: Option<&'a Path>,
+    pub kv_stores: &'a [String],
+    pub durability: Option<&'a str>,
 }
 
 impl Config {
@@ -46,9 +75,10 @@ impl Config {
     pub fn resolve(
         file: Option<&Path>,
         app: Option<&Path>,
-        assignments: &[String],
-        allow_outbound: &[String],
+        overrides: Overrides<'_>,
     ) -> Result<Config, UsageError> {
+        let assignments = overrides.limits;
+        let allow_outbound = overrides.allow_outbound;
         let (parsed, base) = match file {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|e| {
@@ -80,7 +110,7 @@ impl Config {
         let app = match (app, parsed.app) {
             (Some(app), _) => app.to_path_buf(),
             // A path in the config file is relative to the file.
-            (None, Some(app)) => match base {
+            (None, Some(app)) => match &base {
                 Some(base) if app.is_relative() => base.join(app),
                 _ => app,
             },
@@ -102,7 +132,35 @@ impl Config {
                     .map_err(|e| UsageError(e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let durability = match overrides
+            .durability
+            .or(parsed.keyvalue.durability.as_deref())
+            .unwrap_or("process")
+        {
+            "process" => Durability::Process,
+            "fsync" => Durability::Fsync,
+            other => {
+                return Err(UsageError(format!(
+                    "durability must be \"process\" or \"fsync\", got \"{other}\""
+                )));
+            }
+        };
+        let data_dir = match (overrides.data_dir, parsed.data_dir) {
+            (Some(dir), _) => dir.to_path_buf(),
+            (None, Some(dir)) => match &base {
+                Some(base) if dir.is_relative() => base.join(dir),
+                _ => dir,
+            },
+            (None, None) => PathBuf::from(DEFAULT_DATA_DIR),
+        };
+        let mut kv_stores = parsed.keyvalue.stores.clone();
+        kv_stores.extend(overrides.kv_stores.iter().cloned());
+        kv_stores.sort();
+        kv_stores.dedup();
         Ok(Config {
+            data_dir,
+            kv_stores,
+            durability,
             outbound: OutboundRules::new(patterns),
             app,
             listen: parsed.listen,

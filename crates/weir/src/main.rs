@@ -17,7 +17,8 @@ use weir_runtime::metrics::Metrics;
 use weir_runtime::receipt::ReceiptBook;
 use weir_runtime::{App, AppCode, EngineSizing, WeirEngine};
 
-use crate::config::{Config, UsageError};
+use crate::config::{Config, Overrides, UsageError};
+use weir_store::KvStores;
 
 /// Exit code for a usage or configuration error, as clap uses.
 const EXIT_USAGE: u8 = 2;
@@ -64,6 +65,15 @@ struct ServeArgs {
     /// Outbound HTTP is denied unless allowed here or in the config file.
     #[arg(long = "allow-outbound", value_name = "PATTERN", action = clap::ArgAction::Append)]
     allow_outbound: Vec<String>,
+    /// Where stores live; default ./.weir (or `data_dir` in the config file).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Declare a wasi:keyvalue store; repeatable (adds to [keyvalue] stores).
+    #[arg(long = "kv-store", value_name = "NAME", action = clap::ArgAction::Append)]
+    kv_stores: Vec<String>,
+    /// "process" (survives a crash; default) or "fsync" (survives power loss).
+    #[arg(long, value_name = "MODE")]
+    durability: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -135,8 +145,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::resolve(
         args.config.as_deref(),
         args.app.as_deref(),
-        &args.limits,
-        &args.allow_outbound,
+        Overrides {
+            limits: &args.limits,
+            allow_outbound: &args.allow_outbound,
+            data_dir: args.data_dir.as_deref(),
+            kv_stores: &args.kv_stores,
+            durability: args.durability.as_deref(),
+        },
     )?;
     logging::init();
     let app_path = config::prepare_app(&config.app)?;
@@ -150,11 +165,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             memory_limit_bytes: config.limits.memory_limit_bytes,
         })?;
         let shown = app_path.display().to_string();
+        let kv = KvStores::open(&config.data_dir, &config.kv_stores, config.durability)
+            .with_context(|| format!("cannot open stores under {}", config.data_dir.display()))?;
         let code = AppCode::load(
             &engine,
             &app_path,
             config.limits.clone(),
             config.outbound.clone(),
+            Arc::new(kv),
         )?;
         let metrics = Arc::new(Metrics::new());
         let name = shown_name(&app_path);

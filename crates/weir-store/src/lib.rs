@@ -1,0 +1,367 @@
+//! Weir's embedded storage: named key-value stores, each one SQLite
+//! database under the data directory.
+//!
+//! Invariants owned here:
+//! - a write that returned `Ok` is committed: it survives the process being
+//!   killed (WAL mode; SQLite has handed the commit to the operating system
+//!   before returning). With [`Durability::Fsync`] it also survives power
+//!   loss (every commit is fsynced);
+//! - `increment` is one statement inside one transaction, serialised per
+//!   store, so concurrent increments never lose an update;
+//! - only stores that were declared exist: opening any other name is an
+//!   error, never an empty store.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+/// Keys returned by one `list_keys` page. Large enough that few round trips
+/// are needed, small enough that one page is never a memory problem.
+pub const LIST_PAGE_KEYS: usize = 1000;
+
+/// Largest value accepted, in bytes: one value is read into guest memory
+/// whole, so it is bounded well under the default guest memory limit.
+pub const MAX_VALUE_BYTES: usize = 32 << 20;
+
+/// Largest key accepted, in bytes.
+pub const MAX_KEY_BYTES: usize = 64 << 10;
+
+/// How long a connection waits on a lock held by another before failing.
+/// Stores are single-writer per process, so this only matters when an
+/// operator inspects a store while Weir runs.
+pub const BUSY_TIMEOUT_MS: u64 = 5_000;
+
+/// What a commit is made durable against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Survives a process crash (WAL, `synchronous = NORMAL`).
+    #[default]
+    Process,
+    /// Survives power loss too (WAL, `synchronous = FULL`: fsync per commit).
+    Fsync,
+}
+
+/// Why a storage operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("no store named `{0}` is declared")]
+    NoSuchStore(String),
+    #[error("store name `{0}` must be 1-64 characters of a-z, 0-9, `_` or `-`")]
+    BadName(String),
+    #[error("key is {0} bytes; the limit is {MAX_KEY_BYTES}")]
+    KeyTooLarge(usize),
+    #[error("value is {0} bytes; the limit is {MAX_VALUE_BYTES}")]
+    ValueTooLarge(usize),
+    #[error("the value of `{0}` is not an 8-byte counter")]
+    NotACounter(String),
+    #[error("counter `{0}` would overflow")]
+    Overflow(String),
+    #[error("cannot create {path}: {source}")]
+    Dir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+}
+
+/// One page of keys and the cursor of the next, if any.
+#[derive(Debug, PartialEq, Eq)]
+pub struct KeyPage {
+    pub keys: Vec<String>,
+    pub cursor: Option<u64>,
+}
+
+/// A key and its value.
+pub type Entry = (String, Vec<u8>);
+
+/// One named key-value store.
+pub struct KvStore {
+    name: String,
+    conn: Mutex<Connection>,
+}
+
+fn check_key(key: &str) -> Result<(), StoreError> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(StoreError::KeyTooLarge(key.len()));
+    }
+    Ok(())
+}
+
+impl KvStore {
+    fn open(path: &Path, name: &str, durability: Durability) -> Result<KvStore, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(std::time::Duration::from_millis(BUSY_TIMEOUT_MS))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(
+            None,
+            "synchronous",
+            match durability {
+                Durability::Process => "NORMAL",
+                Durability::Fsync => "FULL",
+            },
+        )?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;",
+        )?;
+        Ok(KvStore {
+            name: name.to_string(),
+            conn: Mutex::new(conn),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        check_key(key)?;
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT value FROM kv WHERE key = ?1")?;
+        Ok(stmt.query_row(params![key], |r| r.get(0)).optional()?)
+    }
+
+    pub fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        check_key(key)?;
+        if value.len() > MAX_VALUE_BYTES {
+            return Err(StoreError::ValueTooLarge(value.len()));
+        }
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "INSERT INTO kv (key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+        )?;
+        stmt.execute(params![key, value])?;
+        Ok(())
+    }
+
+    pub fn delete(&self, key: &str) -> Result<(), StoreError> {
+        check_key(key)?;
+        let conn = self.conn();
+        conn.prepare_cached("DELETE FROM kv WHERE key = ?1")?
+            .execute(params![key])?;
+        Ok(())
+    }
+
+    pub fn exists(&self, key: &str) -> Result<bool, StoreError> {
+        check_key(key)?;
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT 1 FROM kv WHERE key = ?1")?;
+        Ok(stmt.exists(params![key])?)
+    }
+
+    /// Keys in order, a page at a time. The cursor is the number of keys
+    /// already returned; a key set or deleted between pages may shift what a
+    /// later page starts with, as the interface allows.
+    pub fn list_keys(&self, cursor: Option<u64>) -> Result<KeyPage, StoreError> {
+        let offset = cursor.unwrap_or(0);
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT key FROM kv ORDER BY key LIMIT ?1 OFFSET ?2")?;
+        let keys = stmt
+            .query_map(params![LIST_PAGE_KEYS as i64 + 1, offset as i64], |r| {
+                r.get(0)
+            })?
+            .collect::<Result<Vec<String>, _>>()?;
+        let more = keys.len() > LIST_PAGE_KEYS;
+        let mut keys = keys;
+        keys.truncate(LIST_PAGE_KEYS);
+        let cursor = more.then(|| offset + keys.len() as u64);
+        Ok(KeyPage { keys, cursor })
+    }
+
+    /// Adds `delta` to the counter at `key` (absent counts as 0) and returns
+    /// the new value. Counters are stored as 8 little-endian bytes.
+    pub fn increment(&self, key: &str, delta: u64) -> Result<u64, StoreError> {
+        check_key(key)?;
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let current: Option<Vec<u8>> = tx
+            .prepare_cached("SELECT value FROM kv WHERE key = ?1")?
+            .query_row(params![key], |r| r.get(0))
+            .optional()?;
+        let current = match current {
+            None => 0,
+            Some(bytes) => u64::from_le_bytes(
+                bytes
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| StoreError::NotACounter(key.to_string()))?,
+            ),
+        };
+        let next = current
+            .checked_add(delta)
+            .ok_or_else(|| StoreError::Overflow(key.to_string()))?;
+        tx.prepare_cached(
+            "INSERT INTO kv (key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+        )?
+        .execute(params![key, next.to_le_bytes().as_slice()])?;
+        tx.commit()?;
+        Ok(next)
+    }
+
+    pub fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Entry>>, StoreError> {
+        keys.iter()
+            .map(|k| Ok(self.get(k)?.map(|v| (k.clone(), v))))
+            .collect()
+    }
+
+    /// Sets every pair in one transaction: all or none.
+    pub fn set_many(&self, pairs: &[Entry]) -> Result<(), StoreError> {
+        for (k, v) in pairs {
+            check_key(k)?;
+            if v.len() > MAX_VALUE_BYTES {
+                return Err(StoreError::ValueTooLarge(v.len()));
+            }
+        }
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached(
+                "INSERT INTO kv (key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            )?;
+            for (k, v) in pairs {
+                stmt.execute(params![k, v])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Deletes every key in one transaction.
+    pub fn delete_many(&self, keys: &[String]) -> Result<(), StoreError> {
+        for k in keys {
+            check_key(k)?;
+        }
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached("DELETE FROM kv WHERE key = ?1")?;
+            for k in keys {
+                stmt.execute(params![k])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+}
+
+/// The declared stores of one app.
+#[derive(Default)]
+pub struct KvStores {
+    stores: HashMap<String, Arc<KvStore>>,
+}
+
+/// True for names that are safe as file names and readable in config.
+fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+impl KvStores {
+    /// Opens (creating if needed) each declared store under `data_dir/kv`.
+    pub fn open(
+        data_dir: &Path,
+        names: &[String],
+        durability: Durability,
+    ) -> Result<KvStores, StoreError> {
+        let mut stores = HashMap::new();
+        if names.is_empty() {
+            return Ok(KvStores { stores });
+        }
+        let dir = data_dir.join("kv");
+        std::fs::create_dir_all(&dir).map_err(|source| StoreError::Dir {
+            path: dir.clone(),
+            source,
+        })?;
+        for name in names {
+            if !valid_name(name) {
+                return Err(StoreError::BadName(name.clone()));
+            }
+            let store = KvStore::open(&dir.join(format!("{name}.sqlite3")), name, durability)?;
+            stores.insert(name.clone(), Arc::new(store));
+        }
+        Ok(KvStores { stores })
+    }
+
+    /// The declared store of that name.
+    pub fn get(&self, name: &str) -> Result<Arc<KvStore>, StoreError> {
+        self.stores
+            .get(name)
+            .cloned()
+            .ok_or_else(|| StoreError::NoSuchStore(name.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("weir-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn set_get_delete_and_pages() {
+        let dir = temp("basic");
+        let stores = KvStores::open(&dir, &["a".into()], Durability::Process).unwrap();
+        let s = stores.get("a").unwrap();
+        assert!(matches!(stores.get("b"), Err(StoreError::NoSuchStore(_))));
+        s.set("k", b"v").unwrap();
+        assert_eq!(s.get("k").unwrap(), Some(b"v".to_vec()));
+        assert!(s.exists("k").unwrap());
+        s.delete("k").unwrap();
+        assert_eq!(s.get("k").unwrap(), None);
+        let pairs: Vec<_> = (0..2500).map(|i| (format!("key{i:05}"), vec![1])).collect();
+        s.set_many(&pairs).unwrap();
+        let mut seen = Vec::new();
+        let mut cursor = None;
+        loop {
+            let page = s.list_keys(cursor).unwrap();
+            seen.extend(page.keys);
+            match page.cursor {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        assert_eq!(seen.len(), 2500);
+        assert_eq!(seen[0], "key00000");
+        assert_eq!(seen[2499], "key02499");
+    }
+
+    #[test]
+    fn increments_and_bad_counters() {
+        let dir = temp("incr");
+        let stores = KvStores::open(&dir, &["c".into()], Durability::Fsync).unwrap();
+        let s = stores.get("c").unwrap();
+        assert_eq!(s.increment("n", 2).unwrap(), 2);
+        assert_eq!(s.increment("n", 3).unwrap(), 5);
+        s.set("text", b"abc").unwrap();
+        assert!(matches!(
+            s.increment("text", 1),
+            Err(StoreError::NotACounter(_))
+        ));
+        s.set("max", &u64::MAX.to_le_bytes()).unwrap();
+        assert!(matches!(
+            s.increment("max", 1),
+            Err(StoreError::Overflow(_))
+        ));
+    }
+
+    #[test]
+    fn bad_names_are_refused() {
+        let dir = temp("names");
+        assert!(matches!(
+            KvStores::open(&dir, &["../x".into()], Durability::Process),
+            Err(StoreError::BadName(_))
+        ));
+    }
+}
