@@ -22,6 +22,7 @@ use crate::metrics::AppMetrics;
 use crate::outbound::OutboundRules;
 use crate::receipt::ReceiptBook;
 use weir_store::KvStores;
+use weir_store::sql::SqlDatabases;
 
 /// Why an app could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +47,13 @@ pub enum LoadError {
     },
 }
 
+/// The storage an app's guests may use.
+#[derive(Clone, Default)]
+pub struct Stores {
+    pub kv: Arc<KvStores>,
+    pub sql: Arc<SqlDatabases>,
+}
+
 /// What every generation of an app is made from: compiled once, shared.
 pub struct AppCode {
     engine: wasmtime::Engine,
@@ -53,6 +61,7 @@ pub struct AppCode {
     pub limits: Limits,
     pub outbound: Arc<OutboundRules>,
     pub kv: Arc<KvStores>,
+    pub sql: Arc<SqlDatabases>,
 }
 
 impl AppCode {
@@ -66,14 +75,14 @@ impl AppCode {
         path: &Path,
         limits: Limits,
         outbound: OutboundRules,
-        kv: Arc<KvStores>,
+        stores: Stores,
     ) -> Result<AppCode, LoadError> {
         let shown = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
             path: shown.clone(),
             source,
         })?;
-        Self::from_bytes(engine, &shown, &bytes, limits, outbound, kv)
+        Self::from_bytes(engine, &shown, &bytes, limits, outbound, stores)
     }
 
     pub fn from_bytes(
@@ -82,7 +91,7 @@ impl AppCode {
         bytes: &[u8],
         limits: Limits,
         outbound: OutboundRules,
-        kv: Arc<KvStores>,
+        stores: Stores,
     ) -> Result<AppCode, LoadError> {
         if is_core_module(bytes) {
             return Err(LoadError::NotAComponent {
@@ -120,6 +129,12 @@ impl AppCode {
                 reason: format!("{e:#}"),
             }
         })?;
+        crate::sql::add_to_linker(&mut linker, GenerationState::sql).map_err(|e| {
+            LoadError::Link {
+                path: shown.to_string(),
+                reason: format!("{e:#}"),
+            }
+        })?;
         let instance_pre = linker
             .instantiate_pre(&component)
             .map_err(|e| LoadError::Link {
@@ -135,7 +150,8 @@ impl AppCode {
             pre,
             limits,
             outbound: Arc::new(outbound),
-            kv,
+            kv: stores.kv,
+            sql: stores.sql,
         })
     }
 }

@@ -337,11 +337,7 @@ async fn run_event(
         scope.abort();
         generation.store.data_mut().outbound.scope = None;
         if scope.live() > 0 && !scope.drain(limits.cleanup_timeout).await {
-            receipt.fail(
-                Outcome::Limit,
-                Some(ErrorCode::StorageCleanupUnconfirmed),
-                Some("host operations outlived cleanup_timeout_ms".into()),
-            );
+            receipt.cleanup_unconfirmed();
             drop(receipt);
             quarantine(&app, lane_id, &scope).await;
         } else {
@@ -364,6 +360,9 @@ async fn run_event(
         ErrorCode::StorageCleanupUnconfirmed
     };
     fail_event(&receipt, &mut reply_tx, outcome, code, detail);
+    if !drained {
+        receipt.cleanup_unconfirmed();
+    }
     if let Some(tx) = session_tx.take() {
         let _ = tx.send(SessionEnd::Failed);
     }

@@ -17,11 +17,13 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use std::sync::Arc;
 
 use weir_store::KvStores;
+use weir_store::sql::SqlDatabases;
 
 use crate::app::AppCode;
 use crate::keyvalue::KeyValueView;
 use crate::metrics::AppMetrics;
 use crate::outbound::OutboundPolicy;
+use crate::sql::SqlView;
 
 /// Everything a generation's store holds for its guest.
 pub struct GenerationState {
@@ -30,6 +32,7 @@ pub struct GenerationState {
     http: WasiHttpCtx,
     pub(crate) outbound: OutboundPolicy,
     kv: Arc<KvStores>,
+    sql: Arc<SqlDatabases>,
     pub(crate) memory: MemoryLimiter,
 }
 
@@ -48,6 +51,16 @@ impl GenerationState {
         KeyValueView {
             table: &mut self.table,
             stores: &self.kv,
+            scope: self.outbound.scope.as_ref(),
+        }
+    }
+}
+
+impl GenerationState {
+    /// What `weir:sql` calls see: the app's databases and the event's scope.
+    pub(crate) fn sql(&mut self) -> SqlView<'_> {
+        SqlView {
+            databases: &self.sql,
             scope: self.outbound.scope.as_ref(),
         }
     }
@@ -129,6 +142,7 @@ impl Generation {
             http: WasiHttpCtx::new(),
             outbound: OutboundPolicy::new(code.outbound.clone(), &code.limits, metrics.clone()),
             kv: code.kv.clone(),
+            sql: code.sql.clone(),
             memory: MemoryLimiter {
                 limit: code.limits.memory_limit_bytes as usize,
                 exceeded: false,

@@ -19,8 +19,9 @@ pub mod metrics;
 pub mod outbound;
 pub mod receipt;
 pub mod scope;
+pub mod sql;
 
-pub use app::{App, AppCode, LoadError};
+pub use app::{App, AppCode, LoadError, Stores};
 pub use engine::{EngineSizing, WeirEngine};
 pub use error_code::ErrorCode;
 pub use limits::{LimitError, Limits};

@@ -146,6 +146,20 @@ impl PendingReceipt {
         });
     }
 
+    /// Records that the event's host operations outlived the cleanup budget:
+    /// whatever else happened, what they did is unknown to the client.
+    pub fn cleanup_unconfirmed(&self) {
+        self.with(|f| {
+            if f.outcome.is_none() || f.outcome == Some(Outcome::Ok) {
+                f.outcome = Some(Outcome::Limit);
+            }
+            f.error = Some(ErrorCode::StorageCleanupUnconfirmed);
+            f.detail = Some(
+                "host operations outlived cleanup_timeout_ms; their outcome is unknown".into(),
+            );
+        });
+    }
+
     /// Records that the guest ended cleanly, unless a failure came first.
     pub fn succeed(&self) {
         self.with(|f| {

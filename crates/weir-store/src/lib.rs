@@ -1,5 +1,5 @@
-//! Weir's embedded storage: named key-value stores, each one SQLite
-//! database under the data directory.
+//! Weir's embedded storage: named key-value stores and named SQL databases,
+//! each one SQLite database under the data directory.
 //!
 //! Invariants owned here:
 //! - a write that returned `Ok` is committed: it survives the process being
@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, params};
+
+pub mod sql;
 
 /// Keys returned by one `list_keys` page. Large enough that few round trips
 /// are needed, small enough that one page is never a memory problem.
@@ -257,7 +259,7 @@ pub struct KvStores {
 }
 
 /// True for names that are safe as file names and readable in config.
-fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name
             .bytes()

@@ -32,6 +32,8 @@ struct File {
     #[serde(default)]
     keyvalue: KeyValueSection,
     #[serde(default)]
+    sql: SqlSection,
+    #[serde(default)]
     limits: toml::Table,
 }
 
@@ -42,6 +44,13 @@ struct KeyValueSection {
     stores: Vec<String>,
     #[serde(default)]
     durability: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct SqlSection {
+    #[serde(default)]
+    databases: Vec<String>,
 }
 
 /// Where Weir keeps data unless told otherwise.
@@ -57,6 +66,7 @@ pub struct Config {
     pub outbound: OutboundRules,
     pub data_dir: PathBuf,
     pub kv_stores: Vec<String>,
+    pub sql_databases: Vec<String>,
     pub durability: Durability,
 }
 
@@ -67,6 +77,7 @@ pub struct Overrides<'a> {
     pub allow_outbound: &'a [String],
     pub data_dir: Option<&'a Path>,
     pub kv_stores: &'a [String],
+    pub sql_databases: &'a [String],
     pub durability: Option<&'a str>,
 }
 
@@ -157,7 +168,12 @@ impl Config {
         kv_stores.extend(overrides.kv_stores.iter().cloned());
         kv_stores.sort();
         kv_stores.dedup();
+        let mut sql_databases = parsed.sql.databases.clone();
+        sql_databases.extend(overrides.sql_databases.iter().cloned());
+        sql_databases.sort();
+        sql_databases.dedup();
         Ok(Config {
+            sql_databases,
             data_dir,
             kv_stores,
             durability,

@@ -15,10 +15,11 @@ use weir_build::BuildRequest;
 use weir_http::{AdminState, ServeOptions};
 use weir_runtime::metrics::Metrics;
 use weir_runtime::receipt::ReceiptBook;
-use weir_runtime::{App, AppCode, EngineSizing, WeirEngine};
+use weir_runtime::{App, AppCode, EngineSizing, Stores, WeirEngine};
 
 use crate::config::{Config, Overrides, UsageError};
 use weir_store::KvStores;
+use weir_store::sql::SqlDatabases;
 
 /// Exit code for a usage or configuration error, as clap uses.
 const EXIT_USAGE: u8 = 2;
@@ -71,6 +72,9 @@ struct ServeArgs {
     /// Declare a wasi:keyvalue store; repeatable (adds to [keyvalue] stores).
     #[arg(long = "kv-store", value_name = "NAME", action = clap::ArgAction::Append)]
     kv_stores: Vec<String>,
+    /// Declare a weir:sql database; repeatable (adds to [sql] databases).
+    #[arg(long = "sql-database", value_name = "NAME", action = clap::ArgAction::Append)]
+    sql_databases: Vec<String>,
     /// "process" (survives a crash; default) or "fsync" (survives power loss).
     #[arg(long, value_name = "MODE")]
     durability: Option<String>,
@@ -150,6 +154,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             allow_outbound: &args.allow_outbound,
             data_dir: args.data_dir.as_deref(),
             kv_stores: &args.kv_stores,
+            sql_databases: &args.sql_databases,
             durability: args.durability.as_deref(),
         },
     )?;
@@ -167,12 +172,19 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let shown = app_path.display().to_string();
         let kv = KvStores::open(&config.data_dir, &config.kv_stores, config.durability)
             .with_context(|| format!("cannot open stores under {}", config.data_dir.display()))?;
+        let sql = SqlDatabases::open(&config.data_dir, &config.sql_databases, config.durability)
+            .with_context(|| {
+                format!("cannot open databases under {}", config.data_dir.display())
+            })?;
         let code = AppCode::load(
             &engine,
             &app_path,
             config.limits.clone(),
             config.outbound.clone(),
-            Arc::new(kv),
+            Stores {
+                kv: Arc::new(kv),
+                sql: Arc::new(sql),
+            },
         )?;
         let metrics = Arc::new(Metrics::new());
         let name = shown_name(&app_path);

@@ -1,0 +1,328 @@
+//! SQL batches: a list of statements run in one transaction against a named
+//! database (the seed's D1-style binding).
+//!
+//! Invariants owned here:
+//! - a batch is 1..=[`MAX_BATCH_STATEMENTS`] statements of at most
+//!   [`MAX_STATEMENT_PARAMS`] parameters each, checked before the database is
+//!   touched;
+//! - every statement of a batch takes effect or none does: the batch runs
+//!   in one `BEGIN IMMEDIATE` transaction, a failing statement rolls it back
+//!   and is named by its index with SQLite's message;
+//! - a batch that returned `Ok` is committed (WAL; see [`crate::Durability`]).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
+use rusqlite::{Connection, ToSql};
+
+use crate::{BUSY_TIMEOUT_MS, Durability, StoreError};
+
+/// Statements in one batch, at most: what D1 allows, and enough for any
+/// one unit of work an event should do atomically.
+pub const MAX_BATCH_STATEMENTS: usize = 128;
+
+/// Parameters of one statement, at most (D1's bound).
+pub const MAX_STATEMENT_PARAMS: usize = 100;
+
+/// A parameter or column value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    Null,
+    Integer(i64),
+    Real(f64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+impl ToSql for Value {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(match self {
+            Value::Null => ToSqlOutput::Owned(SqlValue::Null),
+            Value::Integer(i) => ToSqlOutput::Owned(SqlValue::Integer(*i)),
+            Value::Real(r) => ToSqlOutput::Owned(SqlValue::Real(*r)),
+            Value::Text(t) => ToSqlOutput::Borrowed(ValueRef::Text(t.as_bytes())),
+            Value::Blob(b) => ToSqlOutput::Borrowed(ValueRef::Blob(b)),
+        })
+    }
+}
+
+impl From<ValueRef<'_>> for Value {
+    fn from(v: ValueRef<'_>) -> Self {
+        match v {
+            ValueRef::Null => Value::Null,
+            ValueRef::Integer(i) => Value::Integer(i),
+            ValueRef::Real(r) => Value::Real(r),
+            ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
+            ValueRef::Blob(b) => Value::Blob(b.to_vec()),
+        }
+    }
+}
+
+/// One statement of a batch.
+#[derive(Clone, Debug)]
+pub struct Statement {
+    pub sql: String,
+    pub params: Vec<Value>,
+}
+
+/// What one statement did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StatementResult {
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<Value>>,
+    pub rows_read: u64,
+    pub rows_written: u64,
+    pub last_insert_id: i64,
+}
+
+/// Why a batch did not run, or did not commit.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    #[error("no database named `{0}` is declared")]
+    NoSuchDatabase(String),
+    #[error("a batch holds 1 to {MAX_BATCH_STATEMENTS} statements, not {0}")]
+    BatchSize(usize),
+    #[error("statement {index} has {count} parameters; the limit is {MAX_STATEMENT_PARAMS}")]
+    TooManyParams { index: usize, count: usize },
+    #[error("statement {index} failed: {message}")]
+    Statement { index: usize, message: String },
+    #[error("the batch's outcome is unknown: {0}")]
+    OutcomeUnknown(String),
+}
+
+/// One named SQL database.
+pub struct SqlDatabase {
+    conn: Mutex<Connection>,
+}
+
+impl SqlDatabase {
+    fn open(path: &Path, durability: Durability) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(std::time::Duration::from_millis(BUSY_TIMEOUT_MS))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(
+            None,
+            "synchronous",
+            match durability {
+                Durability::Process => "NORMAL",
+                Durability::Fsync => "FULL",
+            },
+        )?;
+        Ok(SqlDatabase {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    /// Runs a batch in one transaction. Blocks: call it off the async
+    /// threads.
+    pub fn run(&self, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
+        check(statements)?;
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(|e| BatchError::Statement {
+                index: 0,
+                message: format!("cannot begin: {e}"),
+            })?;
+        let mut results = Vec::with_capacity(statements.len());
+        for (index, statement) in statements.iter().enumerate() {
+            let fail = |e: rusqlite::Error| BatchError::Statement {
+                index,
+                message: e.to_string(),
+            };
+            let mut stmt = tx.prepare_cached(&statement.sql).map_err(fail)?;
+            let columns: Vec<String> = stmt.column_names().iter().map(|c| c.to_string()).collect();
+            let width = columns.len();
+            let before = tx.total_changes();
+            let mut rows = Vec::new();
+            {
+                let mut cursor = stmt
+                    .query(rusqlite::params_from_iter(statement.params.iter()))
+                    .map_err(fail)?;
+                while let Some(row) = cursor.next().map_err(fail)? {
+                    let mut values = Vec::with_capacity(width);
+                    for i in 0..width {
+                        values.push(Value::from(row.get_ref(i).map_err(fail)?));
+                    }
+                    rows.push(values);
+                }
+            }
+            let rows_written = tx.total_changes().saturating_sub(before);
+            results.push(StatementResult {
+                columns,
+                rows_read: rows.len() as u64,
+                rows,
+                rows_written,
+                last_insert_id: tx.last_insert_rowid(),
+            });
+        }
+        // A failed commit leaves SQLite's state certain (rolled back) for
+        // ordinary errors; an I/O error at commit may not.
+        tx.commit().map_err(|e| match e {
+            rusqlite::Error::SqliteFailure(f, _)
+                if f.code == rusqlite::ErrorCode::SystemIoFailure =>
+            {
+                BatchError::OutcomeUnknown(e.to_string())
+            }
+            other => BatchError::Statement {
+                index: statements.len() - 1,
+                message: format!("commit failed: {other}"),
+            },
+        })?;
+        Ok(results)
+    }
+}
+
+/// Checks a batch's shape before anything touches the database.
+pub fn check(statements: &[Statement]) -> Result<(), BatchError> {
+    if statements.is_empty() || statements.len() > MAX_BATCH_STATEMENTS {
+        return Err(BatchError::BatchSize(statements.len()));
+    }
+    for (index, s) in statements.iter().enumerate() {
+        if s.params.len() > MAX_STATEMENT_PARAMS {
+            return Err(BatchError::TooManyParams {
+                index,
+                count: s.params.len(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The declared SQL databases of one app.
+#[derive(Default)]
+pub struct SqlDatabases {
+    databases: HashMap<String, Arc<SqlDatabase>>,
+}
+
+impl SqlDatabases {
+    /// Opens (creating if needed) each declared database under `data_dir/sql`.
+    pub fn open(
+        data_dir: &Path,
+        names: &[String],
+        durability: Durability,
+    ) -> Result<Self, StoreError> {
+        let mut databases = HashMap::new();
+        if names.is_empty() {
+            return Ok(SqlDatabases { databases });
+        }
+        let dir = data_dir.join("sql");
+        std::fs::create_dir_all(&dir).map_err(|source| StoreError::Dir {
+            path: dir.clone(),
+            source,
+        })?;
+        for name in names {
+            if !crate::valid_name(name) {
+                return Err(StoreError::BadName(name.clone()));
+            }
+            let db = SqlDatabase::open(&dir.join(format!("{name}.sqlite3")), durability)?;
+            databases.insert(name.clone(), Arc::new(db));
+        }
+        Ok(SqlDatabases { databases })
+    }
+
+    pub fn get(&self, name: &str) -> Result<Arc<SqlDatabase>, BatchError> {
+        self.databases
+            .get(name)
+            .cloned()
+            .ok_or_else(|| BatchError::NoSuchDatabase(name.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(sql: &str, params: Vec<Value>) -> Statement {
+        Statement {
+            sql: sql.into(),
+            params,
+        }
+    }
+
+    fn db(name: &str) -> Arc<SqlDatabase> {
+        let dir = std::env::temp_dir().join(format!("weir-sql-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        SqlDatabases::open(&dir, &["d".into()], Durability::Process)
+            .unwrap()
+            .get("d")
+            .unwrap()
+    }
+
+    #[test]
+    fn a_failing_statement_rolls_back_the_batch() {
+        let d = db("rollback");
+        d.run(&[st(
+            "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)",
+            vec![],
+        )])
+        .unwrap();
+        let err = d
+            .run(&[
+                st(
+                    "INSERT INTO t (v) VALUES (?1)",
+                    vec![Value::Text("a".into())],
+                ),
+                st("INSERT INTO t (v) VALUES (?1)", vec![Value::Null]),
+            ])
+            .unwrap_err();
+        assert!(
+            matches!(err, BatchError::Statement { index: 1, .. }),
+            "{err}"
+        );
+        let r = d.run(&[st("SELECT count(*) FROM t", vec![])]).unwrap();
+        assert_eq!(r[0].rows, vec![vec![Value::Integer(0)]]);
+    }
+
+    #[test]
+    fn shape_is_checked_first() {
+        assert!(matches!(check(&[]), Err(BatchError::BatchSize(0))));
+        let many = vec![st("SELECT 1", vec![]); 129];
+        assert!(matches!(check(&many), Err(BatchError::BatchSize(129))));
+        let params = vec![st("SELECT 1", vec![Value::Null; 101])];
+        assert!(matches!(
+            check(&params),
+            Err(BatchError::TooManyParams {
+                index: 0,
+                count: 101
+            })
+        ));
+    }
+
+    #[test]
+    fn types_round_trip_and_counts_are_reported() {
+        let d = db("types");
+        let r = d
+            .run(&[
+                st("CREATE TABLE t (a, b, c, d, e)", vec![]),
+                st(
+                    "INSERT INTO t VALUES (?1, ?2, ?3, ?4, ?5)",
+                    vec![
+                        Value::Null,
+                        Value::Integer(i64::MIN),
+                        Value::Real(1.5),
+                        Value::Text("ü".into()),
+                        Value::Blob(vec![0, 255]),
+                    ],
+                ),
+                st("SELECT * FROM t", vec![]),
+            ])
+            .unwrap();
+        assert_eq!(r[1].rows_written, 1);
+        assert_eq!(r[1].last_insert_id, 1);
+        assert_eq!(r[2].columns, ["a", "b", "c", "d", "e"]);
+        assert_eq!(r[2].rows_read, 1);
+        assert_eq!(
+            r[2].rows[0],
+            vec![
+                Value::Null,
+                Value::Integer(i64::MIN),
+                Value::Real(1.5),
+                Value::Text("ü".into()),
+                Value::Blob(vec![0, 255]),
+            ]
+        );
+    }
+}
