@@ -1,5 +1,5 @@
-//! Typed access to Weir's own host interfaces for Rust guests, so a guest
-//! needs no hand-written bindings.
+//! Typed access to Weir's host interfaces for Rust guests — `weir:sql` and
+//! `wasi:keyvalue` — so a guest needs no hand-written bindings.
 //!
 //! ```ignore
 //! use weir_guest::sql::{self, stmt};
@@ -14,6 +14,19 @@ mod bindings {
         path: "../../wit/weir-sql",
         world: "weir:sql/imports",
     });
+}
+
+mod kv_bindings {
+    wit_bindgen::generate!({
+        path: "../../wit/deps/keyvalue",
+        world: "wasi:keyvalue/imports",
+    });
+}
+
+/// `wasi:keyvalue` (0.2.0-draft): stores declared in `weir.toml`
+/// (`[keyvalue] stores = [...]`).
+pub mod keyvalue {
+    pub use crate::kv_bindings::wasi::keyvalue::{atomics, batch, store};
 }
 
 /// `weir:sql/batch`: statements run in one transaction against a database

@@ -1,0 +1,106 @@
+//! The link shortener example (guests/shortener) served with its own
+//! weir.toml: SQL for links, key-value counters, outbound HTTP checks.
+
+mod common;
+
+use bytes::Bytes;
+use common::{Weir, guest, root};
+use http::Request;
+use http_body_util::Full;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A target that answers every request with 200.
+async fn target() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_link_shortener_creates_follows_and_counts() {
+    guest("shortener");
+    let data = std::env::temp_dir().join(format!("weir-example-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let config = root().join("guests/shortener/weir.toml");
+    let weir = Weir::start_with(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    let port = target().await;
+    let url = format!("http://127.0.0.1:{port}/page");
+    let created = weir
+        .send(
+            Request::post("/links")
+                .body(Full::new(Bytes::from(url.clone())))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    let code = created.json()["code"].as_str().unwrap().to_string();
+    assert_eq!(created.json()["url"], url.as_str());
+
+    for _ in 0..3 {
+        let follow = weir.get(&format!("/{code}")).await;
+        assert_eq!(follow.status, 302);
+        assert_eq!(follow.headers["location"], url.as_str());
+    }
+    let stats = weir.get(&format!("/{code}/stats")).await.json();
+    assert_eq!(stats["hits"], 3);
+
+    // A target that does not answer is refused; so is a denied host.
+    let dead = weir
+        .send(
+            Request::post("/links")
+                .body(Full::new(Bytes::from("http://127.0.0.1:1/")))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(dead.status, 422);
+    let denied = weir
+        .send(
+            Request::post("/links")
+                .body(Full::new(Bytes::from("http://denied.invalid/")))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(denied.status, 422);
+    assert!(
+        denied.json()["reason"]
+            .as_str()
+            .unwrap()
+            .contains("HttpRequestDenied")
+    );
+    assert_eq!(weir.get("/nope").await.status, 404);
+
+    // Codes are distinct and links survive a restart.
+    let second = weir
+        .send(
+            Request::post("/links")
+                .body(Full::new(Bytes::from(url.clone())))
+                .unwrap(),
+        )
+        .await
+        .json();
+    assert_ne!(second["code"], code.as_str());
+    drop(weir);
+    let weir = Weir::start_with(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    assert_eq!(weir.get(&format!("/{code}/stats")).await.json()["hits"], 3);
+}
