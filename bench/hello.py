@@ -36,14 +36,16 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_ready(port, proc, timeout=60.0):
+def wait_ready(port, proc, timeout=60.0, path="/", method="GET", body=b""):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
-                s.sendall(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+                head = (f"{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+                        f"content-length: {len(body)}\r\n\r\n").encode()
+                s.sendall(head + body)
                 if s.recv(16).startswith(b"HTTP/1.1 200"):
                     return
         except OSError:
@@ -61,21 +63,20 @@ def parse_latency(text, pct):
 
 
 def run_wrk(port, duration, connections, threads):
-    # Warm up (JIT, pools, page cache), then measure.
+    return run_wrk_script(port, duration, connections, threads, None, "/")
+
+
+def run_wrk_script(port, duration, connections, threads, script, path):
+    """Warms up (pools, page cache) for 2 s, then measures with wrk."""
+    extra = ["-s", script] if script else []
+    url = f"http://127.0.0.1:{port}{path}"
     subprocess.run(
-        ["wrk", f"-t{threads}", f"-c{connections}", "-d2s", f"http://127.0.0.1:{port}/"],
+        ["wrk", f"-t{threads}", f"-c{connections}", "-d2s", *extra, url],
         capture_output=True,
         check=True,
     )
     out = subprocess.run(
-        [
-            "wrk",
-            f"-t{threads}",
-            f"-c{connections}",
-            f"-d{duration}s",
-            "--latency",
-            f"http://127.0.0.1:{port}/",
-        ],
+        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency", *extra, url],
         capture_output=True,
         text=True,
         check=True,
