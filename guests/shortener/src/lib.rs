@@ -4,6 +4,7 @@
 //!
 //! | request | answer |
 //! |---|---|
+//! | `GET /` | 200, a one-line description |
 //! | `POST /links` with a URL as body | 201 `{"code","url"}`; 422 if the target does not answer 2xx/3xx |
 //! | `GET /<code>` | 302 to the link's URL (and one hit counted), or 404 |
 //! | `GET /<code>/stats` | `{"code","url","hits"}`, or 404 |
@@ -158,6 +159,9 @@ impl wasi::exports::http::incoming_handler::Guest for Shortener {
         let path = path.split('?').next().unwrap_or("").to_string();
         if matches!(request.method(), Method::Post) && path == "/links" {
             return create(&request, out);
+        }
+        if path == "/" {
+            return respond(out, 200, &[("content-type", "text/plain")], b"link shortener: POST /links\n");
         }
         let (code, stats) = match path.trim_start_matches('/').split_once('/') {
             Some((code, "stats")) => (code.to_string(), true),
