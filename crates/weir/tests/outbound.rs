@@ -20,6 +20,8 @@ enum Behavior {
     Never,
     /// Answers 302 to the given location.
     Redirect(String),
+    /// Answers 200 with a body of this many bytes.
+    Large(usize),
 }
 
 /// A real HTTP/1.1 server on 127.0.0.1 that records what reached it.
@@ -68,6 +70,10 @@ impl Upstream {
                         }
                         Behavior::Redirect(to) => Some(format!(
                             "HTTP/1.1 302 Found\r\nlocation: {to}\r\ncontent-length: 0\r\n\r\n"
+                        )),
+                        Behavior::Large(n) => Some(format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {n}\r\n\r\n{}",
+                            "x".repeat(n)
                         )),
                         Behavior::Never => None,
                     };
@@ -293,4 +299,47 @@ async fn work_left_running_at_the_end_of_an_event_is_aborted_and_never_delivered
     let collect = weir.get("/fetch-collect").await.text();
     assert!(collect.starts_with("error "), "{collect}");
     assert!(!collect.contains("delivered"), "{collect}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbound_timeouts_and_response_size_are_bounded_by_the_limits() {
+    let never = Upstream::start(Behavior::Never).await;
+    let large = Upstream::start(Behavior::Large(100_000)).await;
+    let weir = Weir::start(
+        &probe(),
+        &[
+            "--allow-outbound",
+            "http://127.0.0.1:*",
+            "--limit",
+            "outbound_first_byte_timeout_ms=300",
+            "--limit",
+            "max_outbound_response_bytes=50000",
+            "--limit",
+            "event_limit_ms=5000",
+        ],
+    );
+    let started = Instant::now();
+    let resp = weir.get(&format!("/fetch?url={}", never.url())).await;
+    assert_eq!(resp.status, 502);
+    assert_eq!(resp.text(), "ErrorCode::ConnectionReadTimeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the first-byte limit applied"
+    );
+    never.wait_closed(1).await;
+
+    let resp = weir.get(&format!("/fetch?url={}", large.url())).await;
+    assert_eq!(resp.status, 502);
+    // The guest's read of the body fails at the cap: it never gets the
+    // whole 100,000 bytes. (wasi-http 48 does not attach the error code to
+    // the stream error for this case.)
+    assert!(resp.text().starts_with("body failed:"), "{}", resp.text());
+    let within = weir
+        .get(&format!(
+            "/fetch?url={}",
+            Upstream::start(Behavior::Large(50_000)).await.url()
+        ))
+        .await;
+    assert_eq!(within.status, 200, "a body at the cap is delivered");
+    assert_eq!(within.body.unwrap().len(), 50_000);
 }

@@ -80,7 +80,12 @@ fn finish_get(future: &FutureIncomingResponse) -> Result<(u16, Vec<u8>), String>
                 match stream.blocking_read(65536) {
                     Ok(chunk) => bytes.extend_from_slice(&chunk),
                     Err(wasi::io::streams::StreamError::Closed) => break,
-                    Err(e) => return Err(format!("body failed: {e:?}")),
+                    Err(wasi::io::streams::StreamError::LastOperationFailed(e)) => {
+                        return Err(format!(
+                            "body failed: {:?}",
+                            wasi::http::types::http_error_code(&e)
+                        ))
+                    }
                 }
             }
             Ok((status, bytes))
