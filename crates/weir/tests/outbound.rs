@@ -22,6 +22,9 @@ enum Behavior {
     Redirect(String),
     /// Answers 200 with a body of this many bytes.
     Large(usize),
+    /// Reads the request body (by its content-length) and answers with
+    /// how many bytes it read and their sum.
+    Count,
 }
 
 /// A real HTTP/1.1 server on 127.0.0.1 that records what reached it.
@@ -61,6 +64,29 @@ impl Upstream {
                         }
                     }
                     let answer = match behavior {
+                        Behavior::Count => {
+                            let head_end =
+                                buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                            let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
+                            let length: usize = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .map(|v| v.trim().parse().unwrap())
+                                .unwrap_or(0);
+                            let mut body = buf[head_end..].to_vec();
+                            while body.len() < length {
+                                match stream.read(&mut chunk).await {
+                                    Ok(0) | Err(_) => break,
+                                    Ok(n) => body.extend_from_slice(&chunk[..n]),
+                                }
+                            }
+                            let sum: u64 = body.iter().map(|b| *b as u64).sum();
+                            let text = format!("{} {}", body.len(), sum);
+                            Some(format!(
+                                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{text}",
+                                text.len()
+                            ))
+                        }
                         Behavior::Answer(delay) => {
                             tokio::time::sleep(delay).await;
                             Some(
@@ -342,4 +368,17 @@ async fn outbound_timeouts_and_response_size_are_bounded_by_the_limits() {
         .await;
     assert_eq!(within.status, 200, "a body at the cap is delivered");
     assert_eq!(within.body.unwrap().len(), 50_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_streams_a_request_body_upstream() {
+    let counter = Upstream::start(Behavior::Count).await;
+    let weir = Weir::start(&probe(), &["--allow-outbound", "http://127.0.0.1:*"]);
+    let n = 300_000;
+    let resp = weir
+        .get(&format!("/post?bytes={n}&url={}", counter.url()))
+        .await;
+    assert_eq!(resp.status, 200, "{:?}", resp.body);
+    let expected: u64 = (0..n).map(|i| (i % 251) as u64).sum();
+    assert_eq!(resp.text(), format!("{n} {expected}"));
 }

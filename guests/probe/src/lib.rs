@@ -19,6 +19,7 @@
 //! | `/large?bytes=N` | N bytes of a repeating pattern |
 //! | `/declared-length?len=N` | declares `content-length: N`, writes nothing |
 //! | `/fetch?url=U` | GETs `U` (outbound HTTP); answers its status in `x-upstream-status` and its body, or 502 and the error |
+//! | `/post?url=U&bytes=N` | POSTs N bytes to `U`, streamed in 4 KiB writes; answers like `/fetch` |
 //! | `/fetch-many?url=U&n=N` | starts N GETs of `U` at once, waits for all; answers `ok=A capacity=B other=C` |
 //! | `/fetch-stash?url=U&wait_ms=W` | starts a GET of `U`, waits W ms, keeps its handle in a global and answers |
 //! | `/fetch-collect` | waits on the handle a previous event stashed; answers what it got |
@@ -65,6 +66,31 @@ fn start_get(url: &str) -> Result<FutureIncomingResponse, ErrorCode> {
     request.set_authority(Some(authority)).expect("authority");
     request.set_path_with_query(Some(path)).expect("path");
     outgoing_handler::handle(request, None)
+}
+
+/// Starts a POST of `bytes` pattern bytes to `http://authority/path`,
+/// writing the body while the request is in flight.
+fn post(url: &str, bytes: usize) -> Result<FutureIncomingResponse, ErrorCode> {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let headers = Fields::from_list(&[("content-length".into(), bytes.to_string().into_bytes())])
+        .expect("valid header");
+    let request = OutgoingRequest::new(headers);
+    request.set_method(&wasi::http::types::Method::Post).expect("method");
+    request.set_scheme(Some(&Scheme::Http)).expect("scheme");
+    request.set_authority(Some(authority)).expect("authority");
+    request.set_path_with_query(Some(path)).expect("path");
+    let body = request.body().expect("body once");
+    let future = outgoing_handler::handle(request, None)?;
+    let stream = body.write().expect("stream once");
+    let data: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8).collect();
+    write_all(&stream, &data);
+    drop(stream);
+    OutgoingBody::finish(body, None)?;
+    Ok(future)
 }
 
 /// Waits for a started GET: its status and body, or the error's name.
@@ -260,6 +286,20 @@ impl wasi::exports::http::incoming_handler::Guest for Probe {
             "/fetch" => {
                 let url = query_str(&path, "url").unwrap_or("").to_string();
                 match start_get(&url).map_err(|e| format!("{e:?}")).and_then(|f| finish_get(&f)) {
+                    Ok((status, body)) => {
+                        let status = status.to_string();
+                        let (out_body, stream) =
+                            respond(out, 200, &[("x-upstream-status", status.as_bytes())]);
+                        write_all(&stream, &body);
+                        finish(out_body, stream);
+                    }
+                    Err(e) => simple(out, 502, e.as_bytes()),
+                }
+            }
+            "/post" => {
+                let url = query_str(&path, "url").unwrap_or("").to_string();
+                let bytes = query(&path, "bytes").unwrap_or(0) as usize;
+                match post(&url, bytes).map_err(|e| format!("{e:?}")).and_then(|f| finish_get(&f)) {
                     Ok((status, body)) => {
                         let status = status.to_string();
                         let (out_body, stream) =
