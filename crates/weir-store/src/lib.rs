@@ -92,19 +92,52 @@ fn check_key(key: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Opens one database file in WAL mode with the durability asked for.
+pub(crate) fn connect(path: &Path, durability: Durability) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_millis(BUSY_TIMEOUT_MS))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(
+        None,
+        "synchronous",
+        match durability {
+            Durability::Process => "NORMAL",
+            Durability::Fsync => "FULL",
+        },
+    )?;
+    Ok(conn)
+}
+
+/// Opens every declared name as `data_dir/<kind>/<name>.sqlite3`, creating
+/// files as needed; names are checked first.
+pub(crate) fn open_named<T>(
+    data_dir: &Path,
+    kind: &str,
+    names: &[String],
+    mut open: impl FnMut(&Path, &str) -> Result<T, StoreError>,
+) -> Result<HashMap<String, Arc<T>>, StoreError> {
+    let mut opened = HashMap::new();
+    if names.is_empty() {
+        return Ok(opened);
+    }
+    let dir = data_dir.join(kind);
+    std::fs::create_dir_all(&dir).map_err(|source| StoreError::Dir {
+        path: dir.clone(),
+        source,
+    })?;
+    for name in names {
+        if !valid_name(name) {
+            return Err(StoreError::BadName(name.clone()));
+        }
+        let item = open(&dir.join(format!("{name}.sqlite3")), name)?;
+        opened.insert(name.clone(), Arc::new(item));
+    }
+    Ok(opened)
+}
+
 impl KvStore {
     fn open(path: &Path, name: &str, durability: Durability) -> Result<KvStore, StoreError> {
-        let conn = Connection::open(path)?;
-        conn.busy_timeout(std::time::Duration::from_millis(BUSY_TIMEOUT_MS))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(
-            None,
-            "synchronous",
-            match durability {
-                Durability::Process => "NORMAL",
-                Durability::Fsync => "FULL",
-            },
-        )?;
+        let conn = connect(path, durability)?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;",
         )?;
@@ -273,22 +306,9 @@ impl KvStores {
         names: &[String],
         durability: Durability,
     ) -> Result<KvStores, StoreError> {
-        let mut stores = HashMap::new();
-        if names.is_empty() {
-            return Ok(KvStores { stores });
-        }
-        let dir = data_dir.join("kv");
-        std::fs::create_dir_all(&dir).map_err(|source| StoreError::Dir {
-            path: dir.clone(),
-            source,
+        let stores = open_named(data_dir, "kv", names, |path, name| {
+            KvStore::open(path, name, durability)
         })?;
-        for name in names {
-            if !valid_name(name) {
-                return Err(StoreError::BadName(name.clone()));
-            }
-            let store = KvStore::open(&dir.join(format!("{name}.sqlite3")), name, durability)?;
-            stores.insert(name.clone(), Arc::new(store));
-        }
         Ok(KvStores { stores })
     }
 

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
 use rusqlite::{Connection, ToSql};
 
-use crate::{BUSY_TIMEOUT_MS, Durability, StoreError};
+use crate::{Durability, StoreError};
 
 /// Statements in one batch, at most: what D1 allows, and enough for any
 /// one unit of work an event should do atomically.
@@ -99,17 +99,7 @@ pub struct SqlDatabase {
 
 impl SqlDatabase {
     fn open(path: &Path, durability: Durability) -> Result<Self, StoreError> {
-        let conn = Connection::open(path)?;
-        conn.busy_timeout(std::time::Duration::from_millis(BUSY_TIMEOUT_MS))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(
-            None,
-            "synchronous",
-            match durability {
-                Durability::Process => "NORMAL",
-                Durability::Fsync => "FULL",
-            },
-        )?;
+        let conn = crate::connect(path, durability)?;
         Ok(SqlDatabase {
             conn: Mutex::new(conn),
         })
@@ -204,22 +194,9 @@ impl SqlDatabases {
         names: &[String],
         durability: Durability,
     ) -> Result<Self, StoreError> {
-        let mut databases = HashMap::new();
-        if names.is_empty() {
-            return Ok(SqlDatabases { databases });
-        }
-        let dir = data_dir.join("sql");
-        std::fs::create_dir_all(&dir).map_err(|source| StoreError::Dir {
-            path: dir.clone(),
-            source,
+        let databases = crate::open_named(data_dir, "sql", names, |path, _| {
+            SqlDatabase::open(path, durability)
         })?;
-        for name in names {
-            if !crate::valid_name(name) {
-                return Err(StoreError::BadName(name.clone()));
-            }
-            let db = SqlDatabase::open(&dir.join(format!("{name}.sqlite3")), durability)?;
-            databases.insert(name.clone(), Arc::new(db));
-        }
         Ok(SqlDatabases { databases })
     }
 

@@ -280,18 +280,6 @@ fn unix_now() -> u64 {
         .as_secs()
 }
 
-async fn wait_health(weir: &Weir, status: u16) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-    while weir.admin_get("/healthz").await.status != status {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "healthz never became {status}: {}",
-            weir.status().await
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_lane_that_cannot_instantiate_is_unavailable_and_the_others_serve() {
     // Instantiation fails from 3 s to 6 s from now, and works outside that.
@@ -321,7 +309,7 @@ async fn a_lane_that_cannot_instantiate_is_unavailable_and_the_others_serve() {
     weir.get("/")
         .await
         .assert_weir_error(502, "invalid_response");
-    wait_health(&weir, 503).await;
+    weir.wait_health(503).await;
     let status = weir.status().await;
     let lanes = status["apps"][0]["lanes"].as_array().unwrap().clone();
     let down: Vec<_> = lanes
@@ -348,7 +336,7 @@ async fn a_lane_that_cannot_instantiate_is_unavailable_and_the_others_serve() {
     while unix_now() < fail_until {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    wait_health(&weir, 200).await;
+    weir.wait_health(200).await;
     weir.get("/")
         .await
         .assert_weir_error(502, "invalid_response");

@@ -382,3 +382,25 @@ async fn a_guest_streams_a_request_body_upstream() {
     let expected: u64 = (0..n).map(|i| (i % 251) as u64).sum();
     assert_eq!(resp.text(), format!("{n} {expected}"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_closes_the_upstream_connection_of_the_abandoned_event() {
+    let never = Upstream::start(Behavior::Never).await;
+    let weir = Weir::start(
+        &probe(),
+        &[
+            "--allow-outbound",
+            "http://127.0.0.1:*",
+            "--limit",
+            "event_limit_ms=300",
+        ],
+    );
+    let resp = weir.get(&format!("/fetch?url={}", never.url())).await;
+    resp.assert_weir_error(503, "event_deadline_exceeded");
+    never.wait_closed(1).await;
+    assert_eq!(
+        weir.status().await["apps"][0]["generations"]["abandoned"],
+        1
+    );
+    assert_eq!(weir.get("/hello").await.status, 200);
+}

@@ -217,14 +217,7 @@ async fn a_batch_that_outlives_its_event_is_unconfirmed_and_quarantines_the_lane
     );
     assert_eq!(weir.admin_get("/healthz").await.status, 503);
     // Then it comes back, and the batch's outcome can be read: it committed.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while weir.admin_get("/healthz").await.status != 200 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the lane never came back"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    weir.wait_health(200).await;
     let marks = batch(&weir, "app", json!([s("SELECT m FROM marks", json!([]))])).await;
     assert_eq!(marks["results"][0]["rows"], json!([["committed late"]]));
 }
@@ -268,14 +261,7 @@ async fn a_batch_outliving_a_departed_client_is_waited_for_not_cut() {
         .receipt_where(|r| r["error"] == "storage_cleanup_unconfirmed")
         .await;
     assert_eq!(receipt["outcome"], "cancelled");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while weir.admin_get("/healthz").await.status != 200 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the lane never came back"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    weir.wait_health(200).await;
     let marks = batch(&weir, "app", json!([s("SELECT m FROM marks", json!([]))])).await;
     assert_eq!(
         marks["results"][0]["rows"],

@@ -2,7 +2,9 @@
 //! with a fixed greeting. The example app of the README and the benchmark's
 //! workload.
 
-use wasi::http::types::{Fields, IncomingRequest, OutgoingBody, OutgoingResponse, ResponseOutparam};
+use wasi::http::types::{
+    Fields, IncomingRequest, OutgoingBody, OutgoingResponse, ResponseOutparam,
+};
 
 struct Hello;
 

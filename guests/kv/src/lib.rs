@@ -11,17 +11,9 @@
 //!
 //! Query values are percent-decoded, so keys may hold any UTF-8.
 
-mod bindings {
-    wit_bindgen::generate!({
-        path: "../../wit/deps/keyvalue",
-        world: "wasi:keyvalue/imports",
-    });
-}
-
-use wasi::http::types::{
-    Fields, IncomingRequest, OutgoingBody, OutgoingResponse, ResponseOutparam,
-};
-use bindings::wasi::keyvalue::{atomics, store};
+use wasi::http::types::{IncomingRequest, ResponseOutparam};
+use weir_guest::http::respond;
+use weir_guest::keyvalue::{atomics, store};
 
 struct Kv;
 
@@ -51,35 +43,8 @@ fn query(path: &str, name: &str) -> Option<String> {
         .map(|(_, v)| percent_decode(v))
 }
 
-fn respond(out: ResponseOutparam, status: u16, headers: &[(&str, &[u8])], body: &[u8]) {
-    let list: Vec<(String, Vec<u8>)> = headers
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_vec()))
-        .collect();
-    let response = OutgoingResponse::new(Fields::from_list(&list).expect("valid headers"));
-    response.set_status_code(status).expect("valid status");
-    let out_body = response.body().expect("body once");
-    ResponseOutparam::set(out, Ok(response));
-    let stream = out_body.write().expect("stream once");
-    for chunk in body.chunks(4096) {
-        stream.blocking_write_and_flush(chunk).expect("client accepts");
-    }
-    drop(stream);
-    OutgoingBody::finish(out_body, None).expect("complete");
-}
-
 fn read_body(request: &IncomingRequest) -> Vec<u8> {
-    let body = request.consume().expect("body once");
-    let stream = body.stream().expect("stream once");
-    let mut bytes = Vec::new();
-    loop {
-        match stream.blocking_read(65536) {
-            Ok(chunk) => bytes.extend_from_slice(&chunk),
-            Err(wasi::io::streams::StreamError::Closed) => break,
-            Err(e) => panic!("request body failed: {e:?}"),
-        }
-    }
-    bytes
+    weir_guest::http::read_body(request, usize::MAX)
 }
 
 impl wasi::exports::http::incoming_handler::Guest for Kv {
@@ -92,37 +57,44 @@ impl wasi::exports::http::incoming_handler::Guest for Kv {
             Ok(bucket) => bucket,
             Err(e) => return respond(out, 500, &[], format!("{e:?}").as_bytes()),
         };
-        let result: Result<(u16, Vec<(String, Vec<u8>)>, Vec<u8>), store::Error> = match route.as_str() {
-            "/kv/open" => Ok((200, vec![], b"ok".to_vec())),
-            "/kv/set" => {
-                let value = read_body(&request);
-                bucket.set(&key, &value).map(|()| (200, vec![], b"ok".to_vec()))
-            }
-            "/kv/get" => bucket.get(&key).map(|v| match v {
-                Some(v) => (200, vec![], v),
-                None => (404, vec![], b"no such key".to_vec()),
-            }),
-            "/kv/incr" => {
-                let delta = query(&path, "delta").and_then(|d| d.parse().ok()).unwrap_or(1);
-                atomics::increment(&bucket, &key, delta)
-                    .map(|n| (200, vec![], n.to_string().into_bytes()))
-            }
-            "/kv/list" => {
-                let cursor = query(&path, "cursor").and_then(|c| c.parse().ok());
-                bucket.list_keys(cursor).map(|page| {
-                    let mut headers = vec![];
-                    if let Some(c) = page.cursor {
-                        headers.push(("x-cursor".to_string(), c.to_string().into_bytes()));
-                    }
-                    (200, headers, page.keys.join("\n").into_bytes())
-                })
-            }
-            _ => Ok((404, vec![], b"no such route".to_vec())),
-        };
+        let result: Result<(u16, Vec<(String, Vec<u8>)>, Vec<u8>), store::Error> =
+            match route.as_str() {
+                "/kv/open" => Ok((200, vec![], b"ok".to_vec())),
+                "/kv/set" => {
+                    let value = read_body(&request);
+                    bucket
+                        .set(&key, &value)
+                        .map(|()| (200, vec![], b"ok".to_vec()))
+                }
+                "/kv/get" => bucket.get(&key).map(|v| match v {
+                    Some(v) => (200, vec![], v),
+                    None => (404, vec![], b"no such key".to_vec()),
+                }),
+                "/kv/incr" => {
+                    let delta = query(&path, "delta")
+                        .and_then(|d| d.parse().ok())
+                        .unwrap_or(1);
+                    atomics::increment(&bucket, &key, delta)
+                        .map(|n| (200, vec![], n.to_string().into_bytes()))
+                }
+                "/kv/list" => {
+                    let cursor = query(&path, "cursor").and_then(|c| c.parse().ok());
+                    bucket.list_keys(cursor).map(|page| {
+                        let mut headers = vec![];
+                        if let Some(c) = page.cursor {
+                            headers.push(("x-cursor".to_string(), c.to_string().into_bytes()));
+                        }
+                        (200, headers, page.keys.join("\n").into_bytes())
+                    })
+                }
+                _ => Ok((404, vec![], b"no such route".to_vec())),
+            };
         match result {
             Ok((status, headers, body)) => {
-                let headers: Vec<(&str, &[u8])> =
-                    headers.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+                let headers: Vec<(&str, &[u8])> = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_slice()))
+                    .collect();
                 respond(out, status, &headers, &body)
             }
             Err(e) => respond(out, 500, &[], format!("{e:?}").as_bytes()),

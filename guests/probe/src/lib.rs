@@ -79,7 +79,9 @@ fn post(url: &str, bytes: usize) -> Result<FutureIncomingResponse, ErrorCode> {
     let headers = Fields::from_list(&[("content-length".into(), bytes.to_string().into_bytes())])
         .expect("valid header");
     let request = OutgoingRequest::new(headers);
-    request.set_method(&wasi::http::types::Method::Post).expect("method");
+    request
+        .set_method(&wasi::http::types::Method::Post)
+        .expect("method");
     request.set_scheme(Some(&Scheme::Http)).expect("scheme");
     request.set_authority(Some(authority)).expect("authority");
     request.set_path_with_query(Some(path)).expect("path");
@@ -256,7 +258,10 @@ impl wasi::exports::http::incoming_handler::Guest for Probe {
             }
             "/cookies" => simple_with(
                 out,
-                &[("set-cookie", b"a=1; Path=/"), ("set-cookie", b"b=2; Path=/")],
+                &[
+                    ("set-cookie", b"a=1; Path=/"),
+                    ("set-cookie", b"b=2; Path=/"),
+                ],
             ),
             "/status" => {
                 let code = query(&path, "code").unwrap_or(200) as u16;
@@ -285,7 +290,10 @@ impl wasi::exports::http::incoming_handler::Guest for Probe {
             }
             "/fetch" => {
                 let url = query_str(&path, "url").unwrap_or("").to_string();
-                match start_get(&url).map_err(|e| format!("{e:?}")).and_then(|f| finish_get(&f)) {
+                match start_get(&url)
+                    .map_err(|e| format!("{e:?}"))
+                    .and_then(|f| finish_get(&f))
+                {
                     Ok((status, body)) => {
                         let status = status.to_string();
                         let (out_body, stream) =
@@ -299,7 +307,10 @@ impl wasi::exports::http::incoming_handler::Guest for Probe {
             "/post" => {
                 let url = query_str(&path, "url").unwrap_or("").to_string();
                 let bytes = query(&path, "bytes").unwrap_or(0) as usize;
-                match post(&url, bytes).map_err(|e| format!("{e:?}")).and_then(|f| finish_get(&f)) {
+                match post(&url, bytes)
+                    .map_err(|e| format!("{e:?}"))
+                    .and_then(|f| finish_get(&f))
+                {
                     Ok((status, body)) => {
                         let status = status.to_string();
                         let (out_body, stream) =
@@ -316,7 +327,11 @@ impl wasi::exports::http::incoming_handler::Guest for Probe {
                 let started: Vec<_> = (0..n).map(|_| start_get(&url)).collect();
                 let (mut ok, mut capacity, mut other) = (0, 0, 0);
                 for f in &started {
-                    match f.as_ref().map_err(|e| format!("{e:?}")).and_then(finish_get) {
+                    match f
+                        .as_ref()
+                        .map_err(|e| format!("{e:?}"))
+                        .and_then(finish_get)
+                    {
                         Ok(_) => ok += 1,
                         Err(e) if e.contains("event_operation_capacity") => capacity += 1,
                         Err(_) => other += 1,
@@ -362,4 +377,3 @@ fn simple_with(out: ResponseOutparam, headers: &[(&str, &[u8])]) {
 }
 
 wasi::http::proxy::export!(Probe);
-

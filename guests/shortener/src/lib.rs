@@ -12,8 +12,7 @@
 use serde_json::json;
 use wasi::http::outgoing_handler;
 use wasi::http::types::{
-    Fields, IncomingRequest, Method, OutgoingBody, OutgoingRequest, OutgoingResponse,
-    ResponseOutparam, Scheme,
+    Fields, IncomingRequest, Method, OutgoingRequest, ResponseOutparam, Scheme,
 };
 use weir_guest::keyvalue::{atomics, store};
 use weir_guest::sql::{self, stmt};
@@ -30,37 +29,17 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS links (code TEXT PRIMARY KEY, u
 struct Shortener;
 
 fn respond(out: ResponseOutparam, status: u16, headers: &[(&str, &str)], body: &[u8]) {
-    let list: Vec<(String, Vec<u8>)> = headers
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
-        .collect();
-    let response = OutgoingResponse::new(Fields::from_list(&list).expect("valid headers"));
-    response.set_status_code(status).expect("valid status");
-    let out_body = response.body().expect("body once");
-    ResponseOutparam::set(out, Ok(response));
-    let stream = out_body.write().expect("stream once");
-    for chunk in body.chunks(4096) {
-        stream.blocking_write_and_flush(chunk).expect("client accepts");
-    }
-    drop(stream);
-    OutgoingBody::finish(out_body, None).expect("complete");
+    let headers: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+    weir_guest::http::respond(out, status, &headers, body);
 }
 
 fn json_response(out: ResponseOutparam, status: u16, value: serde_json::Value) {
-    respond(out, status, &[("content-type", "application/json")], value.to_string().as_bytes());
-}
-
-fn read_body(request: &IncomingRequest) -> Vec<u8> {
-    let body = request.consume().expect("body once");
-    let stream = body.stream().expect("stream once");
-    let mut bytes = Vec::new();
-    while let Ok(chunk) = stream.blocking_read(4096) {
-        bytes.extend_from_slice(&chunk);
-        if bytes.len() > MAX_URL_BYTES {
-            break;
-        }
-    }
-    bytes
+    respond(
+        out,
+        status,
+        &[("content-type", "application/json")],
+        value.to_string().as_bytes(),
+    );
 }
 
 /// Base-36 code of a row id.
@@ -94,8 +73,12 @@ fn target_answers(url: &str) -> Result<u16, String> {
     let request = OutgoingRequest::new(Fields::new());
     request.set_method(&Method::Head).map_err(|_| "method")?;
     request.set_scheme(Some(&scheme)).map_err(|_| "scheme")?;
-    request.set_authority(Some(authority)).map_err(|_| "bad host")?;
-    request.set_path_with_query(Some(path)).map_err(|_| "bad path")?;
+    request
+        .set_authority(Some(authority))
+        .map_err(|_| "bad host")?;
+    request
+        .set_path_with_query(Some(path))
+        .map_err(|_| "bad path")?;
     let future = outgoing_handler::handle(request, None).map_err(|e| format!("{e:?}"))?;
     future.subscribe().block();
     match future.get() {
@@ -107,12 +90,18 @@ fn target_answers(url: &str) -> Result<u16, String> {
 }
 
 fn create(request: &IncomingRequest, out: ResponseOutparam) {
-    let url = String::from_utf8_lossy(&read_body(request)).trim().to_string();
+    let url = String::from_utf8_lossy(&weir_guest::http::read_body(request, MAX_URL_BYTES + 1))
+        .trim()
+        .to_string();
     if url.is_empty() || url.len() > MAX_URL_BYTES {
         return json_response(out, 400, json!({ "error": "body must be a URL" }));
     }
     if let Err(reason) = target_answers(&url) {
-        return json_response(out, 422, json!({ "error": "target_unreachable", "reason": reason }));
+        return json_response(
+            out,
+            422,
+            json!({ "error": "target_unreachable", "reason": reason }),
+        );
     }
     // A code is the base-36 form of the next value of an atomic counter, so
     // two concurrent creations never get the same code.
@@ -142,7 +131,10 @@ fn create(request: &IncomingRequest, out: ResponseOutparam) {
 fn lookup(code: &str) -> Result<Option<String>, String> {
     let results = sql::batch(
         DATABASE,
-        &[stmt(SCHEMA, []), stmt("SELECT url FROM links WHERE code = ?1", [code.into()])],
+        &[
+            stmt(SCHEMA, []),
+            stmt("SELECT url FROM links WHERE code = ?1", [code.into()]),
+        ],
     )
     .map_err(|e| format!("{e:?}"))?;
     Ok(results[1]
@@ -161,7 +153,12 @@ impl wasi::exports::http::incoming_handler::Guest for Shortener {
             return create(&request, out);
         }
         if path == "/" {
-            return respond(out, 200, &[("content-type", "text/plain")], b"link shortener: POST /links\n");
+            return respond(
+                out,
+                200,
+                &[("content-type", "text/plain")],
+                b"link shortener: POST /links\n",
+            );
         }
         let (code, stats) = match path.trim_start_matches('/').split_once('/') {
             Some((code, "stats")) => (code.to_string(), true),

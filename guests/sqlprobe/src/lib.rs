@@ -6,7 +6,7 @@
 //! `{"blob": [bytes]}`. The answer is `{"results": [...]}` or `{"error": "..."}`.
 
 use serde_json::{json, Value as Json};
-use wasi::http::types::{Fields, IncomingRequest, OutgoingBody, OutgoingResponse, ResponseOutparam};
+use wasi::http::types::{IncomingRequest, ResponseOutparam};
 use weir_guest::sql::{self, Statement, Value};
 
 struct SqlProbe;
@@ -17,11 +17,17 @@ fn param(v: &Json) -> Value {
         Json::Number(n) if n.is_i64() => Value::Integer(n.as_i64().unwrap_or_default()),
         Json::Number(n) => Value::Real(n.as_f64().unwrap_or_default()),
         Json::String(s) => Value::Text(s.clone()),
-        Json::Object(o) if o.contains_key("real") => Value::Real(o["real"].as_f64().unwrap_or_default()),
+        Json::Object(o) if o.contains_key("real") => {
+            Value::Real(o["real"].as_f64().unwrap_or_default())
+        }
         Json::Object(o) if o.contains_key("blob") => Value::Blob(
             o["blob"]
                 .as_array()
-                .map(|a| a.iter().map(|b| b.as_u64().unwrap_or_default() as u8).collect())
+                .map(|a| {
+                    a.iter()
+                        .map(|b| b.as_u64().unwrap_or_default() as u8)
+                        .collect()
+                })
                 .unwrap_or_default(),
         ),
         other => Value::Text(other.to_string()),
@@ -38,41 +44,23 @@ fn value(v: &Value) -> Json {
     }
 }
 
-fn read_body(request: &IncomingRequest) -> Vec<u8> {
-    let body = request.consume().expect("body once");
-    let stream = body.stream().expect("stream once");
-    let mut bytes = Vec::new();
-    loop {
-        match stream.blocking_read(65536) {
-            Ok(chunk) => bytes.extend_from_slice(&chunk),
-            Err(wasi::io::streams::StreamError::Closed) => break,
-            Err(e) => panic!("request body failed: {e:?}"),
-        }
-    }
-    bytes
-}
-
 fn respond(out: ResponseOutparam, status: u16, body: &[u8]) {
-    let headers = Fields::from_list(&[("content-type".into(), b"application/json".to_vec())])
-        .expect("valid headers");
-    let response = OutgoingResponse::new(headers);
-    response.set_status_code(status).expect("valid status");
-    let out_body = response.body().expect("body once");
-    ResponseOutparam::set(out, Ok(response));
-    let stream = out_body.write().expect("stream once");
-    for chunk in body.chunks(4096) {
-        stream.blocking_write_and_flush(chunk).expect("client accepts");
-    }
-    drop(stream);
-    OutgoingBody::finish(out_body, None).expect("complete");
+    weir_guest::http::respond(out, status, &[("content-type", b"application/json")], body);
 }
 
 impl wasi::exports::http::incoming_handler::Guest for SqlProbe {
     fn handle(request: IncomingRequest, out: ResponseOutparam) {
-        let input: Json = match serde_json::from_slice(&read_body(&request)) {
-            Ok(v) => v,
-            Err(e) => return respond(out, 400, json!({ "bad_input": e.to_string() }).to_string().as_bytes()),
-        };
+        let input: Json =
+            match serde_json::from_slice(&weir_guest::http::read_body(&request, usize::MAX)) {
+                Ok(v) => v,
+                Err(e) => {
+                    return respond(
+                        out,
+                        400,
+                        json!({ "bad_input": e.to_string() }).to_string().as_bytes(),
+                    )
+                }
+            };
         let db = input["db"].as_str().unwrap_or_default().to_string();
         let statements: Vec<Statement> = input["statements"]
             .as_array()
@@ -81,7 +69,10 @@ impl wasi::exports::http::incoming_handler::Guest for SqlProbe {
                     .map(|s| {
                         sql::stmt(
                             s["sql"].as_str().unwrap_or_default(),
-                            s["params"].as_array().map(|p| p.iter().map(param).collect::<Vec<_>>()).unwrap_or_default(),
+                            s["params"]
+                                .as_array()
+                                .map(|p| p.iter().map(param).collect::<Vec<_>>())
+                                .unwrap_or_default(),
                         )
                     })
                     .collect()

@@ -107,3 +107,48 @@ pub mod sql {
         }
     }
 }
+
+/// Small helpers for `wasi:http` handlers.
+pub mod http {
+    use wasi::http::types::{
+        Fields, IncomingRequest, OutgoingBody, OutgoingResponse, ResponseOutparam,
+    };
+
+    /// Bytes `blocking-write-and-flush` accepts per call.
+    const WRITE_CHUNK: usize = 4096;
+
+    /// Sends a whole response: status, headers, body.
+    pub fn respond(out: ResponseOutparam, status: u16, headers: &[(&str, &[u8])], body: &[u8]) {
+        let list: Vec<(String, Vec<u8>)> = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_vec()))
+            .collect();
+        let response = OutgoingResponse::new(Fields::from_list(&list).expect("valid headers"));
+        response.set_status_code(status).expect("valid status");
+        let out_body = response.body().expect("body once");
+        ResponseOutparam::set(out, Ok(response));
+        let stream = out_body.write().expect("stream once");
+        for chunk in body.chunks(WRITE_CHUNK) {
+            stream
+                .blocking_write_and_flush(chunk)
+                .expect("client accepts");
+        }
+        drop(stream);
+        OutgoingBody::finish(out_body, None).expect("complete");
+    }
+
+    /// Reads a request's whole body, up to `limit` bytes (more is cut off).
+    pub fn read_body(request: &IncomingRequest, limit: usize) -> Vec<u8> {
+        let body = request.consume().expect("body once");
+        let stream = body.stream().expect("stream once");
+        let mut bytes = Vec::new();
+        while bytes.len() < limit {
+            match stream.blocking_read(65536) {
+                Ok(chunk) => bytes.extend_from_slice(&chunk),
+                Err(_) => break,
+            }
+        }
+        bytes.truncate(limit);
+        bytes
+    }
+}

@@ -251,6 +251,19 @@ impl Weir {
         send_to(admin, req).await
     }
 
+    /// Waits until `/healthz` answers `status`.
+    pub async fn wait_health(&self, status: u16) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.admin_get("/healthz").await.status != status {
+            assert!(
+                Instant::now() < deadline,
+                "healthz never became {status}: {}",
+                self.status().await
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub async fn status(&self) -> Value {
         let r = self.admin_get("/status").await;
         serde_json::from_slice(r.body.as_ref().expect("status body")).expect("status is JSON")
