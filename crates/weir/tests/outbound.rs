@@ -404,3 +404,45 @@ async fn a_deadline_closes_the_upstream_connection_of_the_abandoned_event() {
     );
     assert_eq!(weir.get("/hello").await.status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connect_timeout_comes_from_the_limit() {
+    // A listener that never accepts, with its backlog filled: further
+    // connection attempts get no answer at all.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..8 {
+        if let Ok(Ok(s)) = tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            fillers.push(s);
+        }
+    }
+    let weir = Weir::start(
+        &probe(),
+        &[
+            "--allow-outbound",
+            "http://127.0.0.1:*",
+            "--limit",
+            "outbound_connect_timeout_ms=300",
+            "--limit",
+            "event_limit_ms=5000",
+        ],
+    );
+    let started = Instant::now();
+    let resp = weir.get(&format!("/fetch?url=http://{addr}/")).await;
+    assert_eq!(resp.status, 502);
+    assert_eq!(resp.text(), "ErrorCode::ConnectionTimeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(listener);
+}
