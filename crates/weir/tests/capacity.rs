@@ -24,9 +24,16 @@ fn spawn_get(weir: &Weir, path: &str) -> tokio::task::JoinHandle<common::Resp> {
 async fn queue_waits_then_refuses_at_once_without_reading_the_body() {
     let weir = Weir::start(
         &probe(),
-        &["--limit", "max_concurrent=2", "--limit", "max_queued=1"],
+        &[
+            "--limit",
+            "max_concurrent=2",
+            "--limit",
+            "max_queued=1",
+            "--limit",
+            "event_limit_ms=5000",
+        ],
     );
-    let busy: Vec<_> = (0..2).map(|_| spawn_get(&weir, "/sleep?ms=500")).collect();
+    let busy: Vec<_> = (0..2).map(|_| spawn_get(&weir, "/sleep?ms=1500")).collect();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let queued_at = Instant::now();
     let waiter = spawn_get(&weir, "/hello");
@@ -45,14 +52,16 @@ async fn queue_waits_then_refuses_at_once_without_reading_the_body() {
     let raw = String::from_utf8_lossy(&buf[..n]);
     assert!(raw.starts_with("HTTP/1.1 503"), "{raw}");
     assert!(raw.contains("{\"error\":\"event_capacity_exceeded\"}"));
+    // Queued, it would have waited for a lane (over a second): at once
+    // means well before that.
     assert!(
-        refused_at.elapsed() < Duration::from_millis(300),
+        refused_at.elapsed() < Duration::from_millis(800),
         "refused at once"
     );
 
     let waited = waiter.await.unwrap();
     assert_eq!(waited.status, 200, "the waiter entered when a lane freed");
-    assert!(queued_at.elapsed() >= Duration::from_millis(300));
+    assert!(queued_at.elapsed() >= Duration::from_millis(1000));
     for b in busy {
         assert_eq!(b.await.unwrap().status, 200);
     }

@@ -255,7 +255,10 @@ async fn spinning_guests_are_stopped_without_a_thread_per_request() {
             .unwrap()
             .assert_weir_error(503, "event_deadline_exceeded");
     }
-    assert_eq!(busy, idle, "8 spinning guests added threads");
+    assert!(
+        busy <= idle,
+        "8 spinning guests added threads: {idle} idle, {busy} busy"
+    );
 }
 
 #[tokio::test]
