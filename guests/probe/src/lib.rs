@@ -124,6 +124,24 @@ fn finish_get(future: &FutureIncomingResponse) -> Result<(u16, Vec<u8>), String>
     }
 }
 
+/// Waits for an outbound request and answers with what it got: the
+/// upstream's status in `x-upstream-status` and its body, or 502 and the
+/// error's name.
+fn answer_upstream(out: ResponseOutparam, started: Result<FutureIncomingResponse, ErrorCode>) {
+    match started
+        .map_err(|e| format!("{e:?}"))
+        .and_then(|f| finish_get(&f))
+    {
+        Ok((status, body)) => {
+            let status = status.to_string();
+            let (out_body, stream) = respond(out, 200, &[("x-upstream-status", status.as_bytes())]);
+            write_all(&stream, &body);
+            finish(out_body, stream);
+        }
+        Err(e) => simple(out, 502, e.as_bytes()),
+    }
+}
+
 fn query(path: &str, name: &str) -> Option<u64> {
     let (_, q) = path.split_once('?')?;
     q.split('&')
@@ -290,36 +308,12 @@ impl wasi::exports::http::incoming_handler::Guest for Probe {
             }
             "/fetch" => {
                 let url = query_str(&path, "url").unwrap_or("").to_string();
-                match start_get(&url)
-                    .map_err(|e| format!("{e:?}"))
-                    .and_then(|f| finish_get(&f))
-                {
-                    Ok((status, body)) => {
-                        let status = status.to_string();
-                        let (out_body, stream) =
-                            respond(out, 200, &[("x-upstream-status", status.as_bytes())]);
-                        write_all(&stream, &body);
-                        finish(out_body, stream);
-                    }
-                    Err(e) => simple(out, 502, e.as_bytes()),
-                }
+                answer_upstream(out, start_get(&url));
             }
             "/post" => {
                 let url = query_str(&path, "url").unwrap_or("").to_string();
                 let bytes = query(&path, "bytes").unwrap_or(0) as usize;
-                match post(&url, bytes)
-                    .map_err(|e| format!("{e:?}"))
-                    .and_then(|f| finish_get(&f))
-                {
-                    Ok((status, body)) => {
-                        let status = status.to_string();
-                        let (out_body, stream) =
-                            respond(out, 200, &[("x-upstream-status", status.as_bytes())]);
-                        write_all(&stream, &body);
-                        finish(out_body, stream);
-                    }
-                    Err(e) => simple(out, 502, e.as_bytes()),
-                }
+                answer_upstream(out, post(&url, bytes));
             }
             "/fetch-many" => {
                 let url = query_str(&path, "url").unwrap_or("").to_string();
