@@ -25,6 +25,8 @@ enum Behavior {
     /// Reads the request body (by its content-length) and answers with
     /// how many bytes it read and their sum.
     Count,
+    /// Sends headers and the first bytes of a longer body, then stalls.
+    Trickle,
 }
 
 /// A real HTTP/1.1 server on 127.0.0.1 that records what reached it.
@@ -101,6 +103,10 @@ impl Upstream {
                             "HTTP/1.1 200 OK\r\ncontent-length: {n}\r\n\r\n{}",
                             "x".repeat(n)
                         )),
+                        Behavior::Trickle => Some(
+                            "HTTP/1.1 200 OK\r\ncontent-length: 1000000\r\n\r\nfirst bytes"
+                                .to_string(),
+                        ),
                         Behavior::Never => None,
                     };
                     if let Some(answer) = answer {
@@ -445,4 +451,43 @@ async fn the_connect_timeout_comes_from_the_limit() {
         started.elapsed()
     );
     drop(listener);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_mid_stream_closes_the_upstream_connection() {
+    let trickle = Upstream::start(Behavior::Trickle).await;
+    let weir = Weir::start(
+        &probe(),
+        &[
+            "--allow-outbound",
+            "http://127.0.0.1:*",
+            "--limit",
+            "cancellation_limit_ms=10000",
+        ],
+    );
+    let mut client = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+    client
+        .write_all(
+            format!(
+                "GET /fetch?url={} HTTP/1.1\r\nhost: x\r\n\r\n",
+                trickle.url()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    // The guest is now reading a body the upstream has only begun.
+    while trickle.accepted() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let left = Instant::now();
+    drop(client);
+    let closed = trickle.wait_closed(1).await;
+    assert!(
+        closed[0] - left < Duration::from_secs(5),
+        "closed by the abort: {:?}",
+        closed[0] - left
+    );
+    weir.receipt_where(|r| r["outcome"] == "cancelled").await;
 }
