@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+pub mod actor;
 pub mod sql;
 
 /// Keys returned by one `list_keys` page. Large enough that few round trips

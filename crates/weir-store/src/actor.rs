@@ -1,0 +1,642 @@
+//! Actor storage: the SQLite database of one actor — its key-value entries,
+//! its own SQL tables, its named timers and its incarnation counter — and
+//! the turn transaction that makes a turn's writes all-or-nothing.
+//!
+//! Invariants owned here:
+//! - every write of a turn happens inside one transaction, committed at the
+//!   turn's end or at an explicit [`ActorDb::sync`]; a turn that is rolled
+//!   back, or a process that dies before the commit, leaves none of it;
+//! - one entry (key and value together) is at most [`MAX_ENTRY_BYTES`]; a
+//!   larger one fails with the limit named and writes nothing, and a
+//!   `put_many` with one oversized entry writes none of them;
+//! - user SQL cannot read, write, alter or drop Weir's reserved tables
+//!   (names starting with [`RESERVED_PREFIX`]), nor attach databases or run
+//!   pragmas; the SQLite authorizer refuses them when the statement is
+//!   prepared;
+//! - timers keep the earliest deadline per reason; an alarm's turn consumes
+//!   its reason first, so a handler that re-arms the same reason creates a
+//!   new timer, and a handler that fails (its turn rolled back) leaves the
+//!   timer in place for a retry;
+//! - the incarnation counter is bumped and committed before it is returned:
+//!   two instances of one actor never share a number.
+//!
+//! Nothing here is wired to the runtime yet (durable actors are issue 4's
+//! work); this is the storage those actors stand on.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
+use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
+
+use crate::sql::{StatementResult, Value};
+use crate::{Durability, StoreError};
+
+/// Largest entry, key and value together: large values belong in SQL tables
+/// or blobs of their own, and a bound keeps one turn's memory predictable.
+pub const MAX_ENTRY_BYTES: usize = 2 << 20;
+
+/// Tables whose names start with this are Weir's; user SQL cannot touch them.
+pub const RESERVED_PREFIX: &str = "_weir_";
+
+/// Process ids of an incarnation start at incarnation × this stride.
+pub const PID_STRIDE: u64 = 1_000_000;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS _weir_kv (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS _weir_timers (reason TEXT PRIMARY KEY, at_ms INTEGER NOT NULL, attempt INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS _weir_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+";
+
+/// Why an actor storage call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ActorStoreError {
+    #[error("entry `{key}` is {size} bytes with its key; the limit is {MAX_ENTRY_BYTES} bytes")]
+    EntryTooLarge { key: String, size: usize },
+    #[error("statement refused: {0}")]
+    Refused(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<rusqlite::Error> for ActorStoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        ActorStoreError::Store(StoreError::Sqlite(e))
+    }
+}
+
+/// Options of [`ActorDb::list`]: a key range (`start` inclusive, `end`
+/// exclusive), a prefix, an order and a count.
+#[derive(Clone, Debug, Default)]
+pub struct ListOptions {
+    pub start: Option<String>,
+    pub end: Option<String>,
+    pub prefix: Option<String>,
+    pub reverse: bool,
+    pub limit: Option<u32>,
+}
+
+/// A timer that is due.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DueTimer {
+    pub reason: String,
+    pub at_ms: i64,
+    pub attempt: u32,
+}
+
+/// The open database of one actor.
+pub struct ActorDb {
+    conn: Connection,
+    /// True while user SQL is being prepared: the authorizer then refuses
+    /// anything reserved.
+    user_sql: Arc<AtomicBool>,
+    in_turn: bool,
+}
+
+fn reserved(name: &str) -> bool {
+    name.len() >= RESERVED_PREFIX.len()
+        && name[..RESERVED_PREFIX.len()].eq_ignore_ascii_case(RESERVED_PREFIX)
+}
+
+fn authorize(ctx: AuthContext<'_>) -> Authorization {
+    let table = match ctx.action {
+        AuthAction::Read { table_name, .. }
+        | AuthAction::Insert { table_name }
+        | AuthAction::Update { table_name, .. }
+        | AuthAction::Delete { table_name }
+        | AuthAction::CreateTable { table_name }
+        | AuthAction::DropTable { table_name }
+        | AuthAction::CreateIndex { table_name, .. }
+        | AuthAction::DropIndex { table_name, .. }
+        | AuthAction::CreateTrigger { table_name, .. }
+        | AuthAction::DropTrigger { table_name, .. }
+        | AuthAction::AlterTable { table_name, .. }
+        | AuthAction::Analyze { table_name }
+        | AuthAction::CreateTempTable { table_name }
+        | AuthAction::DropTempTable { table_name } => Some(table_name),
+        AuthAction::Pragma { .. } | AuthAction::Attach { .. } | AuthAction::Detach { .. } => {
+            return Authorization::Deny;
+        }
+        _ => None,
+    };
+    // Schema changes write sqlite_master themselves; that is allowed (no
+    // pragma can make it directly writable, pragmas being refused).
+    match table {
+        Some(t) if reserved(t) => Authorization::Deny,
+        _ => Authorization::Allow,
+    }
+}
+
+impl ActorDb {
+    /// Opens (creating if needed) an actor's database.
+    pub fn open(path: &Path, durability: Durability) -> Result<ActorDb, ActorStoreError> {
+        let conn = crate::connect(path, durability)?;
+        conn.execute_batch(SCHEMA)?;
+        let user_sql = Arc::new(AtomicBool::new(false));
+        let flag = user_sql.clone();
+        conn.authorizer(Some(move |ctx: AuthContext<'_>| {
+            if flag.load(Ordering::Relaxed) {
+                authorize(ctx)
+            } else {
+                Authorization::Allow
+            }
+        }));
+        Ok(ActorDb {
+            conn,
+            user_sql,
+            in_turn: false,
+        })
+    }
+
+    /// Adopts the persisted incarnation counter, bumps it and makes the bump
+    /// durable before returning the new number.
+    pub fn adopt_incarnation(&mut self) -> Result<u64, ActorStoreError> {
+        let tx = self.conn.transaction()?;
+        let current: i64 = tx
+            .query_row(
+                "SELECT value FROM _weir_meta WHERE name = 'incarnation'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?
+            .unwrap_or(0);
+        let next = current + 1;
+        tx.execute(
+            "INSERT INTO _weir_meta (name, value) VALUES ('incarnation', ?1)
+             ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+            params![next],
+        )?;
+        tx.commit()?;
+        Ok(next as u64)
+    }
+
+    /// Starts a turn: everything until [`ActorDb::commit_turn`] or
+    /// [`ActorDb::rollback_turn`] is one transaction.
+    pub fn begin_turn(&mut self) -> Result<(), ActorStoreError> {
+        if !self.in_turn {
+            self.conn.execute_batch("BEGIN IMMEDIATE")?;
+            self.in_turn = true;
+        }
+        Ok(())
+    }
+
+    /// Makes the turn's writes so far durable and goes on in a new
+    /// transaction (the durability barrier).
+    pub fn sync(&mut self) -> Result<(), ActorStoreError> {
+        if self.in_turn {
+            self.conn.execute_batch("COMMIT; BEGIN IMMEDIATE")?;
+        }
+        Ok(())
+    }
+
+    /// Commits the turn.
+    pub fn commit_turn(&mut self) -> Result<(), ActorStoreError> {
+        if self.in_turn {
+            self.in_turn = false;
+            self.conn.execute_batch("COMMIT")?;
+        }
+        Ok(())
+    }
+
+    /// Drops the turn's writes.
+    pub fn rollback_turn(&mut self) -> Result<(), ActorStoreError> {
+        if self.in_turn {
+            self.in_turn = false;
+            self.conn.execute_batch("ROLLBACK")?;
+        }
+        Ok(())
+    }
+
+    pub fn get(&self, key: &str) -> Result<Option<Vec<u8>>, ActorStoreError> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT value FROM _weir_kv WHERE key = ?1")?
+            .query_row(params![key], |r| r.get(0))
+            .optional()?)
+    }
+
+    fn check_entry(key: &str, value: &[u8]) -> Result<(), ActorStoreError> {
+        let size = key.len() + value.len();
+        if size > MAX_ENTRY_BYTES {
+            return Err(ActorStoreError::EntryTooLarge {
+                key: key.chars().take(64).collect(),
+                size,
+            });
+        }
+        Ok(())
+    }
+
+    pub fn put(&mut self, key: &str, value: &[u8]) -> Result<(), ActorStoreError> {
+        Self::check_entry(key, value)?;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO _weir_kv (key, value) VALUES (?1, ?2)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            )?
+            .execute(params![key, value])?;
+        Ok(())
+    }
+
+    /// Puts every entry, or — if any is too large — none.
+    pub fn put_many(&mut self, entries: &[(String, Vec<u8>)]) -> Result<(), ActorStoreError> {
+        for (k, v) in entries {
+            Self::check_entry(k, v)?;
+        }
+        for (k, v) in entries {
+            self.put(k, v)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes a key; true if it existed.
+    pub fn delete(&mut self, key: &str) -> Result<bool, ActorStoreError> {
+        Ok(self
+            .conn
+            .prepare_cached("DELETE FROM _weir_kv WHERE key = ?1")?
+            .execute(params![key])?
+            > 0)
+    }
+
+    /// Deletes every key and every user table's rows are left alone.
+    pub fn delete_all(&mut self) -> Result<(), ActorStoreError> {
+        self.conn.execute("DELETE FROM _weir_kv", [])?;
+        Ok(())
+    }
+
+    /// Entries in key order (or reverse), within the options' range.
+    pub fn list(&self, options: &ListOptions) -> Result<Vec<(String, Vec<u8>)>, ActorStoreError> {
+        let mut sql = String::from("SELECT key, value FROM _weir_kv WHERE 1");
+        let mut params: Vec<String> = Vec::new();
+        if let Some(start) = &options.start {
+            params.push(start.clone());
+            sql.push_str(&format!(" AND key >= ?{}", params.len()));
+        }
+        if let Some(end) = &options.end {
+            params.push(end.clone());
+            sql.push_str(&format!(" AND key < ?{}", params.len()));
+        }
+        if let Some(prefix) = &options.prefix {
+            params.push(prefix.clone());
+            sql.push_str(&format!(
+                " AND substr(key, 1, length(?{n})) = ?{n}",
+                n = params.len()
+            ));
+        }
+        sql.push_str(if options.reverse {
+            " ORDER BY key DESC"
+        } else {
+            " ORDER BY key"
+        });
+        if let Some(limit) = options.limit {
+            sql.push_str(&format!(" LIMIT {limit}"));
+        }
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let rows = stmt
+            .query_map(params_from_iter(params.iter()), |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// Runs one user statement inside the turn.
+    pub fn exec(
+        &mut self,
+        sql: &str,
+        params: &[Value],
+    ) -> Result<StatementResult, ActorStoreError> {
+        self.user_sql.store(true, Ordering::Relaxed);
+        let prepared = self.conn.prepare(sql);
+        self.user_sql.store(false, Ordering::Relaxed);
+        let mut stmt = prepared.map_err(|e| match e {
+            rusqlite::Error::SqliteFailure(f, msg)
+                if f.code == rusqlite::ErrorCode::AuthorizationForStatementDenied =>
+            {
+                ActorStoreError::Refused(msg.unwrap_or_else(|| "not authorized".into()))
+            }
+            other => other.into(),
+        })?;
+        let columns: Vec<String> = stmt.column_names().iter().map(|c| c.to_string()).collect();
+        let before = self.conn.total_changes();
+        let mut rows = Vec::new();
+        {
+            let mut cursor = stmt.query(params_from_iter(params.iter()))?;
+            while let Some(row) = cursor.next()? {
+                rows.push(
+                    (0..columns.len())
+                        .map(|i| row.get_ref(i).map(Value::from))
+                        .collect::<Result<Vec<_>, _>>()?,
+                );
+            }
+        }
+        drop(stmt);
+        Ok(StatementResult {
+            rows_read: rows.len() as u64,
+            rows_written: self.conn.total_changes().saturating_sub(before),
+            last_insert_id: self.conn.last_insert_rowid(),
+            columns,
+            rows,
+        })
+    }
+
+    /// Schedules `reason` at `at_ms`, keeping the earlier deadline if one is
+    /// already set.
+    pub fn schedule(&mut self, reason: &str, at_ms: i64) -> Result<(), ActorStoreError> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO _weir_timers (reason, at_ms) VALUES (?1, ?2)
+                 ON CONFLICT(reason) DO UPDATE SET at_ms = min(at_ms, excluded.at_ms), attempt = 0",
+            )?
+            .execute(params![reason, at_ms])?;
+        Ok(())
+    }
+
+    /// Cancels a reason's timer; true if there was one.
+    pub fn cancel(&mut self, reason: &str) -> Result<bool, ActorStoreError> {
+        Ok(self
+            .conn
+            .prepare_cached("DELETE FROM _weir_timers WHERE reason = ?1")?
+            .execute(params![reason])?
+            > 0)
+    }
+
+    /// Every timer, earliest first.
+    pub fn timers(&self) -> Result<Vec<DueTimer>, ActorStoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT reason, at_ms, attempt FROM _weir_timers ORDER BY at_ms, reason",
+        )?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(DueTimer {
+                    reason: r.get(0)?,
+                    at_ms: r.get(1)?,
+                    attempt: r.get(2)?,
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// The snapshot of timers due at `now_ms`, taken before any handler
+    /// runs: a reason re-armed for "now" by a handler is not in it.
+    pub fn due(&self, now_ms: i64) -> Result<Vec<DueTimer>, ActorStoreError> {
+        Ok(self
+            .timers()?
+            .into_iter()
+            .filter(|t| t.at_ms <= now_ms)
+            .collect())
+    }
+
+    /// The earliest deadline, for the dispatcher's wake-up.
+    pub fn next_deadline(&self) -> Result<Option<i64>, ActorStoreError> {
+        Ok(self
+            .conn
+            .query_row("SELECT min(at_ms) FROM _weir_timers", [], |r| r.get(0))?)
+    }
+
+    /// Starts the alarm turn of a due reason: the turn consumes the timer,
+    /// so a handler's re-arm is a new timer and a rolled-back turn restores it.
+    pub fn begin_alarm(&mut self, reason: &str) -> Result<(), ActorStoreError> {
+        self.begin_turn()?;
+        self.cancel(reason)?;
+        Ok(())
+    }
+
+    /// After a failed alarm turn (rolled back): retry at `at_ms`, counting
+    /// the attempt.
+    pub fn retry_alarm(
+        &mut self,
+        reason: &str,
+        at_ms: i64,
+        attempt: u32,
+    ) -> Result<(), ActorStoreError> {
+        self.conn
+            .prepare_cached("UPDATE _weir_timers SET at_ms = ?2, attempt = ?3 WHERE reason = ?1")?
+            .execute(params![reason, at_ms, attempt])?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(name: &str) -> (ActorDb, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("weir-actor-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("actor.sqlite3");
+        (ActorDb::open(&path, Durability::Process).unwrap(), path)
+    }
+
+    #[test]
+    fn a_turn_is_all_or_nothing() {
+        let (mut db, path) = open("turn");
+        db.begin_turn().unwrap();
+        db.put("a", b"1").unwrap();
+        db.put("b", b"2").unwrap();
+        db.rollback_turn().unwrap();
+        assert_eq!(db.get("a").unwrap(), None);
+        db.begin_turn().unwrap();
+        db.put("a", b"1").unwrap();
+        db.put("b", b"2").unwrap();
+        db.commit_turn().unwrap();
+        // A turn left open when the process dies leaves nothing.
+        db.begin_turn().unwrap();
+        db.put("c", b"3").unwrap();
+        drop(db);
+        let db = ActorDb::open(&path, Durability::Process).unwrap();
+        assert_eq!(db.get("a").unwrap(), Some(b"1".to_vec()));
+        assert_eq!(db.get("b").unwrap(), Some(b"2".to_vec()));
+        assert_eq!(db.get("c").unwrap(), None);
+    }
+
+    #[test]
+    fn sync_is_a_durability_barrier_inside_a_turn() {
+        let (mut db, path) = open("sync");
+        db.begin_turn().unwrap();
+        db.put("before", b"1").unwrap();
+        db.sync().unwrap();
+        db.put("after", b"2").unwrap();
+        drop(db);
+        let db = ActorDb::open(&path, Durability::Process).unwrap();
+        assert_eq!(db.get("before").unwrap(), Some(b"1".to_vec()));
+        assert_eq!(db.get("after").unwrap(), None);
+    }
+
+    #[test]
+    fn oversized_entries_fail_and_write_nothing() {
+        let (mut db, _) = open("size");
+        let big = vec![0u8; MAX_ENTRY_BYTES];
+        let err = db.put("k", &big).unwrap_err();
+        assert!(err.to_string().contains("2097152"), "{err}");
+        let entries = vec![("ok".to_string(), b"v".to_vec()), ("big".to_string(), big)];
+        assert!(db.put_many(&entries).is_err());
+        assert_eq!(db.get("ok").unwrap(), None, "put_many wrote nothing");
+        let fits = vec![0u8; MAX_ENTRY_BYTES - 1];
+        db.put("k", &fits).unwrap();
+    }
+
+    #[test]
+    fn list_ranges_prefixes_order_and_limits() {
+        let (mut db, _) = open("list");
+        for k in ["a1", "a2", "a3", "b1", "c1"] {
+            db.put(k, k.as_bytes()).unwrap();
+        }
+        fn keys(db: &ActorDb, o: &ListOptions) -> Vec<String> {
+            db.list(o).unwrap().into_iter().map(|(k, _)| k).collect()
+        }
+        assert_eq!(
+            keys(
+                &db,
+                &ListOptions {
+                    prefix: Some("a".into()),
+                    ..Default::default()
+                }
+            ),
+            ["a1", "a2", "a3"]
+        );
+        assert_eq!(
+            keys(
+                &db,
+                &ListOptions {
+                    start: Some("a2".into()),
+                    end: Some("c1".into()),
+                    ..Default::default()
+                }
+            ),
+            ["a2", "a3", "b1"]
+        );
+        assert_eq!(
+            keys(
+                &db,
+                &ListOptions {
+                    reverse: true,
+                    limit: Some(2),
+                    ..Default::default()
+                }
+            ),
+            ["c1", "b1"]
+        );
+        assert!(db.delete("b1").unwrap());
+        db.delete_all().unwrap();
+        assert!(keys(&db, &ListOptions::default()).is_empty());
+    }
+
+    #[test]
+    fn user_sql_cannot_touch_reserved_tables() {
+        let (mut db, _) = open("reserved");
+        db.exec(
+            "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)",
+            &[],
+        )
+        .unwrap();
+        let r = db
+            .exec(
+                "INSERT INTO users (name) VALUES (?1)",
+                &[Value::Text("ada".into())],
+            )
+            .unwrap();
+        assert_eq!(r.rows_written, 1);
+        for sql in [
+            "SELECT * FROM _weir_kv",
+            "DELETE FROM _weir_timers",
+            "DROP TABLE _weir_meta",
+            "UPDATE _WEIR_KV SET value = x''",
+            "CREATE TABLE _weir_mine (x)",
+            "PRAGMA writable_schema = 1",
+            "ATTACH DATABASE ':memory:' AS other",
+        ] {
+            assert!(
+                matches!(db.exec(sql, &[]), Err(ActorStoreError::Refused(_))),
+                "{sql}"
+            );
+        }
+        // Nor indirectly, through a view or a trigger of the user's own.
+        let view = db.exec("CREATE VIEW peek AS SELECT * FROM _weir_kv", &[]);
+        if view.is_ok() {
+            assert!(matches!(
+                db.exec("SELECT * FROM peek", &[]),
+                Err(ActorStoreError::Refused(_))
+            ));
+        }
+        let trigger = db.exec(
+            "CREATE TRIGGER wipe AFTER INSERT ON users BEGIN DELETE FROM _weir_kv; END",
+            &[],
+        );
+        if trigger.is_ok() {
+            db.put("kept", b"1").unwrap();
+            assert!(
+                db.exec("INSERT INTO users (name) VALUES ('x')", &[])
+                    .is_err()
+            );
+            assert_eq!(db.get("kept").unwrap(), Some(b"1".to_vec()));
+        }
+        // Weir's own calls still work after a refusal.
+        db.put("k", b"v").unwrap();
+        assert_eq!(db.get("k").unwrap(), Some(b"v".to_vec()));
+    }
+
+    #[test]
+    fn timers_keep_the_earliest_and_alarm_turns_consume_them() {
+        let (mut db, _) = open("timers");
+        db.schedule("flush", 500).unwrap();
+        db.schedule("flush", 300).unwrap();
+        db.schedule("flush", 900).unwrap();
+        db.schedule("gc", 1000).unwrap();
+        assert_eq!(db.next_deadline().unwrap(), Some(300));
+        let due = db.due(600).unwrap();
+        assert_eq!(
+            due,
+            vec![DueTimer {
+                reason: "flush".into(),
+                at_ms: 300,
+                attempt: 0
+            }]
+        );
+
+        // The handler re-arms its own reason for "now": a new timer, not the
+        // consumed one, and not part of the snapshot already taken.
+        db.begin_alarm("flush").unwrap();
+        db.schedule("flush", 600).unwrap();
+        db.commit_turn().unwrap();
+        assert_eq!(db.due(600).unwrap()[0].at_ms, 600);
+
+        // A failed alarm turn leaves its timer for a retry.
+        db.begin_alarm("flush").unwrap();
+        db.rollback_turn().unwrap();
+        db.retry_alarm("flush", 2600, 1).unwrap();
+        let timers = db.timers().unwrap();
+        assert_eq!(
+            timers[0],
+            DueTimer {
+                reason: "gc".into(),
+                at_ms: 1000,
+                attempt: 0
+            }
+        );
+        assert_eq!(
+            timers[1],
+            DueTimer {
+                reason: "flush".into(),
+                at_ms: 2600,
+                attempt: 1
+            }
+        );
+        assert!(db.cancel("gc").unwrap());
+        assert!(!db.cancel("gc").unwrap());
+    }
+
+    #[test]
+    fn incarnations_are_bumped_durably_and_never_shared() {
+        let (mut db, path) = open("incarnation");
+        assert_eq!(db.adopt_incarnation().unwrap(), 1);
+        assert_eq!(db.adopt_incarnation().unwrap(), 2);
+        drop(db);
+        let mut db = ActorDb::open(&path, Durability::Process).unwrap();
+        let n = db.adopt_incarnation().unwrap();
+        assert_eq!(n, 3);
+        assert_eq!(n * PID_STRIDE, 3_000_000);
+    }
+}
