@@ -114,7 +114,11 @@ impl EventTask {
 impl Drop for EventTask {
     fn drop(&mut self) {
         if let Some(future) = self.future.take() {
-            tokio::spawn(future);
+            // Outside a runtime (the process is shutting down) there is
+            // nothing left to finish the event on; it is dropped with it.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(future);
+            }
         }
     }
 }
