@@ -278,6 +278,7 @@ async fn run_event(
     };
 
     receipt.memory(generation.memory_bytes());
+    receipt.operations(scope.started(), scope.refused());
     let failure = match verdict {
         Verdict::Returned => None,
         Verdict::Trap(detail) => Some(if generation.store.data().memory.exceeded {

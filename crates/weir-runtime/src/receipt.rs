@@ -75,6 +75,8 @@ struct Fields {
     wasm_entered_at: Option<Instant>,
     headers_at: Option<Instant>,
     detail: Option<String>,
+    operations: usize,
+    operations_refused: usize,
 }
 
 /// Where receipt lines go: one complete JSON line (newline included) per
@@ -192,6 +194,14 @@ impl PendingReceipt {
         self.with(|f| f.headers_at = Some(Instant::now()));
     }
 
+    /// Host operations the event started, and refused for capacity.
+    pub fn operations(&self, started: usize, refused: usize) {
+        self.with(|f| {
+            f.operations = started;
+            f.operations_refused = refused;
+        });
+    }
+
     pub fn memory(&self, bytes: usize) {
         self.with(|f| f.memory_bytes = bytes);
     }
@@ -248,8 +258,16 @@ struct LineFields<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     wasm_us: Option<u64>,
     total_us: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    operations: usize,
+    #[serde(skip_serializing_if = "is_zero")]
+    operations_refused: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     detail: Option<&'a str>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 thread_local! {
@@ -292,6 +310,8 @@ impl Drop for PendingReceipt {
                 queued_us: f.admitted_at.map(|a| micros(a - self.arrived)),
                 wasm_us: wasm.map(micros),
                 total_us: micros(total),
+                operations: f.operations,
+                operations_refused: f.operations_refused,
                 detail: f.detail.as_deref(),
             },
         };

@@ -45,6 +45,8 @@ pub struct EventScope {
     drained: Notify,
     /// Operations ever refused for capacity, for receipts and metrics.
     refused: AtomicUsize,
+    /// Operations ever registered, for receipts.
+    started: AtomicUsize,
 }
 
 /// A registered host operation. Dropping it ends the operation's hold on
@@ -66,6 +68,7 @@ impl EventScope {
             invalid: AtomicBool::new(false),
             drained: Notify::new(),
             refused: AtomicUsize::new(0),
+            started: AtomicUsize::new(0),
         })
     }
 
@@ -84,6 +87,7 @@ impl EventScope {
             return Err(ScopeError::Capacity);
         }
         counts.live += 1;
+        self.started.fetch_add(1, Ordering::Relaxed);
         Ok(Operation {
             scope: self.clone(),
             aborted: self.abort.subscribe(),
@@ -93,6 +97,11 @@ impl EventScope {
     /// Operations live now.
     pub fn live(&self) -> usize {
         self.counts().live
+    }
+
+    /// Operations registered so far.
+    pub fn started(&self) -> usize {
+        self.started.load(Ordering::Relaxed)
     }
 
     /// Operations refused for capacity so far.
@@ -178,6 +187,7 @@ mod tests {
         let mut b = scope.register().unwrap();
         assert_eq!(scope.register().err(), Some(ScopeError::Capacity));
         assert_eq!(scope.refused(), 1);
+        assert_eq!(scope.started(), 2);
         drop(a);
         let c = scope.register().unwrap();
         scope.close();

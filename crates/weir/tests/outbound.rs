@@ -270,8 +270,11 @@ async fn two_hundred_requests_at_once_run_128_and_refuse_the_rest() {
     assert_eq!(resp.status, 200);
     assert_eq!(resp.text(), "ok=128 capacity=72 other=0");
     assert_eq!(upstream.accepted(), 128, "the refused 72 started nothing");
-    weir.receipt_where(|r| r["outcome"] == "ok" && r["status"] == 200)
+    let receipt = weir
+        .receipt_where(|r| r["outcome"] == "ok" && r["status"] == 200)
         .await;
+    assert_eq!(receipt["operations"], 128, "{receipt}");
+    assert_eq!(receipt["operations_refused"], 72, "{receipt}");
     let metrics = weir.admin_get("/metrics").await.text();
     assert!(
         metrics.contains(
