@@ -1,0 +1,147 @@
+//! Actor addresses: a worker reaches actor `name` of class `class` at
+//! `http://<name>.<class>.actor.internal/…` through the ordinary outgoing
+//! HTTP interface.
+//!
+//! Invariant owned here: an address parses to exactly one (class, name),
+//! and both are safe as path components — a name can never climb out of
+//! its class's directory or collide with another actor's file.
+
+use std::fmt;
+
+/// The reserved host suffix of actor addresses.
+pub const ACTOR_HOST_SUFFIX: &str = ".actor.internal";
+
+/// Longest actor name, in bytes: a DNS name's limit, which a host header
+/// must respect anyway.
+pub const MAX_NAME_BYTES: usize = 253;
+
+/// Longest class name, in bytes: one DNS label.
+pub const MAX_CLASS_BYTES: usize = 63;
+
+/// One actor: its class and its name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ActorAddress {
+    pub class: String,
+    pub name: String,
+}
+
+/// Why a host is not an actor address.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AddressError {
+    #[error("`{0}` is not an actor address (<name>.<class>{ACTOR_HOST_SUFFIX})")]
+    NotAnActor(String),
+    #[error("actor class `{0}` must be 1-{MAX_CLASS_BYTES} characters of a-z, 0-9 and `-`")]
+    BadClass(String),
+    #[error(
+        "actor name `{0}` must be 1-{MAX_NAME_BYTES} characters of a-z, 0-9, `-`, `_` and `.`, not starting or ending with `.` and without `..`"
+    )]
+    BadName(String),
+}
+
+fn valid_class(class: &str) -> bool {
+    (1..=MAX_CLASS_BYTES).contains(&class.len())
+        && class
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+fn valid_name(name: &str) -> bool {
+    (1..=MAX_NAME_BYTES).contains(&name.len())
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_' || b == b'.'
+        })
+        && !name.starts_with('.')
+        && !name.ends_with('.')
+        && !name.contains("..")
+}
+
+impl ActorAddress {
+    /// An address from its parts, checked.
+    pub fn new(class: &str, name: &str) -> Result<ActorAddress, AddressError> {
+        if !valid_class(class) {
+            return Err(AddressError::BadClass(class.to_string()));
+        }
+        if !valid_name(name) {
+            return Err(AddressError::BadName(name.to_string()));
+        }
+        Ok(ActorAddress {
+            class: class.to_string(),
+            name: name.to_string(),
+        })
+    }
+
+    /// Parses a request host (a port, if any, is ignored; case is folded).
+    /// The class is the label before the suffix; the name is everything
+    /// before the class, dots included.
+    pub fn from_host(host: &str) -> Result<ActorAddress, AddressError> {
+        let host = host.split(':').next().unwrap_or(host).to_ascii_lowercase();
+        let rest = host
+            .strip_suffix(ACTOR_HOST_SUFFIX)
+            .ok_or_else(|| AddressError::NotAnActor(host.clone()))?;
+        let (name, class) = rest
+            .rsplit_once('.')
+            .ok_or_else(|| AddressError::NotAnActor(host.clone()))?;
+        ActorAddress::new(class, name)
+    }
+
+    /// True when a host is in the reserved actor domain, valid or not: such
+    /// hosts are never sent to the network.
+    pub fn is_actor_host(host: &str) -> bool {
+        host.split(':')
+            .next()
+            .unwrap_or(host)
+            .to_ascii_lowercase()
+            .ends_with(ACTOR_HOST_SUFFIX)
+    }
+}
+
+impl fmt::Display for ActorAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}{}", self.name, self.class, ACTOR_HOST_SUFFIX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_parse_to_class_and_name() {
+        let a = ActorAddress::from_host("room-42.Chat.actor.internal:80").unwrap();
+        assert_eq!((a.class.as_str(), a.name.as_str()), ("chat", "room-42"));
+        let dotted = ActorAddress::from_host("eu.user_7.counter.actor.internal").unwrap();
+        assert_eq!(dotted.name, "eu.user_7");
+        assert_eq!(dotted.class, "counter");
+        assert_eq!(dotted.to_string(), "eu.user_7.counter.actor.internal");
+    }
+
+    #[test]
+    fn other_hosts_and_unsafe_names_are_refused() {
+        assert!(matches!(
+            ActorAddress::from_host("example.com"),
+            Err(AddressError::NotAnActor(_))
+        ));
+        assert!(matches!(
+            ActorAddress::from_host("counter.actor.internal"),
+            Err(AddressError::NotAnActor(_))
+        ));
+        assert!(matches!(
+            ActorAddress::from_host("a..b.counter.actor.internal"),
+            Err(AddressError::BadName(_))
+        ));
+        assert!(matches!(
+            ActorAddress::new("counter", "../etc"),
+            Err(AddressError::BadName(_))
+        ));
+        assert!(matches!(
+            ActorAddress::new("counter", "a/b"),
+            Err(AddressError::BadName(_))
+        ));
+        assert!(matches!(
+            ActorAddress::new("Bad_Class", "a"),
+            Err(AddressError::BadClass(_))
+        ));
+        assert!(ActorAddress::is_actor_host("x.y.actor.internal:8080"));
+        assert!(!ActorAddress::is_actor_host("actor.internal.example.com"));
+    }
+}

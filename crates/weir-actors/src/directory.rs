@@ -1,0 +1,128 @@
+//! Where actors' databases live: `<data-dir>/actors/<class>/<name>.sqlite3`.
+//!
+//! Invariant owned here: one actor, one file, found again after a restart
+//! from its address alone; an actor exists from its first use until it is
+//! deleted, and deleting it removes its database with its WAL files.
+
+use std::path::{Path, PathBuf};
+
+use weir_store::actor::ActorDb;
+use weir_store::{Durability, StoreError};
+
+use crate::address::ActorAddress;
+
+/// The on-disk directory of every actor of one Weir data dir.
+pub struct ActorDirectory {
+    root: PathBuf,
+    durability: Durability,
+}
+
+impl ActorDirectory {
+    pub fn new(data_dir: &Path, durability: Durability) -> ActorDirectory {
+        ActorDirectory {
+            root: data_dir.join("actors"),
+            durability,
+        }
+    }
+
+    /// The database file of an actor.
+    pub fn path(&self, actor: &ActorAddress) -> PathBuf {
+        self.root
+            .join(&actor.class)
+            .join(format!("{}.sqlite3", actor.name))
+    }
+
+    /// Opens an actor's database, creating the actor on first use.
+    pub fn open(
+        &self,
+        actor: &ActorAddress,
+    ) -> Result<ActorDb, weir_store::actor::ActorStoreError> {
+        let path = self.path(actor);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::Dir {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
+        ActorDb::open(&path, self.durability)
+    }
+
+    /// True when the actor has a database.
+    pub fn exists(&self, actor: &ActorAddress) -> bool {
+        self.path(actor).is_file()
+    }
+
+    /// The actors of a class that have a database, in name order.
+    pub fn list(&self, class: &str) -> std::io::Result<Vec<ActorAddress>> {
+        let dir = self.root.join(class);
+        let mut actors = Vec::new();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(actors),
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let file = entry?.file_name();
+            let Some(name) = file.to_str().and_then(|f| f.strip_suffix(".sqlite3")) else {
+                continue;
+            };
+            if let Ok(actor) = ActorAddress::new(class, name) {
+                actors.push(actor);
+            }
+        }
+        actors.sort();
+        Ok(actors)
+    }
+
+    /// Deletes an actor: its database and WAL files. The caller makes sure
+    /// the actor is not running.
+    pub fn delete(&self, actor: &ActorAddress) -> std::io::Result<bool> {
+        let path = self.path(actor);
+        let existed = path.is_file();
+        for suffix in ["", "-wal", "-shm"] {
+            let file = PathBuf::from(format!("{}{suffix}", path.display()));
+            match std::fs::remove_file(&file) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(existed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actors_are_created_found_listed_and_deleted() {
+        let data = std::env::temp_dir().join(format!("weir-actors-dir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&data);
+        let directory = ActorDirectory::new(&data, Durability::Process);
+        let a = ActorAddress::new("counter", "a").unwrap();
+        let b = ActorAddress::new("counter", "b.eu").unwrap();
+        assert!(!directory.exists(&a));
+        {
+            let mut db = directory.open(&a).unwrap();
+            db.begin_turn().unwrap();
+            db.put("n", b"1").unwrap();
+            db.commit_turn().unwrap();
+            directory.open(&b).unwrap();
+        }
+        assert_eq!(
+            directory.list("counter").unwrap(),
+            vec![a.clone(), b.clone()]
+        );
+        assert!(directory.list("nothing").unwrap().is_empty());
+        // Found again by address alone, with its data.
+        assert_eq!(
+            directory.open(&a).unwrap().get("n").unwrap(),
+            Some(b"1".to_vec())
+        );
+        assert!(directory.delete(&a).unwrap());
+        assert!(!directory.exists(&a));
+        assert!(!directory.delete(&a).unwrap());
+        assert_eq!(directory.list("counter").unwrap(), vec![b]);
+    }
+}
