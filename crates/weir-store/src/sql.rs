@@ -271,18 +271,19 @@ mod tests {
     #[test]
     fn types_round_trip_and_counts_are_reported() {
         let d = db("types");
+        let every_type = vec![
+            Value::Null,
+            Value::Integer(i64::MIN),
+            Value::Real(1.5),
+            Value::Text("ü".into()),
+            Value::Blob(vec![0, 255]),
+        ];
         let r = d
             .run(&[
                 st("CREATE TABLE t (a, b, c, d, e)", vec![]),
                 st(
                     "INSERT INTO t VALUES (?1, ?2, ?3, ?4, ?5)",
-                    vec![
-                        Value::Null,
-                        Value::Integer(i64::MIN),
-                        Value::Real(1.5),
-                        Value::Text("ü".into()),
-                        Value::Blob(vec![0, 255]),
-                    ],
+                    every_type.clone(),
                 ),
                 st("SELECT * FROM t", vec![]),
             ])
@@ -291,15 +292,6 @@ mod tests {
         assert_eq!(r[1].last_insert_id, 1);
         assert_eq!(r[2].columns, ["a", "b", "c", "d", "e"]);
         assert_eq!(r[2].rows_read, 1);
-        assert_eq!(
-            r[2].rows[0],
-            vec![
-                Value::Null,
-                Value::Integer(i64::MIN),
-                Value::Real(1.5),
-                Value::Text("ü".into()),
-                Value::Blob(vec![0, 255]),
-            ]
-        );
+        assert_eq!(r[2].rows[0], every_type);
     }
 }

@@ -171,16 +171,17 @@ async fn types_and_counts_round_trip() {
     );
 }
 
-#[tokio::test]
-async fn a_batch_that_outlives_its_event_is_unconfirmed_and_quarantines_the_lane() {
-    let dir = data_dir("unknown");
+/// A server with one lane, a short cleanup budget and a `marks` table, and
+/// the body of a slow batch that ends by writing `mark`.
+async fn slow_batch_setup(name: &str, limit: &str, mark: &str) -> (Weir, String) {
+    let dir = data_dir(name);
     let weir = start(
         &dir,
         &[
             "--limit",
             "max_concurrent=1",
             "--limit",
-            "event_limit_ms=300",
+            limit,
             "--limit",
             "cleanup_timeout_ms=100",
         ],
@@ -191,12 +192,26 @@ async fn a_batch_that_outlives_its_event_is_unconfirmed_and_quarantines_the_lane
         json!([s("CREATE TABLE marks (m TEXT)", json!([]))]),
     )
     .await;
-    // The client stays; the event deadline passes while the batch runs.
     let body = json!({
         "db": "app",
-        "statements": [slow(), s("INSERT INTO marks VALUES ('committed late')", json!([]))],
+        "statements": [slow(), s("INSERT INTO marks VALUES (?1)", json!([mark]))],
     })
     .to_string();
+    (weir, body)
+}
+
+/// After the batch ends the lane comes back, and the batch's outcome can
+/// be read: it committed.
+async fn lane_returns_with(weir: &Weir, mark: &str) {
+    weir.wait_health(200).await;
+    let marks = batch(weir, "app", json!([s("SELECT m FROM marks", json!([]))])).await;
+    assert_eq!(marks["results"][0]["rows"], json!([[mark]]));
+}
+
+#[tokio::test]
+async fn a_batch_that_outlives_its_event_is_unconfirmed_and_quarantines_the_lane() {
+    let (weir, body) = slow_batch_setup("unknown", "event_limit_ms=300", "committed late").await;
+    // The client stays; the event deadline passes while the batch runs.
     let resp = weir
         .send(
             Request::post("/batch")
@@ -216,37 +231,17 @@ async fn a_batch_that_outlives_its_event_is_unconfirmed_and_quarantines_the_lane
         "{status}"
     );
     assert_eq!(weir.admin_get("/healthz").await.status, 503);
-    // Then it comes back, and the batch's outcome can be read: it committed.
-    weir.wait_health(200).await;
-    let marks = batch(&weir, "app", json!([s("SELECT m FROM marks", json!([]))])).await;
-    assert_eq!(marks["results"][0]["rows"], json!([["committed late"]]));
+    lane_returns_with(&weir, "committed late").await;
 }
 
 #[tokio::test]
 async fn a_batch_outliving_a_departed_client_is_waited_for_not_cut() {
-    let dir = data_dir("departed");
-    let weir = start(
-        &dir,
-        &[
-            "--limit",
-            "max_concurrent=1",
-            "--limit",
-            "cancellation_limit_ms=100",
-            "--limit",
-            "cleanup_timeout_ms=100",
-        ],
-    );
-    batch(
-        &weir,
-        "app",
-        json!([s("CREATE TABLE marks (m TEXT)", json!([]))]),
+    let (weir, body) = slow_batch_setup(
+        "departed",
+        "cancellation_limit_ms=100",
+        "after the client left",
     )
     .await;
-    let body = json!({
-        "db": "app",
-        "statements": [slow(), s("INSERT INTO marks VALUES ('after the client left')", json!([]))],
-    })
-    .to_string();
     {
         let mut client = std::net::TcpStream::connect(weir.addr).unwrap();
         write!(
@@ -261,10 +256,5 @@ async fn a_batch_outliving_a_departed_client_is_waited_for_not_cut() {
         .receipt_where(|r| r["error"] == "storage_cleanup_unconfirmed")
         .await;
     assert_eq!(receipt["outcome"], "cancelled");
-    weir.wait_health(200).await;
-    let marks = batch(&weir, "app", json!([s("SELECT m FROM marks", json!([]))])).await;
-    assert_eq!(
-        marks["results"][0]["rows"],
-        json!([["after the client left"]])
-    );
+    lane_returns_with(&weir, "after the client left").await;
 }
