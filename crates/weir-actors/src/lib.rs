@@ -1,12 +1,19 @@
 //! Durable actors: an actor is (class, name), runs one turn at a time and
 //! owns a SQLite database (see `weir_store::actor`).
 //!
-//! This crate so far holds how actors are addressed and where their
-//! databases live; turns, the output gate, the timer dispatcher and
-//! hibernation come with issue 4.
+//! - [`address`]: how actors are named and reached;
+//! - [`directory`]: where their databases live;
+//! - [`turn`]: one turn, its transaction and the output gate;
+//! - [`timers`]: every actor's next deadline and the retry policy;
+//! - [`host`]: the classes, the actors in memory, calls, the dispatcher and
+//!   hibernation.
 
 pub mod address;
 pub mod directory;
+pub mod host;
+pub mod timers;
+pub mod turn;
 
 pub use address::{ActorAddress, AddressError};
 pub use directory::ActorDirectory;
+pub use host::{ActorClass, ActorHost, AdminError};

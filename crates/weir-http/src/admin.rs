@@ -1,8 +1,10 @@
-//! The admin endpoints: `/healthz`, `/status` (JSON) and `/metrics`
-//! (Prometheus text).
+//! The admin endpoints: `/healthz`, `/status` (JSON), `/metrics`
+//! (Prometheus text) and the operators' view of actors (`/actors…`).
 //!
 //! Invariant owned here: the admin listener is separate from the app's, so
-//! an app at capacity can still be observed, and it only reads state.
+//! an app at capacity can still be observed. It only reads state, except
+//! `DELETE /actors/<class>/<name>`, which waits for the actor's turn like
+//! any caller. Bind it to a private address.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -16,6 +18,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
 use tokio::net::TcpListener;
+use weir_actors::{ActorHost, AdminError};
 use weir_runtime::App;
 use weir_runtime::metrics::Metrics;
 
@@ -25,6 +28,7 @@ use crate::response_body::ServeBody;
 pub struct AdminState {
     pub apps: Vec<Arc<App>>,
     pub metrics: Arc<Metrics>,
+    pub actors: Option<Arc<ActorHost>>,
 }
 
 /// Serves the admin endpoints on `listener` until the process ends.
@@ -38,7 +42,7 @@ pub async fn serve_admin(listener: TcpListener, state: Arc<AdminState>) {
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let state = state.clone();
-                async move { Ok::<_, Infallible>(route(&state, req)) }
+                async move { Ok::<_, Infallible>(route(&state, req).await) }
             });
             let _ = http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -84,7 +88,98 @@ pub fn status_json(state: &AdminState) -> serde_json::Value {
     json!({ "apps": apps })
 }
 
-fn route(state: &AdminState, req: Request<Incoming>) -> Response<ServeBody> {
+fn json_response<T: serde::Serialize>(value: &T) -> Response<ServeBody> {
+    match serde_json::to_string(value) {
+        Ok(body) => respond(StatusCode::OK, "application/json", body),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            &e.to_string(),
+        ),
+    }
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response<ServeBody> {
+    respond(
+        status,
+        "application/json",
+        json!({ "error": code, "message": message }).to_string(),
+    )
+}
+
+fn admin_error(e: AdminError) -> Response<ServeBody> {
+    let (status, code) = match &e {
+        AdminError::UnknownClass(_) => (StatusCode::NOT_FOUND, "actor_class_unknown"),
+        AdminError::NotFound(_) => (StatusCode::NOT_FOUND, "actor_not_found"),
+        AdminError::Address(_) => (StatusCode::BAD_REQUEST, "actor_address_invalid"),
+        AdminError::Storage(_) => (StatusCode::INTERNAL_SERVER_ERROR, "storage_failed"),
+    };
+    error(status, code, &e.to_string())
+}
+
+fn query<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
+    req.uri()
+        .query()?
+        .split('&')
+        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// `/actors`, `/actors/<class>`, `/actors/<class>/<name>`.
+async fn actors_route(
+    host: &ActorHost,
+    req: &Request<Incoming>,
+    rest: &str,
+) -> Response<ServeBody> {
+    let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
+    match (req.method(), parts.as_slice()) {
+        (&Method::GET, []) => match host.list(None) {
+            Ok(actors) => json_response(&json!({ "status": host.status(), "actors": actors })),
+            Err(e) => admin_error(e),
+        },
+        (&Method::GET, [class]) => match host.list(Some(class)) {
+            Ok(actors) => json_response(&json!({ "actors": actors })),
+            Err(e) => admin_error(e),
+        },
+        (&Method::GET, [class, name]) => {
+            let keys = query(req, "keys").is_some_and(|v| v != "0" && v != "false");
+            let start = query(req, "start").map(str::to_string);
+            match host.inspect(class, name, keys, start) {
+                Ok(detail) => json_response(&detail),
+                Err(e) => admin_error(e),
+            }
+        }
+        (&Method::DELETE, [class, name]) => match host.delete(class, name).await {
+            Ok(existed) => json_response(&json!({ "deleted": existed })),
+            Err(e) => admin_error(e),
+        },
+        (&Method::GET | &Method::DELETE, _) => {
+            error(StatusCode::NOT_FOUND, "not_found", "no such actor path")
+        }
+        _ => error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "actors are read with GET and deleted with DELETE",
+        ),
+    }
+}
+
+async fn route(state: &AdminState, req: Request<Incoming>) -> Response<ServeBody> {
+    let path = req.uri().path().to_string();
+    if let Some(rest) = path
+        .strip_prefix("/actors")
+        .filter(|r| r.is_empty() || r.starts_with('/'))
+    {
+        return match &state.actors {
+            Some(host) => actors_route(host, &req, rest).await,
+            None => error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no actor classes are declared",
+            ),
+        };
+    }
     if req.method() != Method::GET {
         return respond(
             StatusCode::METHOD_NOT_ALLOWED,

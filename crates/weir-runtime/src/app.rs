@@ -10,16 +10,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use wasmtime::component::{Component, Linker};
+use wasmtime::component::{Component, ComponentExportIndex, Linker};
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 
+use crate::actor_host::ALARM_INTERFACE;
 use crate::admission::Admission;
 use crate::engine::WeirEngine;
 use crate::generation::{Generation, GenerationState, InstantiateError};
 use crate::lane::{Lane, LaneBoard};
 use crate::limits::Limits;
 use crate::metrics::AppMetrics;
-use crate::outbound::OutboundRules;
+use crate::outbound::{ActorLink, OutboundRules};
 use crate::receipt::ReceiptBook;
 use weir_store::KvStores;
 use weir_store::sql::SqlDatabases;
@@ -47,11 +48,12 @@ pub enum LoadError {
     },
 }
 
-/// The storage an app's guests may use.
+/// The storage an app's guests may use, and the actors they may call.
 #[derive(Clone, Default)]
 pub struct Stores {
     pub kv: Arc<KvStores>,
     pub sql: Arc<SqlDatabases>,
+    pub actors: ActorLink,
 }
 
 /// What every generation of an app is made from: compiled once, shared.
@@ -62,6 +64,9 @@ pub struct AppCode {
     pub outbound: Arc<OutboundRules>,
     pub kv: Arc<KvStores>,
     pub sql: Arc<SqlDatabases>,
+    pub actors: ActorLink,
+    /// The component's `weir:actor/alarm#alarm` export, if any.
+    pub alarm: Option<ComponentExportIndex>,
 }
 
 impl AppCode {
@@ -135,6 +140,15 @@ impl AppCode {
                 reason: format!("{e:#}"),
             }
         })?;
+        crate::actor_host::add_to_linker(&mut linker, GenerationState::actor).map_err(|e| {
+            LoadError::Link {
+                path: shown.to_string(),
+                reason: format!("{e:#}"),
+            }
+        })?;
+        let alarm = component
+            .get_export_index(None, ALARM_INTERFACE)
+            .and_then(|interface| component.get_export_index(Some(&interface), "alarm"));
         let instance_pre = linker
             .instantiate_pre(&component)
             .map_err(|e| LoadError::Link {
@@ -152,6 +166,8 @@ impl AppCode {
             outbound: Arc::new(outbound),
             kv: stores.kv,
             sql: stores.sql,
+            actors: stores.actors,
+            alarm,
         })
     }
 }
@@ -216,7 +232,7 @@ impl App {
     /// Creates a fresh generation with the next number.
     pub async fn instantiate(&self) -> Result<Generation, InstantiateError> {
         let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        let result = Generation::instantiate(&self.code, &self.metrics, number).await;
+        let result = Generation::instantiate(&self.code, &self.metrics, number, None).await;
         match &result {
             Ok(_) => self.metrics.generation_created(),
             Err(e) => {

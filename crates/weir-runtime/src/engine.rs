@@ -38,6 +38,11 @@ pub const MAX_WASM_STACK_BYTES: usize = 1 << 20;
 /// storm on the next instantiation and a TLB shootdown on every retirement.
 pub const KEEP_RESIDENT_BYTES: usize = 2 << 20;
 
+/// Guard pages after an actor's linear memory. Accesses are bounds-checked
+/// (the reservation is the memory limit, not 4 GiB), so the guard only
+/// catches the checks' own offsets; one Wasm page is enough.
+pub const ACTOR_MEMORY_GUARD_BYTES: u64 = 64 << 10;
+
 /// Errors building the engine.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -82,9 +87,30 @@ impl WeirEngine {
         pool.linear_memory_keep_resident(KEEP_RESIDENT_BYTES);
         pool.table_keep_resident(KEEP_RESIDENT_BYTES);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        Self::with_config(&config)
+    }
 
+    /// The engine of actor instances. Actors are many and mostly idle, so
+    /// their memories are allocated on demand and given back to the kernel
+    /// when an actor hibernates (a pool would keep every slot reserved and
+    /// resident). Each memory reserves only `memory_limit_bytes` of address
+    /// space, so 10,000 live actors fit in the address space and the
+    /// kernel's map count; accesses are then bounds-checked.
+    pub fn for_actors(memory_limit_bytes: u64) -> Result<Self, EngineError> {
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        config.max_wasm_stack(MAX_WASM_STACK_BYTES);
+        config.wasm_component_model(true);
+        config.memory_reservation(memory_limit_bytes);
+        config.memory_guard_size(ACTOR_MEMORY_GUARD_BYTES);
+        config.memory_reservation_for_growth(0);
+        config.allocation_strategy(InstanceAllocationStrategy::OnDemand);
+        Self::with_config(&config)
+    }
+
+    fn with_config(config: &Config) -> Result<Self, EngineError> {
         let engine =
-            wasmtime::Engine::new(&config).map_err(|e| EngineError::Config(format!("{e:#}")))?;
+            wasmtime::Engine::new(config).map_err(|e| EngineError::Config(format!("{e:#}")))?;
         let stop = Arc::new(AtomicBool::new(false));
         let ticker = {
             let engine = engine.clone();

@@ -37,6 +37,15 @@ pub enum ErrorCode {
     EventDeadlineExceeded,
     /// 503: the guest grew past `memory_limit_bytes`; its generation was abandoned.
     MemoryLimitExceeded,
+    /// 503: the actor's turn queue is full (`actor_max_queued`).
+    ActorOverloaded,
+    /// 503: the actor's turn could not be committed; the actor was reset and
+    /// none of the turn's writes are visible.
+    StorageCommitFailed,
+    /// 404: no actor class of that name is declared.
+    ActorClassUnknown,
+    /// 400: the host is in the actor domain but is not a valid actor address.
+    ActorAddressInvalid,
 }
 
 impl ErrorCode {
@@ -55,6 +64,10 @@ impl ErrorCode {
         ErrorCode::InstanceAbandoned,
         ErrorCode::EventDeadlineExceeded,
         ErrorCode::MemoryLimitExceeded,
+        ErrorCode::ActorOverloaded,
+        ErrorCode::StorageCommitFailed,
+        ErrorCode::ActorClassUnknown,
+        ErrorCode::ActorAddressInvalid,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -73,6 +86,10 @@ impl ErrorCode {
             ErrorCode::InstanceAbandoned => "instance_abandoned",
             ErrorCode::EventDeadlineExceeded => "event_deadline_exceeded",
             ErrorCode::MemoryLimitExceeded => "memory_limit_exceeded",
+            ErrorCode::ActorOverloaded => "actor_overloaded",
+            ErrorCode::StorageCommitFailed => "storage_commit_failed",
+            ErrorCode::ActorClassUnknown => "actor_class_unknown",
+            ErrorCode::ActorAddressInvalid => "actor_address_invalid",
         }
     }
 
@@ -81,7 +98,8 @@ impl ErrorCode {
             ErrorCode::RequestHeaderFieldsTooLarge => 431,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::RequestBodyTimeout => 408,
-            ErrorCode::BadRequest => 400,
+            ErrorCode::BadRequest | ErrorCode::ActorAddressInvalid => 400,
+            ErrorCode::ActorClassUnknown => 404,
             ErrorCode::ResponseBodyTooLarge | ErrorCode::InvalidResponse => 502,
             ErrorCode::EventCapacityExceeded
             | ErrorCode::AdmissionDeadlineExceeded
@@ -90,7 +108,9 @@ impl ErrorCode {
             | ErrorCode::StorageCleanupUnconfirmed
             | ErrorCode::InstanceAbandoned
             | ErrorCode::EventDeadlineExceeded
-            | ErrorCode::MemoryLimitExceeded => 503,
+            | ErrorCode::MemoryLimitExceeded
+            | ErrorCode::ActorOverloaded
+            | ErrorCode::StorageCommitFailed => 503,
         }
     }
 

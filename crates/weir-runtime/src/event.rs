@@ -465,7 +465,7 @@ fn invalid_response(
     );
 }
 
-fn truncate(mut s: String) -> String {
+pub fn truncate(mut s: String) -> String {
     if s.chars().count() > MAX_DETAIL_CHARS {
         s = s.chars().take(MAX_DETAIL_CHARS).collect();
         s.push('…');

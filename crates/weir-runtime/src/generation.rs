@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use wasmtime::component::ResourceTable;
+use wasmtime::component::{ResourceTable, TypedFunc};
 use wasmtime::{ResourceLimiter, Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::p2::bindings::Proxy;
@@ -19,10 +19,12 @@ use std::sync::Arc;
 use weir_store::KvStores;
 use weir_store::sql::SqlDatabases;
 
+use crate::actor_host::{ActorSeat, ActorView};
 use crate::app::AppCode;
 use crate::keyvalue::KeyValueView;
 use crate::metrics::AppMetrics;
 use crate::outbound::OutboundPolicy;
+use crate::scope::EventScope;
 use crate::sql::SqlView;
 
 /// Everything a generation's store holds for its guest.
@@ -34,6 +36,8 @@ pub struct GenerationState {
     kv: Arc<KvStores>,
     sql: Arc<SqlDatabases>,
     pub(crate) memory: MemoryLimiter,
+    /// In an actor's generation: who it is and its turn gate.
+    pub(crate) actor: Option<ActorSeat>,
 }
 
 impl WasiView for GenerationState {
@@ -63,6 +67,32 @@ impl GenerationState {
             databases: &self.sql,
             scope: self.outbound.scope.as_ref(),
         }
+    }
+}
+
+impl GenerationState {
+    /// What `weir:actor` calls see: the actor's seat (none in a worker) and
+    /// the turn's scope.
+    pub(crate) fn actor(&mut self) -> ActorView<'_> {
+        ActorView {
+            seat: self.actor.as_ref(),
+            scope: self.outbound.scope.as_ref(),
+        }
+    }
+
+    /// The actor seat of this generation, if it is an actor's.
+    pub fn seat(&self) -> Option<&ActorSeat> {
+        self.actor.as_ref()
+    }
+
+    /// Sets (or clears) the scope of the event or turn running now.
+    pub fn set_scope(&mut self, scope: Option<Arc<EventScope>>) {
+        self.outbound.scope = scope;
+    }
+
+    /// True when the guest was refused memory growth past its limit.
+    pub fn memory_exceeded(&self) -> bool {
+        self.memory.exceeded
     }
 }
 
@@ -116,10 +146,15 @@ pub struct Generation {
     pub number: u64,
     pub store: Store<GenerationState>,
     pub proxy: Proxy,
+    /// An actor class's `alarm` export, when it has one.
+    pub alarm: Option<AlarmFunc>,
     /// Events admitted to this generation so far.
     pub admitted: u32,
     pub created: Instant,
 }
+
+/// `alarm: func(reason: string) -> result<option<u64>, string>`.
+pub type AlarmFunc = TypedFunc<(String,), (Result<Option<u64>, String>,)>;
 
 /// Why a fresh generation could not be created.
 #[derive(Debug, thiserror::Error)]
@@ -135,12 +170,21 @@ impl Generation {
         code: &AppCode,
         metrics: &AppMetrics,
         number: u64,
+        seat: Option<ActorSeat>,
     ) -> Result<Generation, InstantiateError> {
+        let mut outbound = OutboundPolicy::new(
+            code.outbound.clone(),
+            &code.limits,
+            metrics.clone(),
+            code.actors.clone(),
+        );
+        outbound.gate = seat.as_ref().map(|s| s.gate.clone());
         let state = GenerationState {
+            actor: seat,
             wasi: WasiCtx::builder().inherit_stdout().inherit_stderr().build(),
             table: ResourceTable::new(),
             http: WasiHttpCtx::new(),
-            outbound: OutboundPolicy::new(code.outbound.clone(), &code.limits, metrics.clone()),
+            outbound,
             kv: code.kv.clone(),
             sql: code.sql.clone(),
             memory: MemoryLimiter {
@@ -155,15 +199,27 @@ impl Generation {
         // control to the event's own timers, which decide its fate.
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(|_| Ok(UpdateDeadline::Yield(1)));
-        let proxy = code
+        let fail = |e: wasmtime::Error| InstantiateError {
+            number,
+            reason: format!("{e:#}"),
+        };
+        let instance = code
             .pre
+            .instance_pre()
             .instantiate_async(&mut store)
             .await
-            .map_err(|e| InstantiateError {
-                number,
-                reason: format!("{e:#}"),
-            })?;
+            .map_err(fail)?;
+        let proxy = Proxy::new(&mut store, &instance).map_err(fail)?;
+        let alarm = match &code.alarm {
+            Some(index) => Some(
+                instance
+                    .get_typed_func::<(String,), (Result<Option<u64>, String>,)>(&mut store, index)
+                    .map_err(fail)?,
+            ),
+            None => None,
+        };
         Ok(Generation {
+            alarm,
             number,
             store,
             proxy,

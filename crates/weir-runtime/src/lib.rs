@@ -6,6 +6,7 @@
 //! receipt ([`receipt`]). The HTTP transport lives in `weir-http`; this
 //! crate never touches a socket.
 
+pub mod actor_host;
 pub mod admission;
 pub mod app;
 pub mod engine;

@@ -50,6 +50,12 @@ pub const MAX_LANES: u64 = 1024;
 /// Waiters are bounded so a burst cannot hold unbounded connections open.
 pub const MAX_QUEUED: u64 = 65_536;
 
+/// Events that may wait for one actor: an actor runs one turn at a time, so
+/// a hot actor's queue is its latency; 128 turns of ~100 µs is ~13 ms of
+/// waiting, past which refusing fast (503 `actor_overloaded`) serves
+/// callers better than queueing.
+pub const DEFAULT_ACTOR_MAX_QUEUED: u64 = 128;
+
 /// Linear memory per instance is capped at 4 GiB: the wasm32 address space.
 pub const MAX_MEMORY_BYTES: u64 = 4 << 30;
 
@@ -208,6 +214,22 @@ pub const SPECS: &[LimitSpec] = &[
         meaning: "body of one outbound response read by a guest",
     },
     LimitSpec {
+        name: "actor_idle_ms",
+        default: 10_000,
+        min: 1,
+        max: MAX_DURATION_MS,
+        unit: Unit::Millis,
+        meaning: "an actor with no event in flight and no timer due is hibernated after this long",
+    },
+    LimitSpec {
+        name: "actor_max_queued",
+        default: DEFAULT_ACTOR_MAX_QUEUED,
+        min: 1,
+        max: MAX_QUEUED,
+        unit: Unit::Count,
+        meaning: "events waiting for one actor's turn; more are refused with actor_overloaded",
+    },
+    LimitSpec {
         name: "memory_limit_bytes",
         default: 128 << 20,
         min: MIN_MEMORY_BYTES,
@@ -253,6 +275,8 @@ pub struct Limits {
     pub outbound_connect_timeout: Duration,
     pub outbound_first_byte_timeout: Duration,
     pub max_outbound_response_bytes: u64,
+    pub actor_idle: Duration,
+    pub actor_max_queued: usize,
     pub memory_limit_bytes: u64,
 }
 
@@ -275,6 +299,8 @@ impl Default for Limits {
             outbound_connect_timeout: Duration::ZERO,
             outbound_first_byte_timeout: Duration::ZERO,
             max_outbound_response_bytes: 0,
+            actor_idle: Duration::ZERO,
+            actor_max_queued: 0,
             memory_limit_bytes: 0,
         };
         for spec in SPECS {
@@ -328,6 +354,8 @@ impl Limits {
             "outbound_connect_timeout_ms" => ms(self.outbound_connect_timeout),
             "outbound_first_byte_timeout_ms" => ms(self.outbound_first_byte_timeout),
             "max_outbound_response_bytes" => self.max_outbound_response_bytes,
+            "actor_idle_ms" => ms(self.actor_idle),
+            "actor_max_queued" => self.actor_max_queued as u64,
             "memory_limit_bytes" => self.memory_limit_bytes,
             _ => return None,
         })
@@ -352,6 +380,8 @@ impl Limits {
             "outbound_connect_timeout_ms" => self.outbound_connect_timeout = ms(v),
             "outbound_first_byte_timeout_ms" => self.outbound_first_byte_timeout = ms(v),
             "max_outbound_response_bytes" => self.max_outbound_response_bytes = v,
+            "actor_idle_ms" => self.actor_idle = ms(v),
+            "actor_max_queued" => self.actor_max_queued = v as usize,
             "memory_limit_bytes" => self.memory_limit_bytes = v,
             _ => unreachable!("store is only called with names from SPECS"),
         }

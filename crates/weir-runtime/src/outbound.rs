@@ -10,7 +10,12 @@
 //! - timeouts and the response size are bounded by the app's limits: a guest
 //!   may ask for shorter timeouts, never longer ones;
 //! - redirects are never followed on the guest's behalf: the guest gets the
-//!   redirect response itself.
+//!   redirect response itself;
+//! - a request to the actor domain (`*.actor.internal`) never reaches the
+//!   network: it is a call to an actor, made through [`ActorCalls`], and
+//!   is an operation of the caller's scope like any other;
+//! - in an actor's turn, nothing leaves (no request, no actor call) before
+//!   the writes that came before it are durable (the output gate).
 
 use std::fmt;
 use std::pin::Pin;
@@ -25,9 +30,10 @@ use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
+use crate::actor_host::TurnGate;
 use crate::limits::Limits;
 use crate::metrics::AppMetrics;
-use crate::scope::EventScope;
+use crate::scope::{EventScope, Operation};
 
 /// The error text a guest sees for an operation its event's scope stopped.
 pub const ABORTED: &str = "event_operation_aborted";
@@ -168,6 +174,36 @@ impl OutboundRules {
     }
 }
 
+/// Where requests to the actor domain go. Implemented by the actor host;
+/// this crate only routes to it.
+pub trait ActorCalls: Send + Sync + 'static {
+    /// True when `host` is in the actor domain (valid address or not).
+    fn handles(&self, host: &str) -> bool;
+
+    /// Runs one call as a turn of the addressed actor. Failures come back
+    /// as Weir's JSON error responses, never as transport errors.
+    fn call(
+        self: Arc<Self>,
+        request: http::Request<Bytes>,
+    ) -> Pin<Box<dyn Future<Output = http::Response<Bytes>> + Send>>;
+}
+
+/// A late-bound link to the actor host: apps are loaded before the actor
+/// host that routes between them exists.
+#[derive(Clone, Default)]
+pub struct ActorLink(Arc<std::sync::OnceLock<std::sync::Weak<dyn ActorCalls>>>);
+
+impl ActorLink {
+    /// Connects the link; later calls are ignored.
+    pub fn connect(&self, calls: &Arc<dyn ActorCalls>) {
+        let _ = self.0.set(Arc::downgrade(calls));
+    }
+
+    fn get(&self) -> Option<Arc<dyn ActorCalls>> {
+        self.0.get().and_then(std::sync::Weak::upgrade)
+    }
+}
+
 /// The per-generation outbound policy handed to `wasmtime-wasi-http`.
 pub struct OutboundPolicy {
     rules: Arc<OutboundRules>,
@@ -178,11 +214,23 @@ pub struct OutboundPolicy {
     metrics: AppMetrics,
     /// The scope of the event running now; none between events.
     pub(crate) scope: Option<Arc<EventScope>>,
+    actors: ActorLink,
+    max_call_body_bytes: u64,
+    /// In an actor's generation: the gate its turn's writes pass first.
+    pub(crate) gate: Option<Arc<TurnGate>>,
 }
 
 impl OutboundPolicy {
-    pub fn new(rules: Arc<OutboundRules>, limits: &Limits, metrics: AppMetrics) -> Self {
+    pub fn new(
+        rules: Arc<OutboundRules>,
+        limits: &Limits,
+        metrics: AppMetrics,
+        actors: ActorLink,
+    ) -> Self {
         OutboundPolicy {
+            actors,
+            max_call_body_bytes: limits.max_request_body_bytes,
+            gate: None,
             rules,
             chunk_bytes: limits.max_response_chunk_bytes,
             connect_timeout: limits.outbound_connect_timeout,
@@ -222,7 +270,12 @@ impl WasiHttpHooks for OutboundPolicy {
         options: Option<RequestOptions>,
         _fut: IoFuture,
     ) -> SendFuture {
-        if !self.rules.allows(request.uri()) {
+        let actors = self.actors.get();
+        let to_actor = match (&actors, request.uri().host()) {
+            (Some(actors), Some(host)) => actors.handles(host),
+            _ => false,
+        };
+        if !to_actor && !self.rules.allows(request.uri()) {
             self.metrics.outbound_denied();
             return refused(Error::HttpRequestDenied);
         }
@@ -236,6 +289,18 @@ impl WasiHttpHooks for OutboundPolicy {
                 return refused(Error::InternalError(Some(e.to_string())));
             }
         };
+        // The output gate: what the turn wrote before this request is
+        // durable before the request leaves.
+        if let Some(gate) = &self.gate
+            && let Err(why) = gate.flush()
+        {
+            return refused(Error::InternalError(Some(format!(
+                "storage_commit_failed: {why}"
+            ))));
+        }
+        if let (true, Some(actors)) = (to_actor, actors) {
+            return call_actor(actors, request, op, self.max_call_body_bytes);
+        }
         let options = self.bounded(options);
         let max_bytes = self.max_response_bytes;
         Box::new(async move {
@@ -271,6 +336,38 @@ impl WasiHttpHooks for OutboundPolicy {
     fn p2_outgoing_body_chunk_size(&mut self) -> usize {
         self.chunk_bytes
     }
+}
+
+/// Calls an actor: reads the request body (bounded like a client's), runs
+/// the call, and hands the guest the actor's whole response.
+fn call_actor(
+    actors: Arc<dyn ActorCalls>,
+    request: http::Request<WasiBody>,
+    mut op: Operation,
+    max_body_bytes: u64,
+) -> SendFuture {
+    Box::new(async move {
+        let work = async {
+            let (parts, body) = request.into_parts();
+            let body = http_body_util::Limited::new(body, max_body_bytes as usize)
+                .collect()
+                .await
+                .map_err(|e| Error::InternalError(Some(format!("request body: {e}"))))?
+                .to_bytes();
+            let response = actors.call(http::Request::from_parts(parts, body)).await;
+            let response = response.map(|b| {
+                http_body_util::Full::new(b)
+                    .map_err(|never| match never {})
+                    .boxed_unsync()
+            });
+            let io: IoFuture = Box::new(async { Ok(()) });
+            Ok((response, io))
+        };
+        tokio::select! {
+            done = work => done,
+            _ = op.aborted() => Err(Error::InternalError(Some(ABORTED.into()))),
+        }
+    })
 }
 
 /// An outbound response body that fails once it passes its byte budget.

@@ -133,6 +133,10 @@ impl ActorDb {
     pub fn open(path: &Path, durability: Durability) -> Result<ActorDb, ActorStoreError> {
         let conn = crate::connect(path, durability)?;
         conn.execute_batch(SCHEMA)?;
+        // Foreign keys are enforced, as users of a relational store expect
+        // (user SQL cannot change pragmas). A deferred key still violated
+        // at the turn's end makes its commit fail, and the turn with it.
+        conn.execute_batch("PRAGMA foreign_keys = ON")?;
         let user_sql = Arc::new(AtomicBool::new(false));
         let flag = user_sql.clone();
         conn.authorizer(Some(move |ctx: AuthContext<'_>| {
@@ -147,6 +151,43 @@ impl ActorDb {
             user_sql,
             in_turn: false,
         })
+    }
+
+    /// Opens an existing actor's database for reading only (operators'
+    /// inspection): nothing is created, and a live actor's turn is not
+    /// disturbed (WAL readers do not block the writer).
+    pub fn open_read_only(path: &Path) -> Result<ActorDb, ActorStoreError> {
+        let conn = Connection::open_with_flags(
+            path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        Ok(ActorDb {
+            conn,
+            user_sql: Arc::new(AtomicBool::new(false)),
+            in_turn: false,
+        })
+    }
+
+    /// The persisted incarnation counter (0 before the first instance).
+    pub fn incarnation(&self) -> Result<u64, ActorStoreError> {
+        let n: Option<i64> = self
+            .conn
+            .query_row(
+                "SELECT value FROM _weir_meta WHERE name = 'incarnation'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok(n.unwrap_or(0).max(0) as u64)
+    }
+
+    /// Key-value entries stored.
+    pub fn entry_count(&self) -> Result<u64, ActorStoreError> {
+        let n: i64 = self
+            .conn
+            .query_row("SELECT count(*) FROM _weir_kv", [], |r| r.get(0))?;
+        Ok(n.max(0) as u64)
     }
 
     /// Adopts the persisted incarnation counter, bumps it and makes the bump
@@ -190,11 +231,17 @@ impl ActorDb {
         Ok(())
     }
 
-    /// Commits the turn.
+    /// Commits the turn. A commit that fails (a deferred constraint, a
+    /// full disk) rolls the whole turn back before returning the error.
     pub fn commit_turn(&mut self) -> Result<(), ActorStoreError> {
         if self.in_turn {
             self.in_turn = false;
-            self.conn.execute_batch("COMMIT")?;
+            if let Err(e) = self.conn.execute_batch("COMMIT") {
+                if !self.conn.is_autocommit() {
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                }
+                return Err(e.into());
+            }
         }
         Ok(())
     }
@@ -626,6 +673,30 @@ mod tests {
         );
         assert!(db.cancel("gc").unwrap());
         assert!(!db.cancel("gc").unwrap());
+    }
+
+    #[test]
+    fn a_commit_that_fails_rolls_the_turn_back() {
+        let (mut db, _) = open("commit-fails");
+        db.exec("CREATE TABLE parent (id INTEGER PRIMARY KEY)", &[])
+            .unwrap();
+        db.exec(
+            "CREATE TABLE child (p INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)",
+            &[],
+        )
+        .unwrap();
+        db.begin_turn().unwrap();
+        db.put("k", b"v").unwrap();
+        db.exec("INSERT INTO child (p) VALUES (42)", &[]).unwrap();
+        assert!(
+            db.commit_turn().is_err(),
+            "the deferred key fails the commit"
+        );
+        assert_eq!(db.get("k").unwrap(), None, "nothing of the turn is left");
+        db.begin_turn().unwrap();
+        db.put("k", b"v2").unwrap();
+        db.commit_turn().unwrap();
+        assert_eq!(db.get("k").unwrap(), Some(b"v2".to_vec()));
     }
 
     #[test]

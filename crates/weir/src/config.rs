@@ -34,7 +34,16 @@ struct File {
     #[serde(default)]
     sql: SqlSection,
     #[serde(default)]
+    actors: std::collections::BTreeMap<String, ActorSection>,
+    #[serde(default)]
     limits: toml::Table,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActorSection {
+    /// The class's component (.wasm) or guest crate directory.
+    component: PathBuf,
 }
 
 #[derive(Deserialize, Default)]
@@ -68,6 +77,8 @@ pub struct Config {
     pub kv_stores: Vec<String>,
     pub sql_databases: Vec<String>,
     pub durability: Durability,
+    /// Actor classes: name and component (or crate directory), by name.
+    pub actors: Vec<(String, PathBuf)>,
 }
 
 /// What the command line adds to the config file.
@@ -79,6 +90,8 @@ pub struct Overrides<'a> {
     pub kv_stores: &'a [String],
     pub sql_databases: &'a [String],
     pub durability: Option<&'a str>,
+    /// `CLASS=PATH` actor classes.
+    pub actors: &'a [String],
 }
 
 impl Config {
@@ -172,7 +185,37 @@ impl Config {
         sql_databases.extend(overrides.sql_databases.iter().cloned());
         sql_databases.sort();
         sql_databases.dedup();
+        let mut actors: std::collections::BTreeMap<String, PathBuf> = parsed
+            .actors
+            .into_iter()
+            .map(|(class, section)| {
+                let path = match &base {
+                    Some(base) if section.component.is_relative() => base.join(&section.component),
+                    _ => section.component,
+                };
+                (class, path)
+            })
+            .collect();
+        for assignment in overrides.actors {
+            let (class, path) = assignment.split_once('=').ok_or_else(|| {
+                UsageError(format!(
+                    "--actor `{assignment}` is not of the form CLASS=PATH"
+                ))
+            })?;
+            actors.insert(class.trim().to_string(), PathBuf::from(path.trim()));
+        }
+        for (class, path) in &actors {
+            weir_actors::ActorAddress::new(class, "x")
+                .map_err(|e| UsageError(format!("actor class `{class}`: {e}")))?;
+            if !path.exists() {
+                return Err(UsageError(format!(
+                    "actor class `{class}`: {} does not exist",
+                    path.display()
+                )));
+            }
+        }
         Ok(Config {
+            actors: actors.into_iter().collect(),
             sql_databases,
             data_dir,
             kv_stores,

@@ -1,6 +1,7 @@
 //! The `weir` command: CLI parsing and config loading over the library
 //! crates. Nothing here decides how an event runs.
 
+mod actors_cli;
 mod config;
 mod logging;
 
@@ -11,9 +12,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use weir_actors::{ActorClass, ActorDirectory, ActorHost};
 use weir_build::BuildRequest;
 use weir_http::{AdminState, ServeOptions};
 use weir_runtime::metrics::Metrics;
+use weir_runtime::outbound::{ActorCalls, ActorLink};
 use weir_runtime::receipt::ReceiptBook;
 use weir_runtime::{App, AppCode, EngineSizing, Stores, WeirEngine};
 
@@ -41,6 +44,9 @@ enum Command {
     Serve(ServeArgs),
     /// Build a guest crate into a wasi:http component.
     Build(BuildArgs),
+    /// List, inspect or delete the actors of a running server (through its
+    /// admin address).
+    Actors(actors_cli::ActorsArgs),
 }
 
 #[derive(clap::Args)]
@@ -78,6 +84,10 @@ struct ServeArgs {
     /// "process" (survives a crash; default) or "fsync" (survives power loss).
     #[arg(long, value_name = "MODE")]
     durability: Option<String>,
+    /// Declare an actor class: CLASS=PATH (a .wasm component or a guest
+    /// crate directory); repeatable (adds to [actors.CLASS] sections).
+    #[arg(long = "actor", value_name = "CLASS=PATH", action = clap::ArgAction::Append)]
+    actors: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -112,6 +122,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve(args),
         Command::Build(args) => build(args),
+        Command::Actors(args) => actors_cli::run(args),
     };
     logging::flush();
     match result {
@@ -156,10 +167,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             kv_stores: &args.kv_stores,
             sql_databases: &args.sql_databases,
             durability: args.durability.as_deref(),
+            actors: &args.actors,
         },
     )?;
     logging::init();
     let app_path = config::prepare_app(&config.app)?;
+    let actor_paths = config
+        .actors
+        .iter()
+        .map(|(class, path)| Ok((class.clone(), config::prepare_app(path)?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -176,17 +193,56 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| {
                 format!("cannot open databases under {}", config.data_dir.display())
             })?;
+        let stores = Stores {
+            kv: Arc::new(kv),
+            sql: Arc::new(sql),
+            actors: ActorLink::default(),
+        };
         let code = AppCode::load(
             &engine,
             &app_path,
             config.limits.clone(),
             config.outbound.clone(),
-            Stores {
-                kv: Arc::new(kv),
-                sql: Arc::new(sql),
-            },
+            stores.clone(),
         )?;
         let metrics = Arc::new(Metrics::new());
+        // Actor classes run on an engine of their own: many mostly idle
+        // instances, allocated on demand and freed when they hibernate.
+        let actor_engine = if actor_paths.is_empty() {
+            None
+        } else {
+            Some(WeirEngine::for_actors(config.limits.memory_limit_bytes)?)
+        };
+        let actor_host = match &actor_engine {
+            None => None,
+            Some(actor_engine) => {
+                let mut classes = Vec::new();
+                for (class, path) in &actor_paths {
+                    let code = AppCode::load(
+                        actor_engine,
+                        path,
+                        config.limits.clone(),
+                        config.outbound.clone(),
+                        stores.clone(),
+                    )
+                    .with_context(|| format!("actor class `{class}`"))?;
+                    let class_metrics = metrics.for_app(&format!("actor:{class}"));
+                    classes.push(ActorClass::new(class.clone(), code, class_metrics));
+                }
+                let directory = ActorDirectory::new(&config.data_dir, config.durability);
+                let host = ActorHost::new(classes, directory, logging::receipt_sink())
+                    .with_context(|| {
+                        format!("cannot index actors under {}", config.data_dir.display())
+                    })?;
+                let calls: Arc<dyn ActorCalls> = host.clone();
+                stores.actors.connect(&calls);
+                host.start();
+                for (class, path) in &actor_paths {
+                    eprintln!("weir: actor class {class} from {}", path.display());
+                }
+                Some(host)
+            }
+        };
         let name = shown_name(&app_path);
         let receipts = ReceiptBook::new(
             name.clone().into(),
@@ -210,6 +266,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let state = Arc::new(AdminState {
                 apps: vec![app.clone()],
                 metrics: metrics.clone(),
+                actors: actor_host.clone(),
             });
             tokio::spawn(weir_http::serve_admin(admin_listener, state));
         }
@@ -226,7 +283,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             eprintln!("weir: shutting down");
         })
         .await;
-        // Keep the engine (and its ticker) alive until serving stops.
+        // Keep the engines (and their tickers) alive until serving stops.
+        drop(actor_host);
+        drop(actor_engine);
         drop(engine);
         Ok(())
     })

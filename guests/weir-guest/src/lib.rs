@@ -1,5 +1,6 @@
-//! Typed access to Weir's host interfaces for Rust guests — `weir:sql` and
-//! `wasi:keyvalue` — so a guest needs no hand-written bindings.
+//! Typed access to Weir's host interfaces for Rust guests — `weir:sql`,
+//! `wasi:keyvalue` and, for actors, `weir:actor` — so a guest needs no
+//! hand-written bindings.
 //!
 //! ```ignore
 //! use weir_guest::sql::{self, stmt};
@@ -20,6 +21,25 @@ mod kv_bindings {
     wit_bindgen::generate!({
         path: "../../wit/deps/keyvalue",
         world: "wasi:keyvalue/imports",
+    });
+}
+
+mod actor_bindings {
+    wit_bindgen::generate!({
+        path: "../../wit/weir-actor",
+        world: "weir:actor/imports",
+    });
+}
+
+/// The generated export side of `weir:actor/alarm`; used by [`alarms!`].
+#[doc(hidden)]
+pub mod alarm_bindings {
+    wit_bindgen::generate!({
+        path: "../../wit/weir-actor",
+        world: "weir:actor/alarm-handler",
+        pub_export_macro: true,
+        export_macro_name: "__weir_export_alarm",
+        default_bindings_module: "weir_guest::alarm_bindings",
     });
 }
 
@@ -137,6 +157,72 @@ pub mod http {
         OutgoingBody::finish(out_body, None).expect("complete");
     }
 
+    /// Sends `method` `http://authority/path` with `body` and waits for the
+    /// whole response: its status and body, or why it failed.
+    pub fn send(
+        method: &str,
+        authority: &str,
+        path: &str,
+        body: &[u8],
+    ) -> Result<(u16, Vec<u8>), String> {
+        use wasi::http::types::{Method, Scheme};
+        let headers = Fields::from_list(&[(
+            "content-length".to_string(),
+            body.len().to_string().into_bytes(),
+        )])
+        .map_err(|e| format!("{e:?}"))?;
+        let request = wasi::http::types::OutgoingRequest::new(headers);
+        let method = match method {
+            "GET" => Method::Get,
+            "POST" => Method::Post,
+            "PUT" => Method::Put,
+            "DELETE" => Method::Delete,
+            "HEAD" => Method::Head,
+            "PATCH" => Method::Patch,
+            other => Method::Other(other.to_string()),
+        };
+        request.set_method(&method).map_err(|_| "bad method")?;
+        request
+            .set_scheme(Some(&Scheme::Http))
+            .map_err(|_| "bad scheme")?;
+        request
+            .set_authority(Some(authority))
+            .map_err(|_| "bad authority")?;
+        request
+            .set_path_with_query(Some(path))
+            .map_err(|_| "bad path")?;
+        let out_body = request.body().map_err(|_| "body taken")?;
+        let future =
+            wasi::http::outgoing_handler::handle(request, None).map_err(|e| format!("{e:?}"))?;
+        {
+            let stream = out_body.write().map_err(|_| "stream taken")?;
+            for chunk in body.chunks(WRITE_CHUNK) {
+                stream
+                    .blocking_write_and_flush(chunk)
+                    .map_err(|e| format!("{e:?}"))?;
+            }
+        }
+        OutgoingBody::finish(out_body, None).map_err(|e| format!("{e:?}"))?;
+        future.subscribe().block();
+        let response = match future.get() {
+            Some(Ok(Ok(response))) => response,
+            Some(Ok(Err(code))) => return Err(format!("{code:?}")),
+            _ => return Err("no response".into()),
+        };
+        let status = response.status();
+        let incoming = response.consume().map_err(|_| "body taken")?;
+        let stream = incoming.stream().map_err(|_| "stream taken")?;
+        let mut bytes = Vec::new();
+        loop {
+            match stream.blocking_read(65536) {
+                Ok(chunk) => bytes.extend_from_slice(&chunk),
+                Err(wasi::io::streams::StreamError::Closed) => break,
+                Err(e) => return Err(format!("body failed: {e:?}")),
+            }
+        }
+        Ok((status, bytes))
+    }
+
     /// Reads a request's whole body, up to `limit` bytes (more is cut off).
     pub fn read_body(request: &IncomingRequest, limit: usize) -> Vec<u8> {
         let body = request.consume().expect("body once");
@@ -151,4 +237,230 @@ pub mod http {
         bytes.truncate(limit);
         bytes
     }
+}
+
+/// Durable actors: the actor's own storage (key-value and SQL in one
+/// transaction per turn), its named timers and who it is.
+///
+/// ```ignore
+/// use weir_guest::actor::{storage, timers};
+/// let n: u64 = storage::get("n")?.unwrap_or(0) + 1;
+/// storage::put("n", &n)?;
+/// timers::schedule_in("flush", std::time::Duration::from_secs(5))?;
+///
+/// // Timer handlers, by reason; unknown reasons are ignored.
+/// weir_guest::alarms! {
+///     "flush" => flush,
+/// }
+/// fn flush() -> Result<Option<u64>, String> { Ok(None) }
+/// ```
+pub mod actor {
+    pub use crate::actor_bindings::weir::actor::identity::ActorInfo;
+    pub use crate::actor_bindings::weir::actor::storage::{ListOptions, StatementResult};
+    pub use crate::actor_bindings::weir::actor::types::{Error, Value};
+
+    /// Largest entry (key and value together) storage accepts.
+    pub const MAX_ENTRY_BYTES: usize = 2 << 20;
+
+    /// This actor: class, name, incarnation and pid base.
+    pub fn me() -> ActorInfo {
+        crate::actor_bindings::weir::actor::identity::self_()
+    }
+
+    /// A value kept in actor storage: encoded to bytes and back.
+    pub trait Stored: Sized {
+        fn encode(&self) -> Vec<u8>;
+        fn decode(bytes: Vec<u8>) -> Option<Self>;
+    }
+
+    impl Stored for Vec<u8> {
+        fn encode(&self) -> Vec<u8> {
+            self.clone()
+        }
+        fn decode(bytes: Vec<u8>) -> Option<Self> {
+            Some(bytes)
+        }
+    }
+
+    impl Stored for String {
+        fn encode(&self) -> Vec<u8> {
+            self.as_bytes().to_vec()
+        }
+        fn decode(bytes: Vec<u8>) -> Option<Self> {
+            String::from_utf8(bytes).ok()
+        }
+    }
+
+    macro_rules! stored_as_text {
+        ($($t:ty),*) => {$(
+            impl Stored for $t {
+                fn encode(&self) -> Vec<u8> {
+                    self.to_string().into_bytes()
+                }
+                fn decode(bytes: Vec<u8>) -> Option<Self> {
+                    std::str::from_utf8(&bytes).ok()?.parse().ok()
+                }
+            }
+        )*};
+    }
+    stored_as_text!(u64, i64, u32, i32, f64, bool);
+
+    /// Key-value entries and SQL, in the turn's transaction.
+    pub mod storage {
+        use super::{Error, ListOptions, StatementResult, Stored, Value};
+        use crate::actor_bindings::weir::actor::storage as raw;
+
+        /// A stored value, decoded; `None` when absent (or not a `T`).
+        pub fn get<T: Stored>(key: &str) -> Result<Option<T>, Error> {
+            Ok(raw::get(key)?.and_then(T::decode))
+        }
+
+        pub fn get_bytes(key: &str) -> Result<Option<Vec<u8>>, Error> {
+            raw::get(key)
+        }
+
+        pub fn get_many(keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, Error> {
+            raw::get_many(keys)
+        }
+
+        pub fn put<T: Stored>(key: &str, value: &T) -> Result<(), Error> {
+            raw::put(key, &value.encode())
+        }
+
+        /// Every entry, or — if one is too large — none.
+        pub fn put_many(entries: &[(String, Vec<u8>)]) -> Result<(), Error> {
+            raw::put_many(entries)
+        }
+
+        pub fn delete(key: &str) -> Result<bool, Error> {
+            raw::delete(key)
+        }
+
+        pub fn delete_many(keys: &[String]) -> Result<u32, Error> {
+            raw::delete_many(keys)
+        }
+
+        /// Entries whose keys start with `prefix`, in key order.
+        pub fn list_prefix(prefix: &str) -> Result<Vec<(String, Vec<u8>)>, Error> {
+            raw::list(&ListOptions {
+                start: None,
+                end: None,
+                prefix: Some(prefix.to_string()),
+                reverse: false,
+                limit: None,
+            })
+        }
+
+        pub fn list(options: &ListOptions) -> Result<Vec<(String, Vec<u8>)>, Error> {
+            raw::list(options)
+        }
+
+        pub fn delete_all() -> Result<(), Error> {
+            raw::delete_all()
+        }
+
+        /// One SQL statement in the turn's transaction.
+        pub fn exec(sql: &str, params: &[Value]) -> Result<StatementResult, Error> {
+            raw::exec(sql, params)
+        }
+
+        /// Makes the turn's writes so far durable now.
+        pub fn sync() -> Result<(), Error> {
+            raw::sync()
+        }
+    }
+
+    /// Named timers: the earliest deadline per reason is kept.
+    pub mod timers {
+        use super::Error;
+        use crate::actor_bindings::weir::actor::timers as raw;
+        pub use raw::Timer;
+
+        /// Milliseconds since the Unix epoch, on the dispatcher's clock.
+        pub fn now_ms() -> u64 {
+            raw::now_ms()
+        }
+
+        /// Schedules `reason` at `at_ms` (ms since the Unix epoch).
+        pub fn schedule(reason: &str, at_ms: u64) -> Result<(), Error> {
+            raw::schedule(reason, at_ms)
+        }
+
+        /// Schedules `reason` `after` from now.
+        pub fn schedule_in(reason: &str, after: std::time::Duration) -> Result<(), Error> {
+            raw::schedule(reason, now_ms().saturating_add(after.as_millis() as u64))
+        }
+
+        pub fn cancel(reason: &str) -> Result<bool, Error> {
+            raw::cancel(reason)
+        }
+
+        pub fn list() -> Result<Vec<Timer>, Error> {
+            raw::list()
+        }
+    }
+
+    impl From<i64> for Value {
+        fn from(v: i64) -> Self {
+            Value::Integer(v)
+        }
+    }
+
+    impl From<&str> for Value {
+        fn from(v: &str) -> Self {
+            Value::Text(v.to_string())
+        }
+    }
+
+    impl From<String> for Value {
+        fn from(v: String) -> Self {
+            Value::Text(v)
+        }
+    }
+
+    impl From<Vec<u8>> for Value {
+        fn from(v: Vec<u8>) -> Self {
+            Value::Blob(v)
+        }
+    }
+
+    /// Calls actor `name` of `class`: `method` `path` with `body`; its
+    /// status and body, or why the call could not be made.
+    pub fn call(
+        class: &str,
+        name: &str,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> Result<(u16, Vec<u8>), String> {
+        crate::http::send(
+            method,
+            &format!("{name}.{class}.actor.internal"),
+            path,
+            body,
+        )
+    }
+}
+
+/// Exports an actor's timer handlers, by reason. A reason without a handler
+/// is ignored (its timer is consumed), so old timers of a class that no
+/// longer handles them do not fail forever.
+///
+/// Each handler is `fn() -> Result<Option<u64>, String>`: `Ok(Some(t))`
+/// re-arms the reason at `t` (ms since the Unix epoch), `Err` retries it
+/// with backoff.
+#[macro_export]
+macro_rules! alarms {
+    ($($reason:literal => $handler:path),* $(,)?) => {
+        struct __WeirAlarms;
+        impl $crate::alarm_bindings::exports::weir::actor::alarm::Guest for __WeirAlarms {
+            fn alarm(reason: String) -> Result<Option<u64>, String> {
+                match reason.as_str() {
+                    $($reason => $handler(),)*
+                    _ => Ok(None),
+                }
+            }
+        }
+        $crate::alarm_bindings::__weir_export_alarm!(__WeirAlarms with_types_in $crate::alarm_bindings);
+    };
 }

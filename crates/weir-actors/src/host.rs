@@ -1,0 +1,744 @@
+//! The actor host: every declared class, every actor in memory, the calls
+//! that reach them, the timer dispatcher and hibernation.
+//!
+//! Invariants owned here:
+//! - at most one live instance of an actor exists: an actor is reached only
+//!   through its one cell, and a cell leaves the map (hibernation) only
+//!   while nobody holds or waits for its turn — checked under the same lock
+//!   that callers take to find the cell;
+//! - an actor runs one turn at a time, in arrival order (a fair lock); at
+//!   most `actor_max_queued` callers wait, and one more is refused at once
+//!   with `actor_overloaded`;
+//! - a turn, once started, runs to its end on its own task: a caller that
+//!   leaves does not cut a turn short (its writes commit or roll back as a
+//!   whole), and a caller that left before its turn began never enters Wasm;
+//! - an actor with no event in flight is evicted after `actor_idle_ms`: its
+//!   instance and its database are dropped; its timers stay in the index
+//!   and wake it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde::Serialize;
+use tokio::sync::oneshot;
+use weir_runtime::actor_host::now_ms;
+use weir_runtime::metrics::AppMetrics;
+use weir_runtime::outbound::ActorCalls;
+use weir_runtime::receipt::ReceiptSink;
+use weir_runtime::{AppCode, ErrorCode};
+use weir_store::actor::ActorDb;
+
+use crate::address::{ActorAddress, AddressError};
+use crate::directory::ActorDirectory;
+use crate::timers::{MAX_DISPATCH_SLEEP_MS, TimerIndex, WAKE_RETRY_MS};
+use crate::turn::{
+    AlarmOutcome, Live, TurnContext, TurnReport, alarm_turns, error_response, request_turn,
+};
+
+/// Shortest pause between hibernation sweeps; the sweep interval is a
+/// quarter of `actor_idle_ms`, but never busier than this.
+pub const MIN_SWEEP_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Longest pause between hibernation sweeps, so an idle actor is evicted
+/// within `actor_idle_ms` plus at most this.
+pub const MAX_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Most entries an inspection dumps; a larger actor is paged with `start`.
+pub const MAX_INSPECT_ENTRIES: u32 = 1_000;
+
+/// One declared actor class.
+pub struct ActorClass {
+    pub name: String,
+    pub code: AppCode,
+    pub metrics: AppMetrics,
+    next_generation: AtomicU64,
+}
+
+impl ActorClass {
+    pub fn new(name: String, code: AppCode, metrics: AppMetrics) -> ActorClass {
+        ActorClass {
+            name,
+            code,
+            metrics,
+            next_generation: AtomicU64::new(1),
+        }
+    }
+}
+
+/// One actor in memory: its turn lock and what it holds between turns.
+struct Cell {
+    address: ActorAddress,
+    class: Arc<ActorClass>,
+    /// Callers holding or waiting for the turn. Raised only under the
+    /// host's map lock, so the sweeper sees every caller.
+    pending: AtomicUsize,
+    live: tokio::sync::Mutex<Live>,
+    /// When the last turn ended, in ms since the host started.
+    last_active_ms: AtomicU64,
+}
+
+/// A caller's claim on a cell; dropping it ends the claim.
+struct Claim {
+    cell: Arc<Cell>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.cell.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Counters of the actor host, for `/actors` and metrics.
+#[derive(Default)]
+struct Counters {
+    turns: AtomicU64,
+    failed_turns: AtomicU64,
+    wakes: AtomicU64,
+    hibernations: AtomicU64,
+    overloaded: AtomicU64,
+    alarms: AtomicU64,
+    alarms_dropped: AtomicU64,
+}
+
+/// Every actor class and every actor in memory.
+pub struct ActorHost {
+    classes: HashMap<String, Arc<ActorClass>>,
+    directory: ActorDirectory,
+    cells: Mutex<HashMap<ActorAddress, Arc<Cell>>>,
+    timers: TimerIndex,
+    sink: Option<Arc<dyn ReceiptSink>>,
+    started: Instant,
+    counters: Counters,
+}
+
+/// Why an operator's request about an actor failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("no actor class `{0}` is declared")]
+    UnknownClass(String),
+    #[error(transparent)]
+    Address(#[from] AddressError),
+    #[error("actor {0} does not exist")]
+    NotFound(ActorAddress),
+    #[error("{0}")]
+    Storage(String),
+}
+
+/// One actor as operators see it.
+#[derive(Debug, Serialize)]
+pub struct ActorSummary {
+    pub class: String,
+    pub name: String,
+    /// In memory now (instance and database open), or hibernated.
+    pub live: bool,
+    pub storage_bytes: u64,
+    /// Earliest timer, ms since the Unix epoch.
+    pub next_timer_ms: Option<i64>,
+}
+
+/// One actor in detail.
+#[derive(Debug, Serialize)]
+pub struct ActorDetail {
+    #[serde(flatten)]
+    pub summary: ActorSummary,
+    pub incarnation: u64,
+    pub entries: u64,
+    pub timers: Vec<TimerView>,
+    /// Entries (up to [`MAX_INSPECT_ENTRIES`]) when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keys: Option<Vec<EntryView>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TimerView {
+    pub reason: String,
+    pub at_ms: i64,
+    pub attempt: u32,
+}
+
+/// An entry: its value as UTF-8 text when it is, else as hex.
+#[derive(Debug, Serialize)]
+pub struct EntryView {
+    pub key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hex: Option<String>,
+    pub bytes: usize,
+}
+
+/// The classes and counters, for `/actors`.
+#[derive(Debug, Serialize)]
+pub struct HostStatus {
+    pub classes: Vec<String>,
+    pub live: usize,
+    pub pending_timers: usize,
+    pub turns: u64,
+    pub failed_turns: u64,
+    pub wakes: u64,
+    pub hibernations: u64,
+    pub overloaded: u64,
+    pub alarms: u64,
+    pub alarms_dropped: u64,
+}
+
+#[derive(Serialize)]
+struct ReceiptLine<'a> {
+    timestamp: String,
+    level: &'static str,
+    target: &'static str,
+    fields: ReceiptFields<'a>,
+}
+
+#[derive(Serialize)]
+struct ReceiptFields<'a> {
+    message: &'static str,
+    class: &'a str,
+    name: &'a str,
+    turn: &'static str,
+    incarnation: u64,
+    outcome: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attempt: Option<u32>,
+    woke: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wasm_us: Option<u64>,
+    total_us: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<&'a str>,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn file_size(path: &std::path::Path) -> u64 {
+    let mut total = 0;
+    for suffix in ["", "-wal"] {
+        let file = format!("{}{suffix}", path.display());
+        total += std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+    }
+    total
+}
+
+impl ActorHost {
+    /// A host for `classes`, with actors' databases under `directory`. The
+    /// timers of every existing actor are indexed before it returns.
+    pub fn new(
+        classes: Vec<ActorClass>,
+        directory: ActorDirectory,
+        sink: Option<Arc<dyn ReceiptSink>>,
+    ) -> Result<Arc<ActorHost>, AdminError> {
+        let host = ActorHost {
+            classes: classes
+                .into_iter()
+                .map(|c| (c.name.clone(), Arc::new(c)))
+                .collect(),
+            directory,
+            cells: Mutex::new(HashMap::new()),
+            timers: TimerIndex::default(),
+            sink,
+            started: Instant::now(),
+            counters: Counters::default(),
+        };
+        for class in host.classes.keys() {
+            let actors = host
+                .directory
+                .list(class)
+                .map_err(|e| AdminError::Storage(e.to_string()))?;
+            for actor in actors {
+                let path = host.directory.path(&actor);
+                let next = ActorDb::open_read_only(&path)
+                    .and_then(|db| db.next_deadline())
+                    .map_err(|e| AdminError::Storage(format!("{actor}: {e}")))?;
+                host.timers.set(&actor, next);
+            }
+        }
+        Ok(Arc::new(host))
+    }
+
+    /// Starts the timer dispatcher and the hibernation sweeper; they stop
+    /// when the host is dropped.
+    pub fn start(self: &Arc<Self>) {
+        tokio::spawn(dispatch(Arc::downgrade(self)));
+        tokio::spawn(sweep(Arc::downgrade(self)));
+    }
+
+    fn lock_cells(&self) -> std::sync::MutexGuard<'_, HashMap<ActorAddress, Arc<Cell>>> {
+        self.cells.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn class(&self, name: &str) -> Result<&Arc<ActorClass>, AdminError> {
+        self.classes
+            .get(name)
+            .ok_or_else(|| AdminError::UnknownClass(name.to_string()))
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Claims an actor's cell, creating it if the actor is not in memory.
+    /// `limit` bounds the callers already waiting; `None` always admits
+    /// (timers and operators).
+    fn claim(
+        &self,
+        address: &ActorAddress,
+        class: &Arc<ActorClass>,
+        limit: Option<usize>,
+    ) -> Option<Claim> {
+        let mut cells = self.lock_cells();
+        let cell = cells
+            .entry(address.clone())
+            .or_insert_with(|| {
+                Arc::new(Cell {
+                    address: address.clone(),
+                    class: class.clone(),
+                    pending: AtomicUsize::new(0),
+                    live: tokio::sync::Mutex::new(Live::default()),
+                    last_active_ms: AtomicU64::new(0),
+                })
+            })
+            .clone();
+        // One caller runs while up to `limit` wait.
+        let before = cell.pending.fetch_add(1, Ordering::AcqRel);
+        let claim = Claim { cell };
+        if limit.is_some_and(|limit| before > limit) {
+            return None;
+        }
+        Some(claim)
+    }
+
+    fn context<'a>(&'a self, cell: &'a Cell) -> TurnContext<'a> {
+        TurnContext {
+            address: &cell.address,
+            code: &cell.class.code,
+            directory: &self.directory,
+            metrics: &cell.class.metrics,
+            next_generation: &cell.class.next_generation,
+        }
+    }
+
+    /// Ends a turn's bookkeeping: the actor's next deadline goes back into
+    /// the index, and its idle clock restarts.
+    fn after_turn(&self, cell: &Cell, live: &Live) {
+        if live.gate.is_some() {
+            self.timers.set(&cell.address, live.next_deadline());
+        }
+        cell.last_active_ms
+            .store(self.elapsed_ms(), Ordering::Relaxed);
+    }
+
+    fn receipt(
+        &self,
+        cell: &Cell,
+        turn: &'static str,
+        report: &TurnReport,
+        extra: ReceiptExtra<'_>,
+        started: Instant,
+    ) {
+        if report.error.is_some() {
+            self.counters.failed_turns.fetch_add(1, Ordering::Relaxed);
+        }
+        if report.woke {
+            self.counters.wakes.fetch_add(1, Ordering::Relaxed);
+        }
+        let Some(sink) = &self.sink else { return };
+        let line = ReceiptLine {
+            timestamp: humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string(),
+            level: if report.error.is_some() {
+                "WARN"
+            } else {
+                "INFO"
+            },
+            target: "weir::actor",
+            fields: ReceiptFields {
+                message: "turn",
+                class: &cell.address.class,
+                name: &cell.address.name,
+                turn,
+                incarnation: report.incarnation,
+                outcome: extra.outcome.unwrap_or(if report.error.is_some() {
+                    "failed"
+                } else {
+                    "ok"
+                }),
+                error: report.error.map(|e| e.as_str()),
+                status: extra.status,
+                reason: extra.reason,
+                attempt: extra.attempt,
+                woke: report.woke,
+                wasm_us: report.wasm.map(|w| w.as_micros() as u64),
+                total_us: started.elapsed().as_micros() as u64,
+                detail: report.detail.as_deref(),
+            },
+        };
+        if let Ok(mut bytes) = serde_json::to_vec(&line) {
+            bytes.push(b'\n');
+            sink.write_line(&bytes);
+        }
+    }
+
+    /// Runs a call to an actor and returns its response (or Weir's error).
+    pub async fn call_actor(
+        self: &Arc<Self>,
+        request: http::Request<Bytes>,
+    ) -> http::Response<Bytes> {
+        let host = request
+            .uri()
+            .host()
+            .map(str::to_string)
+            .or_else(|| {
+                request
+                    .headers()
+                    .get(http::header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .map(str::to_string)
+            })
+            .unwrap_or_default();
+        let address = match ActorAddress::from_host(&host) {
+            Ok(address) => address,
+            Err(_) => return error_response(ErrorCode::ActorAddressInvalid),
+        };
+        self.call_address(address, request).await
+    }
+
+    /// Runs a call to the actor at `address`.
+    pub async fn call_address(
+        self: &Arc<Self>,
+        address: ActorAddress,
+        request: http::Request<Bytes>,
+    ) -> http::Response<Bytes> {
+        let Ok(class) = self.class(&address.class).cloned() else {
+            return error_response(ErrorCode::ActorClassUnknown);
+        };
+        let Some(claim) = self.claim(&address, &class, Some(class.code.limits.actor_max_queued))
+        else {
+            self.counters.overloaded.fetch_add(1, Ordering::Relaxed);
+            return error_response(ErrorCode::ActorOverloaded);
+        };
+        let (tx, rx) = oneshot::channel();
+        let host = self.clone();
+        // The turn runs on its own task: a caller that goes away does not
+        // cut it short.
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let cell = claim.cell.clone();
+            let mut live = cell.live.lock().await;
+            if tx.is_closed() {
+                return; // the caller left before its turn: never run it
+            }
+            let (response, report) = request_turn(&host.context(&cell), &mut live, request).await;
+            host.after_turn(&cell, &live);
+            drop(live);
+            drop(claim);
+            host.counters.turns.fetch_add(1, Ordering::Relaxed);
+            let status = response.status().as_u16();
+            host.receipt(
+                &cell,
+                "request",
+                &report,
+                ReceiptExtra {
+                    status: Some(status),
+                    ..Default::default()
+                },
+                started,
+            );
+            let _ = tx.send(response);
+        });
+        rx.await
+            .unwrap_or_else(|_| error_response(ErrorCode::HostUnavailable))
+    }
+
+    /// Delivers the due timers of one actor.
+    async fn deliver(self: Arc<Self>, address: ActorAddress) {
+        let Ok(class) = self.class(&address.class).cloned() else {
+            return;
+        };
+        let claim = self
+            .claim(&address, &class, None)
+            .expect("unlimited claims always succeed");
+        let cell = claim.cell.clone();
+        let mut live = cell.live.lock().await;
+        let started = Instant::now();
+        let host = self.clone();
+        let result = alarm_turns(
+            &self.context(&cell),
+            &mut live,
+            |reason, outcome, report| {
+                host.counters.alarms.fetch_add(1, Ordering::Relaxed);
+                let (label, attempt) = match outcome {
+                    AlarmOutcome::Delivered { .. } => ("ok", None),
+                    AlarmOutcome::Retrying { attempt, .. } => ("retrying", Some(*attempt)),
+                    AlarmOutcome::Dropped { attempts, .. } => {
+                        host.counters.alarms_dropped.fetch_add(1, Ordering::Relaxed);
+                        ("dropped", Some(*attempts))
+                    }
+                    AlarmOutcome::CommitFailed(_) => ("failed", None),
+                };
+                host.receipt(
+                    &cell,
+                    "alarm",
+                    report,
+                    ReceiptExtra {
+                        outcome: Some(label),
+                        reason: Some(reason),
+                        attempt,
+                        ..Default::default()
+                    },
+                    started,
+                );
+            },
+        )
+        .await;
+        match result {
+            Ok(()) => self.after_turn(&cell, &live),
+            Err(why) => {
+                tracing::warn!(actor = %address, error = %why, "cannot wake an actor for its timers; retrying");
+                self.timers.set(&address, Some(now_ms() + WAKE_RETRY_MS));
+            }
+        }
+        drop(live);
+        drop(claim);
+    }
+
+    /// Evicts actors idle for `actor_idle_ms` with nobody waiting for them.
+    fn hibernate_idle(&self) -> usize {
+        let now = self.elapsed_ms();
+        let mut evicted = Vec::new();
+        {
+            let mut cells = self.lock_cells();
+            cells.retain(|_, cell| {
+                if cell.pending.load(Ordering::Acquire) > 0 {
+                    return true;
+                }
+                let idle_ms = cell.class.code.limits.actor_idle.as_millis() as u64;
+                if now.saturating_sub(cell.last_active_ms.load(Ordering::Relaxed)) < idle_ms {
+                    return true;
+                }
+                evicted.push(cell.clone());
+                false
+            });
+        }
+        let n = evicted.len();
+        // Instances and databases are dropped outside the map lock, off the
+        // async workers: thousands of stores can take a while to free.
+        if n > 0 {
+            tokio::task::spawn_blocking(move || drop(evicted));
+        }
+        self.counters
+            .hibernations
+            .fetch_add(n as u64, Ordering::Relaxed);
+        n
+    }
+
+    /// Actors in memory now.
+    pub fn live_count(&self) -> usize {
+        self.lock_cells().len()
+    }
+
+    pub fn status(&self) -> HostStatus {
+        let mut classes: Vec<String> = self.classes.keys().cloned().collect();
+        classes.sort();
+        let c = &self.counters;
+        HostStatus {
+            classes,
+            live: self.live_count(),
+            pending_timers: self.timers.len(),
+            turns: c.turns.load(Ordering::Relaxed),
+            failed_turns: c.failed_turns.load(Ordering::Relaxed),
+            wakes: c.wakes.load(Ordering::Relaxed),
+            hibernations: c.hibernations.load(Ordering::Relaxed),
+            overloaded: c.overloaded.load(Ordering::Relaxed),
+            alarms: c.alarms.load(Ordering::Relaxed),
+            alarms_dropped: c.alarms_dropped.load(Ordering::Relaxed),
+        }
+    }
+
+    fn summary(&self, actor: &ActorAddress) -> ActorSummary {
+        ActorSummary {
+            live: self.lock_cells().contains_key(actor),
+            storage_bytes: file_size(&self.directory.path(actor)),
+            next_timer_ms: self.timers.get(actor),
+            class: actor.class.clone(),
+            name: actor.name.clone(),
+        }
+    }
+
+    /// The actors of a class (every class when `None`), live or hibernated.
+    pub fn list(&self, class: Option<&str>) -> Result<Vec<ActorSummary>, AdminError> {
+        let mut classes: Vec<&String> = match class {
+            Some(name) => vec![&self.class(name)?.name],
+            None => self.classes.keys().collect(),
+        };
+        classes.sort();
+        let mut out = Vec::new();
+        for class in classes {
+            for actor in self
+                .directory
+                .list(class)
+                .map_err(|e| AdminError::Storage(e.to_string()))?
+            {
+                out.push(self.summary(&actor));
+            }
+        }
+        Ok(out)
+    }
+
+    /// One actor in detail; with `keys`, its entries from `start` on.
+    pub fn inspect(
+        &self,
+        class: &str,
+        name: &str,
+        keys: bool,
+        start: Option<String>,
+    ) -> Result<ActorDetail, AdminError> {
+        self.class(class)?;
+        let actor = ActorAddress::new(class, name)?;
+        if !self.directory.exists(&actor) {
+            return Err(AdminError::NotFound(actor));
+        }
+        let storage = |e: weir_store::actor::ActorStoreError| AdminError::Storage(e.to_string());
+        let db = ActorDb::open_read_only(&self.directory.path(&actor)).map_err(storage)?;
+        let timers = db
+            .timers()
+            .map_err(storage)?
+            .into_iter()
+            .map(|t| TimerView {
+                reason: t.reason,
+                at_ms: t.at_ms,
+                attempt: t.attempt,
+            })
+            .collect();
+        let keys = if keys {
+            let entries = db
+                .list(&weir_store::actor::ListOptions {
+                    start,
+                    limit: Some(MAX_INSPECT_ENTRIES),
+                    ..Default::default()
+                })
+                .map_err(storage)?;
+            Some(
+                entries
+                    .into_iter()
+                    .map(|(key, value)| {
+                        let bytes = value.len();
+                        match String::from_utf8(value) {
+                            Ok(text) => EntryView {
+                                key,
+                                text: Some(text),
+                                hex: None,
+                                bytes,
+                            },
+                            Err(e) => EntryView {
+                                key,
+                                text: None,
+                                hex: Some(hex(e.as_bytes())),
+                                bytes,
+                            },
+                        }
+                    })
+                    .collect(),
+            )
+        } else {
+            None
+        };
+        Ok(ActorDetail {
+            incarnation: db.incarnation().map_err(storage)?,
+            entries: db.entry_count().map_err(storage)?,
+            timers,
+            keys,
+            summary: self.summary(&actor),
+        })
+    }
+
+    /// Deletes an actor: waits for its turn, drops it from memory, removes
+    /// its database and its timers. True if it existed.
+    pub async fn delete(&self, class: &str, name: &str) -> Result<bool, AdminError> {
+        let class = self.class(class)?.clone();
+        let actor = ActorAddress::new(&class.name, name)?;
+        let claim = self
+            .claim(&actor, &class, None)
+            .expect("unlimited claims always succeed");
+        let mut live = claim.cell.live.lock().await;
+        live.reset();
+        self.timers.set(&actor, None);
+        let existed = self
+            .directory
+            .delete(&actor)
+            .map_err(|e| AdminError::Storage(e.to_string()))?;
+        drop(live);
+        drop(claim);
+        Ok(existed)
+    }
+}
+
+#[derive(Default)]
+struct ReceiptExtra<'a> {
+    outcome: Option<&'static str>,
+    status: Option<u16>,
+    reason: Option<&'a str>,
+    attempt: Option<u32>,
+}
+
+impl ActorCalls for ActorHost {
+    fn handles(&self, host: &str) -> bool {
+        ActorAddress::is_actor_host(host)
+    }
+
+    fn call(
+        self: Arc<Self>,
+        request: http::Request<Bytes>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = http::Response<Bytes>> + Send>> {
+        Box::pin(async move { self.call_actor(request).await })
+    }
+}
+
+/// The timer dispatcher: sleeps until the earliest deadline, then hands
+/// each due actor to a delivery task of its own.
+async fn dispatch(host: std::sync::Weak<ActorHost>) {
+    loop {
+        let Some(h) = host.upgrade() else { return };
+        let now = now_ms();
+        for actor in h.timers.take_due(now) {
+            tokio::spawn(h.clone().deliver(actor));
+        }
+        let sleep_ms = h.timers.earliest().map_or(MAX_DISPATCH_SLEEP_MS, |at| {
+            (at - now_ms()).clamp(0, MAX_DISPATCH_SLEEP_MS)
+        });
+        let changed = async {
+            h.timers.changed().await;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(sleep_ms as u64)) => {}
+            _ = changed => {}
+        }
+    }
+}
+
+/// The hibernation sweeper.
+async fn sweep(host: std::sync::Weak<ActorHost>) {
+    loop {
+        let interval = {
+            let Some(h) = host.upgrade() else { return };
+            let idle = h
+                .classes
+                .values()
+                .map(|c| c.code.limits.actor_idle)
+                .min()
+                .unwrap_or(MAX_SWEEP_INTERVAL);
+            h.hibernate_idle();
+            (idle / 4).clamp(MIN_SWEEP_INTERVAL, MAX_SWEEP_INTERVAL)
+        };
+        tokio::time::sleep(interval).await;
+    }
+}

@@ -1,0 +1,298 @@
+//! The test actor: one actor class whose paths exercise every part of the
+//! actor contract from outside — turns, storage limits, SQL, traps, the
+//! output gate, timers and incarnations.
+//!
+//! | path | behaviour |
+//! |---|---|
+//! | `POST /incr` | n = n + 1 in storage; answers n |
+//! | `GET /get?key=K` | the value of K, or 404 |
+//! | `POST /pair?i=N` | writes `x:N` and `y:N` in one turn (crash tests) |
+//! | `POST /put?key=K` | stores the body under K; 413 with the error when too large |
+//! | `POST /put-many?n=N&bytes=B` | N entries of B bytes in one call |
+//! | `POST /write-then-trap` | writes `trapped`, then traps |
+//! | `POST /sync-then-trap` | writes `before`, syncs, writes `after`, traps |
+//! | `POST /fk-violation` | writes `fk`, then leaves a deferred foreign key broken |
+//! | `POST /sql` | runs the body as one statement; JSON result or 400 with the error |
+//! | `GET /whoami` | class, name, incarnation, pid base (JSON) |
+//! | `POST /sleep?ms=N` | sleeps N ms inside the turn |
+//! | `POST /schedule?reason=R&in_ms=N` | schedules R N ms from now (may be negative) |
+//! | `POST /flaky?for_ms=N` | alarm `flaky` traps until N ms from now, then succeeds |
+//! | `GET /timers` | the actor's timers (JSON) |
+//! | `GET /log` | what alarm handlers recorded, in order (JSON) |
+//! | `POST /loop` | spins forever |
+//!
+//! Alarm handlers: `tick` logs; `rearm` logs and re-arms itself 150 ms
+//! later, three times; `self-now` logs and schedules itself for "now"
+//! (twice in all); `flaky` traps until its window ends; `always-fails`
+//! errs; `other` is not handled (ignored).
+
+use std::time::Duration;
+
+use wasi::http::types::{IncomingRequest, ResponseOutparam};
+use weir_guest::actor::{self, storage, timers, Error, Value};
+use weir_guest::http::{read_body, respond};
+
+struct Probe;
+
+const MAX_BODY: usize = 4 << 20;
+
+fn query<'a>(path: &'a str, name: &str) -> Option<&'a str> {
+    let (_, q) = path.split_once('?')?;
+    q.split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+fn text(out: ResponseOutparam, status: u16, body: &str) {
+    respond(
+        out,
+        status,
+        &[("content-type", b"text/plain")],
+        body.as_bytes(),
+    );
+}
+
+fn json(out: ResponseOutparam, value: serde_json::Value) {
+    respond(
+        out,
+        200,
+        &[("content-type", b"application/json")],
+        value.to_string().as_bytes(),
+    );
+}
+
+fn error_status(e: &Error) -> u16 {
+    match e {
+        Error::EntryTooLarge(_) => 413,
+        Error::Refused(_) => 403,
+        Error::Failed(_) => 400,
+        Error::CommitFailed(_) => 503,
+        Error::NotAnActor => 500,
+    }
+}
+
+fn value_json(v: &Value) -> serde_json::Value {
+    match v {
+        Value::Null => serde_json::Value::Null,
+        Value::Integer(i) => (*i).into(),
+        Value::Real(r) => (*r).into(),
+        Value::Text(t) => t.clone().into(),
+        Value::Blob(b) => b.len().into(),
+    }
+}
+
+/// Appends a line to the alarm log (`log:<seq>`).
+fn log(line: &str) -> Result<(), Error> {
+    let seq: u64 = storage::get("log-seq")?.unwrap_or(0) + 1;
+    storage::put("log-seq", &seq)?;
+    storage::put(&format!("log:{seq:08}"), &line.to_string())
+}
+
+fn handle(request: &IncomingRequest, path: &str) -> Result<(u16, String), Error> {
+    let route = path.split('?').next().unwrap_or("");
+    Ok(match route {
+        "/incr" => {
+            let n: u64 = storage::get("n")?.unwrap_or(0) + 1;
+            storage::put("n", &n)?;
+            (200, n.to_string())
+        }
+        "/get" => {
+            let key = query(path, "key").unwrap_or("n");
+            match storage::get::<String>(key)? {
+                Some(v) => (200, v),
+                None => (404, String::new()),
+            }
+        }
+        "/pair" => {
+            let i = query(path, "i").unwrap_or("0");
+            storage::put(&format!("x:{i}"), &i.to_string())?;
+            storage::put(&format!("y:{i}"), &i.to_string())?;
+            (200, i.to_string())
+        }
+        "/put" => {
+            let key = query(path, "key").unwrap_or("k");
+            let body = read_body(request, MAX_BODY);
+            storage::put(key, &body)?;
+            (200, body.len().to_string())
+        }
+        "/put-many" => {
+            let n: usize = query(path, "n").and_then(|v| v.parse().ok()).unwrap_or(2);
+            let bytes: usize = query(path, "bytes")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1);
+            let entries: Vec<(String, Vec<u8>)> = (0..n)
+                .map(|i| (format!("many:{i}"), vec![b'm'; bytes]))
+                .collect();
+            storage::put_many(&entries)?;
+            (200, n.to_string())
+        }
+        "/write-then-trap" => {
+            storage::put("trapped", &1u64)?;
+            panic!("trap after a write");
+        }
+        "/sync-then-trap" => {
+            storage::put("before", &1u64)?;
+            storage::sync()?;
+            storage::put("after", &1u64)?;
+            panic!("trap after a sync");
+        }
+        "/fk-violation" => {
+            storage::exec(
+                "CREATE TABLE IF NOT EXISTS parent (id INTEGER PRIMARY KEY)",
+                &[],
+            )?;
+            storage::exec(
+                "CREATE TABLE IF NOT EXISTS child (p INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)",
+                &[],
+            )?;
+            storage::put("fk", &1u64)?;
+            storage::exec("INSERT INTO child (p) VALUES (42)", &[])?;
+            (200, "written".into())
+        }
+        "/sql" => {
+            let sql = String::from_utf8(read_body(request, MAX_BODY)).unwrap_or_default();
+            let r = storage::exec(&sql, &[])?;
+            let rows: Vec<Vec<serde_json::Value>> = r
+                .rows
+                .iter()
+                .map(|row| row.iter().map(value_json).collect())
+                .collect();
+            (
+                200,
+                serde_json::json!({
+                    "columns": r.columns,
+                    "rows": rows,
+                    "rows_read": r.rows_read,
+                    "rows_written": r.rows_written,
+                })
+                .to_string(),
+            )
+        }
+        "/whoami" => {
+            let me = actor::me();
+            (
+                200,
+                serde_json::json!({
+                    "class": me.class,
+                    "name": me.name,
+                    "incarnation": me.incarnation,
+                    "pid_base": me.pid_base,
+                })
+                .to_string(),
+            )
+        }
+        "/sleep" => {
+            let ms: u64 = query(path, "ms").and_then(|v| v.parse().ok()).unwrap_or(10);
+            wasi::clocks::monotonic_clock::subscribe_duration(ms * 1_000_000).block();
+            storage::put("slept", &ms)?;
+            (200, ms.to_string())
+        }
+        "/schedule" => {
+            let reason = query(path, "reason").unwrap_or("tick");
+            let in_ms: i64 = query(path, "in_ms")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let at = (timers::now_ms() as i64 + in_ms).max(0) as u64;
+            timers::schedule(reason, at)?;
+            (200, at.to_string())
+        }
+        "/flaky" => {
+            let for_ms: u64 = query(path, "for_ms")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1000);
+            storage::put("flaky-until", &(timers::now_ms() + for_ms))?;
+            timers::schedule("flaky", timers::now_ms())?;
+            (200, String::new())
+        }
+        "/timers" => {
+            let list: Vec<serde_json::Value> = timers::list()?
+                .into_iter()
+                .map(|t| serde_json::json!({"reason": t.reason, "at_ms": t.at_ms, "attempt": t.attempt}))
+                .collect();
+            (200, serde_json::Value::from(list).to_string())
+        }
+        "/log" => {
+            let lines: Vec<String> = storage::list_prefix("log:")?
+                .into_iter()
+                .map(|(_, v)| String::from_utf8_lossy(&v).into_owned())
+                .collect();
+            (200, serde_json::Value::from(lines).to_string())
+        }
+        "/loop" => loop {
+            std::hint::black_box(0);
+        },
+        _ => (404, "no such path".into()),
+    })
+}
+
+impl wasi::exports::http::incoming_handler::Guest for Probe {
+    fn handle(request: IncomingRequest, out: ResponseOutparam) {
+        let path = request.path_with_query().unwrap_or_default();
+        match handle(&request, &path) {
+            Ok((200, body)) if body.starts_with('{') || body.starts_with('[') => {
+                json(out, serde_json::from_str(&body).unwrap_or_default())
+            }
+            Ok((status, body)) => text(out, status, &body),
+            Err(e) => text(out, error_status(&e), &e.to_string()),
+        }
+    }
+}
+
+wasi::http::proxy::export!(Probe);
+
+fn tick() -> Result<Option<u64>, String> {
+    log(&format!("tick@{}", timers::now_ms())).map_err(|e| e.to_string())?;
+    Ok(None)
+}
+
+fn rearm() -> Result<Option<u64>, String> {
+    let n: u64 = storage::get("rearm-count")
+        .map_err(|e| e.to_string())?
+        .unwrap_or(0)
+        + 1;
+    storage::put("rearm-count", &n).map_err(|e| e.to_string())?;
+    log(&format!("rearm#{n}")).map_err(|e| e.to_string())?;
+    Ok((n < 3).then(|| timers::now_ms() + Duration::from_millis(150).as_millis() as u64))
+}
+
+fn self_now() -> Result<Option<u64>, String> {
+    let n: u64 = storage::get("self-now-count")
+        .map_err(|e| e.to_string())?
+        .unwrap_or(0)
+        + 1;
+    storage::put("self-now-count", &n).map_err(|e| e.to_string())?;
+    log(&format!(
+        "self-now#{n}@incarnation{}",
+        actor::me().incarnation
+    ))
+    .map_err(|e| e.to_string())?;
+    if n < 2 {
+        // Due at once, but not part of the dispatch that is running now.
+        timers::schedule("self-now", timers::now_ms()).map_err(|e| e.to_string())?;
+    }
+    Ok(None)
+}
+
+fn flaky() -> Result<Option<u64>, String> {
+    let until: u64 = storage::get("flaky-until")
+        .map_err(|e| e.to_string())?
+        .unwrap_or(0);
+    if timers::now_ms() < until {
+        panic!("flaky alarm traps until its window ends");
+    }
+    log(&format!("flaky@{}", timers::now_ms())).map_err(|e| e.to_string())?;
+    Ok(None)
+}
+
+fn always_fails() -> Result<Option<u64>, String> {
+    Err("always-fails never succeeds".into())
+}
+
+weir_guest::alarms! {
+    "tick" => tick,
+    "rearm" => rearm,
+    "self-now" => self_now,
+    "flaky" => flaky,
+    "always-fails" => always_fails,
+}
