@@ -332,11 +332,14 @@ pub async fn alarm_turns(
         .expect("woken")
         .with_db(|db| db.due(now))
         .map_err(|e| e.to_string())?;
+    let mut woke = report.woke;
     for timer in due {
-        let mut report = TurnReport::default();
-        if let Err(e) = wake(ctx, live, &mut report).await {
-            return Err(e);
-        }
+        let mut report = TurnReport {
+            // The first turn after a wake is the one that paid for it.
+            woke: std::mem::take(&mut woke),
+            ..Default::default()
+        };
+        wake(ctx, live, &mut report).await?;
         report.incarnation = live.incarnation;
         let outcome = alarm_turn(ctx, live, &timer.reason, timer.attempt, &mut report).await;
         each(&timer.reason, &outcome, &report);

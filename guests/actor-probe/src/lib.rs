@@ -7,6 +7,8 @@
 //! | `POST /incr` | n = n + 1 in storage; answers n |
 //! | `GET /get?key=K` | the value of K, or 404 |
 //! | `POST /pair?i=N` | writes `x:N` and `y:N` in one turn (crash tests) |
+//! | `GET /pairs` | every N with `x:N`, and every N with `y:N` (JSON) |
+//! | `POST /gate?port=P` | writes `gate`, then GETs `http://127.0.0.1:P/`; answers its body |
 //! | `POST /put?key=K` | stores the body under K; 413 with the error when too large |
 //! | `POST /put-many?n=N&bytes=B` | N entries of B bytes in one call |
 //! | `POST /write-then-trap` | writes `trapped`, then traps |
@@ -109,6 +111,29 @@ fn handle(request: &IncomingRequest, path: &str) -> Result<(u16, String), Error>
             storage::put(&format!("x:{i}"), &i.to_string())?;
             storage::put(&format!("y:{i}"), &i.to_string())?;
             (200, i.to_string())
+        }
+        "/pairs" => {
+            let numbers = |prefix: &str| -> Result<Vec<u64>, Error> {
+                let mut n: Vec<u64> = storage::list_prefix(prefix)?
+                    .into_iter()
+                    .filter_map(|(k, _)| k[prefix.len()..].parse().ok())
+                    .collect();
+                n.sort_unstable();
+                Ok(n)
+            };
+            (
+                200,
+                serde_json::json!({ "x": numbers("x:")?, "y": numbers("y:")? }).to_string(),
+            )
+        }
+        "/gate" => {
+            let port = query(path, "port").unwrap_or("80");
+            storage::put("gate", &1u64)?;
+            let seen = match weir_guest::http::send("GET", &format!("127.0.0.1:{port}"), "/", b"") {
+                Ok(reply) => String::from_utf8_lossy(&reply.body).into_owned(),
+                Err(e) => format!("fetch failed: {e}"),
+            };
+            (200, seen)
         }
         "/put" => {
             let key = query(path, "key").unwrap_or("k");

@@ -10,6 +10,9 @@ use weir_guest::http::{read_body, respond};
 /// this only bounds what the gateway reads.
 const MAX_BODY: usize = 8 << 20;
 
+/// Response headers passed back from the actor.
+const FORWARDED: &[&str] = &["content-type", "cache-control", "x-content-type-options"];
+
 struct Gateway;
 
 fn method_name(m: &Method) -> String {
@@ -39,12 +42,15 @@ impl wasi::exports::http::incoming_handler::Guest for Gateway {
         let method = method_name(&request.method());
         let body = read_body(&request, MAX_BODY);
         match weir_guest::actor::call(class, name, &method, &rest, &body) {
-            Ok((status, body)) => respond(
-                out,
-                status,
-                &[("content-type", b"application/octet-stream")],
-                &body,
-            ),
+            Ok(reply) => {
+                let headers: Vec<(&str, &[u8])> = reply
+                    .headers
+                    .iter()
+                    .filter(|(k, _)| FORWARDED.contains(&k.as_str()))
+                    .map(|(k, v)| (k.as_str(), v.as_slice()))
+                    .collect();
+                respond(out, reply.status, &headers, &reply.body)
+            }
             Err(e) => respond(out, 502, &[("x-call-error", e.as_bytes())], e.as_bytes()),
         }
     }

@@ -157,14 +157,27 @@ pub mod http {
         OutgoingBody::finish(out_body, None).expect("complete");
     }
 
+    /// A whole response to [`send`].
+    #[derive(Debug)]
+    pub struct Reply {
+        pub status: u16,
+        pub headers: Vec<(String, Vec<u8>)>,
+        pub body: Vec<u8>,
+    }
+
+    impl Reply {
+        /// The first value of a header, by lowercase name.
+        pub fn header(&self, name: &str) -> Option<&[u8]> {
+            self.headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_slice())
+        }
+    }
+
     /// Sends `method` `http://authority/path` with `body` and waits for the
-    /// whole response: its status and body, or why it failed.
-    pub fn send(
-        method: &str,
-        authority: &str,
-        path: &str,
-        body: &[u8],
-    ) -> Result<(u16, Vec<u8>), String> {
+    /// whole response, or says why it failed.
+    pub fn send(method: &str, authority: &str, path: &str, body: &[u8]) -> Result<Reply, String> {
         use wasi::http::types::{Method, Scheme};
         let headers = Fields::from_list(&[(
             "content-length".to_string(),
@@ -210,6 +223,7 @@ pub mod http {
             _ => return Err("no response".into()),
         };
         let status = response.status();
+        let headers = response.headers().entries();
         let incoming = response.consume().map_err(|_| "body taken")?;
         let stream = incoming.stream().map_err(|_| "stream taken")?;
         let mut bytes = Vec::new();
@@ -220,7 +234,11 @@ pub mod http {
                 Err(e) => return Err(format!("body failed: {e:?}")),
             }
         }
-        Ok((status, bytes))
+        Ok(Reply {
+            status,
+            headers,
+            body: bytes,
+        })
     }
 
     /// Reads a request's whole body, up to `limit` bytes (more is cut off).
@@ -425,14 +443,14 @@ pub mod actor {
     }
 
     /// Calls actor `name` of `class`: `method` `path` with `body`; its
-    /// status and body, or why the call could not be made.
+    /// whole response, or why the call could not be made.
     pub fn call(
         class: &str,
         name: &str,
         method: &str,
         path: &str,
         body: &[u8],
-    ) -> Result<(u16, Vec<u8>), String> {
+    ) -> Result<crate::http::Reply, String> {
         crate::http::send(
             method,
             &format!("{name}.{class}.actor.internal"),

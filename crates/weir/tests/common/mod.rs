@@ -191,6 +191,57 @@ impl Weir {
             .collect()
     }
 
+    /// Receipts of actor turns (`weir::actor`), in order.
+    pub fn actor_receipts(&self) -> Vec<Value> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["target"] == "weir::actor")
+            .map(|v| {
+                let mut fields = v["fields"].clone();
+                fields["timestamp"] = v["timestamp"].clone();
+                fields
+            })
+            .collect()
+    }
+
+    /// Waits until `n` actor receipts match (they are read from the log,
+    /// a moment after the turn), returning them.
+    pub async fn actor_receipts_where(&self, n: usize, f: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let matching: Vec<Value> = self.actor_receipts().into_iter().filter(|r| f(r)).collect();
+            if matching.len() >= n {
+                assert_eq!(matching.len(), n, "{matching:#?}");
+                return matching;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {} matching actor receipts: {matching:#?}",
+                matching.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until an actor turn's receipt matches, returning it.
+    pub async fn actor_receipt_where(&self, f: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(r) = self.actor_receipts().into_iter().find(|r| f(r)) {
+                return r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no matching actor receipt in:\n{:#?}",
+                self.actor_receipts()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits until a receipt matches, returning it.
     pub async fn receipt_where(&self, f: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -243,8 +294,14 @@ impl Weir {
     }
 
     pub async fn admin_get(&self, path: &str) -> Resp {
+        self.admin_send("GET", path).await
+    }
+
+    pub async fn admin_send(&self, method: &str, path: &str) -> Resp {
         let admin = self.admin.expect("admin listener");
-        let req = Request::get(path)
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
             .header("host", admin.to_string())
             .body(Full::new(Bytes::new()))
             .unwrap();

@@ -1,0 +1,796 @@
+//! Durable actors from outside: a real `weir serve` with the `gateway`
+//! worker in front of the `actor-probe` class, real SQLite files, SIGKILL.
+
+mod common;
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use common::{Resp, Weir, guest, send_to};
+use http::Request;
+use http_body_util::Full;
+use serde_json::Value;
+
+fn data_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("weir-actors-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn start(dir: &Path, extra: &[&str]) -> Weir {
+    let actor = format!("probe={}", guest("actor_probe").display());
+    let gateway = guest("gateway");
+    let mut args = vec![
+        gateway.to_str().unwrap(),
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--actor",
+        &actor,
+    ];
+    args.extend_from_slice(extra);
+    Weir::start_with(&args)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+async fn post(weir: &Weir, path: &str, body: Vec<u8>) -> Resp {
+    weir.send(
+        Request::post(path)
+            .body(Full::new(Bytes::from(body)))
+            .unwrap(),
+    )
+    .await
+}
+
+async fn incarnation(weir: &Weir, actor: &str) -> u64 {
+    let r = weir.get(&format!("/probe/{actor}/whoami")).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let v = r.json();
+    assert_eq!(
+        v["pid_base"],
+        v["incarnation"].as_u64().unwrap() * 1_000_000
+    );
+    v["incarnation"].as_u64().unwrap()
+}
+
+/// The actor's alarm log, as its handlers wrote it.
+async fn alarm_log(weir: &Weir, actor: &str) -> Vec<String> {
+    let r = weir.get(&format!("/probe/{actor}/log")).await;
+    assert_eq!(r.status, 200);
+    serde_json::from_value(r.json()).unwrap()
+}
+
+async fn wait_log(weir: &Weir, actor: &str, f: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = alarm_log(weir, actor).await;
+        if f(&log) {
+            return log;
+        }
+        assert!(Instant::now() < deadline, "alarm log stayed {log:?}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn inspect(weir: &Weir, actor: &str) -> Value {
+    let r = weir
+        .admin_get(&format!("/actors/probe/{actor}?keys=1"))
+        .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    r.json()
+}
+
+/// When a receipt's turn held the actor: (start, end) in µs since the
+/// epoch; the receipt is written as the turn ends, and says how long it
+/// waited before it began.
+fn turn_span(r: &Value) -> (u128, u128) {
+    let end = humantime::parse_rfc3339(r["timestamp"].as_str().unwrap())
+        .unwrap()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros();
+    let held = r["total_us"].as_u64().unwrap() - r["queued_us"].as_u64().unwrap();
+    (end - held as u128, end)
+}
+
+#[tokio::test]
+async fn concurrent_increments_lose_no_update_and_actors_run_in_parallel() {
+    let dir = data_dir("counter");
+    let weir = Arc::new(start(&dir, &[]));
+    const CONNECTIONS: usize = 50;
+    const PER_CONNECTION: usize = 40;
+    let mut tasks = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let weir = weir.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for _ in 0..PER_CONNECTION {
+                let r = post(&weir, "/probe/hot/incr", Vec::new()).await;
+                assert_eq!(r.status, 200, "{:?}", r.body);
+                seen.push(r.text().parse::<u64>().unwrap());
+            }
+            seen
+        }));
+    }
+    let mut all = BTreeSet::new();
+    for t in tasks {
+        for n in t.await.unwrap() {
+            assert!(all.insert(n), "value {n} handed out twice");
+        }
+    }
+    let total = (CONNECTIONS * PER_CONNECTION) as u64;
+    assert_eq!(
+        all,
+        (1..=total).collect(),
+        "every increment got its own value"
+    );
+    assert_eq!(
+        weir.get("/probe/hot/get?key=n").await.text(),
+        total.to_string()
+    );
+
+    // Four actors sleeping at once overlap in time; four turns of one
+    // actor never do.
+    let mut sleeps = Vec::new();
+    for actor in ["p1", "p2", "p3", "p4", "solo", "solo", "solo", "solo"] {
+        let weir = weir.clone();
+        sleeps.push(tokio::spawn(async move {
+            post(&weir, &format!("/probe/{actor}/sleep?ms=200"), Vec::new())
+                .await
+                .status
+        }));
+    }
+    for s in sleeps {
+        assert_eq!(s.await.unwrap(), 200);
+    }
+    let mut parallel = Vec::new();
+    for name in ["p1", "p2", "p3", "p4"] {
+        let r = weir
+            .actor_receipts_where(1, |r| r["name"] == name && r["status"] == 200)
+            .await;
+        parallel.push(turn_span(&r[0]));
+    }
+    let latest_start = parallel.iter().map(|s| s.0).max().unwrap();
+    let earliest_end = parallel.iter().map(|s| s.1).min().unwrap();
+    assert!(
+        latest_start < earliest_end,
+        "turns of different actors overlap: {parallel:?}"
+    );
+    let mut solo: Vec<_> = weir
+        .actor_receipts_where(4, |r| r["name"] == "solo" && r["status"] == 200)
+        .await
+        .iter()
+        .map(turn_span)
+        .collect();
+    solo.sort();
+    for pair in solo.windows(2) {
+        assert!(
+            pair[0].1 <= pair[1].0,
+            "turns of one actor never overlap: {solo:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_trap_mid_turn_leaves_nothing_and_the_next_call_is_a_fresh_incarnation() {
+    let dir = data_dir("trap");
+    let weir = start(&dir, &["--limit", "event_limit_ms=500"]);
+    let first = incarnation(&weir, "t").await;
+    post(&weir, "/probe/t/write-then-trap", Vec::new())
+        .await
+        .assert_weir_error(503, "instance_abandoned");
+    assert_eq!(weir.get("/probe/t/get?key=trapped").await.status, 404);
+    let second = incarnation(&weir, "t").await;
+    assert!(second > first, "{second} > {first}");
+
+    // A sync inside the turn makes what came before it durable; the rest
+    // of the trapped turn is gone.
+    post(&weir, "/probe/t/sync-then-trap", Vec::new())
+        .await
+        .assert_weir_error(503, "instance_abandoned");
+    assert_eq!(weir.get("/probe/t/get?key=before").await.text(), "1");
+    assert_eq!(weir.get("/probe/t/get?key=after").await.status, 404);
+
+    // A turn that never returns is cut at the deadline, the same way.
+    post(&weir, "/probe/t/loop", Vec::new())
+        .await
+        .assert_weir_error(503, "event_deadline_exceeded");
+    weir.actor_receipt_where(|r| r["name"] == "t" && r["error"] == "event_deadline_exceeded")
+        .await;
+    let third = incarnation(&weir, "t").await;
+    assert!(third > second, "{third} > {second}");
+    let r = weir
+        .actor_receipt_where(|r| r["error"] == "instance_abandoned")
+        .await;
+    assert_eq!(r["class"], "probe");
+    assert_eq!(r["name"], "t");
+}
+
+#[tokio::test]
+async fn a_commit_that_fails_resets_the_actor_and_keeps_none_of_the_turn() {
+    let dir = data_dir("commit");
+    let weir = start(&dir, &[]);
+    assert_eq!(post(&weir, "/probe/c/incr", Vec::new()).await.text(), "1");
+    let before = incarnation(&weir, "c").await;
+    // The turn leaves a deferred foreign key broken: SQLite refuses the
+    // commit at the turn's end.
+    post(&weir, "/probe/c/fk-violation", Vec::new())
+        .await
+        .assert_weir_error(503, "storage_commit_failed");
+    assert_eq!(weir.get("/probe/c/get?key=fk").await.status, 404);
+    assert_eq!(weir.get("/probe/c/get?key=n").await.text(), "1");
+    let after = incarnation(&weir, "c").await;
+    assert!(after > before, "reset: {after} > {before}");
+    let r = weir
+        .actor_receipt_where(|r| r["error"] == "storage_commit_failed")
+        .await;
+    assert!(r["detail"].as_str().unwrap().contains("FOREIGN KEY"), "{r}");
+}
+
+#[tokio::test]
+async fn the_output_gate_holds_outbound_requests_until_earlier_writes_are_durable() {
+    use hyper::server::conn::http1;
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+
+    let dir = data_dir("gate");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let allow = format!("http://127.0.0.1:{port}");
+    let weir = Arc::new(start(&dir, &["--allow-outbound", &allow]));
+    // The upstream looks at the actor's database from outside (a separate,
+    // read-only connection) while the actor's turn is still running.
+    let admin = weir.admin.unwrap();
+    tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        let service = service_fn(move |_req| async move {
+            let r = send_to(
+                admin,
+                Request::get("/actors/probe/g?keys=1")
+                    .header("host", admin.to_string())
+                    .body(Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+            .await;
+            let seen = r.json()["keys"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|k| k["key"] == "gate");
+            Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::from(
+                if seen { "durable" } else { "not durable" },
+            ))))
+        });
+        let _ = http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), service)
+            .await;
+    });
+    // First use creates the database, so the upstream can open it.
+    assert_eq!(incarnation(&weir, "g").await, 1);
+    let r = post(&weir, &format!("/probe/g/gate?port={port}"), Vec::new()).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "durable");
+}
+
+/// The acknowledged pairs of one writer; SIGKILL may cut it anywhere.
+async fn write_pairs(
+    weir: Arc<Weir>,
+    actor: String,
+    next: Arc<AtomicU64>,
+    acked: Arc<std::sync::Mutex<Vec<u64>>>,
+) {
+    loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let addr = weir.addr;
+        let req = Request::post(format!("/probe/{actor}/pair?i={i}"))
+            .header("host", addr.to_string())
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        // A request cut by the kill panics inside its own task; stop there.
+        let r = tokio::spawn(send_to(addr, req)).await;
+        match r {
+            Ok(r) if r.status == 200 && r.text() == i.to_string() => acked.lock().unwrap().push(i),
+            _ => return,
+        }
+    }
+}
+
+#[tokio::test]
+async fn acknowledged_writes_survive_sigkill_and_no_turn_is_half_applied() {
+    const CYCLES: u64 = 20;
+    const ACTORS: [&str; 4] = ["k0", "k1", "k2", "k3"];
+    let dir = data_dir("sigkill");
+    let acked: HashMap<&str, Arc<std::sync::Mutex<Vec<u64>>>> = ACTORS
+        .iter()
+        .map(|a| (*a, Arc::new(std::sync::Mutex::new(Vec::new()))))
+        .collect();
+    let next: HashMap<&str, Arc<AtomicU64>> = ACTORS
+        .iter()
+        .map(|a| (*a, Arc::new(AtomicU64::new(0))))
+        .collect();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for cycle in 0..CYCLES {
+        let weir = Arc::new(start(&dir, &[]));
+        // Everything acknowledged before the last kill is still there,
+        // and every turn left both of its keys or neither.
+        for actor in ACTORS {
+            let so_far = acked[actor].lock().unwrap().clone();
+            check_pairs(&weir, actor, &so_far).await;
+        }
+        let writers: Vec<_> = ACTORS
+            .iter()
+            .map(|a| {
+                tokio::spawn(write_pairs(
+                    weir.clone(),
+                    a.to_string(),
+                    next[a].clone(),
+                    acked[a].clone(),
+                ))
+            })
+            .collect();
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let wait = 20 + seed % 200;
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        weir.signal("KILL");
+        for w in writers {
+            let _ = w.await;
+        }
+        let _ = cycle;
+    }
+    let weir = start(&dir, &[]);
+    let mut total = 0;
+    for actor in ACTORS {
+        let acked = acked[actor].lock().unwrap().clone();
+        total += acked.len();
+        check_pairs(&weir, actor, &acked).await;
+    }
+    assert!(total > 0, "some writes were acknowledged");
+    eprintln!("{CYCLES} SIGKILL cycles, {total} acknowledged pair writes checked");
+}
+
+async fn check_pairs(weir: &Weir, actor: &str, acked: &[u64]) {
+    let r = weir.get(&format!("/probe/{actor}/pairs")).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let v = r.json();
+    let x: BTreeSet<u64> = serde_json::from_value(v["x"].clone()).unwrap();
+    let y: BTreeSet<u64> = serde_json::from_value(v["y"].clone()).unwrap();
+    assert_eq!(x, y, "{actor}: a turn was half applied");
+    for i in acked {
+        assert!(x.contains(i), "{actor}: acknowledged write {i} lost");
+    }
+}
+
+#[tokio::test]
+async fn limits_value_size_queue_overflow_and_reserved_tables() {
+    let dir = data_dir("limits");
+    let weir = Arc::new(start(
+        &dir,
+        &[
+            "--limit",
+            "max_request_body_bytes=8388608",
+            "--limit",
+            "actor_max_queued=2",
+            // Three 400 ms turns in a row, waited for by the gateway.
+            "--limit",
+            "event_limit_ms=5000",
+        ],
+    ));
+    // An entry is at most 2 MiB, key included.
+    const LIMIT: usize = 2 << 20;
+    let r = post(&weir, "/probe/l/put?key=k", vec![b'v'; LIMIT - 1]).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let r = post(&weir, "/probe/l/put?key=k2", vec![b'v'; LIMIT - 1]).await;
+    assert_eq!(r.status, 413);
+    assert!(
+        r.text().contains("2097152"),
+        "the limit is named: {}",
+        r.text()
+    );
+    assert_eq!(weir.get("/probe/l/get?key=k2").await.status, 404);
+    // One oversized entry in a batch: none of the batch is written.
+    let r = post(
+        &weir,
+        &format!("/probe/l/put-many?n=3&bytes={LIMIT}"),
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(r.status, 413);
+    assert_eq!(weir.get("/probe/l/get?key=many:0").await.status, 404);
+
+    // User SQL works on its own tables and is refused on Weir's.
+    let sql = |q: &str| post(&weir, "/probe/l/sql", q.as_bytes().to_vec());
+    assert_eq!(sql("CREATE TABLE t (a INTEGER)").await.status, 200);
+    let r = sql("INSERT INTO t VALUES (1), (2)").await;
+    assert_eq!(r.json()["rows_written"], 2);
+    let r = sql("SELECT sum(a) AS s FROM t").await;
+    assert_eq!(r.json()["rows"][0][0], 3);
+    for refused in [
+        "SELECT * FROM _weir_kv",
+        "DELETE FROM _weir_timers",
+        "UPDATE _weir_meta SET value = 0",
+        "PRAGMA foreign_keys = OFF",
+        "ATTACH DATABASE '/tmp/x' AS x",
+    ] {
+        let r = sql(refused).await;
+        assert_eq!(r.status, 403, "{refused}: {:?}", r.body);
+    }
+    assert_eq!(
+        incarnation(&weir, "l").await,
+        1,
+        "refusals do not reset the actor"
+    );
+
+    // One turn runs, two wait, the rest are refused at once.
+    let mut calls = Vec::new();
+    for _ in 0..10 {
+        let weir = weir.clone();
+        calls.push(tokio::spawn(async move {
+            post(&weir, "/probe/busy/sleep?ms=400", Vec::new()).await
+        }));
+    }
+    let (mut ok, mut overloaded) = (0, 0);
+    for c in calls {
+        let r = c.await.unwrap();
+        match r.status.as_u16() {
+            200 => ok += 1,
+            503 => {
+                r.assert_weir_error(503, "actor_overloaded");
+                overloaded += 1;
+            }
+            other => panic!("unexpected {other}: {:?}", r.body),
+        }
+    }
+    assert_eq!((ok, overloaded), (3, 7));
+    let status = weir.admin_get("/actors").await.json();
+    assert_eq!(status["status"]["overloaded"], 7);
+}
+
+#[tokio::test]
+async fn unknown_classes_and_bad_addresses_are_named() {
+    let dir = data_dir("address");
+    let weir = start(&dir, &[]);
+    weir.get("/nope/a/x")
+        .await
+        .assert_weir_error(404, "actor_class_unknown");
+    weir.get("/probe/a..b/x")
+        .await
+        .assert_weir_error(400, "actor_address_invalid");
+}
+
+#[tokio::test]
+async fn timers_keep_the_earliest_rearm_by_return_and_run_due_sets_as_snapshots() {
+    let dir = data_dir("timers");
+    let weir = start(&dir, &[]);
+    // Earliest wins per reason.
+    post(
+        &weir,
+        "/probe/a/schedule?reason=tick&in_ms=60000",
+        Vec::new(),
+    )
+    .await;
+    let early = post(&weir, "/probe/a/schedule?reason=tick&in_ms=300", Vec::new())
+        .await
+        .text();
+    post(
+        &weir,
+        "/probe/a/schedule?reason=tick&in_ms=90000",
+        Vec::new(),
+    )
+    .await;
+    let timers = weir.get("/probe/a/timers").await.json();
+    assert_eq!(timers.as_array().unwrap().len(), 1);
+    assert_eq!(timers[0]["at_ms"].to_string(), early);
+    let log = wait_log(&weir, "a", |l| !l.is_empty()).await;
+    assert!(log[0].starts_with("tick@"));
+    let fired: u64 = log[0]["tick@".len()..].parse().unwrap();
+    assert!(
+        fired >= early.parse::<u64>().unwrap(),
+        "not before its time"
+    );
+    assert!(
+        weir.get("/probe/a/timers")
+            .await
+            .json()
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+
+    // A handler re-arms by what it returns (three runs, then none).
+    post(&weir, "/probe/b/schedule?reason=rearm&in_ms=0", Vec::new()).await;
+    let log = wait_log(&weir, "b", |l| l.len() == 3).await;
+    assert_eq!(log, ["rearm#1", "rearm#2", "rearm#3"]);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(alarm_log(&weir, "b").await.len(), 3);
+    assert!(
+        weir.get("/probe/b/timers")
+            .await
+            .json()
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+
+    // A handler that schedules its own reason for "now" runs again, but
+    // in a later dispatch, not the one that ran it.
+    post(
+        &weir,
+        "/probe/c/schedule?reason=self-now&in_ms=0",
+        Vec::new(),
+    )
+    .await;
+    let log = wait_log(&weir, "c", |l| l.len() == 2).await;
+    assert!(log[0].starts_with("self-now#1") && log[1].starts_with("self-now#2"));
+    let receipts = weir
+        .actor_receipts_where(2, |r| r["name"] == "c" && r["reason"] == "self-now")
+        .await;
+    assert_ne!(receipts[0]["dispatch"], receipts[1]["dispatch"]);
+
+    // A reason without a handler is consumed and ignored.
+    post(&weir, "/probe/d/schedule?reason=other&in_ms=0", Vec::new()).await;
+    weir.actor_receipt_where(|r| {
+        r["name"] == "d" && r["reason"] == "other" && r["outcome"] == "ok"
+    })
+    .await;
+    assert!(
+        weir.get("/probe/d/timers")
+            .await
+            .json()
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_failing_alarm_is_retried_with_backoff_then_dropped() {
+    let dir = data_dir("retry");
+    let mut weir = start(&dir, &[]);
+    let asked = now_ms();
+    post(&weir, "/probe/f/flaky?for_ms=1000", Vec::new()).await;
+    let failed = weir
+        .actor_receipt_where(|r| r["reason"] == "flaky" && r["outcome"] == "retrying")
+        .await;
+    assert_eq!(failed["attempt"], 1);
+    assert_eq!(failed["error"], "instance_abandoned");
+    let timer = &inspect(&weir, "f").await["timers"][0];
+    assert_eq!(timer["reason"], "flaky");
+    assert_eq!(timer["attempt"], 1);
+    let retry_at = timer["at_ms"].as_u64().unwrap();
+    assert!(retry_at >= asked + 2000, "first retry backs off 2 s");
+    let log = wait_log(&weir, "f", |l| !l.is_empty()).await;
+    let ran: u64 = log[0]["flaky@".len()..].parse().unwrap();
+    assert!(ran >= retry_at);
+    weir.actor_receipt_where(|r| r["reason"] == "flaky" && r["outcome"] == "ok")
+        .await;
+
+    // A timer on its last retry that fails again is dropped, with an
+    // error receipt. (Six real retries take two minutes; the test starts
+    // from the sixth by editing the stopped actor's database.)
+    post(
+        &weir,
+        "/probe/f/schedule?reason=always-fails&in_ms=600000",
+        Vec::new(),
+    )
+    .await;
+    weir.signal("KILL");
+    weir.wait_exit(Duration::from_secs(10));
+    let db = rusqlite::Connection::open(dir.join("actors/probe/f.sqlite3")).unwrap();
+    db.execute(
+        "UPDATE _weir_timers SET attempt = 6, at_ms = ?1 WHERE reason = 'always-fails'",
+        [now_ms() as i64],
+    )
+    .unwrap();
+    drop(db);
+    let weir = start(&dir, &[]);
+    let dropped = weir
+        .actor_receipt_where(|r| r["reason"] == "always-fails")
+        .await;
+    assert_eq!(dropped["outcome"], "dropped");
+    assert_eq!(dropped["attempt"], 7);
+    assert_eq!(dropped["error"], "invalid_response");
+    assert!(
+        dropped["detail"]
+            .as_str()
+            .unwrap()
+            .contains("never succeeds")
+    );
+    assert!(
+        inspect(&weir, "f").await["timers"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn timers_survive_sigkill_and_wake_hibernated_actors() {
+    let dir = data_dir("wake");
+    let weir = start(&dir, &["--limit", "actor_idle_ms=200"]);
+    post(
+        &weir,
+        "/probe/sleeper/schedule?reason=tick&in_ms=1500",
+        Vec::new(),
+    )
+    .await;
+    post(
+        &weir,
+        "/probe/killed/schedule?reason=tick&in_ms=800",
+        Vec::new(),
+    )
+    .await;
+    weir.signal("KILL");
+    drop(weir);
+    // After the restart: the killed actor's timer fires from the index
+    // built at start, and the sleeper hibernates before its timer wakes it.
+    let weir = start(&dir, &["--limit", "actor_idle_ms=200"]);
+    let woke = weir
+        .actor_receipt_where(|r| r["name"] == "killed" && r["reason"] == "tick")
+        .await;
+    assert_eq!(woke["outcome"], "ok");
+    assert_eq!(woke["woke"], true);
+    let r = weir
+        .actor_receipt_where(|r| r["name"] == "sleeper" && r["reason"] == "tick")
+        .await;
+    assert_eq!(r["woke"], true, "the timer woke a hibernated actor");
+    assert_eq!(alarm_log(&weir, "sleeper").await.len(), 1);
+    assert_eq!(alarm_log(&weir, "killed").await.len(), 1);
+    // Touched by the log reads above; idle again after actor_idle_ms.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let list = weir.admin_get("/actors/probe").await.json();
+        let live: Vec<_> = list["actors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["live"] == true)
+            .collect();
+        if live.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "actors never hibernated: {list}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn ten_thousand_idle_actors_hibernate_memory_returns_and_each_wakes_with_its_data() {
+    const ACTORS: usize = 10_000;
+    const CONNECTIONS: usize = 16;
+    let dir = data_dir("hibernate");
+    let weir = Arc::new(start(&dir, &["--limit", "actor_idle_ms=2000"]));
+    // Baseline: the server after a few actors have come and gone.
+    for i in 0..20 {
+        post(&weir, &format!("/probe/warm-{i}/incr"), Vec::new()).await;
+    }
+    wait_live(&weir, 0).await;
+    let baseline = rss_kib(weir.pid());
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let (weir, next) = (weir.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                if i >= ACTORS {
+                    return;
+                }
+                let r = post(&weir, &format!("/probe/a{i}/incr"), Vec::new()).await;
+                assert_eq!(r.status, 200, "{:?}", r.body);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let peak = rss_kib(weir.pid());
+    wait_live(&weir, 0).await;
+    // Freed memory is handed back to the kernel lazily; give it a moment.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = rss_kib(weir.pid());
+    eprintln!(
+        "RSS: baseline {baseline} KiB, {ACTORS} live actors {peak} KiB ({:.1} KiB each), hibernated {after} KiB ({:.2} KiB each over baseline)",
+        (peak.saturating_sub(baseline)) as f64 / ACTORS as f64,
+        (after.saturating_sub(baseline)) as f64 / ACTORS as f64,
+    );
+    let grown = peak.saturating_sub(baseline);
+    assert!(grown > 0);
+    assert!(
+        after.saturating_sub(baseline) * 4 < grown,
+        "at least three quarters of the live actors' memory is returned: baseline {baseline}, peak {peak}, after {after}"
+    );
+    let listed = weir.admin_get("/actors/probe").await.json();
+    assert_eq!(listed["actors"].as_array().unwrap().len(), ACTORS + 20);
+    // Every 50th actor wakes with its data.
+    for i in (0..ACTORS).step_by(50) {
+        let r = weir.get(&format!("/probe/a{i}/get?key=n")).await;
+        assert_eq!(r.text(), "1", "actor a{i}");
+    }
+}
+
+async fn wait_live(weir: &Weir, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = weir.admin_get("/actors").await.json();
+        if status["status"]["live"] == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "live actors stayed at {}",
+            status["status"]["live"]
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn operators_list_inspect_and_delete_actors() {
+    let dir = data_dir("cli");
+    let weir = start(&dir, &[]);
+    post(&weir, "/probe/x/incr", Vec::new()).await;
+    post(&weir, "/probe/x/incr", Vec::new()).await;
+    post(
+        &weir,
+        "/probe/y/schedule?reason=tick&in_ms=3600000",
+        Vec::new(),
+    )
+    .await;
+    let admin = weir.admin.unwrap().to_string();
+    let cli = |args: &[&str]| {
+        let mut all = vec!["actors", "--admin", &admin];
+        all.extend_from_slice(args);
+        common::weir_command().args(&all).output().unwrap()
+    };
+    let out = cli(&["list"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let actors = listed["actors"].as_array().unwrap();
+    assert_eq!(actors.len(), 2);
+    assert_eq!(actors[0]["name"], "x");
+    assert_eq!(actors[0]["live"], true);
+    assert!(actors[0]["storage_bytes"].as_u64().unwrap() > 0);
+    assert!(actors[1]["next_timer_ms"].as_u64().unwrap() > now_ms());
+
+    let out = cli(&["inspect", "probe", "x", "--keys"]);
+    assert!(out.status.success());
+    let detail: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(detail["incarnation"], 1);
+    assert_eq!(detail["entries"], 1);
+    assert_eq!(detail["keys"][0]["key"], "n");
+    assert_eq!(detail["keys"][0]["text"], "2");
+
+    let out = cli(&["delete", "probe", "x"]);
+    assert!(out.status.success());
+    let out = cli(&["inspect", "probe", "x"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("actor_not_found"));
+    // Used again, it starts over.
+    assert_eq!(post(&weir, "/probe/x/incr", Vec::new()).await.text(), "1");
+    let out = cli(&["inspect", "nope", "x"]);
+    assert_eq!(out.status.code(), Some(2));
+}
