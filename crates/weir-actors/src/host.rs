@@ -337,9 +337,12 @@ impl ActorHost {
     }
 
     /// Ends a turn's bookkeeping: the actor's next deadline goes back into
-    /// the index, and its idle clock restarts.
-    fn after_turn(&self, cell: &Cell, live: &Live) {
-        if live.gate.is_some() {
+    /// the index (when its timers may have changed, or always after alarm
+    /// turns), and its idle clock restarts.
+    fn after_turn(&self, cell: &Cell, live: &Live, alarms_ran: bool) {
+        if let Some(gate) = &live.gate
+            && (gate.take_timers_changed() || alarms_ran)
+        {
             self.timers.set(&cell.address, live.next_deadline());
         }
         cell.last_active_ms
@@ -353,6 +356,7 @@ impl ActorHost {
         report: &TurnReport,
         extra: ReceiptExtra<'_>,
         started: Instant,
+        ended: Instant,
     ) {
         if report.error.is_some() {
             self.counters.failed_turns.fetch_add(1, Ordering::Relaxed);
@@ -362,7 +366,10 @@ impl ActorHost {
         }
         let Some(sink) = &self.sink else { return };
         let line = ReceiptLine {
-            timestamp: humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string(),
+            timestamp: humantime::format_rfc3339_micros(
+                std::time::SystemTime::now() - ended.elapsed(),
+            )
+            .to_string(),
             level: if report.error.is_some() {
                 "WARN"
             } else {
@@ -388,7 +395,7 @@ impl ActorHost {
                 woke: report.woke,
                 queued_us: extra.queued.map(|q| q.as_micros() as u64),
                 wasm_us: report.wasm.map(|w| w.as_micros() as u64),
-                total_us: started.elapsed().as_micros() as u64,
+                total_us: (ended - started).as_micros() as u64,
                 detail: report.detail.as_deref(),
             },
         };
@@ -449,11 +456,14 @@ impl ActorHost {
             }
             let queued = started.elapsed();
             let (response, report) = request_turn(&host.context(&cell), &mut live, request).await;
-            host.after_turn(&cell, &live);
+            host.after_turn(&cell, &live, false);
             host.counters.turns.fetch_add(1, Ordering::Relaxed);
             let status = response.status().as_u16();
-            // Written while the turn is still held, so a receipt's time
-            // span never overlaps the next turn's.
+            // The receipt's end is taken while the turn is still held, so
+            // its time span never overlaps the next turn's.
+            let ended = Instant::now();
+            drop(live);
+            drop(claim);
             host.receipt(
                 &cell,
                 "request",
@@ -464,9 +474,8 @@ impl ActorHost {
                     ..Default::default()
                 },
                 started,
+                ended,
             );
-            drop(live);
-            drop(claim);
             let _ = tx.send(response);
         });
         rx.await
@@ -512,12 +521,13 @@ impl ActorHost {
                         ..Default::default()
                     },
                     started,
+                    Instant::now(),
                 );
             },
         )
         .await;
         match result {
-            Ok(()) => self.after_turn(&cell, &live),
+            Ok(()) => self.after_turn(&cell, &live, true),
             Err(why) => {
                 tracing::warn!(actor = %address, error = %why, "cannot wake an actor for its timers; retrying");
                 self.timers.set(&address, Some(now_ms() + WAKE_RETRY_MS));

@@ -53,6 +53,8 @@ struct GateState {
     dirty: bool,
     /// Why a commit of this turn failed; the turn must not answer.
     failed: Option<String>,
+    /// The guest scheduled or cancelled a timer since this was last read.
+    timers_changed: bool,
 }
 
 /// One actor's database and the state of its current turn.
@@ -75,6 +77,7 @@ impl TurnGate {
                 db,
                 dirty: false,
                 failed: None,
+                timers_changed: false,
             }),
         })
     }
@@ -138,6 +141,12 @@ impl TurnGate {
         }
     }
 
+    /// True (once) when the guest changed its timers since the last call:
+    /// the timer index then needs the actor's new earliest deadline.
+    pub fn take_timers_changed(&self) -> bool {
+        std::mem::take(&mut self.lock().timers_changed)
+    }
+
     /// Why this turn may not answer, if it may not.
     pub fn failure(&self) -> Option<String> {
         self.lock().failed.clone()
@@ -152,6 +161,14 @@ impl TurnGate {
             return Err(types::Error::CommitFailed(why.clone()));
         }
         f(&s.db).map_err(to_guest_error)
+    }
+
+    fn write_timers<T>(
+        &self,
+        f: impl FnOnce(&mut ActorDb) -> Result<T, ActorStoreError>,
+    ) -> Result<T, types::Error> {
+        self.lock().timers_changed = true;
+        self.write(f)
     }
 
     fn write<T>(
@@ -315,11 +332,11 @@ impl timers::Host for ActorView<'_> {
             ))));
         }
         let at = i64::try_from(at_ms).unwrap_or(i64::MAX);
-        self.call(|g| g.write(|db| db.schedule(&reason, at)))
+        self.call(|g| g.write_timers(|db| db.schedule(&reason, at)))
     }
 
     fn cancel(&mut self, reason: String) -> GuestResult<bool> {
-        self.call(|g| g.write(|db| db.cancel(&reason)))
+        self.call(|g| g.write_timers(|db| db.cancel(&reason)))
     }
 
     fn list(&mut self) -> GuestResult<Vec<timers::Timer>> {
