@@ -264,8 +264,10 @@ impl ActorHost {
                 .list(class)
                 .map_err(|e| AdminError::Storage(e.to_string()))?;
             for actor in actors {
-                let path = host.directory.path(&actor);
-                let next = ActorDb::open_read_only(&path)
+                // No actor runs yet: open each briefly, as its own turn would.
+                let next = host
+                    .directory
+                    .open(&actor)
                     .and_then(|db| db.next_deadline())
                     .map_err(|e| AdminError::Storage(format!("{actor}: {e}")))?;
                 host.timers.set(&actor, next);
@@ -594,8 +596,14 @@ impl ActorHost {
     }
 
     fn summary(&self, actor: &ActorAddress) -> ActorSummary {
+        let cell = self.lock_cells().get(actor).cloned();
+        // Live: it has an instance now, or is in a turn (which has one).
+        let live = cell.is_some_and(|c| match c.live.try_lock() {
+            Ok(live) => live.generation.is_some(),
+            Err(_) => true,
+        });
         ActorSummary {
-            live: self.lock_cells().contains_key(actor),
+            live,
             storage_bytes: file_size(&self.directory.path(actor)),
             next_timer_ms: self.timers.get(actor),
             class: actor.class.clone(),
@@ -624,20 +632,51 @@ impl ActorHost {
     }
 
     /// One actor in detail; with `keys`, its entries from `start` on.
-    pub fn inspect(
+    /// It waits for the actor's turn like any caller and reads between
+    /// turns — through the actor's own connection when it is live, else by
+    /// opening its database — so it sees exactly what is committed.
+    pub async fn inspect(
         &self,
         class: &str,
         name: &str,
         keys: bool,
         start: Option<String>,
     ) -> Result<ActorDetail, AdminError> {
-        self.class(class)?;
-        let actor = ActorAddress::new(class, name)?;
+        let class = self.class(class)?.clone();
+        let actor = ActorAddress::new(&class.name, name)?;
         if !self.directory.exists(&actor) {
             return Err(AdminError::NotFound(actor));
         }
+        let claim = self
+            .claim(&actor, &class, None)
+            .expect("unlimited claims always succeed");
+        let live = claim.cell.live.lock().await;
+        let is_live = live.generation.is_some();
+        let detail = match &live.gate {
+            Some(gate) => gate.with_db(|db| self.read_detail(&actor, db, keys, start)),
+            None => {
+                let db = self
+                    .directory
+                    .open(&actor)
+                    .map_err(|e| AdminError::Storage(e.to_string()))?;
+                self.read_detail(&actor, &db, keys, start)
+            }
+        };
+        drop(live);
+        drop(claim);
+        let mut detail = detail?;
+        detail.summary.live = is_live;
+        Ok(detail)
+    }
+
+    fn read_detail(
+        &self,
+        actor: &ActorAddress,
+        db: &ActorDb,
+        keys: bool,
+        start: Option<String>,
+    ) -> Result<ActorDetail, AdminError> {
         let storage = |e: weir_store::actor::ActorStoreError| AdminError::Storage(e.to_string());
-        let db = ActorDb::open_read_only(&self.directory.path(&actor)).map_err(storage)?;
         let timers = db
             .timers()
             .map_err(storage)?
@@ -686,7 +725,7 @@ impl ActorHost {
             entries: db.entry_count().map_err(storage)?,
             timers,
             keys,
-            summary: self.summary(&actor),
+            summary: self.summary(actor),
         })
     }
 

@@ -145,7 +145,7 @@ async fn actors_route(
         (&Method::GET, [class, name]) => {
             let keys = query(req, "keys").is_some_and(|v| v != "0" && v != "false");
             let start = query(req, "start").map(str::to_string);
-            match host.inspect(class, name, keys, start) {
+            match host.inspect(class, name, keys, start).await {
                 Ok(detail) => json_response(&detail),
                 Err(e) => admin_error(e),
             }

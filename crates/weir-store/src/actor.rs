@@ -134,8 +134,14 @@ fn authorize(ctx: AuthContext<'_>) -> Authorization {
 
 impl ActorDb {
     /// Opens (creating if needed) an actor's database.
+    ///
+    /// The connection holds the database exclusively until it is dropped:
+    /// an actor has one running turn and one connection, and taking and
+    /// releasing SQLite's file locks on every turn was a tenth of a hot
+    /// actor's cost. Operators read an actor through its open connection
+    /// (between turns), or open it themselves while it is hibernated.
     pub fn open(path: &Path, durability: Durability) -> Result<ActorDb, ActorStoreError> {
-        let conn = crate::connect(path, durability)?;
+        let conn = crate::connect_with(path, durability, true)?;
         conn.execute_batch(SCHEMA)?;
         // Foreign keys are enforced, as users of a relational store expect
         // (user SQL cannot change pragmas). A deferred key still violated
@@ -155,22 +161,6 @@ impl ActorDb {
         Ok(ActorDb {
             conn,
             user_sql,
-            in_turn: false,
-        })
-    }
-
-    /// Opens an existing actor's database for reading only (operators'
-    /// inspection): nothing is created, and a live actor's turn is not
-    /// disturbed (WAL readers do not block the writer).
-    pub fn open_read_only(path: &Path) -> Result<ActorDb, ActorStoreError> {
-        let conn = Connection::open_with_flags(
-            path,
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        Ok(ActorDb {
-            conn,
-            user_sql: Arc::new(AtomicBool::new(false)),
             in_turn: false,
         })
     }

@@ -95,8 +95,24 @@ fn check_key(key: &str) -> Result<(), StoreError> {
 
 /// Opens one database file in WAL mode with the durability asked for.
 pub(crate) fn connect(path: &Path, durability: Durability) -> Result<Connection, StoreError> {
+    connect_with(path, durability, false)
+}
+
+/// [`connect`], optionally holding the database's lock for the life of the
+/// connection (`exclusive`): no other connection may then use it, and no
+/// transaction pays for taking file locks.
+pub(crate) fn connect_with(
+    path: &Path,
+    durability: Durability,
+    exclusive: bool,
+) -> Result<Connection, StoreError> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_millis(BUSY_TIMEOUT_MS))?;
+    if exclusive {
+        // Must come before the first WAL access: the WAL index then lives
+        // in the connection's memory, not in a shared -shm file.
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
+    }
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(
         None,

@@ -238,47 +238,48 @@ async fn a_commit_that_fails_resets_the_actor_and_keeps_none_of_the_turn() {
 
 #[tokio::test]
 async fn the_output_gate_holds_outbound_requests_until_earlier_writes_are_durable() {
-    use hyper::server::conn::http1;
-    use hyper::service::service_fn;
-    use hyper_util::rt::TokioIo;
+    use std::io::Read;
 
     let dir = data_dir("gate");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
+    let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = upstream.local_addr().unwrap().port();
     let allow = format!("http://127.0.0.1:{port}");
-    let weir = Arc::new(start(&dir, &["--allow-outbound", &allow]));
-    // The upstream looks at the actor's database from outside (a separate,
-    // read-only connection) while the actor's turn is still running.
-    let admin = weir.admin.unwrap();
-    tokio::spawn(async move {
-        let (stream, _) = listener.accept().await.unwrap();
-        let service = service_fn(move |_req| async move {
-            let r = send_to(
-                admin,
-                Request::get("/actors/probe/g?keys=1")
-                    .header("host", admin.to_string())
-                    .body(Full::new(Bytes::new()))
-                    .unwrap(),
-            )
-            .await;
-            let seen = r.json()["keys"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|k| k["key"] == "gate");
-            Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::from(
-                if seen { "durable" } else { "not durable" },
-            ))))
-        });
-        let _ = http1::Builder::new()
-            .serve_connection(TokioIo::new(stream), service)
-            .await;
+    let weir = start(&dir, &["--allow-outbound", &allow]);
+    // The moment the actor's outbound request arrives, the server is
+    // killed: whatever the turn wrote before it must already be on disk.
+    let pid = weir.pid();
+    let killer = std::thread::spawn(move || {
+        let (mut stream, _) = upstream.accept().unwrap();
+        let mut head = [0u8; 1024];
+        let n = stream.read(&mut head).unwrap();
+        assert!(String::from_utf8_lossy(&head[..n]).starts_with("GET / HTTP/1.1"));
+        std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .unwrap();
     });
-    // First use creates the database, so the upstream can open it.
-    assert_eq!(incarnation(&weir, "g").await, 1);
-    let r = post(&weir, &format!("/probe/g/gate?port={port}"), Vec::new()).await;
-    assert_eq!(r.status, 200);
-    assert_eq!(r.text(), "durable");
+    let weir = Arc::new(weir);
+    let call = {
+        let weir = weir.clone();
+        tokio::spawn(async move {
+            let addr = weir.addr;
+            let req = Request::post(format!("/probe/g/gate?port={port}"))
+                .header("host", addr.to_string())
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            send_to(addr, req).await
+        })
+    };
+    tokio::task::spawn_blocking(move || killer.join().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        call.await.is_err(),
+        "the client got no answer from the killed server"
+    );
+    drop(weir);
+    let weir = start(&dir, &[]);
+    assert_eq!(weir.get("/probe/g/get?key=gate").await.text(), "1");
 }
 
 /// The acknowledged pairs of one writer; SIGKILL may cut it anywhere.
