@@ -1,5 +1,7 @@
-//! The link shortener example (guests/shortener) served with its own
-//! weir.toml: SQL for links, key-value counters, outbound HTTP checks.
+//! The examples, each served with its own weir.toml: the link shortener
+//! (guests/shortener: SQL for links, key-value counters, outbound HTTP
+//! checks) and the rate limiter (guests/ratelimit: a worker in front of one
+//! durable `bucket` actor per client).
 
 mod common;
 
@@ -103,4 +105,54 @@ async fn the_link_shortener_creates_follows_and_counts() {
         data.to_str().unwrap(),
     ]);
     assert_eq!(weir.get(&format!("/{code}/stats")).await.json()["hits"], 3);
+}
+
+async fn limited(weir: &Weir, client: &str) -> (u16, String) {
+    let r = weir
+        .send(
+            Request::get("/")
+                .header("x-client-id", client)
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await;
+    let retry = r
+        .headers
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    assert_eq!(r.status == 429, !retry.is_empty(), "429 carries retry-after");
+    (r.status.as_u16(), r.text())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_limiter_keeps_one_bucket_per_client_across_restarts() {
+    guest("ratelimit");
+    guest("ratelimit_bucket");
+    let data = std::env::temp_dir().join(format!("weir-example-rl-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let config = root().join("guests/ratelimit/weir.toml");
+    let args = [
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ];
+    let weir = Weir::start_with(&args);
+    // A full bucket holds five tokens; the sixth request in a burst waits.
+    for left in (0..5).rev() {
+        let (status, body) = limited(&weir, "ada").await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body, format!("hello ada: {left} requests left\n"));
+    }
+    assert_eq!(limited(&weir, "ada").await.0, 429);
+    // Another client has a bucket of its own.
+    assert_eq!(limited(&weir, "grace").await.0, 200);
+    // The bucket is durable: a restart does not refill it.
+    drop(weir);
+    let weir = Weir::start_with(&args);
+    assert_eq!(limited(&weir, "ada").await.0, 429);
+    // Its forget timer is pending, as operators can see.
+    let detail = weir.admin_get("/actors/bucket/ada").await.json();
+    assert_eq!(detail["timers"][0]["reason"], "forget");
 }
