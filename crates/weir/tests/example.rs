@@ -121,7 +121,11 @@ async fn limited(weir: &Weir, client: &str) -> (u16, String) {
         .get("retry-after")
         .map(|v| v.to_str().unwrap().to_string())
         .unwrap_or_default();
-    assert_eq!(r.status == 429, !retry.is_empty(), "429 carries retry-after");
+    assert_eq!(
+        r.status == 429,
+        !retry.is_empty(),
+        "429 carries retry-after"
+    );
     (r.status.as_u16(), r.text())
 }
 

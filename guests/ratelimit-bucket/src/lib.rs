@@ -21,8 +21,8 @@ fn take() -> Result<(u16, serde_json::Value), weir_guest::actor::Error> {
     let now = timers::now_ms();
     let tokens: f64 = storage::get("tokens")?.unwrap_or(CAPACITY);
     let last: u64 = storage::get("last_ms")?.unwrap_or(now);
-    let refilled = (tokens + (now.saturating_sub(last) as f64 / 1000.0) * REFILL_PER_SECOND)
-        .min(CAPACITY);
+    let refilled =
+        (tokens + (now.saturating_sub(last) as f64 / 1000.0) * REFILL_PER_SECOND).min(CAPACITY);
     let (allowed, left) = if refilled >= 1.0 {
         (true, refilled - 1.0)
     } else {

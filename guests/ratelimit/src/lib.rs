@@ -35,7 +35,12 @@ impl wasi::exports::http::incoming_handler::Guest for RateLimit {
         let reply = match weir_guest::actor::call("bucket", &client, "POST", "/take", b"") {
             Ok(reply) => reply,
             Err(e) => {
-                respond(out, 502, &[], format!("rate limiter unreachable: {e}\n").as_bytes());
+                respond(
+                    out,
+                    502,
+                    &[],
+                    format!("rate limiter unreachable: {e}\n").as_bytes(),
+                );
                 return;
             }
         };
@@ -46,7 +51,12 @@ impl wasi::exports::http::incoming_handler::Guest for RateLimit {
                     "hello {client}: {} requests left\n",
                     verdict["remaining"].as_u64().unwrap_or(0)
                 );
-                respond(out, 200, &[("content-type", b"text/plain")], body.as_bytes());
+                respond(
+                    out,
+                    200,
+                    &[("content-type", b"text/plain")],
+                    body.as_bytes(),
+                );
             }
             429 => {
                 let wait_ms = verdict["retry_after_ms"].as_u64().unwrap_or(1000);
@@ -54,12 +64,20 @@ impl wasi::exports::http::incoming_handler::Guest for RateLimit {
                 respond(
                     out,
                     429,
-                    &[("content-type", b"text/plain"), ("retry-after", seconds.as_bytes())],
+                    &[
+                        ("content-type", b"text/plain"),
+                        ("retry-after", seconds.as_bytes()),
+                    ],
                     format!("slow down, {client}\n").as_bytes(),
                 );
             }
             // Weir's own errors (actor_overloaded, …) pass through as they are.
-            status => respond(out, status, &[("content-type", b"application/json")], &reply.body),
+            status => respond(
+                out,
+                status,
+                &[("content-type", b"application/json")],
+                &reply.body,
+            ),
         }
     }
 }
