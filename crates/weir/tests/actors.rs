@@ -183,7 +183,10 @@ async fn concurrent_increments_lose_no_update_and_actors_run_in_parallel() {
 #[tokio::test]
 async fn a_trap_mid_turn_leaves_nothing_and_the_next_call_is_a_fresh_incarnation() {
     let dir = data_dir("trap");
-    let weir = start(&dir, &["--limit", "event_limit_ms=500"]);
+    let weir = start(
+        &dir,
+        &["--limit", "event_limit_ms=500", "--limit", "memory_limit_bytes=33554432"],
+    );
     let first = incarnation(&weir, "t").await;
     post(&weir, "/probe/t/write-then-trap", Vec::new())
         .await
@@ -213,6 +216,20 @@ async fn a_trap_mid_turn_leaves_nothing_and_the_next_call_is_a_fresh_incarnation
         .await;
     assert_eq!(r["class"], "probe");
     assert_eq!(r["name"], "t");
+
+    // Memory lives in the instance between turns, and past the limit the
+    // instance is abandoned like a worker's.
+    assert_eq!(post(&weir, "/probe/t/memory", Vec::new()).await.text(), "1");
+    assert_eq!(post(&weir, "/probe/t/memory", Vec::new()).await.text(), "2");
+    post(&weir, "/probe/t/grow?mb=64", Vec::new())
+        .await
+        .assert_weir_error(503, "memory_limit_exceeded");
+    assert_eq!(
+        post(&weir, "/probe/t/memory", Vec::new()).await.text(),
+        "1",
+        "a fresh instance"
+    );
+    assert_eq!(weir.get("/probe/t/get?key=before").await.text(), "1", "storage stays");
 }
 
 #[tokio::test]
@@ -647,7 +664,10 @@ async fn timers_survive_sigkill_and_wake_hibernated_actors() {
     assert_eq!(r["woke"], true, "the timer woke a hibernated actor");
     assert_eq!(alarm_log(&weir, "sleeper").await.len(), 1);
     assert_eq!(alarm_log(&weir, "killed").await.len(), 1);
-    // Touched by the log reads above; idle again after actor_idle_ms.
+    // In-memory state lives until hibernation.
+    assert_eq!(post(&weir, "/probe/killed/memory", Vec::new()).await.text(), "1");
+    assert_eq!(post(&weir, "/probe/killed/memory", Vec::new()).await.text(), "2");
+    // Touched by the calls above; idle again after actor_idle_ms.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let list = weir.admin_get("/actors/probe").await.json();
@@ -663,6 +683,12 @@ async fn timers_survive_sigkill_and_wake_hibernated_actors() {
         assert!(Instant::now() < deadline, "actors never hibernated: {list}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert_eq!(
+        post(&weir, "/probe/killed/memory", Vec::new()).await.text(),
+        "1",
+        "woken with a fresh instance"
+    );
+    assert_eq!(alarm_log(&weir, "killed").await.len(), 1, "and its storage");
 }
 
 fn rss_kib(pid: u32) -> u64 {

@@ -22,6 +22,8 @@
 //! | `GET /timers` | the actor's timers (JSON) |
 //! | `GET /log` | what alarm handlers recorded, in order (JSON) |
 //! | `POST /loop` | spins forever |
+//! | `POST /memory` | counts in instance memory only; answers the count |
+//! | `POST /grow?mb=N` | allocates and keeps N MiB |
 //!
 //! Alarm handlers: `tick` logs; `rearm` logs and re-arms itself 150 ms
 //! later, three times; `self-now` logs and schedules itself for "now"
@@ -35,6 +37,12 @@ use weir_guest::actor::{self, storage, timers, Error, Value};
 use weir_guest::http::{read_body, respond};
 
 struct Probe;
+
+thread_local! {
+    /// State that lives in the instance only: gone with its generation.
+    static IN_MEMORY: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static HOARD: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 const MAX_BODY: usize = 4 << 20;
 
@@ -243,6 +251,18 @@ fn handle(request: &IncomingRequest, path: &str) -> Result<(u16, String), Error>
                 .map(|(_, v)| String::from_utf8_lossy(&v).into_owned())
                 .collect();
             (200, serde_json::Value::from(lines).to_string())
+        }
+        "/memory" => {
+            let n = IN_MEMORY.with(|c| {
+                c.set(c.get() + 1);
+                c.get()
+            });
+            (200, n.to_string())
+        }
+        "/grow" => {
+            let mb: usize = query(path, "mb").and_then(|v| v.parse().ok()).unwrap_or(1);
+            HOARD.with(|h| h.borrow_mut().push(vec![1u8; mb << 20]));
+            (200, mb.to_string())
         }
         "/loop" => loop {
             std::hint::black_box(0);
