@@ -12,4 +12,4 @@ pub mod response_body;
 pub mod server;
 
 pub use admin::{AdminState, serve_admin};
-pub use server::{ServeOptions, serve};
+pub use server::{ActorRoute, ServeOptions, serve};

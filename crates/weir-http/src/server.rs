@@ -26,6 +26,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use weir_actors::{ActorAddress, ActorHost};
 use weir_runtime::event::{self, Dispatch, GuestBody, Reply, SessionEnd};
 use weir_runtime::receipt::{Outcome, Receipt};
 use weir_runtime::{App, ErrorCode};
@@ -53,10 +54,46 @@ pub const MIN_PARSER_BUFFER_BYTES: usize = 64 * 1024;
 pub const GENERATION_HEADER: &str = "x-weir-generation";
 
 /// Options of the transport that are not limits.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct ServeOptions {
     /// Add `x-weir-generation` to every response the guest produced.
     pub receipt_headers: bool,
+    /// Actor classes exposed to clients directly: a request to
+    /// `<prefix>/<name>/<rest>` is a call to actor `name` of the class, with
+    /// path `/<rest>`, and does not enter the app.
+    pub actor_routes: Vec<ActorRoute>,
+    pub actors: Option<Arc<ActorHost>>,
+}
+
+/// One class exposed at a path prefix.
+#[derive(Clone, Debug)]
+pub struct ActorRoute {
+    /// `/counter`: no trailing slash.
+    pub prefix: String,
+    pub class: String,
+}
+
+impl ActorRoute {
+    /// The actor name and the path (with query) the actor sees, when the
+    /// request path is under this route.
+    fn matches(&self, path_and_query: &str) -> Option<(String, String)> {
+        let rest = path_and_query.strip_prefix(self.prefix.as_str())?;
+        let rest = rest.strip_prefix('/')?;
+        let (path, query) = match rest.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (rest, None),
+        };
+        let (name, inner) = match path.split_once('/') {
+            Some((name, inner)) => (name, inner),
+            None => (path, ""),
+        };
+        let mut actor_path = format!("/{inner}");
+        if let Some(q) = query {
+            actor_path.push('?');
+            actor_path.push_str(q);
+        }
+        Some((name.to_string(), actor_path))
+    }
 }
 
 /// How long a shutdown waits for in-flight events before giving up on them.
@@ -239,11 +276,83 @@ fn bodyless(method: &Method, status: StatusCode) -> bool {
         || status == StatusCode::NOT_MODIFIED
 }
 
+/// A request on an actor route: the transport limits, then one turn of
+/// the actor; the actor's receipt records it.
+async fn handle_actor_route(
+    app: &App,
+    host: &Arc<ActorHost>,
+    route: &ActorRoute,
+    name: String,
+    actor_path: String,
+    req: Request<Incoming>,
+) -> Response<ServeBody> {
+    let limits = &app.code.limits;
+    if head_bytes(&req) > limits.max_request_head_bytes {
+        return error_response(ErrorCode::RequestHeaderFieldsTooLarge);
+    }
+    if declared_length(&req).is_some_and(|n| n > limits.max_request_body_bytes) {
+        return error_response(ErrorCode::PayloadTooLarge);
+    }
+    let Ok(address) = ActorAddress::new(&route.class, &name) else {
+        return error_response(ErrorCode::ActorAddressInvalid);
+    };
+    let (mut parts, body) = req.into_parts();
+    let bytes = match read_body(
+        body,
+        limits.max_request_body_bytes,
+        limits.body_read_timeout,
+    )
+    .await
+    {
+        Ok(bytes) => bytes,
+        Err(BodyError::TooLarge) => return error_response(ErrorCode::PayloadTooLarge),
+        Err(BodyError::Timeout) => return error_response(ErrorCode::RequestBodyTimeout),
+        Err(BodyError::Broken) => return error_response(ErrorCode::RequestCancelled),
+    };
+    let method = parts.method.clone();
+    parts.uri = match http::Uri::builder()
+        .scheme("http")
+        .authority(address.to_string())
+        .path_and_query(actor_path)
+        .build()
+    {
+        Ok(uri) => uri,
+        Err(_) => return error_response(ErrorCode::BadRequest),
+    };
+    parts.headers.insert(
+        header::HOST,
+        HeaderValue::from_str(&address.to_string()).expect("actor addresses are valid hosts"),
+    );
+    let response = host
+        .call_address(address, Request::from_parts(parts, bytes))
+        .await;
+    let (mut parts, body) = response.into_parts();
+    if bodyless(&method, parts.status) {
+        if parts.status == StatusCode::NO_CONTENT {
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        return Response::from_parts(parts, ServeBody::empty());
+    }
+    Response::from_parts(parts, ServeBody::full(body))
+}
+
 async fn handle(
     app: Arc<App>,
     options: &ServeOptions,
     req: Request<Incoming>,
 ) -> Response<ServeBody> {
+    if let Some(host) = &options.actors {
+        let target = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        for route in &options.actor_routes {
+            if let Some((name, actor_path)) = route.matches(target) {
+                return handle_actor_route(&app, host, route, name, actor_path, req).await;
+            }
+        }
+    }
     let arrived = Instant::now();
     let receipt = app.receipts.open(arrived);
     let limits = &app.code.limits;
@@ -350,5 +459,33 @@ async fn handle(
         Ok(Reply::Failure(code)) => error_response(code),
         // The event task ended without a word: treat the host as gone.
         Err(_) => error_response(ErrorCode::HostUnavailable),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ActorRoute;
+
+    #[test]
+    fn actor_routes_split_name_path_and_query() {
+        let route = ActorRoute {
+            prefix: "/counter".into(),
+            class: "counter".into(),
+        };
+        assert_eq!(
+            route.matches("/counter/ada/incr?by=2"),
+            Some(("ada".into(), "/incr?by=2".into()))
+        );
+        assert_eq!(
+            route.matches("/counter/ada"),
+            Some(("ada".into(), "/".into()))
+        );
+        assert_eq!(
+            route.matches("/counter/ada?x=1"),
+            Some(("ada".into(), "/?x=1".into()))
+        );
+        assert_eq!(route.matches("/counterfeit/ada"), None);
+        assert_eq!(route.matches("/counter"), None);
+        assert_eq!(route.matches("/other/ada"), None);
     }
 }

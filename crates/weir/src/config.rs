@@ -44,6 +44,8 @@ struct File {
 struct ActorSection {
     /// The class's component (.wasm) or guest crate directory.
     component: PathBuf,
+    /// Exposes the class to clients at `<route>/<name>/<path>`.
+    route: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -79,6 +81,8 @@ pub struct Config {
     pub durability: Durability,
     /// Actor classes: name and component (or crate directory), by name.
     pub actors: Vec<(String, PathBuf)>,
+    /// Classes exposed to clients directly: (path prefix, class).
+    pub actor_routes: Vec<(String, String)>,
 }
 
 /// What the command line adds to the config file.
@@ -92,6 +96,8 @@ pub struct Overrides<'a> {
     pub durability: Option<&'a str>,
     /// `CLASS=PATH` actor classes.
     pub actors: &'a [String],
+    /// `CLASS=/PREFIX` routes.
+    pub actor_routes: &'a [String],
 }
 
 impl Config {
@@ -185,6 +191,19 @@ impl Config {
         sql_databases.extend(overrides.sql_databases.iter().cloned());
         sql_databases.sort();
         sql_databases.dedup();
+        let mut routes: std::collections::BTreeMap<String, String> = parsed
+            .actors
+            .iter()
+            .filter_map(|(class, section)| Some((class.clone(), section.route.clone()?)))
+            .collect();
+        for assignment in overrides.actor_routes {
+            let (class, prefix) = assignment.split_once('=').ok_or_else(|| {
+                UsageError(format!(
+                    "--actor-route `{assignment}` is not of the form CLASS=/PREFIX"
+                ))
+            })?;
+            routes.insert(class.trim().to_string(), prefix.trim().to_string());
+        }
         let mut actors: std::collections::BTreeMap<String, PathBuf> = parsed
             .actors
             .into_iter()
@@ -214,7 +233,26 @@ impl Config {
                 )));
             }
         }
+        let mut actor_routes = Vec::new();
+        for (class, prefix) in routes {
+            if !actors.contains_key(&class) {
+                return Err(UsageError(format!(
+                    "actor route for `{class}`: no such actor class is declared"
+                )));
+            }
+            let valid = prefix.len() > 1
+                && prefix.starts_with('/')
+                && !prefix.ends_with('/')
+                && !prefix.contains(['?', '#']);
+            if !valid {
+                return Err(UsageError(format!(
+                    "actor route `{prefix}` for `{class}` must look like /name (a leading slash, no trailing slash, no query)"
+                )));
+            }
+            actor_routes.push((prefix, class));
+        }
         Ok(Config {
+            actor_routes,
             actors: actors.into_iter().collect(),
             sql_databases,
             data_dir,

@@ -14,7 +14,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use weir_actors::{ActorClass, ActorDirectory, ActorHost};
 use weir_build::BuildRequest;
-use weir_http::{AdminState, ServeOptions};
+use weir_http::{ActorRoute, AdminState, ServeOptions};
 use weir_runtime::metrics::Metrics;
 use weir_runtime::outbound::{ActorCalls, ActorLink};
 use weir_runtime::receipt::ReceiptBook;
@@ -88,6 +88,10 @@ struct ServeArgs {
     /// crate directory); repeatable (adds to [actors.CLASS] sections).
     #[arg(long = "actor", value_name = "CLASS=PATH", action = clap::ArgAction::Append)]
     actors: Vec<String>,
+    /// Expose an actor class to clients: CLASS=/PREFIX serves actor NAME at
+    /// /PREFIX/NAME/<path>, without going through the app; repeatable.
+    #[arg(long = "actor-route", value_name = "CLASS=/PREFIX", action = clap::ArgAction::Append)]
+    actor_routes: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -168,6 +172,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             sql_databases: &args.sql_databases,
             durability: args.durability.as_deref(),
             actors: &args.actors,
+            actor_routes: &args.actor_routes,
         },
     )?;
     logging::init();
@@ -277,6 +282,15 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
         let options = ServeOptions {
             receipt_headers: args.receipt_headers || config.receipt_headers,
+            actor_routes: config
+                .actor_routes
+                .iter()
+                .map(|(prefix, class)| ActorRoute {
+                    prefix: prefix.clone(),
+                    class: class.clone(),
+                })
+                .collect(),
+            actors: actor_host.clone(),
         };
         weir_http::serve(listener, app, options, async {
             shutdown_signal().await;

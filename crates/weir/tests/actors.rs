@@ -185,7 +185,12 @@ async fn a_trap_mid_turn_leaves_nothing_and_the_next_call_is_a_fresh_incarnation
     let dir = data_dir("trap");
     let weir = start(
         &dir,
-        &["--limit", "event_limit_ms=500", "--limit", "memory_limit_bytes=33554432"],
+        &[
+            "--limit",
+            "event_limit_ms=500",
+            "--limit",
+            "memory_limit_bytes=33554432",
+        ],
     );
     let first = incarnation(&weir, "t").await;
     post(&weir, "/probe/t/write-then-trap", Vec::new())
@@ -229,7 +234,11 @@ async fn a_trap_mid_turn_leaves_nothing_and_the_next_call_is_a_fresh_incarnation
         "1",
         "a fresh instance"
     );
-    assert_eq!(weir.get("/probe/t/get?key=before").await.text(), "1", "storage stays");
+    assert_eq!(
+        weir.get("/probe/t/get?key=before").await.text(),
+        "1",
+        "storage stays"
+    );
 }
 
 #[tokio::test]
@@ -665,8 +674,14 @@ async fn timers_survive_sigkill_and_wake_hibernated_actors() {
     assert_eq!(alarm_log(&weir, "sleeper").await.len(), 1);
     assert_eq!(alarm_log(&weir, "killed").await.len(), 1);
     // In-memory state lives until hibernation.
-    assert_eq!(post(&weir, "/probe/killed/memory", Vec::new()).await.text(), "1");
-    assert_eq!(post(&weir, "/probe/killed/memory", Vec::new()).await.text(), "2");
+    assert_eq!(
+        post(&weir, "/probe/killed/memory", Vec::new()).await.text(),
+        "1"
+    );
+    assert_eq!(
+        post(&weir, "/probe/killed/memory", Vec::new()).await.text(),
+        "2"
+    );
     // Touched by the calls above; idle again after actor_idle_ms.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -820,4 +835,49 @@ async fn operators_list_inspect_and_delete_actors() {
     assert_eq!(post(&weir, "/probe/x/incr", Vec::new()).await.text(), "1");
     let out = cli(&["inspect", "nope", "x"]);
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[tokio::test]
+async fn a_route_exposes_a_class_to_clients_directly() {
+    let dir = data_dir("route");
+    let weir = start(&dir, &["--actor-route", "probe=/direct"]);
+    assert_eq!(post(&weir, "/direct/r1/incr", Vec::new()).await.text(), "1");
+    // The same actor as through the app.
+    assert_eq!(post(&weir, "/probe/r1/incr", Vec::new()).await.text(), "2");
+    let r = weir.get("/direct/r1/get?key=n").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "2");
+    assert_eq!(r.headers["content-type"], "text/plain");
+    let head = weir
+        .send(
+            Request::head("/direct/r1/get?key=n")
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(head.status, 200);
+    assert!(head.body.unwrap().is_empty());
+    weir.get("/direct/A..b/x")
+        .await
+        .assert_weir_error(400, "actor_address_invalid");
+    // Routed turns leave actor receipts, not app receipts.
+    weir.actor_receipts_where(4, |r| r["name"] == "r1" && r["status"] == 200)
+        .await;
+    // Paths outside the route still go to the app.
+    weir.get("/nope/a/x")
+        .await
+        .assert_weir_error(404, "actor_class_unknown");
+
+    for bad in ["probe=direct", "probe=/direct/", "nope=/x"] {
+        let out = common::run_weir(&[
+            "serve",
+            guest("gateway").to_str().unwrap(),
+            "--actor",
+            &format!("probe={}", guest("actor_probe").display()),
+            "--actor-route",
+            bad,
+        ]);
+        assert_eq!(out.code, Some(2), "{bad}: {}", out.stderr);
+        assert!(out.stderr.contains("route"), "{}", out.stderr);
+    }
 }
