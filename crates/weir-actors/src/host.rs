@@ -25,7 +25,7 @@ use bytes::Bytes;
 use serde::Serialize;
 use tokio::sync::oneshot;
 use weir_runtime::actor_host::now_ms;
-use weir_runtime::metrics::AppMetrics;
+use weir_runtime::metrics::{ActorClassMetrics, AppMetrics};
 use weir_runtime::outbound::ActorCalls;
 use weir_runtime::receipt::ReceiptSink;
 use weir_runtime::{AppCode, ErrorCode};
@@ -53,16 +53,24 @@ pub const MAX_INSPECT_ENTRIES: u32 = 1_000;
 pub struct ActorClass {
     pub name: String,
     pub code: AppCode,
+    /// Generation counts (as an app `actor:<class>`).
     pub metrics: AppMetrics,
+    pub actor_metrics: ActorClassMetrics,
     next_generation: AtomicU64,
 }
 
 impl ActorClass {
-    pub fn new(name: String, code: AppCode, metrics: AppMetrics) -> ActorClass {
+    pub fn new(
+        name: String,
+        code: AppCode,
+        metrics: AppMetrics,
+        actor_metrics: ActorClassMetrics,
+    ) -> ActorClass {
         ActorClass {
             name,
             code,
             metrics,
+            actor_metrics,
             next_generation: AtomicU64::new(1),
         }
     }
@@ -360,11 +368,19 @@ impl ActorHost {
         started: Instant,
         ended: Instant,
     ) {
+        let metrics = &cell.class.actor_metrics;
         if report.error.is_some() {
             self.counters.failed_turns.fetch_add(1, Ordering::Relaxed);
         }
         if report.woke {
             self.counters.wakes.fetch_add(1, Ordering::Relaxed);
+            metrics.woke();
+        }
+        match turn {
+            "request" => {
+                metrics.request_turn(report.error.is_none(), (ended - started).as_secs_f64())
+            }
+            _ => metrics.alarm_turn(report.error.is_none()),
         }
         let Some(sink) = &self.sink else { return };
         let line = ReceiptLine {
@@ -443,6 +459,7 @@ impl ActorHost {
         let Some(claim) = self.claim(&address, &class, Some(class.code.limits.actor_max_queued))
         else {
             self.counters.overloaded.fetch_add(1, Ordering::Relaxed);
+            class.actor_metrics.overloaded();
             return error_response(ErrorCode::ActorOverloaded);
         };
         let (tx, rx) = oneshot::channel();
@@ -507,6 +524,7 @@ impl ActorHost {
                     AlarmOutcome::Retrying { attempt, .. } => ("retrying", Some(*attempt)),
                     AlarmOutcome::Dropped { attempts, .. } => {
                         host.counters.alarms_dropped.fetch_add(1, Ordering::Relaxed);
+                        cell.class.actor_metrics.alarm_dropped();
                         ("dropped", Some(*attempts))
                     }
                     AlarmOutcome::CommitFailed(_) => ("failed", None),
@@ -553,9 +571,13 @@ impl ActorHost {
                 if now.saturating_sub(cell.last_active_ms.load(Ordering::Relaxed)) < idle_ms {
                     return true;
                 }
+                cell.class.actor_metrics.hibernated();
                 evicted.push(cell.clone());
                 false
             });
+            if let Some(class) = self.classes.values().next() {
+                class.actor_metrics.set_in_memory(cells.len());
+            }
         }
         let n = evicted.len();
         // Instances and databases are dropped outside the map lock, off the

@@ -232,7 +232,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     )
                     .with_context(|| format!("actor class `{class}`"))?;
                     let class_metrics = metrics.for_app(&format!("actor:{class}"));
-                    classes.push(ActorClass::new(class.clone(), code, class_metrics));
+                    classes.push(ActorClass::new(
+                        class.clone(),
+                        code,
+                        class_metrics,
+                        metrics.for_actor_class(class),
+                    ));
                 }
                 let directory = ActorDirectory::new(&config.data_dir, config.durability);
                 let host = ActorHost::new(classes, directory, logging::receipt_sink())

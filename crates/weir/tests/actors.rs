@@ -481,6 +481,14 @@ async fn limits_value_size_queue_overflow_and_reserved_tables() {
     assert_eq!((ok, overloaded), (3, 7));
     let status = weir.admin_get("/actors").await.json();
     assert_eq!(status["status"]["overloaded"], 7);
+    let metrics = weir.admin_get("/metrics").await.text();
+    assert!(
+        metrics.contains(r#"weir_actor_events_total{class="probe",event="overloaded"} 7"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"weir_actor_turns_total{class="probe",turn="request",result="ok"}"#)
+    );
 }
 
 #[tokio::test]
