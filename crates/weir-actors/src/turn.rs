@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 use weir_runtime::actor_host::{ActorIdentity, ActorSeat, TurnGate, now_ms};
@@ -138,7 +138,13 @@ enum Verdict {
     BodyTooLarge,
 }
 
-type BodyFuture = Pin<Box<dyn Future<Output = Result<Bytes, String>> + Send>>;
+/// Why an actor's response body could not be collected.
+enum BodyFailure {
+    TooLarge,
+    Failed(String),
+}
+
+type BodyFuture = Pin<Box<dyn Future<Output = Result<Bytes, BodyFailure>> + Send>>;
 
 /// Runs a call as one turn and returns what the caller receives.
 pub async fn request_turn(
@@ -214,7 +220,13 @@ pub async fn request_turn(
                                     .collect()
                                     .await
                                     .map(|c| c.to_bytes())
-                                    .map_err(|e| e.to_string())
+                                    .map_err(|e| {
+                                        if e.downcast_ref::<LengthLimitError>().is_some() {
+                                            BodyFailure::TooLarge
+                                        } else {
+                                            BodyFailure::Failed(e.to_string())
+                                        }
+                                    })
                             }));
                         }
                         Ok(Err(code)) => break Verdict::Invalid(format!("guest answered with an error: {code:?}")),
@@ -227,8 +239,8 @@ pub async fn request_turn(
                         Ok(bytes) if returned => break Verdict::Answered(head.take().expect("head before body"), bytes),
                         // The body is complete; the guest is finishing.
                         Ok(bytes) => collected = Some(bytes),
-                        Err(e) if e.contains("length limit") => break Verdict::BodyTooLarge,
-                        Err(e) => break Verdict::Invalid(format!("response body failed: {e}")),
+                        Err(BodyFailure::TooLarge) => break Verdict::BodyTooLarge,
+                        Err(BodyFailure::Failed(e)) => break Verdict::Invalid(format!("response body failed: {e}")),
                     }
                 }
                 result = &mut call, if !returned => {

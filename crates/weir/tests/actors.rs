@@ -411,8 +411,22 @@ async fn limits_value_size_queue_overflow_and_reserved_tables() {
             // Three 400 ms turns in a row, waited for by the gateway.
             "--limit",
             "event_limit_ms=5000",
+            "--limit",
+            "max_response_body_bytes=100000",
         ],
     ));
+    // A response over the limit is refused, and its turn rolled back.
+    assert_eq!(
+        post(&weir, "/probe/l/large?bytes=100000", Vec::new())
+            .await
+            .text()
+            .len(),
+        100_000
+    );
+    post(&weir, "/probe/l/large?bytes=100001", Vec::new())
+        .await
+        .assert_weir_error(502, "response_body_too_large");
+    assert_eq!(weir.get("/probe/l/get?key=large").await.text(), "100000");
     // An entry is at most 2 MiB, key included.
     const LIMIT: usize = 2 << 20;
     let r = post(&weir, "/probe/l/put?key=k", vec![b'v'; LIMIT - 1]).await;

@@ -22,6 +22,7 @@
 //! | `GET /timers` | the actor's timers (JSON) |
 //! | `GET /log` | what alarm handlers recorded, in order (JSON) |
 //! | `POST /loop` | spins forever |
+//! | `POST /large?bytes=N` | writes `large`, answers N bytes |
 //! | `POST /memory` | counts in instance memory only; answers the count |
 //! | `POST /grow?mb=N` | allocates and keeps N MiB |
 //!
@@ -251,6 +252,13 @@ fn handle(request: &IncomingRequest, path: &str) -> Result<(u16, String), Error>
                 .map(|(_, v)| String::from_utf8_lossy(&v).into_owned())
                 .collect();
             (200, serde_json::Value::from(lines).to_string())
+        }
+        "/large" => {
+            let bytes: usize = query(path, "bytes")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1);
+            storage::put("large", &bytes)?;
+            (200, "x".repeat(bytes))
         }
         "/memory" => {
             let n = IN_MEMORY.with(|c| {

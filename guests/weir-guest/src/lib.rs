@@ -321,7 +321,7 @@ pub mod actor {
             }
         )*};
     }
-    stored_as_text!(u64, i64, u32, i32, f64, bool);
+    stored_as_text!(u64, i64, u32, i32, usize, f64, bool);
 
     /// Key-value entries and SQL, in the turn's transaction.
     pub mod storage {
