@@ -10,6 +10,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http_body::Body;
 use http_body_util::BodyExt;
+use weir_runtime::ErrorCode;
+use weir_runtime::receipt::Outcome;
 
 /// Why a body could not be read.
 #[derive(Debug, PartialEq, Eq)]
@@ -20,6 +22,26 @@ pub enum BodyError {
     Timeout,
     /// The client went away or sent a malformed body.
     Broken,
+}
+
+impl BodyError {
+    /// The error Weir answers for it.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            BodyError::TooLarge => ErrorCode::PayloadTooLarge,
+            BodyError::Timeout => ErrorCode::RequestBodyTimeout,
+            BodyError::Broken => ErrorCode::RequestCancelled,
+        }
+    }
+
+    /// How the event ended, for its receipt.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            BodyError::TooLarge => Outcome::Limit,
+            BodyError::Timeout => Outcome::Deadline,
+            BodyError::Broken => Outcome::Cancelled,
+        }
+    }
 }
 
 /// Reads the whole body, holding at most `limit` bytes.

@@ -33,7 +33,7 @@ use weir_runtime::{App, ErrorCode};
 
 use crate::error_response::error_response;
 use crate::head::head_bytes;
-use crate::request_body::{BodyError, read_body};
+use crate::request_body::read_body;
 use crate::response_body::{ServeBody, SessionBody};
 
 /// Header count accepted by the HTTP parser. hyper reserves this many slots
@@ -305,9 +305,7 @@ async fn handle_actor_route(
     .await
     {
         Ok(bytes) => bytes,
-        Err(BodyError::TooLarge) => return error_response(ErrorCode::PayloadTooLarge),
-        Err(BodyError::Timeout) => return error_response(ErrorCode::RequestBodyTimeout),
-        Err(BodyError::Broken) => return error_response(ErrorCode::RequestCancelled),
+        Err(e) => return error_response(e.code()),
     };
     let method = parts.method.clone();
     parts.uri = match http::Uri::builder()
@@ -387,15 +385,7 @@ async fn handle(
     .await
     {
         Ok(bytes) => bytes,
-        Err(BodyError::TooLarge) => {
-            return refuse(&receipt, Outcome::Limit, ErrorCode::PayloadTooLarge);
-        }
-        Err(BodyError::Timeout) => {
-            return refuse(&receipt, Outcome::Deadline, ErrorCode::RequestBodyTimeout);
-        }
-        Err(BodyError::Broken) => {
-            return refuse(&receipt, Outcome::Cancelled, ErrorCode::RequestCancelled);
-        }
+        Err(e) => return refuse(&receipt, e.outcome(), e.code()),
     };
     receipt.add_bytes_in(bytes.len() as u64);
     let method = parts.method.clone();

@@ -10,6 +10,44 @@
 //! ])?;
 //! ```
 
+/// `From` conversions into a SQL value type (`weir:sql` and `weir:actor`
+/// each have one, of the same shape).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! value_conversions {
+    ($value:ident) => {
+        impl From<i64> for $value {
+            fn from(v: i64) -> Self {
+                $value::Integer(v)
+            }
+        }
+
+        impl From<f64> for $value {
+            fn from(v: f64) -> Self {
+                $value::Real(v)
+            }
+        }
+
+        impl From<&str> for $value {
+            fn from(v: &str) -> Self {
+                $value::Text(v.to_string())
+            }
+        }
+
+        impl From<String> for $value {
+            fn from(v: String) -> Self {
+                $value::Text(v)
+            }
+        }
+
+        impl From<Vec<u8>> for $value {
+            fn from(v: Vec<u8>) -> Self {
+                $value::Blob(v)
+            }
+        }
+    };
+}
+
 mod bindings {
     wit_bindgen::generate!({
         path: "../../wit/weir-sql",
@@ -75,35 +113,7 @@ pub mod sql {
         }
     }
 
-    impl From<i64> for Value {
-        fn from(v: i64) -> Self {
-            Value::Integer(v)
-        }
-    }
-
-    impl From<f64> for Value {
-        fn from(v: f64) -> Self {
-            Value::Real(v)
-        }
-    }
-
-    impl From<&str> for Value {
-        fn from(v: &str) -> Self {
-            Value::Text(v.to_string())
-        }
-    }
-
-    impl From<String> for Value {
-        fn from(v: String) -> Self {
-            Value::Text(v)
-        }
-    }
-
-    impl From<Vec<u8>> for Value {
-        fn from(v: Vec<u8>) -> Self {
-            Value::Blob(v)
-        }
-    }
+    crate::value_conversions!(Value);
 
     impl<T: Into<Value>> From<Option<T>> for Value {
         fn from(v: Option<T>) -> Self {
@@ -418,29 +428,7 @@ pub mod actor {
         }
     }
 
-    impl From<i64> for Value {
-        fn from(v: i64) -> Self {
-            Value::Integer(v)
-        }
-    }
-
-    impl From<&str> for Value {
-        fn from(v: &str) -> Self {
-            Value::Text(v.to_string())
-        }
-    }
-
-    impl From<String> for Value {
-        fn from(v: String) -> Self {
-            Value::Text(v)
-        }
-    }
-
-    impl From<Vec<u8>> for Value {
-        fn from(v: Vec<u8>) -> Self {
-            Value::Blob(v)
-        }
-    }
+    crate::value_conversions!(Value);
 
     /// Calls actor `name` of `class`: `method` `path` with `body`; its
     /// whole response, or why the call could not be made.
