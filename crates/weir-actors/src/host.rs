@@ -83,9 +83,27 @@ struct Cell {
     /// Callers holding or waiting for the turn. Raised only under the
     /// host's map lock, so the sweeper sees every caller.
     pending: AtomicUsize,
+    /// Calls waiting for their turn, in arrival order.
+    inbox: Mutex<Inbox>,
     live: tokio::sync::Mutex<Live>,
     /// When the last turn ended, in ms since the host started.
     last_active_ms: AtomicU64,
+}
+
+/// The calls of one actor waiting for their turns, and whether a runner
+/// task is taking them.
+#[derive(Default)]
+struct Inbox {
+    calls: std::collections::VecDeque<QueuedCall>,
+    running: bool,
+}
+
+/// A call waiting for its turn; its claim keeps the actor in memory.
+struct QueuedCall {
+    request: http::Request<Bytes>,
+    reply: oneshot::Sender<http::Response<Bytes>>,
+    arrived: Instant,
+    claim: Claim,
 }
 
 /// A caller's claim on a cell; dropping it ends the claim.
@@ -322,6 +340,7 @@ impl ActorHost {
                     address: address.clone(),
                     class: class.clone(),
                     pending: AtomicUsize::new(0),
+                    inbox: Mutex::new(Inbox::default()),
                     live: tokio::sync::Mutex::new(Live::default()),
                     last_active_ms: AtomicU64::new(0),
                 })
@@ -462,28 +481,64 @@ impl ActorHost {
             class.actor_metrics.overloaded();
             return error_response(ErrorCode::ActorOverloaded);
         };
-        let (tx, rx) = oneshot::channel();
-        let host = self.clone();
-        // The turn runs on its own task: a caller that goes away does not
-        // cut it short.
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let cell = claim.cell.clone();
+        let (reply, rx) = oneshot::channel();
+        let cell = claim.cell.clone();
+        let start_runner = {
+            let mut inbox = cell.inbox.lock().unwrap_or_else(|p| p.into_inner());
+            inbox.calls.push_back(QueuedCall {
+                request,
+                reply,
+                arrived: Instant::now(),
+                claim,
+            });
+            !std::mem::replace(&mut inbox.running, true)
+        };
+        if start_runner {
+            tokio::spawn(self.clone().run_calls(cell));
+        }
+        rx.await
+            .unwrap_or_else(|_| error_response(ErrorCode::HostUnavailable))
+    }
+
+    /// Runs an actor's queued calls, one turn after another, on one task:
+    /// the next turn starts as soon as the last one ends, with no hand-off
+    /// between tasks. Turns run here, not on the callers' tasks, so a
+    /// caller that goes away does not cut one short; a caller that left
+    /// before its turn began is skipped. Between turns the actor is
+    /// released, so due timers and operators get their turn in order.
+    async fn run_calls(self: Arc<Self>, cell: Arc<Cell>) {
+        loop {
             let mut live = cell.live.lock().await;
-            if tx.is_closed() {
-                return; // the caller left before its turn: never run it
+            let call = {
+                let mut inbox = cell.inbox.lock().unwrap_or_else(|p| p.into_inner());
+                match inbox.calls.pop_front() {
+                    Some(call) => call,
+                    None => {
+                        inbox.running = false;
+                        return;
+                    }
+                }
+            };
+            let QueuedCall {
+                request,
+                reply,
+                arrived,
+                claim,
+            } = call;
+            if reply.is_closed() {
+                continue; // the caller left before its turn: never run it
             }
-            let queued = started.elapsed();
-            let (response, report) = request_turn(&host.context(&cell), &mut live, request).await;
-            host.after_turn(&cell, &live, false);
-            host.counters.turns.fetch_add(1, Ordering::Relaxed);
+            let queued = arrived.elapsed();
+            let (response, report) = request_turn(&self.context(&cell), &mut live, request).await;
+            self.after_turn(&cell, &live, false);
+            self.counters.turns.fetch_add(1, Ordering::Relaxed);
             let status = response.status().as_u16();
             // The receipt's end is taken while the turn is still held, so
             // its time span never overlaps the next turn's.
             let ended = Instant::now();
             drop(live);
-            drop(claim);
-            host.receipt(
+            let _ = reply.send(response);
+            self.receipt(
                 &cell,
                 "request",
                 &report,
@@ -492,13 +547,11 @@ impl ActorHost {
                     queued: Some(queued),
                     ..Default::default()
                 },
-                started,
+                arrived,
                 ended,
             );
-            let _ = tx.send(response);
-        });
-        rx.await
-            .unwrap_or_else(|_| error_response(ErrorCode::HostUnavailable))
+            drop(claim);
+        }
     }
 
     /// Delivers the due timers of one actor.
