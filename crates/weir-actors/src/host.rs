@@ -29,7 +29,7 @@ use weir_runtime::metrics::{ActorClassMetrics, AppMetrics};
 use weir_runtime::outbound::ActorCalls;
 use weir_runtime::receipt::ReceiptSink;
 use weir_runtime::{AppCode, ErrorCode};
-use weir_store::actor::ActorDb;
+use weir_store::actor::{ActorDb, CHECKPOINT_ON_CLOSE_COMMITS};
 
 use crate::address::{ActorAddress, AddressError};
 use crate::directory::ActorDirectory;
@@ -536,8 +536,8 @@ impl ActorHost {
             // The receipt's end is taken while the turn is still held, so
             // its time span never overlaps the next turn's.
             let ended = Instant::now();
-            drop(live);
             let _ = reply.send(response);
+            drop(live);
             self.receipt(
                 &cell,
                 "request",
@@ -621,7 +621,8 @@ impl ActorHost {
                     return true;
                 }
                 let idle_ms = cell.class.code.limits.actor_idle.as_millis() as u64;
-                if now.saturating_sub(cell.last_active_ms.load(Ordering::Relaxed)) < idle_ms {
+                let idle_for = now.saturating_sub(cell.last_active_ms.load(Ordering::Relaxed));
+                if idle_for < idle_ms {
                     return true;
                 }
                 cell.class.actor_metrics.hibernated();
@@ -637,7 +638,18 @@ impl ActorHost {
         // async workers: thousands of stores can take a while to free.
         if n > 0 {
             tokio::task::spawn_blocking(move || {
-                drop(evicted);
+                for cell in evicted {
+                    // Nobody holds an evicted cell: the lock is free.
+                    if let Ok(live) = cell.live.try_lock()
+                        && let Some(gate) = &live.gate
+                    {
+                        gate.with_db(|db| {
+                            if db.commits_since_checkpoint() >= CHECKPOINT_ON_CLOSE_COMMITS {
+                                let _ = db.checkpoint();
+                            }
+                        });
+                    }
+                }
                 release_freed_memory();
             });
         }

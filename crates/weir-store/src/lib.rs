@@ -95,23 +95,35 @@ fn check_key(key: &str) -> Result<(), StoreError> {
 
 /// Opens one database file in WAL mode with the durability asked for.
 pub(crate) fn connect(path: &Path, durability: Durability) -> Result<Connection, StoreError> {
-    connect_with(path, durability, false)
+    connect_with(path, durability, Tuning::default())
 }
 
-/// [`connect`], optionally holding the database's lock for the life of the
-/// connection (`exclusive`): no other connection may then use it, and no
-/// transaction pays for taking file locks.
+/// How a connection departs from the shared defaults.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Tuning {
+    /// Hold the database's lock for the life of the connection: no other
+    /// connection may use it, and no transaction pays for file locks.
+    pub exclusive: bool,
+    /// Page size of a database created by this connection.
+    pub page_size: Option<u32>,
+}
+
+/// [`connect`], tuned.
 pub(crate) fn connect_with(
     path: &Path,
     durability: Durability,
-    exclusive: bool,
+    tuning: Tuning,
 ) -> Result<Connection, StoreError> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_millis(BUSY_TIMEOUT_MS))?;
-    if exclusive {
-        // Must come before the first WAL access: the WAL index then lives
-        // in the connection's memory, not in a shared -shm file.
+    // Both must come before the first WAL access: the WAL index then lives
+    // in the connection's memory, not in a shared -shm file, and the page
+    // size is fixed when the database is first written.
+    if tuning.exclusive {
         conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
+    }
+    if let Some(bytes) = tuning.page_size {
+        conn.pragma_update(None, "page_size", bytes)?;
     }
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(
