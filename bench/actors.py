@@ -149,6 +149,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--wake-actors", type=int, default=1000)
     ap.add_argument("--memory-actors", type=int, default=10000)
+    ap.add_argument("--memory-idle-ms", type=int, default=40000)
     ap.add_argument("--no-workerd", action="store_true")
     args = ap.parse_args()
 
@@ -201,7 +202,6 @@ def main():
         try:
             wait_ready(port, proc, method="POST", path="/probe/warmup/incr")
             wait_hibernated(admin_port)
-            baseline = rss_kib(proc.pid)
             n = args.wake_actors
             parallel_posts(port, [f"/probe/w{i}/incr" for i in range(n)])
             wait_hibernated(admin_port)
@@ -213,18 +213,31 @@ def main():
             print(f"warm call through the worker (one live actor): p50 {pct(warm, 50):.3f} ms  p99 {pct(warm, 99):.3f} ms")
             print(f"first call after hibernation ({n} actors):   p50 {pct(woken, 50):.3f} ms  p99 {pct(woken, 99):.3f} ms"
                   f"  (wake cost p50 {pct(woken, 50) - pct(warm, 50):.3f} ms)")
-            wait_hibernated(admin_port)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
 
+        # Memory: every actor live at once (a long idle time), then all
+        # hibernated.
+        admin_port = free_port()
+        port, proc = start_weir(tmp / "weir-memory", args.memory_idle_ms, admin_port)
+        try:
+            wait_ready(port, proc, method="POST", path="/probe/warmup/incr")
+            time.sleep(1)
+            baseline = rss_kib(proc.pid)
             m = args.memory_actors
+            started = time.time()
             parallel_posts(port, [f"/probe/m{i}/incr" for i in range(m)])
+            created = time.time() - started
             live = rss_kib(proc.pid)
             live_count = admin(admin_port, "/actors")["status"]["live"]
-            wait_hibernated(admin_port)
+            wait_hibernated(admin_port, timeout=args.memory_idle_ms / 1000 + 120)
             time.sleep(1)
             after = rss_kib(proc.pid)
+            print(f"{m} actors created in {created:.1f} s ({m / created:.0f}/s, each a new SQLite file)")
             print(f"RSS: baseline {baseline} KiB; {live_count} live actors {live} KiB "
                   f"({(live - baseline) / max(live_count, 1):.1f} KiB per live actor); all hibernated {after} KiB "
-                  f"({(after - baseline) * 1024 / (m + n):.0f} bytes per hibernated actor over baseline)")
+                  f"({(after - baseline) * 1024 / m:.0f} bytes per hibernated actor over baseline)")
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()

@@ -46,6 +46,25 @@ pub const MIN_SWEEP_INTERVAL: Duration = Duration::from_millis(50);
 /// within `actor_idle_ms` plus at most this.
 pub const MAX_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
+/// File descriptors one live actor holds: its database and its WAL (no
+/// shared-memory file: each connection holds its database exclusively).
+pub const FDS_PER_LIVE_ACTOR: u64 = 2;
+
+/// File descriptors left for everything else — listeners, client and
+/// upstream connections, stores — when the live-actor cap is derived from
+/// the process's descriptor limit.
+pub const FD_RESERVE: u64 = 1024;
+
+/// Live actors allowed when the descriptor limit cannot be read.
+pub const DEFAULT_MAX_LIVE_ACTORS: usize = 4096;
+
+/// Fewest actors allowed in memory, whatever the open-file limit says.
+pub const MIN_LIVE_ACTORS: usize = 16;
+
+/// Idle actors hibernated at once when a new actor needs room: a batch
+/// amortizes the search for the least recently used.
+pub const EVICTION_BATCH: usize = 32;
+
 /// Most entries an inspection dumps; a larger actor is paged with `start`.
 pub const MAX_INSPECT_ENTRIES: u32 = 1_000;
 
@@ -139,6 +158,10 @@ pub struct ActorHost {
     sink: Option<Arc<dyn ReceiptSink>>,
     started: Instant,
     counters: Counters,
+    /// Actors in memory at most: each holds open files, and the process
+    /// has a limit on those. A new actor beyond it hibernates the least
+    /// recently used idle ones first.
+    max_live: usize,
 }
 
 /// Why an operator's request about an actor failed.
@@ -202,6 +225,8 @@ pub struct EntryView {
 pub struct HostStatus {
     pub classes: Vec<String>,
     pub live: usize,
+    /// Actors allowed in memory at once.
+    pub max_live: usize,
     pub pending_timers: usize,
     pub turns: u64,
     pub failed_turns: u64,
@@ -283,7 +308,19 @@ impl ActorHost {
             sink,
             started: Instant::now(),
             counters: Counters::default(),
+            max_live: 0,
         };
+        let by_files = crate::fd_limit::raise()
+            .map(|n| (n.saturating_sub(FD_RESERVE) / FDS_PER_LIVE_ACTOR) as usize)
+            .unwrap_or(DEFAULT_MAX_LIVE_ACTORS);
+        let configured = host
+            .classes
+            .values()
+            .map(|c| c.code.limits.max_live_actors)
+            .min()
+            .unwrap_or(DEFAULT_MAX_LIVE_ACTORS);
+        let mut host = host;
+        host.max_live = by_files.min(configured).max(MIN_LIVE_ACTORS);
         for class in host.classes.keys() {
             let actors = host
                 .directory
@@ -325,14 +362,25 @@ impl ActorHost {
 
     /// Claims an actor's cell, creating it if the actor is not in memory.
     /// `limit` bounds the callers already waiting; `None` always admits
-    /// (timers and operators).
+    /// (timers and operators), even past the live-actor cap.
     fn claim(
         &self,
         address: &ActorAddress,
         class: &Arc<ActorClass>,
         limit: Option<usize>,
-    ) -> Option<Claim> {
+    ) -> Result<Claim, ErrorCode> {
         let mut cells = self.lock_cells();
+        if cells.len() >= self.max_live && !cells.contains_key(address) {
+            self.evict_least_recent(&mut cells);
+            if cells.len() >= self.max_live && limit.is_some() {
+                tracing::warn!(
+                    live = cells.len(),
+                    max = self.max_live,
+                    "no idle actor to hibernate for a new one"
+                );
+                return Err(ErrorCode::HostUnavailable);
+            }
+        }
         let cell = cells
             .entry(address.clone())
             .or_insert_with(|| {
@@ -350,9 +398,35 @@ impl ActorHost {
         let before = cell.pending.fetch_add(1, Ordering::AcqRel);
         let claim = Claim { cell };
         if limit.is_some_and(|limit| before > limit) {
-            return None;
+            return Err(ErrorCode::ActorOverloaded);
         }
-        Some(claim)
+        Ok(claim)
+    }
+
+    /// Hibernates up to [`EVICTION_BATCH`] idle actors, least recently
+    /// active first, to make room for a new one.
+    fn evict_least_recent(&self, cells: &mut HashMap<ActorAddress, Arc<Cell>>) {
+        let mut idle: Vec<(u64, ActorAddress)> = cells
+            .iter()
+            .filter(|(_, c)| c.pending.load(Ordering::Acquire) == 0)
+            .map(|(a, c)| (c.last_active_ms.load(Ordering::Relaxed), a.clone()))
+            .collect();
+        let n = idle.len().min(EVICTION_BATCH);
+        if n == 0 {
+            return;
+        }
+        if n < idle.len() {
+            idle.select_nth_unstable(n - 1);
+        }
+        let evicted: Vec<Arc<Cell>> = idle[..n]
+            .iter()
+            .filter_map(|(_, a)| cells.remove(a))
+            .inspect(|c| c.class.actor_metrics.hibernated())
+            .collect();
+        self.counters
+            .hibernations
+            .fetch_add(evicted.len() as u64, Ordering::Relaxed);
+        close_evicted(evicted);
     }
 
     fn context<'a>(&'a self, cell: &'a Cell) -> TurnContext<'a> {
@@ -475,11 +549,15 @@ impl ActorHost {
         let Ok(class) = self.class(&address.class).cloned() else {
             return error_response(ErrorCode::ActorClassUnknown);
         };
-        let Some(claim) = self.claim(&address, &class, Some(class.code.limits.actor_max_queued))
-        else {
-            self.counters.overloaded.fetch_add(1, Ordering::Relaxed);
-            class.actor_metrics.overloaded();
-            return error_response(ErrorCode::ActorOverloaded);
+        let claim = match self.claim(&address, &class, Some(class.code.limits.actor_max_queued)) {
+            Ok(claim) => claim,
+            Err(code) => {
+                if code == ErrorCode::ActorOverloaded {
+                    self.counters.overloaded.fetch_add(1, Ordering::Relaxed);
+                    class.actor_metrics.overloaded();
+                }
+                return error_response(code);
+            }
         };
         let (reply, rx) = oneshot::channel();
         let cell = claim.cell.clone();
@@ -561,7 +639,8 @@ impl ActorHost {
         };
         let claim = self
             .claim(&address, &class, None)
-            .expect("unlimited claims always succeed");
+            .ok()
+            .expect("unlimited claims are never refused");
         let cell = claim.cell.clone();
         let mut live = cell.live.lock().await;
         let started = Instant::now();
@@ -634,28 +713,7 @@ impl ActorHost {
             }
         }
         let n = evicted.len();
-        // Instances and databases are dropped outside the map lock, off the
-        // async workers: thousands of stores can take a while to free.
-        if n > 0 {
-            tokio::task::spawn_blocking(move || {
-                for cell in evicted {
-                    // Nobody holds an evicted cell: the lock is free.
-                    if let Ok(live) = cell.live.try_lock()
-                        && let Some(gate) = &live.gate
-                    {
-                        gate.with_db(|db| {
-                            if db.commits_since_checkpoint() >= CHECKPOINT_ON_CLOSE_COMMITS {
-                                let _ = db.checkpoint();
-                            }
-                        });
-                    }
-                }
-                release_freed_memory();
-            });
-        }
-        self.counters
-            .hibernations
-            .fetch_add(n as u64, Ordering::Relaxed);
+        close_evicted(evicted);
         n
     }
 
@@ -671,6 +729,7 @@ impl ActorHost {
         HostStatus {
             classes,
             live: self.live_count(),
+            max_live: self.max_live,
             pending_timers: self.timers.len(),
             turns: c.turns.load(Ordering::Relaxed),
             failed_turns: c.failed_turns.load(Ordering::Relaxed),
@@ -736,7 +795,8 @@ impl ActorHost {
         }
         let claim = self
             .claim(&actor, &class, None)
-            .expect("unlimited claims always succeed");
+            .ok()
+            .expect("unlimited claims are never refused");
         let live = claim.cell.live.lock().await;
         let is_live = live.generation.is_some();
         let detail = match &live.gate {
@@ -823,7 +883,8 @@ impl ActorHost {
         let actor = ActorAddress::new(&class.name, name)?;
         let claim = self
             .claim(&actor, &class, None)
-            .expect("unlimited claims always succeed");
+            .ok()
+            .expect("unlimited claims are never refused");
         let mut live = claim.cell.live.lock().await;
         live.reset();
         self.timers.set(&actor, None);
@@ -858,6 +919,31 @@ impl ActorCalls for ActorHost {
     ) -> std::pin::Pin<Box<dyn Future<Output = http::Response<Bytes>> + Send>> {
         Box::pin(async move { self.call_actor(request).await })
     }
+}
+
+/// Drops hibernated actors' instances and databases, outside the map lock
+/// and off the async workers (thousands of stores take a while to free);
+/// an actor with a long WAL is checkpointed first, so its next wake does
+/// not replay it.
+fn close_evicted(evicted: Vec<Arc<Cell>>) {
+    if evicted.is_empty() {
+        return;
+    }
+    tokio::task::spawn_blocking(move || {
+        for cell in evicted {
+            // Nobody holds an evicted cell: the lock is free.
+            if let Ok(live) = cell.live.try_lock()
+                && let Some(gate) = &live.gate
+            {
+                gate.with_db(|db| {
+                    if db.commits_since_checkpoint() >= CHECKPOINT_ON_CLOSE_COMMITS {
+                        let _ = db.checkpoint();
+                    }
+                });
+            }
+        }
+        release_freed_memory();
+    });
 }
 
 /// Hands memory freed by hibernated actors back to the kernel. glibc keeps

@@ -10,6 +10,7 @@
 
 pub mod address;
 pub mod directory;
+pub mod fd_limit;
 pub mod host;
 pub mod timers;
 pub mod turn;

@@ -230,6 +230,14 @@ pub const SPECS: &[LimitSpec] = &[
         meaning: "events waiting for one actor's turn; more are refused with actor_overloaded",
     },
     LimitSpec {
+        name: "max_live_actors",
+        default: 100_000,
+        min: 16,
+        max: 10_000_000,
+        unit: Unit::Count,
+        meaning: "actors in memory at once (also bounded by the open-file limit: 2 files each); beyond it the least recently used idle ones hibernate",
+    },
+    LimitSpec {
         name: "memory_limit_bytes",
         default: 128 << 20,
         min: MIN_MEMORY_BYTES,
@@ -277,6 +285,7 @@ pub struct Limits {
     pub max_outbound_response_bytes: u64,
     pub actor_idle: Duration,
     pub actor_max_queued: usize,
+    pub max_live_actors: usize,
     pub memory_limit_bytes: u64,
 }
 
@@ -301,6 +310,7 @@ impl Default for Limits {
             max_outbound_response_bytes: 0,
             actor_idle: Duration::ZERO,
             actor_max_queued: 0,
+            max_live_actors: 0,
             memory_limit_bytes: 0,
         };
         for spec in SPECS {
@@ -356,6 +366,7 @@ impl Limits {
             "max_outbound_response_bytes" => self.max_outbound_response_bytes,
             "actor_idle_ms" => ms(self.actor_idle),
             "actor_max_queued" => self.actor_max_queued as u64,
+            "max_live_actors" => self.max_live_actors as u64,
             "memory_limit_bytes" => self.memory_limit_bytes,
             _ => return None,
         })
@@ -382,6 +393,7 @@ impl Limits {
             "max_outbound_response_bytes" => self.max_outbound_response_bytes = v,
             "actor_idle_ms" => self.actor_idle = ms(v),
             "actor_max_queued" => self.actor_max_queued = v as usize,
+            "max_live_actors" => self.max_live_actors = v as usize,
             "memory_limit_bytes" => self.memory_limit_bytes = v,
             _ => unreachable!("store is only called with names from SPECS"),
         }

@@ -903,3 +903,34 @@ async fn a_route_exposes_a_class_to_clients_directly() {
         assert!(out.stderr.contains("route"), "{}", out.stderr);
     }
 }
+
+#[tokio::test]
+async fn past_the_live_actor_cap_the_least_recently_used_idle_actors_hibernate() {
+    let dir = data_dir("cap");
+    let weir = start(&dir, &["--limit", "max_live_actors=20"]);
+    for i in 0..100 {
+        let r = post(&weir, &format!("/probe/c{i}/incr"), Vec::new()).await;
+        assert_eq!(r.status, 200, "actor c{i}: {:?}", r.body);
+    }
+    let status = weir.admin_get("/actors").await.json()["status"].clone();
+    assert_eq!(status["max_live"], 20);
+    assert!(status["live"].as_u64().unwrap() <= 20, "{status}");
+    assert!(status["hibernations"].as_u64().unwrap() >= 80, "{status}");
+    // The most recent stayed in memory; the earliest went first.
+    let listed = weir.admin_get("/actors/probe").await.json();
+    let live: Vec<String> = listed["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["live"] == true)
+        .map(|a| a["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(live.contains(&"c99".to_string()), "{live:?}");
+    assert!(!live.contains(&"c0".to_string()), "{live:?}");
+    for i in (0..100).step_by(7) {
+        assert_eq!(
+            weir.get(&format!("/probe/c{i}/get?key=n")).await.text(),
+            "1"
+        );
+    }
+}
