@@ -55,7 +55,16 @@ pub const FDS_PER_LIVE_ACTOR: u64 = 2;
 /// the process's descriptor limit.
 pub const FD_RESERVE: u64 = 1024;
 
-/// Live actors allowed when the descriptor limit cannot be read.
+/// Memory mappings one live actor's instance holds, rounded up from the ~7
+/// measured (linear memory and its guards, stacks, tables).
+pub const MAPS_PER_LIVE_ACTOR: u64 = 8;
+
+/// Memory mappings left for everything else: the worker pool, threads,
+/// libraries, the allocator. Past the kernel's map count, every mmap —
+/// a thread's stack, a large allocation — fails.
+pub const MAP_RESERVE: u64 = 8192;
+
+/// Live actors allowed when an operating-system limit cannot be read.
 pub const DEFAULT_MAX_LIVE_ACTORS: usize = 4096;
 
 /// Fewest actors allowed in memory, whatever the open-file limit says.
@@ -310,8 +319,11 @@ impl ActorHost {
             counters: Counters::default(),
             max_live: 0,
         };
-        let by_files = crate::fd_limit::raise()
+        let by_files = crate::os_limits::raise_open_files()
             .map(|n| (n.saturating_sub(FD_RESERVE) / FDS_PER_LIVE_ACTOR) as usize)
+            .unwrap_or(DEFAULT_MAX_LIVE_ACTORS);
+        let by_maps = crate::os_limits::max_map_count()
+            .map(|n| (n.saturating_sub(MAP_RESERVE) / MAPS_PER_LIVE_ACTOR) as usize)
             .unwrap_or(DEFAULT_MAX_LIVE_ACTORS);
         let configured = host
             .classes
@@ -320,7 +332,7 @@ impl ActorHost {
             .min()
             .unwrap_or(DEFAULT_MAX_LIVE_ACTORS);
         let mut host = host;
-        host.max_live = by_files.min(configured).max(MIN_LIVE_ACTORS);
+        host.max_live = by_files.min(by_maps).min(configured).max(MIN_LIVE_ACTORS);
         for class in host.classes.keys() {
             let actors = host
                 .directory

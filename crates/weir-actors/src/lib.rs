@@ -10,8 +10,8 @@
 
 pub mod address;
 pub mod directory;
-pub mod fd_limit;
 pub mod host;
+pub mod os_limits;
 pub mod timers;
 pub mod turn;
 

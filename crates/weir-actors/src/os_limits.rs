@@ -1,13 +1,15 @@
-//! The process's limit on open files, which bounds how many actors can be
-//! in memory at once (each holds its database and WAL open).
+//! The operating system's limits that bound how many actors can be in
+//! memory at once: open files (each live actor holds its database and its
+//! WAL open) and memory mappings (each live actor's instance maps its
+//! linear memory, guard regions and stacks).
 //!
-//! Invariant owned here: the soft limit is raised to the hard limit once,
-//! at start, as servers that hold many files do; the number returned is the
-//! limit in force afterwards.
+//! Invariant owned here: the soft limit on open files is raised to the hard
+//! limit once, at start, as servers that hold many files do; the numbers
+//! returned are the limits in force afterwards.
 
 /// Raises the soft limit on open files to the hard limit and returns the
 /// limit in force, or `None` where it cannot be read.
-pub fn raise() -> Option<u64> {
+pub fn raise_open_files() -> Option<u64> {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         let mut limit = libc::rlimit {
@@ -36,4 +38,13 @@ pub fn raise() -> Option<u64> {
     {
         None
     }
+}
+
+/// The kernel's limit on memory mappings per process, where it can be read.
+pub fn max_map_count() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
