@@ -171,6 +171,8 @@ pub struct ActorHost {
     /// has a limit on those. A new actor beyond it hibernates the least
     /// recently used idle ones first.
     max_live: usize,
+    /// Where evicted actors go to be closed.
+    closer: std::sync::mpsc::Sender<Vec<Arc<Cell>>>,
 }
 
 /// Why an operator's request about an actor failed.
@@ -318,6 +320,7 @@ impl ActorHost {
             started: Instant::now(),
             counters: Counters::default(),
             max_live: 0,
+            closer: start_closer(),
         };
         let by_files = crate::os_limits::raise_open_files()
             .map(|n| (n.saturating_sub(FD_RESERVE) / FDS_PER_LIVE_ACTOR) as usize)
@@ -438,7 +441,16 @@ impl ActorHost {
         self.counters
             .hibernations
             .fetch_add(evicted.len() as u64, Ordering::Relaxed);
-        close_evicted(evicted);
+        self.close_evicted(evicted);
+    }
+
+    /// Hands evicted actors to the closer thread.
+    fn close_evicted(&self, evicted: Vec<Arc<Cell>>) {
+        if evicted.is_empty() {
+            return;
+        }
+        // If the closer is gone, the batch comes back and drops here.
+        let _ = self.closer.send(evicted);
     }
 
     fn context<'a>(&'a self, cell: &'a Cell) -> TurnContext<'a> {
@@ -724,7 +736,7 @@ impl ActorHost {
             }
         }
         let n = evicted.len();
-        close_evicted(evicted);
+        self.close_evicted(evicted);
         n
     }
 
@@ -930,29 +942,44 @@ impl ActorCalls for ActorHost {
     }
 }
 
-/// Drops hibernated actors' instances and databases, outside the map lock
-/// and off the async workers (thousands of stores take a while to free);
-/// an actor with a long WAL is checkpointed first, so its next wake does
-/// not replay it.
-fn close_evicted(evicted: Vec<Arc<Cell>>) {
-    if evicted.is_empty() {
-        return;
-    }
-    tokio::task::spawn_blocking(move || {
-        for cell in evicted {
-            // Nobody holds an evicted cell: the lock is free.
-            if let Ok(live) = cell.live.try_lock()
-                && let Some(gate) = &live.gate
-            {
-                gate.with_db(|db| {
-                    if db.commits_since_checkpoint() >= CHECKPOINT_ON_CLOSE_COMMITS {
-                        let _ = db.checkpoint();
-                    }
-                });
+/// Closes hibernated actors on one thread of its own: their instances and
+/// databases are dropped outside the map lock and off the async workers
+/// (thousands of stores take a while to free), an actor with a long WAL is
+/// checkpointed first so its next wake does not replay it, and the heap is
+/// trimmed whenever the queue runs dry. One thread, whatever the rate of
+/// evictions: a thread per batch would itself hold memory.
+fn start_closer() -> std::sync::mpsc::Sender<Vec<Arc<Cell>>> {
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<Arc<Cell>>>();
+    let spawned = std::thread::Builder::new()
+        .name("weir-actor-closer".into())
+        .spawn(move || {
+            while let Ok(batch) = rx.recv() {
+                close(batch);
+                while let Ok(batch) = rx.try_recv() {
+                    close(batch);
+                }
+                release_freed_memory();
             }
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the actor closer thread; evicted actors close where they are dropped");
+    }
+    tx
+}
+
+fn close(evicted: Vec<Arc<Cell>>) {
+    for cell in evicted {
+        // Nobody holds an evicted cell: the lock is free.
+        if let Ok(live) = cell.live.try_lock()
+            && let Some(gate) = &live.gate
+        {
+            gate.with_db(|db| {
+                if db.commits_since_checkpoint() >= CHECKPOINT_ON_CLOSE_COMMITS {
+                    let _ = db.checkpoint();
+                }
+            });
         }
-        release_freed_memory();
-    });
+    }
 }
 
 /// Hands memory freed by hibernated actors back to the kernel. glibc keeps
