@@ -29,7 +29,7 @@ use tokio::sync::oneshot;
 use weir_actors::{ActorAddress, ActorHost};
 use weir_runtime::event::{self, Dispatch, GuestBody, Reply, SessionEnd};
 use weir_runtime::receipt::{Outcome, Receipt};
-use weir_runtime::{App, ErrorCode};
+use weir_runtime::{App, ErrorCode, Limits};
 
 use crate::error_response::error_response;
 use crate::head::head_bytes;
@@ -276,6 +276,19 @@ fn bodyless(method: &Method, status: StatusCode) -> bool {
         || status == StatusCode::NOT_MODIFIED
 }
 
+/// The limits a request breaks before admission (invariant 1): its head
+/// over `max_request_head_bytes`, or a declared body over
+/// `max_request_body_bytes`.
+fn over_head_limits<B>(req: &Request<B>, limits: &Limits) -> Option<ErrorCode> {
+    if head_bytes(req) > limits.max_request_head_bytes {
+        return Some(ErrorCode::RequestHeaderFieldsTooLarge);
+    }
+    if declared_length(req).is_some_and(|n| n > limits.max_request_body_bytes) {
+        return Some(ErrorCode::PayloadTooLarge);
+    }
+    None
+}
+
 /// A request on an actor route: the transport limits, then one turn of
 /// the actor; the actor's receipt records it.
 async fn handle_actor_route(
@@ -287,11 +300,8 @@ async fn handle_actor_route(
     req: Request<Incoming>,
 ) -> Response<ServeBody> {
     let limits = &app.code.limits;
-    if head_bytes(&req) > limits.max_request_head_bytes {
-        return error_response(ErrorCode::RequestHeaderFieldsTooLarge);
-    }
-    if declared_length(&req).is_some_and(|n| n > limits.max_request_body_bytes) {
-        return error_response(ErrorCode::PayloadTooLarge);
+    if let Some(code) = over_head_limits(&req, limits) {
+        return error_response(code);
     }
     let Ok(address) = ActorAddress::new(&route.class, &name) else {
         return error_response(ErrorCode::ActorAddressInvalid);
@@ -355,15 +365,8 @@ async fn handle(
     let receipt = app.receipts.open(arrived);
     let limits = &app.code.limits;
 
-    if head_bytes(&req) > limits.max_request_head_bytes {
-        return refuse(
-            &receipt,
-            Outcome::Limit,
-            ErrorCode::RequestHeaderFieldsTooLarge,
-        );
-    }
-    if declared_length(&req).is_some_and(|n| n > limits.max_request_body_bytes) {
-        return refuse(&receipt, Outcome::Limit, ErrorCode::PayloadTooLarge);
+    if let Some(code) = over_head_limits(&req, limits) {
+        return refuse(&receipt, Outcome::Limit, code);
     }
 
     let mut guard = match app

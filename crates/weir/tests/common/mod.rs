@@ -179,32 +179,47 @@ impl Weir {
         format!("http://{}{}", self.addr, path)
     }
 
-    /// Every receipt logged so far.
-    pub fn receipts(&self) -> Vec<Value> {
+    /// The fields of every JSON log line of `target` so far, in order, each
+    /// with the line's timestamp.
+    fn logged(&self, target: &str) -> Vec<Value> {
         self.lines
             .lock()
             .unwrap()
             .iter()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| v["target"] == "weir::receipt")
-            .map(|v| v["fields"].clone())
-            .collect()
-    }
-
-    /// Receipts of actor turns (`weir::actor`), in order.
-    pub fn actor_receipts(&self) -> Vec<Value> {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| v["target"] == "weir::actor")
+            .filter(|v| v["target"] == target)
             .map(|v| {
                 let mut fields = v["fields"].clone();
                 fields["timestamp"] = v["timestamp"].clone();
                 fields
             })
             .collect()
+    }
+
+    /// Waits until a log line of `target` matches, returning its fields.
+    async fn first_logged(&self, target: &str, f: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(r) = self.logged(target).into_iter().find(|r| f(r)) {
+                return r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no matching {target} line in:\n{:#?}",
+                self.logged(target)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Every receipt logged so far.
+    pub fn receipts(&self) -> Vec<Value> {
+        self.logged("weir::receipt")
+    }
+
+    /// Receipts of actor turns (`weir::actor`), in order.
+    pub fn actor_receipts(&self) -> Vec<Value> {
+        self.logged("weir::actor")
     }
 
     /// Waits until `n` actor receipts match (they are read from the log,
@@ -228,34 +243,12 @@ impl Weir {
 
     /// Waits until an actor turn's receipt matches, returning it.
     pub async fn actor_receipt_where(&self, f: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(r) = self.actor_receipts().into_iter().find(|r| f(r)) {
-                return r;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no matching actor receipt in:\n{:#?}",
-                self.actor_receipts()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.first_logged("weir::actor", f).await
     }
 
     /// Waits until a receipt matches, returning it.
     pub async fn receipt_where(&self, f: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(r) = self.receipts().into_iter().find(|r| f(r)) {
-                return r;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no matching receipt; receipts: {:#?}",
-                self.receipts()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.first_logged("weir::receipt", f).await
     }
 
     /// Waits until exactly `n` receipts match (and stay `n` briefly).
