@@ -135,11 +135,26 @@ fn answer_upstream(out: ResponseOutparam, started: Result<FutureIncomingResponse
         Ok((status, body)) => {
             let status = status.to_string();
             let (out_body, stream) = respond(out, 200, &[("x-upstream-status", status.as_bytes())]);
-            write_all(&stream, &body);
-            finish(out_body, stream);
+            answer_if_heard(out_body, stream, &body);
         }
-        Err(e) => simple(out, 502, e.as_bytes()),
+        Err(e) => {
+            let (out_body, stream) = respond(out, 502, &[("content-type", b"text/plain")]);
+            answer_if_heard(out_body, stream, e.as_bytes());
+        }
     }
+}
+
+/// Writes a body, stopping quietly if the client has gone: the fetch
+/// routes are also used to show that a guest whose client left finishes
+/// in time (cancelled, not abandoned), so a failed write is not a trap.
+fn answer_if_heard(out_body: OutgoingBody, stream: OutputStream, bytes: &[u8]) {
+    for chunk in bytes.chunks(4096) {
+        if stream.blocking_write_and_flush(chunk).is_err() {
+            return;
+        }
+    }
+    drop(stream);
+    let _ = OutgoingBody::finish(out_body, None);
 }
 
 fn query(path: &str, name: &str) -> Option<u64> {
