@@ -33,7 +33,7 @@ use weir_runtime::{App, ErrorCode, Limits};
 
 use crate::error_response::error_response;
 use crate::head::head_bytes;
-use crate::request_body::read_body;
+use crate::request_body::{BodyError, read_body};
 use crate::response_body::{ServeBody, SessionBody};
 
 /// Header count accepted by the HTTP parser. hyper reserves this many slots
@@ -289,6 +289,17 @@ fn over_head_limits<B>(req: &Request<B>, limits: &Limits) -> Option<ErrorCode> {
     None
 }
 
+/// Reads a request body under the app's body limit and read timeout
+/// (invariant 3).
+async fn read_request_body(body: Incoming, limits: &Limits) -> Result<Bytes, BodyError> {
+    read_body(
+        body,
+        limits.max_request_body_bytes,
+        limits.body_read_timeout,
+    )
+    .await
+}
+
 /// A request on an actor route: the transport limits, then one turn of
 /// the actor; the actor's receipt records it.
 async fn handle_actor_route(
@@ -307,13 +318,7 @@ async fn handle_actor_route(
         return error_response(ErrorCode::ActorAddressInvalid);
     };
     let (mut parts, body) = req.into_parts();
-    let bytes = match read_body(
-        body,
-        limits.max_request_body_bytes,
-        limits.body_read_timeout,
-    )
-    .await
-    {
+    let bytes = match read_request_body(body, limits).await {
         Ok(bytes) => bytes,
         Err(e) => return error_response(e.code()),
     };
@@ -380,13 +385,7 @@ async fn handle(
     receipt.admitted(guard.lane().id, app.next_admission_index());
 
     let (parts, body) = req.into_parts();
-    let bytes = match read_body(
-        body,
-        limits.max_request_body_bytes,
-        limits.body_read_timeout,
-    )
-    .await
-    {
+    let bytes = match read_request_body(body, limits).await {
         Ok(bytes) => bytes,
         Err(e) => return refuse(&receipt, e.outcome(), e.code()),
     };

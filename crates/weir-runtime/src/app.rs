@@ -117,44 +117,20 @@ impl AppCode {
                 reason,
             }
         })?;
-        let mut linker: Linker<GenerationState> = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| LoadError::Link {
+        let link = |e: wasmtime::Error| LoadError::Link {
             path: shown.to_string(),
             reason: format!("{e:#}"),
-        })?;
-        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(|e| {
-            LoadError::Link {
-                path: shown.to_string(),
-                reason: format!("{e:#}"),
-            }
-        })?;
-        crate::keyvalue::add_to_linker(&mut linker, GenerationState::keyvalue).map_err(|e| {
-            LoadError::Link {
-                path: shown.to_string(),
-                reason: format!("{e:#}"),
-            }
-        })?;
-        crate::sql::add_to_linker(&mut linker, GenerationState::sql).map_err(|e| {
-            LoadError::Link {
-                path: shown.to_string(),
-                reason: format!("{e:#}"),
-            }
-        })?;
-        crate::actor_host::add_to_linker(&mut linker, GenerationState::actor).map_err(|e| {
-            LoadError::Link {
-                path: shown.to_string(),
-                reason: format!("{e:#}"),
-            }
-        })?;
+        };
+        let mut linker: Linker<GenerationState> = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(link)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(link)?;
+        crate::keyvalue::add_to_linker(&mut linker, GenerationState::keyvalue).map_err(link)?;
+        crate::sql::add_to_linker(&mut linker, GenerationState::sql).map_err(link)?;
+        crate::actor_host::add_to_linker(&mut linker, GenerationState::actor).map_err(link)?;
         let alarm = component
             .get_export_index(None, ALARM_INTERFACE)
             .and_then(|interface| component.get_export_index(Some(&interface), "alarm"));
-        let instance_pre = linker
-            .instantiate_pre(&component)
-            .map_err(|e| LoadError::Link {
-                path: shown.to_string(),
-                reason: format!("{e:#}"),
-            })?;
+        let instance_pre = linker.instantiate_pre(&component).map_err(link)?;
         let pre = ProxyPre::new(instance_pre).map_err(|e| LoadError::NotAProxy {
             path: shown.to_string(),
             reason: format!("{e:#}"),
