@@ -70,9 +70,13 @@ pub const DEFAULT_MAX_LIVE_ACTORS: usize = 4096;
 /// Fewest actors allowed in memory, whatever the open-file limit says.
 pub const MIN_LIVE_ACTORS: usize = 16;
 
-/// Idle actors hibernated at once when a new actor needs room: a batch
-/// amortizes the search for the least recently used.
+/// Idle actors hibernated at once when a new actor needs room, at most: a
+/// batch amortizes the search for the least recently used.
 pub const EVICTION_BATCH: usize = 32;
+
+/// A batch is also at most this fraction of the live-actor cap (1/8), so
+/// that under a small cap most recently used actors stay in memory.
+pub const EVICTION_BATCH_DIVISOR: usize = 8;
 
 /// Most entries an inspection dumps; a larger actor is paged with `start`.
 pub const MAX_INSPECT_ENTRIES: u32 = 1_000;
@@ -116,6 +120,9 @@ struct Cell {
     live: tokio::sync::Mutex<Live>,
     /// When the last turn ended, in ms since the host started.
     last_active_ms: AtomicU64,
+    /// The host-wide order of its last turn's end: exact where
+    /// milliseconds tie, so eviction takes the least recently used.
+    last_turn: AtomicU64,
 }
 
 /// The calls of one actor waiting for their turns, and whether a runner
@@ -173,6 +180,10 @@ pub struct ActorHost {
     max_live: usize,
     /// Where evicted actors go to be closed.
     closer: std::sync::mpsc::Sender<Vec<Arc<Cell>>>,
+    /// Evicted actors not yet closed (their memory not yet returned).
+    closing: Arc<AtomicUsize>,
+    /// Hands out [`Cell::last_turn`].
+    turn_order: AtomicU64,
 }
 
 /// Why an operator's request about an actor failed.
@@ -195,6 +206,9 @@ pub struct ActorSummary {
     pub name: String,
     /// In memory now (instance and database open), or hibernated.
     pub live: bool,
+    /// Callers queued for a turn that still want it (a caller that left
+    /// stays queued, but is skipped when its turn comes).
+    pub waiting: usize,
     pub storage_bytes: u64,
     /// Earliest timer, ms since the Unix epoch.
     pub next_timer_ms: Option<i64>,
@@ -246,6 +260,8 @@ pub struct HostStatus {
     pub overloaded: u64,
     pub alarms: u64,
     pub alarms_dropped: u64,
+    /// Hibernated actors whose instances are still being freed.
+    pub closing: usize,
 }
 
 #[derive(Serialize)]
@@ -308,6 +324,7 @@ impl ActorHost {
         directory: ActorDirectory,
         sink: Option<Arc<dyn ReceiptSink>>,
     ) -> Result<Arc<ActorHost>, AdminError> {
+        let closing = Arc::new(AtomicUsize::new(0));
         let host = ActorHost {
             classes: classes
                 .into_iter()
@@ -320,7 +337,9 @@ impl ActorHost {
             started: Instant::now(),
             counters: Counters::default(),
             max_live: 0,
-            closer: start_closer(),
+            closer: start_closer(closing.clone()),
+            closing,
+            turn_order: AtomicU64::new(1),
         };
         let by_files = crate::os_limits::raise_open_files()
             .map(|n| (n.saturating_sub(FD_RESERVE) / FDS_PER_LIVE_ACTOR) as usize)
@@ -406,6 +425,7 @@ impl ActorHost {
                     inbox: Mutex::new(Inbox::default()),
                     live: tokio::sync::Mutex::new(Live::default()),
                     last_active_ms: AtomicU64::new(0),
+                    last_turn: AtomicU64::new(0),
                 })
             })
             .clone();
@@ -424,9 +444,10 @@ impl ActorHost {
         let mut idle: Vec<(u64, ActorAddress)> = cells
             .iter()
             .filter(|(_, c)| c.pending.load(Ordering::Acquire) == 0)
-            .map(|(a, c)| (c.last_active_ms.load(Ordering::Relaxed), a.clone()))
+            .map(|(a, c)| (c.last_turn.load(Ordering::Relaxed), a.clone()))
             .collect();
-        let n = idle.len().min(EVICTION_BATCH);
+        let batch = (self.max_live / EVICTION_BATCH_DIVISOR).clamp(1, EVICTION_BATCH);
+        let n = idle.len().min(batch);
         if n == 0 {
             return;
         }
@@ -450,7 +471,11 @@ impl ActorHost {
             return;
         }
         // If the closer is gone, the batch comes back and drops here.
-        let _ = self.closer.send(evicted);
+        let n = evicted.len();
+        self.closing.fetch_add(n, Ordering::AcqRel);
+        if self.closer.send(evicted).is_err() {
+            self.closing.fetch_sub(n, Ordering::AcqRel);
+        }
     }
 
     fn context<'a>(&'a self, cell: &'a Cell) -> TurnContext<'a> {
@@ -474,6 +499,10 @@ impl ActorHost {
         }
         cell.last_active_ms
             .store(self.elapsed_ms(), Ordering::Relaxed);
+        cell.last_turn.store(
+            self.turn_order.fetch_add(1, Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
     }
 
     fn receipt(
@@ -761,11 +790,16 @@ impl ActorHost {
             overloaded: c.overloaded.load(Ordering::Relaxed),
             alarms: c.alarms.load(Ordering::Relaxed),
             alarms_dropped: c.alarms_dropped.load(Ordering::Relaxed),
+            closing: self.closing.load(Ordering::Acquire),
         }
     }
 
     fn summary(&self, actor: &ActorAddress) -> ActorSummary {
         let cell = self.lock_cells().get(actor).cloned();
+        let waiting = cell.as_ref().map_or(0, |c| {
+            let inbox = c.inbox.lock().unwrap_or_else(|p| p.into_inner());
+            inbox.calls.iter().filter(|q| !q.reply.is_closed()).count()
+        });
         // Live: it has an instance now, or is in a turn (which has one).
         let live = cell.is_some_and(|c| match c.live.try_lock() {
             Ok(live) => live.generation.is_some(),
@@ -773,6 +807,7 @@ impl ActorHost {
         });
         ActorSummary {
             live,
+            waiting,
             storage_bytes: file_size(&self.directory.path(actor)),
             next_timer_ms: self.timers.get(actor),
             class: actor.class.clone(),
@@ -948,17 +983,21 @@ impl ActorCalls for ActorHost {
 /// checkpointed first so its next wake does not replay it, and the heap is
 /// trimmed whenever the queue runs dry. One thread, whatever the rate of
 /// evictions: a thread per batch would itself hold memory.
-fn start_closer() -> std::sync::mpsc::Sender<Vec<Arc<Cell>>> {
+fn start_closer(closing: Arc<AtomicUsize>) -> std::sync::mpsc::Sender<Vec<Arc<Cell>>> {
     let (tx, rx) = std::sync::mpsc::channel::<Vec<Arc<Cell>>>();
     let spawned = std::thread::Builder::new()
         .name("weir-actor-closer".into())
         .spawn(move || {
             while let Ok(batch) = rx.recv() {
+                let mut closed = batch.len();
                 close(batch);
                 while let Ok(batch) = rx.try_recv() {
+                    closed += batch.len();
                     close(batch);
                 }
                 release_freed_memory();
+                // Counted down only once their memory is back.
+                closing.fetch_sub(closed, Ordering::AcqRel);
             }
         });
     if let Err(e) = spawned {

@@ -71,6 +71,11 @@ pub fn status_json(state: &AdminState) -> serde_json::Value {
         .iter()
         .map(|app| {
             let counts = app.metrics.counts();
+            let stores = |list: Vec<weir_store::StoreInfo>| -> Vec<serde_json::Value> {
+                list.into_iter()
+                    .map(|s| json!({ "name": s.name, "synchronous": s.synchronous }))
+                    .collect()
+            };
             json!({
                 "name": &*app.name,
                 "healthy": app.healthy(),
@@ -82,6 +87,10 @@ pub fn status_json(state: &AdminState) -> serde_json::Value {
                     "instantiation_failed": counts.instantiation_failed.load(Ordering::Relaxed),
                 },
                 "lanes": app.board.snapshot(),
+                "stores": {
+                    "kv": stores(app.code.kv.describe()),
+                    "sql": stores(app.code.sql.describe()),
+                },
             })
         })
         .collect();

@@ -93,6 +93,27 @@ fn check_key(key: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// SQLite's `synchronous` setting of a live connection, by name: what a
+/// commit on it waits for (`normal`: the WAL write; `full`: its fsync).
+pub fn synchronous_mode(conn: &Connection) -> Result<&'static str, StoreError> {
+    let mode: i64 = conn.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
+    Ok(match mode {
+        0 => "off",
+        1 => "normal",
+        2 => "full",
+        _ => "extra",
+    })
+}
+
+/// A declared store or database as operators see it: its name and the
+/// `synchronous` mode read from its open connection (not from the
+/// configuration), so `/status` says what commits really wait for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreInfo {
+    pub name: String,
+    pub synchronous: String,
+}
+
 /// Opens one database file in WAL mode with the durability asked for.
 pub(crate) fn connect(path: &Path, durability: Durability) -> Result<Connection, StoreError> {
     connect_with(path, durability, Tuning::default())
@@ -339,6 +360,20 @@ impl KvStores {
             KvStore::open(path, name, durability)
         })?;
         Ok(KvStores { stores })
+    }
+
+    /// Every declared store, by name.
+    pub fn describe(&self) -> Vec<StoreInfo> {
+        let mut out: Vec<StoreInfo> = self
+            .stores
+            .values()
+            .map(|s| StoreInfo {
+                name: s.name.clone(),
+                synchronous: synchronous_mode(&s.conn()).unwrap_or("unknown").to_string(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
     }
 
     /// The declared store of that name.

@@ -200,6 +200,24 @@ impl SqlDatabases {
         Ok(SqlDatabases { databases })
     }
 
+    /// Every declared database, by name.
+    pub fn describe(&self) -> Vec<crate::StoreInfo> {
+        let mut out: Vec<crate::StoreInfo> = self
+            .databases
+            .iter()
+            .map(|(name, db)| crate::StoreInfo {
+                name: name.clone(),
+                synchronous: crate::synchronous_mode(
+                    &db.conn.lock().unwrap_or_else(|p| p.into_inner()),
+                )
+                .unwrap_or("unknown")
+                .to_string(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
     pub fn get(&self, name: &str) -> Result<Arc<SqlDatabase>, BatchError> {
         self.databases
             .get(name)

@@ -1,13 +1,16 @@
-//! Admission and the wait queue under overload.
+//! Admission and the wait queue under overload. Lanes are held busy by
+//! requests that wait at a hold server until the test lets them go, so
+//! each step waits for the state it needs instead of guessing a schedule.
 
 mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Weir, probe, send_to};
+use common::{HoldServer, Weir, probe, send_to, wait_for};
 use http::Request;
 use http_body_util::Full;
 
@@ -20,6 +23,39 @@ fn spawn_get(weir: &Weir, path: &str) -> tokio::task::JoinHandle<common::Resp> {
     tokio::spawn(send_to(addr, req))
 }
 
+/// Starts `n` requests that hold a lane each until `hold` is released.
+async fn hold_lanes(
+    weir: &Weir,
+    hold: &HoldServer,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<common::Resp>> {
+    let busy: Vec<_> = (0..n)
+        .map(|_| spawn_get(weir, &format!("/fetch?url={}", hold.url())))
+        .collect();
+    hold.wait_arrived(n).await;
+    busy
+}
+
+async fn wait_queue_depth(weir: &Weir, n: u64) {
+    wait_for(&format!("queue depth {n}"), || async {
+        let depth = weir.status().await["apps"][0]["queue_depth"].clone();
+        if depth == n {
+            Ok(())
+        } else {
+            Err(depth.to_string())
+        }
+    })
+    .await
+}
+
+async fn assert_held_ok(busy: Vec<tokio::task::JoinHandle<common::Resp>>) {
+    for b in busy {
+        let r = b.await.unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.text(), "released");
+    }
+}
+
 #[tokio::test]
 async fn queue_waits_then_refuses_at_once_without_reading_the_body() {
     let weir = Weir::start(
@@ -30,21 +66,21 @@ async fn queue_waits_then_refuses_at_once_without_reading_the_body() {
             "--limit",
             "max_queued=1",
             "--limit",
-            "event_limit_ms=5000",
+            "event_limit_ms=30000",
+            "--allow-outbound",
+            "http://127.0.0.1:*",
         ],
     );
-    let busy: Vec<_> = (0..2).map(|_| spawn_get(&weir, "/sleep?ms=1500")).collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let queued_at = Instant::now();
+    let hold = HoldServer::start(None);
+    let busy = hold_lanes(&weir, &hold, 2).await;
     let waiter = spawn_get(&weir, "/hello");
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(weir.status().await["apps"][0]["queue_depth"], 1);
+    wait_queue_depth(&weir, 1).await;
 
     // The fourth declares a body it never sends: an answer proves Weir did
-    // not wait to read it.
+    // not wait to read it, and it comes while both lanes are still held,
+    // so it did not wait for a lane either.
     let mut s = TcpStream::connect(weir.addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let refused_at = Instant::now();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     s.write_all(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n")
         .unwrap();
     let mut buf = [0u8; 4096];
@@ -52,19 +88,13 @@ async fn queue_waits_then_refuses_at_once_without_reading_the_body() {
     let raw = String::from_utf8_lossy(&buf[..n]);
     assert!(raw.starts_with("HTTP/1.1 503"), "{raw}");
     assert!(raw.contains("{\"error\":\"event_capacity_exceeded\"}"));
-    // Queued, it would have waited for a lane (over a second): at once
-    // means well before that.
-    assert!(
-        refused_at.elapsed() < Duration::from_millis(800),
-        "refused at once"
-    );
+    assert!(!waiter.is_finished(), "the waiter still waits for a lane");
+    assert_eq!(weir.status().await["apps"][0]["queue_depth"], 1);
 
+    hold.release();
     let waited = waiter.await.unwrap();
     assert_eq!(waited.status, 200, "the waiter entered when a lane freed");
-    assert!(queued_at.elapsed() >= Duration::from_millis(1000));
-    for b in busy {
-        assert_eq!(b.await.unwrap().status, 200);
-    }
+    assert_held_ok(busy).await;
     let capacity = weir.receipt_where(|r| r["outcome"] == "capacity").await;
     assert!(
         capacity["generation"].is_null(),
@@ -84,25 +114,35 @@ async fn queue_waits_then_refuses_at_once_without_reading_the_body() {
 async fn waiter_whose_client_left_never_enters_wasm() {
     let weir = Weir::start(
         &probe(),
-        &["--limit", "max_concurrent=1", "--limit", "max_queued=4"],
+        &[
+            "--limit",
+            "max_concurrent=1",
+            "--limit",
+            "max_queued=4",
+            "--limit",
+            "event_limit_ms=30000",
+            "--allow-outbound",
+            "http://127.0.0.1:*",
+        ],
     );
-    let busy = spawn_get(&weir, "/sleep?ms=400");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let hold = HoldServer::start(None);
+    let busy = hold_lanes(&weir, &hold, 1).await;
     {
         let mut s = TcpStream::connect(weir.addr).unwrap();
         s.write_all(b"GET /counter HTTP/1.1\r\nhost: x\r\n\r\n")
             .unwrap();
-        std::thread::sleep(Duration::from_millis(100));
+        wait_queue_depth(&weir, 1).await;
         // The client leaves while queued.
     }
-    assert_eq!(busy.await.unwrap().status, 200);
+    wait_queue_depth(&weir, 0).await;
+    hold.release();
+    assert_held_ok(busy).await;
     let counter = weir.get("/counter").await;
     assert_eq!(
         counter.text(),
         "1",
         "the departed waiter never ran /counter"
     );
-    assert_eq!(weir.status().await["apps"][0]["queue_depth"], 0);
 }
 
 #[tokio::test]
@@ -116,16 +156,25 @@ async fn waiter_whose_deadline_passed_never_enters_wasm() {
             "max_queued=4",
             "--limit",
             "event_limit_ms=300",
+            "--limit",
+            "session_limit_ms=60000",
         ],
     );
     // A streaming response holds the lane past the event deadline: after
     // headers only the session limit applies.
-    let busy = spawn_get(&weir, "/stream?chunks=5&size=10&delay_ms=200");
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let started = Instant::now();
+    let busy = spawn_get(&weir, "/stream?chunks=50&size=10&delay_ms=200");
+    wait_for("the lane to be busy", || async {
+        let state = weir.status().await["apps"][0]["lanes"][0]["state"].clone();
+        if state == "busy" {
+            Ok(())
+        } else {
+            Err(state.to_string())
+        }
+    })
+    .await;
     let waiter = weir.get("/counter").await;
     waiter.assert_weir_error(503, "admission_deadline_exceeded");
-    assert!(started.elapsed() >= Duration::from_millis(150));
+    assert!(!busy.is_finished(), "the lane was held all along");
     assert_eq!(busy.await.unwrap().status, 200);
     assert_eq!(weir.get("/counter").await.text(), "1");
 }
@@ -134,28 +183,65 @@ async fn waiter_whose_deadline_passed_never_enters_wasm() {
 async fn burst_of_overload_then_full_recovery() {
     let weir = Weir::start(
         &probe(),
-        &["--limit", "max_concurrent=2", "--limit", "max_queued=2"],
+        &[
+            "--limit",
+            "max_concurrent=2",
+            "--limit",
+            "max_queued=2",
+            "--limit",
+            "event_limit_ms=30000",
+            "--allow-outbound",
+            "http://127.0.0.1:*",
+        ],
     );
-    let burst: Vec<_> = (0..40).map(|_| spawn_get(&weir, "/sleep?ms=50")).collect();
-    let mut ok = 0;
-    let mut refused = 0;
-    for b in burst {
-        let resp = b.await.unwrap();
-        match resp.status.as_u16() {
-            200 => ok += 1,
-            503 => {
-                let code = resp.json()["error"].as_str().unwrap().to_string();
-                assert!(
-                    code == "event_capacity_exceeded" || code == "admission_deadline_exceeded",
-                    "{code}"
-                );
-                refused += 1;
-            }
-            other => panic!("unexpected status {other}"),
+    let hold = HoldServer::start(None);
+    let busy = hold_lanes(&weir, &hold, 2).await;
+    // 40 more at once: two wait in the queue, the rest are refused at once.
+    let refused = Arc::new(Mutex::new(Vec::new()));
+    let burst: Vec<_> = (0..40)
+        .map(|_| {
+            let (addr, refused) = (weir.addr, refused.clone());
+            tokio::spawn(async move {
+                let req = Request::get("/hello")
+                    .header("host", "x")
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                let r = send_to(addr, req).await;
+                if r.status == 503 {
+                    refused
+                        .lock()
+                        .unwrap()
+                        .push(r.json()["error"].as_str().unwrap().to_string());
+                }
+                r.status.as_u16()
+            })
+        })
+        .collect();
+    wait_for("38 refusals", || async {
+        let n = refused.lock().unwrap().len();
+        if n >= 38 {
+            Ok(())
+        } else {
+            Err(format!("{n} refused"))
         }
+    })
+    .await;
+    assert!(
+        refused
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|code| code == "event_capacity_exceeded")
+    );
+    assert_eq!(weir.status().await["apps"][0]["queue_depth"], 2);
+    hold.release();
+    assert_held_ok(busy).await;
+    let mut statuses: Vec<u16> = Vec::new();
+    for b in burst {
+        statuses.push(b.await.unwrap());
     }
-    assert!(ok >= 4, "lanes and queue served some: {ok}");
-    assert!(refused > 0, "overload was refused");
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 2);
+    assert_eq!(statuses.iter().filter(|s| **s == 503).count(), 38);
     for _ in 0..10 {
         assert_eq!(weir.get("/hello").await.status, 200);
     }

@@ -88,7 +88,10 @@ async fn trap_abandons_the_generation_and_other_lanes_finish() {
 #[tokio::test]
 async fn infinite_loop_and_long_sleep_answer_503_near_the_deadline() {
     let weir = Weir::start(&probe(), &["--limit", "event_limit_ms=300"]);
-    for path in ["/loop", "/sleep?ms=5000"] {
+    // The guest would sleep 20 s and loop forever: an answer well before
+    // either can only come from the deadline. (How near it comes to 300 ms
+    // is printed here and measured in bench/RESULTS.md, not asserted.)
+    for path in ["/loop", "/sleep?ms=20000"] {
         let started = Instant::now();
         let resp = weir.get(path).await;
         let took = started.elapsed();
@@ -96,6 +99,10 @@ async fn infinite_loop_and_long_sleep_answer_503_near_the_deadline() {
         assert!(
             took >= Duration::from_millis(300),
             "{path} answered early: {took:?}"
+        );
+        assert!(
+            took < Duration::from_secs(10),
+            "{path} was not cut at its deadline: {took:?}"
         );
         println!("{path}: 503 after {took:?} (deadline 300 ms)");
         assert_eq!(weir.get("/hello").await.status, 200, "the lane recovers");
@@ -143,9 +150,9 @@ async fn disconnect_cancels_and_abandons_after_the_cancellation_limit() {
         ],
     );
     let mut s = std::net::TcpStream::connect(weir.addr).unwrap();
-    s.write_all(b"GET /sleep?ms=5000 HTTP/1.1\r\nhost: x\r\n\r\n")
+    s.write_all(b"GET /sleep?ms=20000 HTTP/1.1\r\nhost: x\r\n\r\n")
         .unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    wait_busy(&weir, 1).await;
     let left = Instant::now();
     drop(s);
     let receipt = weir.receipt_where(|r| r["outcome"] == "cancelled").await;
@@ -156,7 +163,7 @@ async fn disconnect_cancels_and_abandons_after_the_cancellation_limit() {
         "abandoned before the limit: {took:?}"
     );
     assert!(
-        took < Duration::from_secs(4),
+        took < Duration::from_secs(10),
         "the guest was not left to sleep: {took:?}"
     );
     let status = weir.status().await;
@@ -207,6 +214,25 @@ async fn memory_growth_past_the_limit_fails_and_abandons() {
     assert_eq!(weir.get("/hello").await.status, 200);
 }
 
+/// Waits until `n` lanes run an event.
+async fn wait_busy(weir: &Weir, n: usize) {
+    common::wait_for(&format!("{n} busy lanes"), || async {
+        let status = weir.status().await;
+        let busy = status["apps"][0]["lanes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["state"] == "busy")
+            .count();
+        if busy == n {
+            Ok(())
+        } else {
+            Err(format!("{busy} busy"))
+        }
+    })
+    .await
+}
+
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
@@ -248,7 +274,8 @@ async fn spinning_guests_are_stopped_without_a_thread_per_request() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Sample while every lane is spinning.
+    wait_busy(&weir, 8).await;
     let busy = threads(weir.pid());
     for l in loops {
         l.await
@@ -272,7 +299,7 @@ async fn sigterm_lets_in_flight_events_finish_then_exits() {
             .unwrap();
         common::send_to(addr, req).await
     });
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    wait_busy(&weir, 1).await;
     weir.signal("TERM");
     let resp = slow.await.unwrap();
     assert_eq!(resp.status, 200);
@@ -301,7 +328,7 @@ async fn a_cancelled_guest_that_finishes_in_time_keeps_its_generation() {
     let mut s = std::net::TcpStream::connect(weir.addr).unwrap();
     s.write_all(b"GET /sleep?ms=300 HTTP/1.1\r\nhost: x\r\n\r\n")
         .unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    wait_busy(&weir, 1).await;
     drop(s);
     let receipt = weir.receipt_where(|r| r["outcome"] == "cancelled").await;
     assert_eq!(receipt["error"], "request_cancelled");

@@ -239,9 +239,14 @@ async fn client_leaves_while_the_guest_waits_on(upstream: Upstream) {
         )
         .await
         .unwrap();
-    while upstream.accepted() == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::wait_for("the request at the upstream", || async {
+        if upstream.accepted() > 0 {
+            Ok(())
+        } else {
+            Err("nothing accepted".to_string())
+        }
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let left = Instant::now();
     drop(client);

@@ -6,11 +6,11 @@
 //! |---|---|
 //! | `POST /incr` | n = n + 1 in storage; answers n |
 //! | `GET /get?key=K` | the value of K, or 404 |
-//! | `POST /pair?i=N` | writes `x:N` and `y:N` in one turn (crash tests) |
+//! | `POST /pair?i=N&gap_ms=G` | writes `x:N`, waits G ms, writes `y:N`, in one turn (crash tests) |
 //! | `GET /pairs` | every N with `x:N`, and every N with `y:N` (JSON) |
 //! | `POST /gate?port=P` | writes `gate`, then GETs `http://127.0.0.1:P/`; answers its body |
 //! | `POST /put?key=K` | stores the body under K; 413 with the error when too large |
-//! | `POST /put-many?n=N&bytes=B` | N entries of B bytes in one call |
+//! | `POST /put-many?n=N&bytes=B&big=I` | N entries `many:<i>` of B bytes in one call; entry I (if given) is one byte over the entry limit |
 //! | `POST /write-then-trap` | writes `trapped`, then traps |
 //! | `POST /sync-then-trap` | writes `before`, syncs, writes `after`, traps |
 //! | `POST /fk-violation` | writes `fk`, then leaves a deferred foreign key broken |
@@ -117,7 +117,13 @@ fn handle(request: &IncomingRequest, path: &str) -> Result<(u16, String), Error>
         }
         "/pair" => {
             let i = query(path, "i").unwrap_or("0");
+            let gap_ms: u64 = query(path, "gap_ms")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
             storage::put(&format!("x:{i}"), &i.to_string())?;
+            if gap_ms > 0 {
+                wasi::clocks::monotonic_clock::subscribe_duration(gap_ms * 1_000_000).block();
+            }
             storage::put(&format!("y:{i}"), &i.to_string())?;
             (200, i.to_string())
         }
@@ -155,8 +161,17 @@ fn handle(request: &IncomingRequest, path: &str) -> Result<(u16, String), Error>
             let bytes: usize = query(path, "bytes")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(1);
+            let big: Option<usize> = query(path, "big").and_then(|v| v.parse().ok());
             let entries: Vec<(String, Vec<u8>)> = (0..n)
-                .map(|i| (format!("many:{i}"), vec![b'm'; bytes]))
+                .map(|i| {
+                    let key = format!("many:{i}");
+                    let size = if big == Some(i) {
+                        actor::MAX_ENTRY_BYTES + 1 - key.len()
+                    } else {
+                        bytes
+                    };
+                    (key, vec![b'm'; size])
+                })
                 .collect();
             storage::put_many(&entries)?;
             (200, n.to_string())

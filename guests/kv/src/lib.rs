@@ -9,7 +9,8 @@
 //! | `GET /kv/list?store=S&cursor=C` | one page of keys, one per line; `x-cursor` names the next page |
 //! | `GET /kv/open?store=S` | `ok`, or the error |
 //!
-//! Query values are percent-decoded, so keys may hold any UTF-8.
+//! Query values are percent-decoded, so keys may hold any UTF-8. A key too
+//! long for a URI may come in an `x-key` header instead.
 
 use wasi::http::types::{IncomingRequest, ResponseOutparam};
 use weir_guest::http::respond;
@@ -52,7 +53,13 @@ impl wasi::exports::http::incoming_handler::Guest for Kv {
         let path = request.path_with_query().unwrap_or_default();
         let route = path.split('?').next().unwrap_or("").to_string();
         let store_name = query(&path, "store").unwrap_or_default();
-        let key = query(&path, "key").unwrap_or_default();
+        let key = request
+            .headers()
+            .get("x-key")
+            .first()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .or_else(|| query(&path, "key"))
+            .unwrap_or_default();
         let bucket = match store::open(&store_name) {
             Ok(bucket) => bucket,
             Err(e) => return respond(out, 500, &[], format!("{e:?}").as_bytes()),

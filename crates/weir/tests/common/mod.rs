@@ -15,6 +15,10 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
+/// How long a count of log lines must stay put to count as final: several
+/// times the log writer's 50 ms batch interval.
+pub const SETTLE: Duration = Duration::from_millis(300);
+
 /// The repository root.
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -251,13 +255,16 @@ impl Weir {
         self.first_logged("weir::receipt", f).await
     }
 
-    /// Waits until exactly `n` receipts match (and stay `n` briefly).
+    /// Waits until exactly `n` receipts match, then checks that the count
+    /// stays `n` for [`SETTLE`]: receipts are logged a moment after their
+    /// events end, so a receipt that should not exist could still be on
+    /// its way when the count first reaches `n`.
     pub async fn count_receipts_where(&self, n: usize, f: impl Fn(&Value) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let count = self.receipts().iter().filter(|r| f(r)).count();
             if count == n {
-                return;
+                break;
             }
             assert!(
                 count < n && Instant::now() < deadline,
@@ -266,6 +273,14 @@ impl Weir {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        tokio::time::sleep(SETTLE).await;
+        let count = self.receipts().iter().filter(|r| f(r)).count();
+        assert_eq!(
+            count,
+            n,
+            "more matching receipts arrived: {:#?}",
+            self.receipts()
+        );
     }
 
     pub fn log(&self) -> String {
@@ -385,22 +400,154 @@ impl Resp {
 }
 
 pub async fn send_to(addr: SocketAddr, req: Request<Full<Bytes>>) -> Resp {
-    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    try_send_to(addr, req).await.expect("an HTTP response")
+}
+
+/// [`send_to`], for exchanges the server may cut (a kill, a refusal): the
+/// response, or what went wrong at the transport.
+pub async fn try_send_to(addr: SocketAddr, req: Request<Full<Bytes>>) -> Result<Resp, String> {
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .expect("handshake");
+        .map_err(|e| format!("handshake: {e}"))?;
     tokio::spawn(conn);
-    let response = sender.send_request(req).await.expect("response head");
+    let response = sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("response head: {e}"))?;
     let (parts, body) = response.into_parts();
     let body = body
         .collect()
         .await
         .map(|c| c.to_bytes())
         .map_err(|e| format!("{e:?}"));
-    Resp {
+    Ok(Resp {
         status: parts.status,
         headers: parts.headers,
         body,
+    })
+}
+
+/// Polls `check` every 20 ms until it gives a value, failing after 30 s
+/// with `what` and the last thing seen.
+pub async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(seen) => assert!(Instant::now() < deadline, "{what}: still {seen}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An upstream HTTP server on 127.0.0.1 that holds every request it reads
+/// until it is released: by [`HoldServer::release`], or by the arrival of
+/// its `barrier`-th request. Each request is answered `released`, or
+/// `timeout` if nothing released it within 60 s. Tests use it to hold a
+/// lane or an actor's turn open exactly as long as they need, instead of
+/// guessing how long a sleep takes.
+pub struct HoldServer {
+    pub port: u16,
+    state: Arc<(Mutex<HoldState>, std::sync::Condvar)>,
+}
+
+#[derive(Default)]
+struct HoldState {
+    arrived: usize,
+    /// Requests held right now.
+    held: usize,
+    /// Most requests held at once.
+    max_held: usize,
+    released: bool,
+}
+
+impl HoldServer {
+    pub fn start(barrier: Option<usize>) -> HoldServer {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new((Mutex::new(HoldState::default()), std::sync::Condvar::new()));
+        let shared = state.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let state = shared.clone();
+                std::thread::spawn(move || {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let (lock, wake) = &*state;
+                    let mut s = lock.lock().unwrap();
+                    s.arrived += 1;
+                    s.held += 1;
+                    s.max_held = s.max_held.max(s.held);
+                    if barrier.is_some_and(|b| s.arrived >= b) {
+                        s.released = true;
+                    }
+                    wake.notify_all();
+                    let (mut s, timeout) = wake
+                        .wait_timeout_while(s, Duration::from_secs(60), |s| !s.released)
+                        .unwrap();
+                    s.held -= 1;
+                    drop(s);
+                    let body = if timeout.timed_out() {
+                        "timeout"
+                    } else {
+                        "released"
+                    };
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                });
+            }
+        });
+        HoldServer { port, state }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/", self.port)
+    }
+
+    /// Requests that have arrived so far.
+    pub fn arrived(&self) -> usize {
+        self.state.0.lock().unwrap().arrived
+    }
+
+    /// Most requests held at the same time so far.
+    pub fn max_held(&self) -> usize {
+        self.state.0.lock().unwrap().max_held
+    }
+
+    /// Waits until `n` requests have arrived.
+    pub async fn wait_arrived(&self, n: usize) {
+        wait_for(&format!("{n} requests at the hold server"), || async {
+            let arrived = self.arrived();
+            if arrived >= n {
+                Ok(())
+            } else {
+                Err(format!("{arrived} arrived"))
+            }
+        })
+        .await
+    }
+
+    /// Answers every held request, and every later one at once.
+    pub fn release(&self) {
+        self.state.0.lock().unwrap().released = true;
+        self.state.1.notify_all();
     }
 }
 
