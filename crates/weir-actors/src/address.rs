@@ -2,18 +2,25 @@
 //! `http://<name>.<class>.actor.internal/…` through the ordinary outgoing
 //! HTTP interface.
 //!
-//! Invariant owned here: an address parses to exactly one (class, name),
+//! Invariants owned here: an address parses to exactly one (class, name),
 //! and both are safe as path components — a name can never climb out of
-//! its class's directory or collide with another actor's file.
+//! its class's directory or collide with another actor's file, and every
+//! name the grammar accepts fits a file name with all of SQLite's side
+//! files. A host is an address only when it is exactly
+//! `<name>.<class>.actor.internal`: no port, no user information, no
+//! trailing dot.
 
 use std::fmt;
 
 /// The reserved host suffix of actor addresses.
 pub const ACTOR_HOST_SUFFIX: &str = ".actor.internal";
 
-/// Longest actor name, in bytes: a DNS name's limit, which a host header
-/// must respect anyway.
-pub const MAX_NAME_BYTES: usize = 253;
+/// Longest actor name, in bytes. An actor's database is
+/// `<name>.sqlite3`, and SQLite may create `<name>.sqlite3-journal` (16
+/// bytes of suffix) beside it; 200 leaves room under the 255-byte file
+/// name limit of every common file system, so no accepted name can fail
+/// to open (a 240-byte name once fitted its database but not its WAL).
+pub const MAX_NAME_BYTES: usize = 200;
 
 /// Longest class name, in bytes: one DNS label.
 pub const MAX_CLASS_BYTES: usize = 63;
@@ -70,11 +77,15 @@ impl ActorAddress {
         })
     }
 
-    /// Parses a request host (a port, if any, is ignored; case is folded).
-    /// The class is the label before the suffix; the name is everything
-    /// before the class, dots included.
+    /// Parses a request host (case is folded). The class is the label
+    /// before the suffix; the name is everything before the class, dots
+    /// included. A port, user information or a trailing dot makes it no
+    /// address.
     pub fn from_host(host: &str) -> Result<ActorAddress, AddressError> {
-        let host = host.split(':').next().unwrap_or(host).to_ascii_lowercase();
+        if host.contains([':', '@', '/', '?', '#', '[', ']']) || host.ends_with('.') {
+            return Err(AddressError::NotAnActor(host.to_string()));
+        }
+        let host = host.to_ascii_lowercase();
         let rest = host
             .strip_suffix(ACTOR_HOST_SUFFIX)
             .ok_or_else(|| AddressError::NotAnActor(host.clone()))?;
@@ -84,14 +95,13 @@ impl ActorAddress {
         ActorAddress::new(class, name)
     }
 
-    /// True when a host is in the reserved actor domain, valid or not: such
-    /// hosts are never sent to the network.
+    /// True when a host is in the reserved actor domain, valid or not
+    /// (with a port or a trailing dot too): such hosts are never sent to
+    /// the network.
     pub fn is_actor_host(host: &str) -> bool {
-        host.split(':')
-            .next()
-            .unwrap_or(host)
-            .to_ascii_lowercase()
-            .ends_with(ACTOR_HOST_SUFFIX)
+        let host = host.rsplit('@').next().unwrap_or(host);
+        let host = host.split(':').next().unwrap_or(host).to_ascii_lowercase();
+        host.trim_end_matches('.').ends_with(ACTOR_HOST_SUFFIX)
     }
 }
 
@@ -107,7 +117,7 @@ mod tests {
 
     #[test]
     fn hosts_parse_to_class_and_name() {
-        let a = ActorAddress::from_host("room-42.Chat.actor.internal:80").unwrap();
+        let a = ActorAddress::from_host("room-42.Chat.actor.internal").unwrap();
         assert_eq!((a.class.as_str(), a.name.as_str()), ("chat", "room-42"));
         let dotted = ActorAddress::from_host("eu.user_7.counter.actor.internal").unwrap();
         assert_eq!(dotted.name, "eu.user_7");
@@ -142,6 +152,29 @@ mod tests {
             Err(AddressError::BadClass(_))
         ));
         assert!(ActorAddress::is_actor_host("x.y.actor.internal:8080"));
+        assert!(ActorAddress::is_actor_host("x.y.actor.internal."));
         assert!(!ActorAddress::is_actor_host("actor.internal.example.com"));
+        for inexact in [
+            "a.counter.actor.internal:80",
+            "user@a.counter.actor.internal",
+            "a.counter.actor.internal.",
+            "a/b.counter.actor.internal",
+        ] {
+            assert!(
+                matches!(
+                    ActorAddress::from_host(inexact),
+                    Err(AddressError::NotAnActor(_))
+                ),
+                "{inexact}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_accepted_name_fits_a_file_name_with_its_side_files() {
+        let longest = "a".repeat(MAX_NAME_BYTES);
+        assert!(ActorAddress::new("c", &longest).is_ok());
+        assert!(longest.len() + ".sqlite3-journal".len() <= 255);
+        assert!(ActorAddress::new("c", &"a".repeat(MAX_NAME_BYTES + 1)).is_err());
     }
 }

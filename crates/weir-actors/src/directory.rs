@@ -1,8 +1,11 @@
 //! Where actors' databases live: `<data-dir>/actors/<class>/<name>.sqlite3`.
 //!
-//! Invariant owned here: one actor, one file, found again after a restart
+//! Invariants owned here: one actor, one file, found again after a restart
 //! from its address alone; an actor exists from its first use until it is
-//! deleted, and deleting it removes its database with its WAL files.
+//! deleted, and deleting it removes its database with its WAL files. A
+//! database that could not be created leaves no file behind, and a file
+//! that is not an actor's database is reported by [`ActorDirectory::scan`],
+//! never fatal.
 
 use std::path::{Path, PathBuf};
 
@@ -10,6 +13,14 @@ use weir_store::actor::ActorDb;
 use weir_store::{Durability, StoreError};
 
 use crate::address::ActorAddress;
+
+/// A file in the actor directory that Weir could not use: skipped, and
+/// listed for operators.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Unreadable {
+    pub path: PathBuf,
+    pub error: String,
+}
 
 /// The on-disk directory of every actor of one Weir data dir.
 pub struct ActorDirectory {
@@ -32,7 +43,9 @@ impl ActorDirectory {
             .join(format!("{}.sqlite3", actor.name))
     }
 
-    /// Opens an actor's database, creating the actor on first use.
+    /// Opens an actor's database, creating the actor on first use. If the
+    /// actor is new and its database cannot be made, nothing is left
+    /// behind.
     pub fn open(
         &self,
         actor: &ActorAddress,
@@ -44,7 +57,12 @@ impl ActorDirectory {
                 source,
             })?;
         }
-        ActorDb::open(&path, self.durability)
+        let existed = path.exists();
+        let opened = ActorDb::open(&path, self.durability);
+        if opened.is_err() && !existed {
+            let _ = self.delete(actor);
+        }
+        opened
     }
 
     /// True when the actor has a database.
@@ -54,24 +72,37 @@ impl ActorDirectory {
 
     /// The actors of a class that have a database, in name order.
     pub fn list(&self, class: &str) -> std::io::Result<Vec<ActorAddress>> {
+        Ok(self.scan(class)?.0)
+    }
+
+    /// [`ActorDirectory::list`], and the database files of the class
+    /// whose names are not actor names (left by something else), each
+    /// with why.
+    pub fn scan(&self, class: &str) -> std::io::Result<(Vec<ActorAddress>, Vec<Unreadable>)> {
         let dir = self.root.join(class);
         let mut actors = Vec::new();
+        let mut strangers = Vec::new();
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(actors),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((actors, strangers)),
             Err(e) => return Err(e),
         };
         for entry in entries {
-            let file = entry?.file_name();
+            let entry = entry?;
+            let file = entry.file_name();
             let Some(name) = file.to_str().and_then(|f| f.strip_suffix(".sqlite3")) else {
                 continue;
             };
-            if let Ok(actor) = ActorAddress::new(class, name) {
-                actors.push(actor);
+            match ActorAddress::new(class, name) {
+                Ok(actor) => actors.push(actor),
+                Err(e) => strangers.push(Unreadable {
+                    path: entry.path(),
+                    error: e.to_string(),
+                }),
             }
         }
         actors.sort();
-        Ok(actors)
+        Ok((actors, strangers))
     }
 
     /// Deletes an actor: its database and WAL files. The caller makes sure

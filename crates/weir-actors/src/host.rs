@@ -32,7 +32,7 @@ use weir_runtime::{AppCode, ErrorCode};
 use weir_store::actor::{ActorDb, CHECKPOINT_ON_CLOSE_COMMITS};
 
 use crate::address::{ActorAddress, AddressError};
-use crate::directory::ActorDirectory;
+use crate::directory::{ActorDirectory, Unreadable};
 use crate::timers::{MAX_DISPATCH_SLEEP_MS, TimerIndex, WAKE_RETRY_MS};
 use crate::turn::{
     AlarmOutcome, Live, TurnContext, TurnReport, alarm_turns, error_response, request_turn,
@@ -184,6 +184,8 @@ pub struct ActorHost {
     closing: Arc<AtomicUsize>,
     /// Hands out [`Cell::last_turn`].
     turn_order: AtomicU64,
+    /// Database files found at start that could not be used: skipped.
+    unreadable: Vec<Unreadable>,
 }
 
 /// Why an operator's request about an actor failed.
@@ -262,6 +264,8 @@ pub struct HostStatus {
     pub alarms_dropped: u64,
     /// Hibernated actors whose instances are still being freed.
     pub closing: usize,
+    /// Database files found at start that could not be used (skipped).
+    pub unreadable: Vec<Unreadable>,
 }
 
 #[derive(Serialize)]
@@ -340,6 +344,7 @@ impl ActorHost {
             closer: start_closer(closing.clone()),
             closing,
             turn_order: AtomicU64::new(1),
+            unreadable: Vec::new(),
         };
         let by_files = crate::os_limits::raise_open_files()
             .map(|n| (n.saturating_sub(FD_RESERVE) / FDS_PER_LIVE_ACTOR) as usize)
@@ -355,21 +360,34 @@ impl ActorHost {
             .unwrap_or(DEFAULT_MAX_LIVE_ACTORS);
         let mut host = host;
         host.max_live = by_files.min(by_maps).min(configured).max(MIN_LIVE_ACTORS);
+        let mut unreadable = Vec::new();
         for class in host.classes.keys() {
-            let actors = host
+            let (actors, strangers) = host
                 .directory
-                .list(class)
+                .scan(class)
                 .map_err(|e| AdminError::Storage(e.to_string()))?;
+            unreadable.extend(strangers);
             for actor in actors {
-                // No actor runs yet: open each briefly, as its own turn would.
-                let next = host
+                // No actor runs yet: open each briefly, as its own turn
+                // would. One that cannot be opened is reported and skipped;
+                // the others are served.
+                match host
                     .directory
                     .open(&actor)
                     .and_then(|db| db.next_deadline())
-                    .map_err(|e| AdminError::Storage(format!("{actor}: {e}")))?;
-                host.timers.set(&actor, next);
+                {
+                    Ok(next) => host.timers.set(&actor, next),
+                    Err(e) => unreadable.push(Unreadable {
+                        path: host.directory.path(&actor),
+                        error: e.to_string(),
+                    }),
+                }
             }
         }
+        for u in &unreadable {
+            tracing::warn!(path = %u.path.display(), error = %u.error, "skipping an actor database that cannot be used");
+        }
+        host.unreadable = unreadable;
         Ok(Arc::new(host))
     }
 
@@ -574,10 +592,12 @@ impl ActorHost {
         self: &Arc<Self>,
         request: http::Request<Bytes>,
     ) -> http::Response<Bytes> {
+        // The whole authority, so that a port or user information makes
+        // the address invalid rather than being dropped.
         let host = request
             .uri()
-            .host()
-            .map(str::to_string)
+            .authority()
+            .map(|a| a.as_str().to_string())
             .or_else(|| {
                 request
                     .headers()
@@ -791,6 +811,7 @@ impl ActorHost {
             alarms: c.alarms.load(Ordering::Relaxed),
             alarms_dropped: c.alarms_dropped.load(Ordering::Relaxed),
             closing: self.closing.load(Ordering::Acquire),
+            unreadable: self.unreadable.clone(),
         }
     }
 
@@ -962,6 +983,55 @@ struct ReceiptExtra<'a> {
     attempt: Option<u32>,
     dispatch: Option<u64>,
     queued: Option<Duration>,
+}
+
+impl weir_runtime::memory_budget::Reclaim for ActorHost {
+    /// Hibernates idle actors, least recently used first, until their
+    /// instances hold at least `bytes`; their memory comes back to the
+    /// budget when the closer drops them.
+    fn reclaim(&self, bytes: u64) -> u64 {
+        let mut cells = self.lock_cells();
+        let mut idle: Vec<(u64, ActorAddress, Arc<Cell>)> = cells
+            .iter()
+            .filter(|(_, c)| c.pending.load(Ordering::Acquire) == 0)
+            .map(|(a, c)| (c.last_turn.load(Ordering::Relaxed), a.clone(), c.clone()))
+            .collect();
+        idle.sort_unstable_by_key(|(order, _, _)| *order);
+        let mut freed = 0u64;
+        let mut evicted = Vec::new();
+        for (_, address, cell) in idle {
+            if freed >= bytes {
+                break;
+            }
+            // A cell nobody claims has a free lock; one taken meanwhile is
+            // skipped.
+            let held = match cell.live.try_lock() {
+                Ok(live) => live.generation.as_ref().map_or(0, |g| g.memory_bytes()),
+                Err(_) => continue,
+            };
+            if held == 0 {
+                continue;
+            }
+            freed += held as u64;
+            if let Some(cell) = cells.remove(&address) {
+                cell.class.actor_metrics.hibernated();
+                evicted.push(cell);
+            }
+        }
+        self.counters
+            .hibernations
+            .fetch_add(evicted.len() as u64, Ordering::Relaxed);
+        drop(cells);
+        if !evicted.is_empty() {
+            tracing::info!(
+                actors = evicted.len(),
+                bytes = freed,
+                "hibernating idle actors to make room in the guest memory budget"
+            );
+        }
+        self.close_evicted(evicted);
+        freed
+    }
 }
 
 impl ActorCalls for ActorHost {

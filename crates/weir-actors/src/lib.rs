@@ -16,5 +16,5 @@ pub mod timers;
 pub mod turn;
 
 pub use address::{ActorAddress, AddressError};
-pub use directory::ActorDirectory;
+pub use directory::{ActorDirectory, Unreadable};
 pub use host::{ActorClass, ActorHost, AdminError};

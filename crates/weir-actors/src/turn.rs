@@ -84,10 +84,11 @@ async fn wake(
     report: &mut TurnReport,
 ) -> Result<(), String> {
     if live.gate.is_none() {
-        let db = ctx
+        let mut db = ctx
             .directory
             .open(ctx.address)
             .map_err(|e| format!("cannot open the actor's database: {e}"))?;
+        db.set_max_result_bytes(ctx.code.limits.max_sql_result_bytes);
         live.gate = Some(TurnGate::new(db));
     }
     if live.generation.is_some() {
@@ -111,7 +112,12 @@ async fn wake(
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let generation = Generation::instantiate(ctx.code, ctx.metrics, number, Some(seat))
         .await
-        .map_err(|e| e.reason)?;
+        .map_err(|e| {
+            if e.over_budget {
+                report.error = Some(ErrorCode::MemoryBudgetExceeded);
+            }
+            e.reason
+        })?;
     ctx.metrics.generation_created();
     live.generation = Some(generation);
     live.incarnation = incarnation;
@@ -154,14 +160,19 @@ pub async fn request_turn(
 ) -> (http::Response<Bytes>, TurnReport) {
     let mut report = TurnReport::default();
     if let Err(e) = wake(ctx, live, &mut report).await {
-        report.error = Some(ErrorCode::HostUnavailable);
+        let code = *report.error.get_or_insert(ErrorCode::HostUnavailable);
         report.detail = Some(truncate(e));
-        return (error_response(ErrorCode::HostUnavailable), report);
+        return (error_response(code), report);
     }
     report.incarnation = live.incarnation;
     let limits = &ctx.code.limits;
     let gate = live.gate.clone().expect("woken");
-    if let Err(e) = gate.begin() {
+    // The turn's statements stop at its deadline, or at once if it is
+    // abandoned.
+    let scope = EventScope::new(limits.max_operations);
+    let deadline = Instant::now() + limits.event_limit;
+    scope.set_deadline(deadline);
+    if let Err(e) = gate.begin(scope.stop_check()) {
         live.reset();
         report.error = Some(ErrorCode::StorageCommitFailed);
         report.detail = Some(e.to_string());
@@ -169,7 +180,6 @@ pub async fn request_turn(
     }
     let generation = live.generation.as_mut().expect("woken");
     generation.admitted += 1;
-    let scope = EventScope::new(limits.max_operations);
     generation.store.data_mut().set_scope(Some(scope.clone()));
 
     let (parts, body) = request.into_parts();
@@ -192,7 +202,6 @@ pub async fn request_turn(
     };
 
     let entered = Instant::now();
-    let deadline = entered + limits.event_limit;
     let max_body = limits.max_response_body_bytes as usize;
     let mut returned = false;
     let verdict = {
@@ -259,11 +268,29 @@ pub async fn request_turn(
         }
     };
     report.wasm = Some(entered.elapsed());
+    // An answer that comes after the deadline is late, even when it beat
+    // the deadline's timer (a statement stopped at the deadline lets the
+    // guest answer at once).
+    let verdict = match verdict {
+        Verdict::Answered(..) if Instant::now() >= deadline => Verdict::Deadline,
+        other => other,
+    };
     generation.store.data_mut().set_scope(None);
+    if !matches!(verdict, Verdict::Answered(..)) {
+        // Its statements stop now, not at the deadline.
+        scope.invalidate();
+    }
     scope.close();
     scope.abort();
     if scope.live() > 0 && !scope.drain(limits.cleanup_timeout).await {
-        tracing::warn!(actor = %ctx.address, "an actor turn's host operations outlived cleanup_timeout_ms");
+        // A storage call still holds the actor's database: the turn can
+        // neither commit nor wait. The actor is reset; its database
+        // closes (rolling the turn back) when that call ends.
+        tracing::warn!(actor = %ctx.address, "an actor turn's host operations outlived cleanup_timeout_ms; resetting the actor");
+        live.reset();
+        ctx.metrics.generation_abandoned();
+        report.error = Some(ErrorCode::StorageCleanupUnconfirmed);
+        return (error_response(ErrorCode::StorageCleanupUnconfirmed), report);
     }
 
     let failure = match verdict {
@@ -288,11 +315,11 @@ pub async fn request_turn(
             };
         }
         Verdict::Trap(detail) => {
-            let code = if generation.store.data().memory_exceeded() {
-                ErrorCode::MemoryLimitExceeded
-            } else {
-                ErrorCode::InstanceAbandoned
-            };
+            let code = generation
+                .store
+                .data()
+                .memory_refusal()
+                .unwrap_or(ErrorCode::InstanceAbandoned);
             (code, Some(detail))
         }
         Verdict::Deadline => (ErrorCode::EventDeadlineExceeded, None),
@@ -381,30 +408,48 @@ async fn alarm_turn(
             why: "the class does not export weir:actor/alarm".into(),
         };
     };
+    let scope = EventScope::new(limits.max_operations);
+    let deadline = Instant::now() + limits.event_limit;
+    scope.set_deadline(deadline);
     if let Err(e) = gate
-        .begin()
+        .begin(scope.stop_check())
         .and_then(|()| gate.with_db(|db| db.cancel(reason).map(drop)))
     {
         live.reset();
         return AlarmOutcome::CommitFailed(e.to_string());
     }
     generation.admitted += 1;
-    let scope = EventScope::new(limits.max_operations);
     generation.store.data_mut().set_scope(Some(scope.clone()));
     let entered = Instant::now();
-    let result = tokio::time::timeout(
-        limits.event_limit,
+    let result = tokio::time::timeout_at(
+        deadline.into(),
         alarm.call_async(&mut generation.store, (reason.to_string(),)),
     )
     .await;
     report.wasm = Some(entered.elapsed());
+    // A handler that returns after the deadline is late, even when it beat
+    // the timer (a statement stopped at the deadline returns at once).
+    let late = Instant::now() >= deadline;
     generation.store.data_mut().set_scope(None);
+    if late || !matches!(result, Ok(Ok((Ok(_),)))) {
+        scope.invalidate();
+    }
     scope.close();
     scope.abort();
     if scope.live() > 0 && !scope.drain(limits.cleanup_timeout).await {
-        tracing::warn!(actor = %ctx.address, reason, "an alarm turn's host operations outlived cleanup_timeout_ms");
+        // As for a request turn: the actor is reset without touching its
+        // database; the timer stays and is retried.
+        tracing::warn!(actor = %ctx.address, reason, "an alarm turn's host operations outlived cleanup_timeout_ms; resetting the actor");
+        live.reset();
+        ctx.metrics.generation_abandoned();
+        report.error = Some(ErrorCode::StorageCleanupUnconfirmed);
+        return AlarmOutcome::CommitFailed("host operations outlived cleanup_timeout_ms".into());
     }
     let failure = match result {
+        Ok(Ok(_)) if late => {
+            report.error = Some(ErrorCode::EventDeadlineExceeded);
+            "the handler returned after event_limit_ms".into()
+        }
         Ok(Ok((Ok(rearm),))) => {
             let scheduled = match rearm {
                 Some(at) => {
@@ -438,12 +483,13 @@ async fn alarm_turn(
             format!("handler returned an error: {message}")
         }
         Ok(Err(trap)) => {
-            let memory = generation.store.data().memory_exceeded();
-            report.error = Some(if memory {
-                ErrorCode::MemoryLimitExceeded
-            } else {
-                ErrorCode::InstanceAbandoned
-            });
+            report.error = Some(
+                generation
+                    .store
+                    .data()
+                    .memory_refusal()
+                    .unwrap_or(ErrorCode::InstanceAbandoned),
+            );
             live.generation = None;
             ctx.metrics.generation_abandoned();
             truncate(trap.root_cause().to_string())

@@ -1,10 +1,13 @@
 //! The admin endpoints: `/healthz`, `/status` (JSON), `/metrics`
 //! (Prometheus text) and the operators' view of actors (`/actors…`).
 //!
-//! Invariant owned here: the admin listener is separate from the app's, so
-//! an app at capacity can still be observed. It only reads state, except
-//! `DELETE /actors/<class>/<name>`, which waits for the actor's turn like
-//! any caller. Bind it to a private address.
+//! Invariants owned here: the admin listener is separate from the app's, so
+//! an app at capacity can still be observed. `/healthz`, `/status` and
+//! `/metrics` are open (monitoring reads them); everything under `/actors`
+//! — actor names, key dumps, deletion — answers only a request that bears
+//! the admin token (`Authorization: Bearer <token>`), and 401 otherwise.
+//! `DELETE /actors/<class>/<name>` waits for the actor's turn like any
+//! caller.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -29,6 +32,23 @@ pub struct AdminState {
     pub apps: Vec<Arc<App>>,
     pub metrics: Arc<Metrics>,
     pub actors: Option<Arc<ActorHost>>,
+    /// The bearer token `/actors` requires.
+    pub token: String,
+}
+
+/// True when the request bears the admin token. The comparison takes the
+/// same time wherever the first difference is.
+fn authorized(req: &Request<Incoming>, token: &str) -> bool {
+    let Some(given) = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    let (a, b) = (given.trim().as_bytes(), token.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Serves the admin endpoints on `listener` until the process ends.
@@ -94,7 +114,13 @@ pub fn status_json(state: &AdminState) -> serde_json::Value {
             })
         })
         .collect();
-    json!({ "apps": apps })
+    match &state.actors {
+        Some(host) => json!({
+            "apps": apps,
+            "actors": { "unreadable": host.status().unreadable },
+        }),
+        None => json!({ "apps": apps }),
+    }
 }
 
 fn json_response<T: serde::Serialize>(value: &T) -> Response<ServeBody> {
@@ -180,6 +206,17 @@ async fn route(state: &AdminState, req: Request<Incoming>) -> Response<ServeBody
         .strip_prefix("/actors")
         .filter(|r| r.is_empty() || r.starts_with('/'))
     {
+        if !authorized(&req, &state.token) {
+            let mut response = error(
+                StatusCode::UNAUTHORIZED,
+                "admin_token_required",
+                "send the server's admin token (data dir `admin-token`) as `Authorization: Bearer <token>`",
+            );
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return response;
+        }
         return match &state.actors {
             Some(host) => actors_route(host, &req, rest).await,
             None => error(

@@ -1,9 +1,12 @@
 //! Reading a request body under the transport limits.
 //!
-//! Invariant owned here: no more than `max_request_body_bytes` are ever
+//! Invariants owned here: no more than `max_request_body_bytes` are ever
 //! buffered (a body that grows past the limit is refused as soon as it
 //! does), and the whole read ends within `body_read_timeout_ms` — a timer of
-//! its own, separate from the Wasm deadline, because no Wasm runs yet.
+//! its own, separate from the Wasm deadline, because no Wasm runs yet. A
+//! body that sends nothing for `body_idle_timeout_ms`, or that averages less
+//! than `body_min_rate_bytes_per_s` once that long has passed, ends the read
+//! at once: a slow client cannot hold a lane for the whole read timeout.
 
 use std::time::Duration;
 
@@ -44,8 +47,21 @@ impl BodyError {
     }
 }
 
-/// Reads the whole body, holding at most `limit` bytes.
-pub async fn read_body<B>(body: B, limit: u64, timeout: Duration) -> Result<Bytes, BodyError>
+/// How slowly a body may arrive.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyPace {
+    /// The whole body must arrive within this.
+    pub total: Duration,
+    /// Longest silence between two parts of the body.
+    pub idle: Duration,
+    /// Least average rate once `idle` has passed since the read began
+    /// (0: none).
+    pub min_bytes_per_s: u64,
+}
+
+/// Reads the whole body, holding at most `limit` bytes, at `pace` or
+/// faster.
+pub async fn read_body<B>(body: B, limit: u64, pace: BodyPace) -> Result<Bytes, BodyError>
 where
     B: Body<Data = Bytes> + Unpin,
 {
@@ -53,13 +69,13 @@ where
     if body.is_end_stream() {
         return Ok(Bytes::new());
     }
-    match tokio::time::timeout(timeout, collect(body, limit)).await {
+    match tokio::time::timeout(pace.total, collect(body, limit, pace)).await {
         Ok(result) => result,
         Err(_) => Err(BodyError::Timeout),
     }
 }
 
-async fn collect<B>(mut body: B, limit: u64) -> Result<Bytes, BodyError>
+async fn collect<B>(mut body: B, limit: u64, pace: BodyPace) -> Result<Bytes, BodyError>
 where
     B: Body<Data = Bytes> + Unpin,
 {
@@ -67,7 +83,13 @@ where
     let mut first: Option<Bytes> = None;
     let mut rest: Option<BytesMut> = None;
     let mut total: u64 = 0;
-    while let Some(frame) = body.frame().await {
+    let began = tokio::time::Instant::now();
+    loop {
+        let frame = match tokio::time::timeout(pace.idle, body.frame()).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(_) => return Err(BodyError::Timeout),
+        };
         let frame = frame.map_err(|_| BodyError::Broken)?;
         let Ok(data) = frame.into_data() else {
             continue; // trailers carry no body bytes
@@ -75,6 +97,13 @@ where
         total += data.len() as u64;
         if total > limit {
             return Err(BodyError::TooLarge);
+        }
+        let elapsed = began.elapsed();
+        if pace.min_bytes_per_s > 0
+            && elapsed > pace.idle
+            && (total as u128) * 1000 < pace.min_bytes_per_s as u128 * elapsed.as_millis()
+        {
+            return Err(BodyError::Timeout);
         }
         match (&mut first, &mut rest) {
             (None, None) => first = Some(data),

@@ -1,6 +1,10 @@
 //! The listener and the path of one request through the transport.
 //!
 //! Invariants owned here, in the order a request meets them:
+//! 0. at most `max_connections` client connections are open at once; one
+//!    more is answered 503 `connection_limit_exceeded` and closed, and a
+//!    connection must deliver each request head within
+//!    `header_read_timeout_ms`;
 //! 1. a head over `max_request_head_bytes` is answered 431 and a declared
 //!    `content-length` over `max_request_body_bytes` 413 — before admission,
 //!    so the guest is never entered and no lane is used;
@@ -33,7 +37,7 @@ use weir_runtime::{App, ErrorCode, Limits};
 
 use crate::error_response::error_response;
 use crate::head::head_bytes;
-use crate::request_body::{BodyError, read_body};
+use crate::request_body::{BodyError, BodyPace, read_body};
 use crate::response_body::{ServeBody, SessionBody};
 
 /// Header count accepted by the HTTP parser. hyper reserves this many slots
@@ -96,6 +100,17 @@ impl ActorRoute {
     }
 }
 
+/// Connections past `max_connections` that are answered at once (their 503
+/// written, then closed a moment later) rather than just dropped: enough
+/// for an honest burst to learn why, few enough that a flood of
+/// connections cannot make the refusals themselves a load.
+pub const MAX_REFUSALS_IN_FLIGHT: usize = 64;
+
+/// How long a refused connection is kept open after its 503, reading and
+/// discarding what the client sends, so that closing it does not reset
+/// the connection before the client has read the answer.
+pub const REFUSAL_LINGER: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// How long a shutdown waits for in-flight events before giving up on them.
 /// Long enough for ordinary events to finish; a streaming session that needs
 /// longer is cut off (its client sees an incomplete body).
@@ -114,9 +129,12 @@ pub async fn serve(
     let mut shutdown = std::pin::pin!(shutdown);
     let options = Arc::new(options);
     let limits = &app.code.limits;
+    let connections = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let refusals = Arc::new(tokio::sync::Semaphore::new(MAX_REFUSALS_IN_FLIGHT));
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
         .keep_alive(true)
         .max_headers(MAX_REQUEST_HEADERS)
         .max_buf_size(
@@ -137,6 +155,10 @@ pub async fn serve(
                 continue;
             }
         };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            refuse_connection(stream, &refusals);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let app = app.clone();
         let options = options.clone();
@@ -147,6 +169,7 @@ pub async fn serve(
         });
         let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
+            let _permit = permit;
             if let Err(e) = connection.await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
@@ -159,6 +182,39 @@ pub async fn serve(
     {
         tracing::warn!("shutdown grace passed with requests still in flight");
     }
+}
+
+/// Answers a connection past `max_connections` with a JSON 503 and closes
+/// it; past [`MAX_REFUSALS_IN_FLIGHT`] refusals at once, just closes it.
+fn refuse_connection(stream: tokio::net::TcpStream, refusals: &Arc<tokio::sync::Semaphore>) {
+    let Ok(permit) = refusals.clone().try_acquire_owned() else {
+        return;
+    };
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let _permit = permit;
+        let code = ErrorCode::ConnectionLimitExceeded;
+        let body = code.body();
+        let head = format!(
+            "HTTP/1.1 {} Service Unavailable\r\ncontent-type: application/json\r\ncache-control: no-store\r\nx-content-type-options: nosniff\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            code.status(),
+            body.len()
+        );
+        let mut stream = stream;
+        if stream.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+        let _ = stream.shutdown().await;
+        let mut sink = [0u8; 4096];
+        let _ = tokio::time::timeout(REFUSAL_LINGER, async {
+            while let Ok(n) = stream.read(&mut sink).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        })
+        .await;
+    });
 }
 
 /// Binds a listener, for callers that want the bound address first.
@@ -295,7 +351,11 @@ async fn read_request_body(body: Incoming, limits: &Limits) -> Result<Bytes, Bod
     read_body(
         body,
         limits.max_request_body_bytes,
-        limits.body_read_timeout,
+        BodyPace {
+            total: limits.body_read_timeout,
+            idle: limits.body_idle_timeout,
+            min_bytes_per_s: limits.body_min_rate_bytes_per_s,
+        },
     )
     .await
 }

@@ -13,9 +13,13 @@
 //! - a worker (a generation without a seat) gets `not-an-actor` from every
 //!   call and touches no database.
 //!
-//! Calls run on the turn's own thread: one actor's SQLite is only ever used
-//! by its one running turn, and a local read or WAL commit costs
-//! microseconds, less than a hand-off to another thread.
+//! Calls on one key (`get`, `put`, `delete`), timers and identity run on
+//! the turn's own thread: one actor's SQLite is only ever used by its one
+//! running turn, each is one bounded B-tree step, and a hand-off to another
+//! thread would cost more than the call. Calls whose cost grows with the
+//! data — SQL, lists, multi-key calls, `delete-all` — run on the SQL pool,
+//! never on an async worker, and every statement of a turn stops at the
+//! turn's deadline or abandonment ([`TurnGate::begin`]).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -25,12 +29,22 @@ use weir_store::actor::{ActorDb, ActorStoreError, ListOptions, PID_STRIDE};
 use weir_store::sql::{StatementResult, Value};
 
 use crate::scope::EventScope;
+use crate::sql_pool::SqlPool;
+use weir_store::confinement::StopCheck;
 
 mod generated {
     wasmtime::component::bindgen!({
         path: "../../wit/weir-actor",
         world: "weir:actor/imports",
-        imports: { default: trappable },
+        imports: {
+            "weir:actor/storage.get-many": async | trappable,
+            "weir:actor/storage.put-many": async | trappable,
+            "weir:actor/storage.delete-many": async | trappable,
+            "weir:actor/storage.list": async | trappable,
+            "weir:actor/storage.delete-all": async | trappable,
+            "weir:actor/storage.exec": async | trappable,
+            default: trappable,
+        },
     });
 }
 
@@ -92,17 +106,20 @@ impl TurnGate {
         f(&mut self.lock().db)
     }
 
-    /// Starts a turn.
-    pub fn begin(&self) -> Result<(), ActorStoreError> {
+    /// Starts a turn whose statements stop when `stop` says so.
+    pub fn begin(&self, stop: StopCheck) -> Result<(), ActorStoreError> {
         let mut s = self.lock();
         s.dirty = false;
         s.failed = None;
+        s.db.watch(Some(stop));
         s.db.begin_turn()
     }
 
     /// Ends the turn: commits its writes, or says why they were not.
     pub fn commit(&self) -> Result<(), String> {
         let mut s = self.lock();
+        // Weir's own commit is never cut by the turn's deadline.
+        s.db.watch(None);
         if let Some(why) = s.failed.take() {
             let _ = s.db.rollback_turn();
             return Err(why);
@@ -114,6 +131,7 @@ impl TurnGate {
     /// Drops the turn's writes.
     pub fn rollback(&self) {
         let mut s = self.lock();
+        s.db.watch(None);
         s.dirty = false;
         let _ = s.db.rollback_turn();
     }
@@ -198,6 +216,8 @@ fn to_guest_error(e: ActorStoreError) -> types::Error {
     match e {
         ActorStoreError::EntryTooLarge { .. } => types::Error::EntryTooLarge(e.to_string()),
         ActorStoreError::Refused(m) => types::Error::Refused(m),
+        ActorStoreError::TooLarge(_) => types::Error::Refused(e.to_string()),
+        ActorStoreError::Stopped => types::Error::Failed(e.to_string()),
         ActorStoreError::Store(s) => types::Error::Failed(s.to_string()),
     }
 }
@@ -240,6 +260,7 @@ fn to_guest_result(r: StatementResult) -> storage::StatementResult {
 pub struct ActorView<'a> {
     pub seat: Option<&'a ActorSeat>,
     pub scope: Option<&'a Arc<EventScope>>,
+    pub pool: &'a Arc<SqlPool>,
 }
 
 type GuestResult<T> = wasmtime::Result<Result<T, types::Error>>;
@@ -258,6 +279,31 @@ impl ActorView<'_> {
         };
         Ok(f(&seat.gate))
     }
+
+    /// [`ActorView::call`] for a call whose cost grows with the data: it
+    /// runs on the SQL pool, holding its operation until it ends.
+    async fn pooled<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&TurnGate) -> Result<T, types::Error> + Send + 'static,
+    ) -> GuestResult<T> {
+        let Some(seat) = self.seat else {
+            return Ok(Err(types::Error::NotAnActor));
+        };
+        let op = match self.scope.map(|s| s.register()) {
+            Some(Ok(op)) => op,
+            Some(Err(e)) => return Ok(Err(types::Error::Failed(e.to_string()))),
+            None => return Ok(Err(types::Error::Failed("event_scope_closed".into()))),
+        };
+        let gate = seat.gate.clone();
+        Ok(self
+            .pool
+            .run(move || {
+                let _op = op;
+                f(&gate)
+            })
+            .await
+            .unwrap_or_else(|e| Err(types::Error::Failed(e.to_string()))))
+    }
 }
 
 impl types::Host for ActorView<'_> {}
@@ -267,24 +313,25 @@ impl storage::Host for ActorView<'_> {
         self.call(|g| g.read(|db| db.get(&key)))
     }
 
-    fn get_many(&mut self, keys: Vec<String>) -> GuestResult<Vec<Option<Vec<u8>>>> {
-        self.call(|g| g.read(|db| keys.iter().map(|k| db.get(k)).collect()))
+    async fn get_many(&mut self, keys: Vec<String>) -> GuestResult<Vec<Option<Vec<u8>>>> {
+        self.pooled(move |g| g.read(|db| db.get_many(&keys))).await
     }
 
     fn put(&mut self, key: String, value: Vec<u8>) -> GuestResult<()> {
         self.call(|g| g.write(|db| db.put(&key, &value)))
     }
 
-    fn put_many(&mut self, entries: Vec<(String, Vec<u8>)>) -> GuestResult<()> {
-        self.call(|g| g.write(|db| db.put_many(&entries)))
+    async fn put_many(&mut self, entries: Vec<(String, Vec<u8>)>) -> GuestResult<()> {
+        self.pooled(move |g| g.write(|db| db.put_many(&entries)))
+            .await
     }
 
     fn delete(&mut self, key: String) -> GuestResult<bool> {
         self.call(|g| g.write(|db| db.delete(&key)))
     }
 
-    fn delete_many(&mut self, keys: Vec<String>) -> GuestResult<u32> {
-        self.call(|g| {
+    async fn delete_many(&mut self, keys: Vec<String>) -> GuestResult<u32> {
+        self.pooled(move |g| {
             g.write(|db| {
                 let mut n = 0;
                 for k in &keys {
@@ -293,9 +340,10 @@ impl storage::Host for ActorView<'_> {
                 Ok(n)
             })
         })
+        .await
     }
 
-    fn list(&mut self, options: storage::ListOptions) -> GuestResult<Vec<(String, Vec<u8>)>> {
+    async fn list(&mut self, options: storage::ListOptions) -> GuestResult<Vec<(String, Vec<u8>)>> {
         let options = ListOptions {
             start: options.start,
             end: options.end,
@@ -303,20 +351,21 @@ impl storage::Host for ActorView<'_> {
             reverse: options.reverse,
             limit: options.limit,
         };
-        self.call(|g| g.read(|db| db.list(&options)))
+        self.pooled(move |g| g.read(|db| db.list(&options))).await
     }
 
-    fn delete_all(&mut self) -> GuestResult<()> {
-        self.call(|g| g.write(|db| db.delete_all()))
+    async fn delete_all(&mut self) -> GuestResult<()> {
+        self.pooled(|g| g.write(|db| db.delete_all())).await
     }
 
-    fn exec(
+    async fn exec(
         &mut self,
         sql: String,
         params: Vec<types::Value>,
     ) -> GuestResult<storage::StatementResult> {
         let params: Vec<Value> = params.into_iter().map(to_store).collect();
-        self.call(|g| g.write(|db| db.exec(&sql, &params)).map(to_guest_result))
+        self.pooled(move |g| g.write(|db| db.exec(&sql, &params)).map(to_guest_result))
+            .await
     }
 
     fn sync(&mut self) -> GuestResult<()> {

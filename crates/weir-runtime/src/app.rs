@@ -19,9 +19,11 @@ use crate::engine::WeirEngine;
 use crate::generation::{Generation, GenerationState, InstantiateError};
 use crate::lane::{Lane, LaneBoard};
 use crate::limits::Limits;
+use crate::memory_budget::MemoryBudget;
 use crate::metrics::AppMetrics;
 use crate::outbound::{ActorLink, OutboundRules};
 use crate::receipt::ReceiptBook;
+use crate::sql_pool::SqlPool;
 use weir_store::KvStores;
 use weir_store::sql::SqlDatabases;
 
@@ -48,11 +50,13 @@ pub enum LoadError {
     },
 }
 
-/// The storage an app's guests may use, and the actors they may call.
-#[derive(Clone, Default)]
+/// The storage an app's guests may use, the threads their storage calls
+/// run on, and the actors they may call.
+#[derive(Clone)]
 pub struct Stores {
     pub kv: Arc<KvStores>,
     pub sql: Arc<SqlDatabases>,
+    pub pool: Arc<SqlPool>,
     pub actors: ActorLink,
 }
 
@@ -64,6 +68,9 @@ pub struct AppCode {
     pub outbound: Arc<OutboundRules>,
     pub kv: Arc<KvStores>,
     pub sql: Arc<SqlDatabases>,
+    pub pool: Arc<SqlPool>,
+    /// The guest memory budget every instance reserves from.
+    pub budget: Arc<MemoryBudget>,
     pub actors: ActorLink,
     /// The component's `weir:actor/alarm#alarm` export, if any.
     pub alarm: Option<ComponentExportIndex>,
@@ -103,6 +110,7 @@ impl AppCode {
                 path: shown.to_string(),
             });
         }
+        let budget = engine.budget().clone();
         let engine = engine.engine().clone();
         let component = Component::from_binary(&engine, bytes).map_err(|e| {
             let mut reason = format!("{e:#}");
@@ -142,6 +150,8 @@ impl AppCode {
             outbound: Arc::new(outbound),
             kv: stores.kv,
             sql: stores.sql,
+            pool: stores.pool,
+            budget,
             actors: stores.actors,
             alarm,
         })

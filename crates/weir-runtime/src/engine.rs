@@ -1,7 +1,8 @@
 //! The one wasmtime `Engine` of a Weir process and its one epoch ticker.
 //!
 //! Invariant owned here: there is exactly one thread that advances time for
-//! Wasm, whatever the number of requests. Every store yields to tokio at each
+//! Wasm per engine, whatever the number of requests, and every engine's
+//! instances reserve their memory from the one process-wide budget. Every store yields to tokio at each
 //! epoch tick, so a guest that spins is interrupted by the same tokio timers
 //! that bound every other wait — no thread or timer is created per request.
 
@@ -11,6 +12,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use wasmtime::{Config, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use crate::memory_budget::{MAX_TABLE_ELEMENTS, MemoryBudget};
 
 /// How often the engine's epoch advances. A spinning guest is interrupted at
 /// the next tick, so this is the granularity of every Wasm deadline; 5 ms
@@ -62,12 +65,13 @@ pub struct EngineSizing {
 /// The shared engine plus its ticker; dropping it stops the ticker.
 pub struct WeirEngine {
     engine: wasmtime::Engine,
+    budget: Arc<MemoryBudget>,
     stop: Arc<AtomicBool>,
     ticker: Option<JoinHandle<()>>,
 }
 
 impl WeirEngine {
-    pub fn new(sizing: EngineSizing) -> Result<Self, EngineError> {
+    pub fn new(sizing: EngineSizing, budget: Arc<MemoryBudget>) -> Result<Self, EngineError> {
         let mut config = Config::new();
         config.epoch_interruption(true);
         config.max_wasm_stack(MAX_WASM_STACK_BYTES);
@@ -84,10 +88,11 @@ impl WeirEngine {
         pool.max_memories_per_component(MAX_CORE_INSTANCES_PER_COMPONENT);
         pool.max_tables_per_component(MAX_CORE_INSTANCES_PER_COMPONENT);
         pool.max_memory_size(sizing.memory_limit_bytes as usize);
+        pool.table_elements(MAX_TABLE_ELEMENTS);
         pool.linear_memory_keep_resident(KEEP_RESIDENT_BYTES);
         pool.table_keep_resident(KEEP_RESIDENT_BYTES);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        Self::with_config(&config)
+        Self::with_config(&config, budget)
     }
 
     /// The engine of actor instances. Actors are many and mostly idle, so
@@ -96,7 +101,10 @@ impl WeirEngine {
     /// resident). Each memory reserves only `memory_limit_bytes` of address
     /// space, so 10,000 live actors fit in the address space and the
     /// kernel's map count; accesses are then bounds-checked.
-    pub fn for_actors(memory_limit_bytes: u64) -> Result<Self, EngineError> {
+    pub fn for_actors(
+        memory_limit_bytes: u64,
+        budget: Arc<MemoryBudget>,
+    ) -> Result<Self, EngineError> {
         let mut config = Config::new();
         config.epoch_interruption(true);
         config.max_wasm_stack(MAX_WASM_STACK_BYTES);
@@ -105,10 +113,10 @@ impl WeirEngine {
         config.memory_guard_size(ACTOR_MEMORY_GUARD_BYTES);
         config.memory_reservation_for_growth(0);
         config.allocation_strategy(InstanceAllocationStrategy::OnDemand);
-        Self::with_config(&config)
+        Self::with_config(&config, budget)
     }
 
-    fn with_config(config: &Config) -> Result<Self, EngineError> {
+    fn with_config(config: &Config, budget: Arc<MemoryBudget>) -> Result<Self, EngineError> {
         let engine =
             wasmtime::Engine::new(config).map_err(|e| EngineError::Config(format!("{e:#}")))?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -127,6 +135,7 @@ impl WeirEngine {
         };
         Ok(WeirEngine {
             engine,
+            budget,
             stop,
             ticker: Some(ticker),
         })
@@ -134,6 +143,10 @@ impl WeirEngine {
 
     pub fn engine(&self) -> &wasmtime::Engine {
         &self.engine
+    }
+
+    pub fn budget(&self) -> &Arc<MemoryBudget> {
+        &self.budget
     }
 }
 

@@ -37,6 +37,11 @@ pub enum ErrorCode {
     EventDeadlineExceeded,
     /// 503: the guest grew past `memory_limit_bytes`; its generation was abandoned.
     MemoryLimitExceeded,
+    /// 503: the guest's memory did not fit in `max_total_guest_memory_bytes`
+    /// (after idle actors were hibernated); its generation was abandoned.
+    MemoryBudgetExceeded,
+    /// 503: `max_connections` client connections are open already.
+    ConnectionLimitExceeded,
     /// 503: the actor's turn queue is full (`actor_max_queued`).
     ActorOverloaded,
     /// 503: the actor's turn could not be committed; the actor was reset and
@@ -64,6 +69,8 @@ impl ErrorCode {
         ErrorCode::InstanceAbandoned,
         ErrorCode::EventDeadlineExceeded,
         ErrorCode::MemoryLimitExceeded,
+        ErrorCode::MemoryBudgetExceeded,
+        ErrorCode::ConnectionLimitExceeded,
         ErrorCode::ActorOverloaded,
         ErrorCode::StorageCommitFailed,
         ErrorCode::ActorClassUnknown,
@@ -86,6 +93,8 @@ impl ErrorCode {
             ErrorCode::InstanceAbandoned => "instance_abandoned",
             ErrorCode::EventDeadlineExceeded => "event_deadline_exceeded",
             ErrorCode::MemoryLimitExceeded => "memory_limit_exceeded",
+            ErrorCode::MemoryBudgetExceeded => "memory_budget_exceeded",
+            ErrorCode::ConnectionLimitExceeded => "connection_limit_exceeded",
             ErrorCode::ActorOverloaded => "actor_overloaded",
             ErrorCode::StorageCommitFailed => "storage_commit_failed",
             ErrorCode::ActorClassUnknown => "actor_class_unknown",
@@ -109,6 +118,8 @@ impl ErrorCode {
             | ErrorCode::InstanceAbandoned
             | ErrorCode::EventDeadlineExceeded
             | ErrorCode::MemoryLimitExceeded
+            | ErrorCode::MemoryBudgetExceeded
+            | ErrorCode::ConnectionLimitExceeded
             | ErrorCode::ActorOverloaded
             | ErrorCode::StorageCommitFailed => 503,
         }

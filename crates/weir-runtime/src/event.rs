@@ -7,7 +7,8 @@
 //!   generation is abandoned;
 //! - before headers the deadline is `event_limit_ms` from Wasm entry; after
 //!   headers it is `session_limit_ms`; both are enforced by one tokio timer
-//!   in this task, never by a thread or timer per request;
+//!   in this task, never by a thread or timer per request, and headers that
+//!   come after the deadline count as the deadline passing;
 //! - a trap, a deadline, a cancellation that does not settle, or a declared
 //!   response length over the limit drops the generation at once; a failure
 //!   after headers is reported to the transport as a failed session, never
@@ -214,6 +215,8 @@ async fn run_event(
     let mut headers_sent = false;
     let mut cancelled = false;
     let mut deadline = entered + limits.event_limit;
+    // Host work that runs on its own thread (SQL) stops at this deadline.
+    scope.set_deadline(deadline);
 
     let verdict = {
         let Generation { store, proxy, .. } = &mut generation;
@@ -227,6 +230,12 @@ async fn run_event(
                 biased;
                 response = &mut out_rx, if !headers_sent => {
                     headers_sent = true;
+                    // Headers that come after the deadline are late, even
+                    // when they beat its timer here (a statement stopped
+                    // at the deadline lets the guest answer at once).
+                    if Instant::now() >= deadline {
+                        break if cancelled { Verdict::Cancelled } else { Verdict::EventDeadline };
+                    }
                     match response {
                         Ok(Ok(response)) => {
                             if declared_length(&response)
@@ -243,6 +252,7 @@ async fn run_event(
                             }
                             if !cancelled {
                                 deadline = Instant::now() + limits.session_limit;
+                                scope.set_deadline(deadline);
                             }
                         }
                         Ok(Err(code)) => {
@@ -253,6 +263,9 @@ async fn run_event(
                 }
                 result = &mut call => {
                     break match result {
+                        Ok(()) if !headers_sent && Instant::now() >= deadline => {
+                            if cancelled { Verdict::Cancelled } else { Verdict::EventDeadline }
+                        }
                         Ok(()) => Verdict::Returned,
                         Err(e) => Verdict::Trap(truncate(e.root_cause().to_string())),
                     };
@@ -272,6 +285,7 @@ async fn run_event(
                     scope.abort();
                     receipt.fail(Outcome::Cancelled, Some(ErrorCode::RequestCancelled), None);
                     deadline = deadline.min(Instant::now() + limits.cancellation_limit);
+                    scope.set_deadline(deadline);
                 }
             }
         }
@@ -281,10 +295,9 @@ async fn run_event(
     receipt.operations(scope.started(), scope.refused());
     let failure = match verdict {
         Verdict::Returned => None,
-        Verdict::Trap(detail) => Some(if generation.store.data().memory.exceeded {
-            (Outcome::Limit, ErrorCode::MemoryLimitExceeded, Some(detail))
-        } else {
-            (Outcome::Trap, ErrorCode::InstanceAbandoned, Some(detail))
+        Verdict::Trap(detail) => Some(match generation.store.data().memory_refusal() {
+            Some(code) => (Outcome::Limit, code, Some(detail)),
+            None => (Outcome::Trap, ErrorCode::InstanceAbandoned, Some(detail)),
         }),
         Verdict::EventDeadline => Some((Outcome::Deadline, ErrorCode::EventDeadlineExceeded, None)),
         Verdict::SessionDeadline => Some((

@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use wasmtime::component::{ResourceTable, TypedFunc};
-use wasmtime::{ResourceLimiter, Store, UpdateDeadline};
+use wasmtime::{Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::p2::bindings::Proxy;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
@@ -22,10 +22,12 @@ use weir_store::sql::SqlDatabases;
 use crate::actor_host::{ActorSeat, ActorView};
 use crate::app::AppCode;
 use crate::keyvalue::KeyValueView;
+use crate::memory_budget::MemoryLimiter;
 use crate::metrics::AppMetrics;
 use crate::outbound::OutboundPolicy;
 use crate::scope::EventScope;
 use crate::sql::SqlView;
+use crate::sql_pool::SqlPool;
 
 /// Everything a generation's store holds for its guest.
 pub struct GenerationState {
@@ -35,6 +37,8 @@ pub struct GenerationState {
     pub(crate) outbound: OutboundPolicy,
     kv: Arc<KvStores>,
     sql: Arc<SqlDatabases>,
+    pool: Arc<SqlPool>,
+    max_result_bytes: usize,
     pub(crate) memory: MemoryLimiter,
     /// In an actor's generation: who it is and its turn gate.
     pub(crate) actor: Option<ActorSeat>,
@@ -56,6 +60,8 @@ impl GenerationState {
             table: &mut self.table,
             stores: &self.kv,
             scope: self.outbound.scope.as_ref(),
+            pool: &self.pool,
+            max_result_bytes: self.max_result_bytes,
         }
     }
 }
@@ -66,6 +72,8 @@ impl GenerationState {
         SqlView {
             databases: &self.sql,
             scope: self.outbound.scope.as_ref(),
+            pool: &self.pool,
+            max_result_bytes: self.max_result_bytes,
         }
     }
 }
@@ -77,6 +85,7 @@ impl GenerationState {
         ActorView {
             seat: self.actor.as_ref(),
             scope: self.outbound.scope.as_ref(),
+            pool: &self.pool,
         }
     }
 
@@ -90,9 +99,16 @@ impl GenerationState {
         self.outbound.scope = scope;
     }
 
-    /// True when the guest was refused memory growth past its limit.
-    pub fn memory_exceeded(&self) -> bool {
-        self.memory.exceeded
+    /// Why the guest was refused memory, if it was: past its own limit,
+    /// or past the total budget.
+    pub fn memory_refusal(&self) -> Option<crate::ErrorCode> {
+        if self.memory.over_budget {
+            Some(crate::ErrorCode::MemoryBudgetExceeded)
+        } else if self.memory.exceeded {
+            Some(crate::ErrorCode::MemoryLimitExceeded)
+        } else {
+            None
+        }
     }
 }
 
@@ -103,41 +119,6 @@ impl WasiHttpView for GenerationState {
             table: &mut self.table,
             ctx: &mut self.http,
         }
-    }
-}
-
-/// Enforces `memory_limit_bytes` and remembers whether the guest hit it, so
-/// the trap that follows a refused growth is reported as the limit it is.
-pub struct MemoryLimiter {
-    limit: usize,
-    pub(crate) exceeded: bool,
-    /// Largest linear memory this generation has reached, for receipts.
-    pub(crate) peak: usize,
-}
-
-impl ResourceLimiter for MemoryLimiter {
-    fn memory_growing(
-        &mut self,
-        current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        if desired > self.limit {
-            self.exceeded = true;
-            return Ok(false);
-        }
-        self.peak = self.peak.max(desired).max(current);
-        Ok(true)
-    }
-
-    fn table_growing(
-        &mut self,
-        _current: usize,
-        _desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        // Tables are bounded by the pooling allocator's per-table slots.
-        Ok(true)
     }
 }
 
@@ -162,6 +143,8 @@ pub type AlarmFunc = TypedFunc<(String,), (Result<Option<u64>, String>,)>;
 pub struct InstantiateError {
     pub number: u64,
     pub reason: String,
+    /// Its memory did not fit in the total guest memory budget.
+    pub over_budget: bool,
 }
 
 impl Generation {
@@ -187,14 +170,15 @@ impl Generation {
             outbound,
             kv: code.kv.clone(),
             sql: code.sql.clone(),
-            memory: MemoryLimiter {
-                limit: code.limits.memory_limit_bytes as usize,
-                exceeded: false,
-                peak: 0,
-            },
+            pool: code.pool.clone(),
+            max_result_bytes: code.limits.max_sql_result_bytes,
+            memory: MemoryLimiter::new(
+                code.limits.memory_limit_bytes as usize,
+                code.budget.clone(),
+            ),
         };
         let mut store = Store::new(code.engine(), state);
-        store.limiter(|s| &mut s.memory);
+        store.limiter_async(|s| &mut s.memory);
         // Yield to tokio at every epoch tick: a spinning guest then returns
         // control to the event's own timers, which decide its fate.
         store.set_epoch_deadline(1);
@@ -202,13 +186,17 @@ impl Generation {
         let fail = |e: wasmtime::Error| InstantiateError {
             number,
             reason: format!("{e:#}"),
+            over_budget: false,
         };
-        let instance = code
-            .pre
-            .instance_pre()
-            .instantiate_async(&mut store)
-            .await
-            .map_err(fail)?;
+        let instance = match code.pre.instance_pre().instantiate_async(&mut store).await {
+            Ok(instance) => instance,
+            Err(e) => {
+                return Err(InstantiateError {
+                    over_budget: store.data().memory.over_budget,
+                    ..fail(e)
+                });
+            }
+        };
         let proxy = Proxy::new(&mut store, &instance).map_err(fail)?;
         let alarm = match &code.alarm {
             Some(index) => Some(

@@ -9,9 +9,11 @@
 //!   event cannot write with it in the next one without a new event scope);
 //! - a write that returned `ok` to the guest is committed (see `weir-store`).
 //!
-//! Calls run on the event's own thread: SQLite answers a local read or a
-//! WAL commit in microseconds, less than a hand-off to another thread costs.
-//! With `durability = "fsync"` each write waits for its fsync.
+//! Calls run on the SQL pool, never on an async worker: a value may be
+//! 32 MiB, a page of keys may scan far into a large store, and with
+//! `durability = "fsync"` each write waits for its fsync. Every call stops
+//! at the event's deadline or abandonment, and a batch read hands back at
+//! most `max_sql_result_bytes`.
 
 use std::sync::Arc;
 
@@ -19,12 +21,13 @@ use wasmtime::component::{HasData, Linker, Resource, ResourceTable, ResourceTabl
 use weir_store::{KvStore, KvStores, StoreError};
 
 use crate::scope::EventScope;
+use crate::sql_pool::SqlPool;
 
 mod generated {
     wasmtime::component::bindgen!({
         path: "../../wit/deps/keyvalue",
         world: "wasi:keyvalue/imports",
-        imports: { default: trappable },
+        imports: { default: async | trappable },
         with: {
             "wasi:keyvalue/store.bucket": super::Bucket,
         },
@@ -67,28 +70,38 @@ pub struct KeyValueView<'a> {
     pub table: &'a mut ResourceTable,
     pub stores: &'a KvStores,
     pub scope: Option<&'a Arc<EventScope>>,
+    pub pool: &'a Arc<SqlPool>,
+    pub max_result_bytes: usize,
 }
 
 impl KeyValueView<'_> {
-    /// Runs one storage call as an operation of the event's scope.
-    fn operation<T>(
+    /// Runs one storage call on the SQL pool as an operation of the
+    /// event's scope, stopped at the event's deadline or abandonment.
+    async fn operation<T: Send + 'static>(
         &mut self,
         bucket: &Resource<Bucket>,
-        f: impl FnOnce(&KvStore) -> Result<T, StoreError>,
+        f: impl FnOnce(&KvStore) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, KvError> {
-        let _op = match self.scope {
+        let op = match self.scope {
             Some(scope) => scope
                 .register()
                 .map_err(|e| KvError::Other(e.to_string()))?,
             None => return Err(KvError::Other("event_scope_closed".into())),
         };
         let store = self.table.get(bucket)?.store.clone();
-        Ok(f(&store)?)
+        self.pool
+            .run(move || {
+                let _op = op;
+                f(&store)
+            })
+            .await
+            .map_err(|e| KvError::Other(e.to_string()))?
+            .map_err(KvError::from)
     }
 }
 
 impl keyvalue::store::Host for KeyValueView<'_> {
-    fn open(&mut self, identifier: String) -> Result<Resource<Bucket>, KvError> {
+    async fn open(&mut self, identifier: String) -> Result<Resource<Bucket>, KvError> {
         let store = self.stores.get(&identifier)?;
         Ok(self.table.push(Bucket { store })?)
     }
@@ -102,75 +115,92 @@ impl keyvalue::store::Host for KeyValueView<'_> {
 }
 
 impl keyvalue::store::HostBucket for KeyValueView<'_> {
-    fn get(&mut self, bucket: Resource<Bucket>, key: String) -> Result<Option<Vec<u8>>, KvError> {
-        self.operation(&bucket, |s| s.get(&key))
+    async fn get(
+        &mut self,
+        bucket: Resource<Bucket>,
+        key: String,
+    ) -> Result<Option<Vec<u8>>, KvError> {
+        self.operation(&bucket, move |s| s.get(&key)).await
     }
 
-    fn set(
+    async fn set(
         &mut self,
         bucket: Resource<Bucket>,
         key: String,
         value: Vec<u8>,
     ) -> Result<(), KvError> {
-        self.operation(&bucket, |s| s.set(&key, &value))
+        self.operation(&bucket, move |s| s.set(&key, &value)).await
     }
 
-    fn delete(&mut self, bucket: Resource<Bucket>, key: String) -> Result<(), KvError> {
-        self.operation(&bucket, |s| s.delete(&key))
+    async fn delete(&mut self, bucket: Resource<Bucket>, key: String) -> Result<(), KvError> {
+        self.operation(&bucket, move |s| s.delete(&key)).await
     }
 
-    fn exists(&mut self, bucket: Resource<Bucket>, key: String) -> Result<bool, KvError> {
-        self.operation(&bucket, |s| s.exists(&key))
+    async fn exists(&mut self, bucket: Resource<Bucket>, key: String) -> Result<bool, KvError> {
+        self.operation(&bucket, move |s| s.exists(&key)).await
     }
 
-    fn list_keys(
+    async fn list_keys(
         &mut self,
         bucket: Resource<Bucket>,
         cursor: Option<u64>,
     ) -> Result<keyvalue::store::KeyResponse, KvError> {
-        let page = self.operation(&bucket, |s| s.list_keys(cursor))?;
+        // A page far into a large store scans every key before it: the
+        // scan stops at the event's deadline.
+        let stop = self.scope.map(|s| s.stop_check());
+        let page = self
+            .operation(&bucket, move |s| s.list_keys(cursor, stop))
+            .await?;
         Ok(keyvalue::store::KeyResponse {
             keys: page.keys,
             cursor: page.cursor,
         })
     }
 
-    fn drop(&mut self, bucket: Resource<Bucket>) -> wasmtime::Result<()> {
+    async fn drop(&mut self, bucket: Resource<Bucket>) -> wasmtime::Result<()> {
         self.table.delete(bucket)?;
         Ok(())
     }
 }
 
 impl keyvalue::atomics::Host for KeyValueView<'_> {
-    fn increment(
+    async fn increment(
         &mut self,
         bucket: Resource<Bucket>,
         key: String,
         delta: u64,
     ) -> Result<u64, KvError> {
-        self.operation(&bucket, |s| s.increment(&key, delta))
+        self.operation(&bucket, move |s| s.increment(&key, delta))
+            .await
     }
 }
 
 impl keyvalue::batch::Host for KeyValueView<'_> {
-    fn get_many(
+    async fn get_many(
         &mut self,
         bucket: Resource<Bucket>,
         keys: Vec<String>,
     ) -> Result<Vec<Option<weir_store::Entry>>, KvError> {
-        self.operation(&bucket, |s| s.get_many(&keys))
+        let max = self.max_result_bytes;
+        self.operation(&bucket, move |s| s.get_many(&keys, max))
+            .await
     }
 
-    fn set_many(
+    async fn set_many(
         &mut self,
         bucket: Resource<Bucket>,
         key_values: Vec<(String, Vec<u8>)>,
     ) -> Result<(), KvError> {
-        self.operation(&bucket, |s| s.set_many(&key_values))
+        self.operation(&bucket, move |s| s.set_many(&key_values))
+            .await
     }
 
-    fn delete_many(&mut self, bucket: Resource<Bucket>, keys: Vec<String>) -> Result<(), KvError> {
-        self.operation(&bucket, |s| s.delete_many(&keys))
+    async fn delete_many(
+        &mut self,
+        bucket: Resource<Bucket>,
+        keys: Vec<String>,
+    ) -> Result<(), KvError> {
+        self.operation(&bucket, move |s| s.delete_many(&keys)).await
     }
 }
 

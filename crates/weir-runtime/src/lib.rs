@@ -16,11 +16,13 @@ pub mod generation;
 pub mod keyvalue;
 pub mod lane;
 pub mod limits;
+pub mod memory_budget;
 pub mod metrics;
 pub mod outbound;
 pub mod receipt;
 pub mod scope;
 pub mod sql;
+pub mod sql_pool;
 
 pub use app::{App, AppCode, LoadError, Stores};
 pub use engine::{EngineSizing, WeirEngine};

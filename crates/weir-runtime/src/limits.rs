@@ -56,6 +56,10 @@ pub const MAX_QUEUED: u64 = 65_536;
 /// callers better than queueing.
 pub const DEFAULT_ACTOR_MAX_QUEUED: u64 = 128;
 
+/// The total guest memory budget may be set up to 1 PiB: a bound on
+/// arithmetic, not on any machine.
+pub const MAX_TOTAL_GUEST_MEMORY_BYTES: u64 = 1 << 50;
+
 /// Linear memory per instance is capped at 4 GiB: the wasm32 address space.
 pub const MAX_MEMORY_BYTES: u64 = 4 << 30;
 
@@ -82,6 +86,34 @@ pub const MAX_CHUNK_BYTES: u64 = 16 << 20;
 /// Simultaneous host operations per event; 4096 is far beyond any guest
 /// that is not leaking operations.
 pub const MAX_OPERATIONS: u64 = 4096;
+
+/// Threads that run SQLite work for guests, at most: enough to keep a few
+/// slow statements from queueing the rest, few enough that runaway
+/// statements on every one of them still leave the async workers free.
+pub const DEFAULT_SQL_THREADS: u64 = 4;
+
+/// What one storage call may hand back to a guest (SQL rows, a list, a
+/// batch read), by default: far more than a page of results, and a bound
+/// on what one call makes the host hold.
+pub const DEFAULT_MAX_SQL_RESULT_BYTES: u64 = 16 << 20;
+
+/// A request body that sends nothing for this long is answered 408: no
+/// client on a working network pauses 5 s mid-body, and a silent body
+/// holds a lane.
+pub const DEFAULT_BODY_IDLE_TIMEOUT_MS: u64 = 5_000;
+
+/// After its first `body_idle_timeout_ms`, a request body must average at
+/// least this rate, or it is answered 408: a trickle of a byte every few
+/// seconds would otherwise hold a lane for `body_read_timeout_ms`.
+pub const DEFAULT_BODY_MIN_RATE_BYTES_PER_S: u64 = 1024;
+
+/// A connection must deliver a complete request head within this long
+/// (also between requests on a kept-alive connection).
+pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+
+/// Client connections open at once, at most; past it a new connection is
+/// answered 503 `connection_limit_exceeded` and closed.
+pub const DEFAULT_MAX_CONNECTIONS: u64 = 4096;
 
 /// All limits, in the order the README's table lists them.
 pub const SPECS: &[LimitSpec] = &[
@@ -245,6 +277,62 @@ pub const SPECS: &[LimitSpec] = &[
         unit: Unit::Bytes,
         meaning: "linear memory per instance",
     },
+    LimitSpec {
+        name: "max_total_guest_memory_bytes",
+        default: 0,
+        min: 0,
+        max: MAX_TOTAL_GUEST_MEMORY_BYTES,
+        unit: Unit::Bytes,
+        meaning: "linear memory of every live instance together (0: half of physical memory, or of the cgroup limit); past it idle actors hibernate, then growth is refused with memory_budget_exceeded",
+    },
+    LimitSpec {
+        name: "sql_threads",
+        default: DEFAULT_SQL_THREADS,
+        min: 1,
+        max: 256,
+        unit: Unit::Count,
+        meaning: "threads that run guests' SQL and multi-key storage calls (never the async workers)",
+    },
+    LimitSpec {
+        name: "max_sql_result_bytes",
+        default: DEFAULT_MAX_SQL_RESULT_BYTES,
+        min: 1024,
+        max: 1 << 30,
+        unit: Unit::Bytes,
+        meaning: "what one SQL batch, actor statement, list or batch read hands back to a guest",
+    },
+    LimitSpec {
+        name: "body_idle_timeout_ms",
+        default: DEFAULT_BODY_IDLE_TIMEOUT_MS,
+        min: 1,
+        max: MAX_DURATION_MS,
+        unit: Unit::Millis,
+        meaning: "a request body that sends nothing for this long is answered 408",
+    },
+    LimitSpec {
+        name: "body_min_rate_bytes_per_s",
+        default: DEFAULT_BODY_MIN_RATE_BYTES_PER_S,
+        min: 0,
+        max: 1 << 30,
+        unit: Unit::Count,
+        meaning: "after its first body_idle_timeout_ms a request body slower than this on average is answered 408 (0: no minimum)",
+    },
+    LimitSpec {
+        name: "header_read_timeout_ms",
+        default: DEFAULT_HEADER_READ_TIMEOUT_MS,
+        min: 1,
+        max: MAX_DURATION_MS,
+        unit: Unit::Millis,
+        meaning: "a connection's request head must arrive within this long (also idle between requests)",
+    },
+    LimitSpec {
+        name: "max_connections",
+        default: DEFAULT_MAX_CONNECTIONS,
+        min: 1,
+        max: 1 << 20,
+        unit: Unit::Count,
+        meaning: "client connections open at once; more are answered 503 connection_limit_exceeded",
+    },
 ];
 
 /// A limit name that Weir does not know, or a value outside its range.
@@ -287,6 +375,14 @@ pub struct Limits {
     pub actor_max_queued: usize,
     pub max_live_actors: usize,
     pub memory_limit_bytes: u64,
+    /// 0 until resolved at start ([`Limits::total_guest_memory`]).
+    pub max_total_guest_memory_bytes: u64,
+    pub sql_threads: usize,
+    pub max_sql_result_bytes: usize,
+    pub body_idle_timeout: Duration,
+    pub body_min_rate_bytes_per_s: u64,
+    pub header_read_timeout: Duration,
+    pub max_connections: usize,
 }
 
 impl Default for Limits {
@@ -312,6 +408,13 @@ impl Default for Limits {
             actor_max_queued: 0,
             max_live_actors: 0,
             memory_limit_bytes: 0,
+            max_total_guest_memory_bytes: 0,
+            sql_threads: 0,
+            max_sql_result_bytes: 0,
+            body_idle_timeout: Duration::ZERO,
+            body_min_rate_bytes_per_s: 0,
+            header_read_timeout: Duration::ZERO,
+            max_connections: 0,
         };
         for spec in SPECS {
             limits.store(spec.name, spec.default);
@@ -334,6 +437,15 @@ impl Limits {
             })?;
         self.store(spec.name, parsed);
         Ok(())
+    }
+
+    /// The total guest memory budget in bytes: the configured value, or by
+    /// default half of what this machine (or its cgroup) has.
+    pub fn total_guest_memory(&self) -> u64 {
+        if self.max_total_guest_memory_bytes > 0 {
+            return self.max_total_guest_memory_bytes;
+        }
+        physical_memory().map_or(DEFAULT_TOTAL_GUEST_MEMORY_FALLBACK, |m| m / 2)
     }
 
     /// Applies one `NAME=VALUE` assignment, as given on the command line.
@@ -368,6 +480,13 @@ impl Limits {
             "actor_max_queued" => self.actor_max_queued as u64,
             "max_live_actors" => self.max_live_actors as u64,
             "memory_limit_bytes" => self.memory_limit_bytes,
+            "max_total_guest_memory_bytes" => self.max_total_guest_memory_bytes,
+            "sql_threads" => self.sql_threads as u64,
+            "max_sql_result_bytes" => self.max_sql_result_bytes as u64,
+            "body_idle_timeout_ms" => ms(self.body_idle_timeout),
+            "body_min_rate_bytes_per_s" => self.body_min_rate_bytes_per_s,
+            "header_read_timeout_ms" => ms(self.header_read_timeout),
+            "max_connections" => self.max_connections as u64,
             _ => return None,
         })
     }
@@ -395,9 +514,38 @@ impl Limits {
             "actor_max_queued" => self.actor_max_queued = v as usize,
             "max_live_actors" => self.max_live_actors = v as usize,
             "memory_limit_bytes" => self.memory_limit_bytes = v,
+            "max_total_guest_memory_bytes" => self.max_total_guest_memory_bytes = v,
+            "sql_threads" => self.sql_threads = v as usize,
+            "max_sql_result_bytes" => self.max_sql_result_bytes = v as usize,
+            "body_idle_timeout_ms" => self.body_idle_timeout = ms(v),
+            "body_min_rate_bytes_per_s" => self.body_min_rate_bytes_per_s = v,
+            "header_read_timeout_ms" => self.header_read_timeout = ms(v),
+            "max_connections" => self.max_connections = v as usize,
             _ => unreachable!("store is only called with names from SPECS"),
         }
     }
+}
+
+/// The guest memory budget when the machine's memory cannot be read.
+pub const DEFAULT_TOTAL_GUEST_MEMORY_FALLBACK: u64 = 4 << 30;
+
+/// Memory this process may use: the machine's (`MemTotal`), or its cgroup's
+/// limit when that is lower.
+pub fn physical_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let total_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    let total = total_kib.saturating_mul(1024);
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    Some(cgroup.map_or(total, |c| c.min(total)))
 }
 
 /// The spec of a limit by name.

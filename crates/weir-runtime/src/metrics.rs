@@ -77,6 +77,13 @@ pub struct Metrics {
     actor_events: Family<ActorEventLabels, Counter>,
     actor_turn_seconds: Family<ClassLabels, Histogram>,
     actors_in_memory: Gauge,
+    guest_memory: Gauge,
+    guest_memory_budget: Gauge,
+    guest_memory_refusals: Counter,
+    /// The budget the guest memory gauges are read from, at each encode.
+    budget: std::sync::OnceLock<std::sync::Arc<crate::memory_budget::MemoryBudget>>,
+    /// Refusals already added to `guest_memory_refusals`.
+    refusals_seen: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -150,7 +157,30 @@ impl Metrics {
             "Actors in memory (not hibernated)",
             actors_in_memory.clone(),
         );
+        let guest_memory = Gauge::default();
+        let guest_memory_budget = Gauge::default();
+        let guest_memory_refusals = Counter::default();
+        registry.register(
+            "guest_memory_bytes",
+            "Linear memory reserved by every live instance together",
+            guest_memory.clone(),
+        );
+        registry.register(
+            "guest_memory_budget_bytes",
+            "max_total_guest_memory_bytes: what all live instances may reserve together",
+            guest_memory_budget.clone(),
+        );
+        registry.register(
+            "guest_memory_refusals",
+            "Memory growths refused because they did not fit in the budget",
+            guest_memory_refusals.clone(),
+        );
         Metrics {
+            guest_memory,
+            guest_memory_budget,
+            guest_memory_refusals,
+            budget: std::sync::OnceLock::new(),
+            refusals_seen: AtomicU64::new(0),
             actor_turns,
             actor_events,
             actor_turn_seconds,
@@ -253,8 +283,21 @@ impl Metrics {
         }
     }
 
+    /// Reports the guest memory budget in every later exposition.
+    pub fn watch_budget(&self, budget: std::sync::Arc<crate::memory_budget::MemoryBudget>) {
+        let _ = self.budget.set(budget);
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
+        if let Some(budget) = self.budget.get() {
+            self.guest_memory.set(budget.used() as i64);
+            self.guest_memory_budget.set(budget.limit() as i64);
+            let refusals = budget.refusals();
+            let seen = self.refusals_seen.swap(refusals, Ordering::Relaxed);
+            self.guest_memory_refusals
+                .inc_by(refusals.saturating_sub(seen));
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

@@ -4,6 +4,11 @@
 //! - a guest reaches no host unless a configured pattern allows its scheme,
 //!   host and port; a denied request fails in the guest with the standard
 //!   `HTTP-request-denied` error, is counted, and nothing is sent;
+//! - a guest never reaches Weir's own listen or admin addresses, whatever
+//!   the patterns allow: the destination is resolved first, refused if any
+//!   of its addresses is Weir's (a loopback, unspecified or local interface
+//!   address on one of Weir's ports counts), and a plain-HTTP request is
+//!   then sent to exactly the address that was checked;
 //! - every outbound request is an operation of the event's scope: it is
 //!   refused when the scope is full or closed, and an abort ends it for real
 //!   — the connection is dropped, so the upstream sees it closed;
@@ -18,6 +23,7 @@
 //!   the writes that came before it are durable (the output gate).
 
 use std::fmt;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -153,11 +159,42 @@ impl fmt::Display for HostPattern {
 #[derive(Clone, Debug, Default)]
 pub struct OutboundRules {
     patterns: Vec<HostPattern>,
+    /// Weir's own listening addresses: never reachable by guests.
+    own: Vec<SocketAddr>,
+    /// This machine's interface addresses, for own addresses bound to an
+    /// unspecified IP (`0.0.0.0`, `::`).
+    local_ips: Vec<IpAddr>,
 }
 
 impl OutboundRules {
     pub fn new(patterns: Vec<HostPattern>) -> Self {
-        OutboundRules { patterns }
+        OutboundRules {
+            patterns,
+            own: Vec::new(),
+            local_ips: Vec::new(),
+        }
+    }
+
+    /// Refuses every request to these addresses (Weir's own listeners).
+    pub fn deny_own(&mut self, own: Vec<SocketAddr>) {
+        self.local_ips = if_addrs::get_if_addrs()
+            .map(|ifs| ifs.into_iter().map(|i| i.ip()).collect())
+            .unwrap_or_default();
+        self.own = own;
+    }
+
+    /// True when `target` would reach one of Weir's own listeners.
+    pub fn is_own(&self, target: SocketAddr) -> bool {
+        let ip = target.ip().to_canonical();
+        let local = ip.is_loopback() || ip.is_unspecified() || self.local_ips.contains(&ip);
+        self.own.iter().any(|own| {
+            let own_ip = own.ip().to_canonical();
+            own.port() == target.port()
+                && (own_ip == ip
+                    || (own_ip.is_unspecified() && local)
+                    || (ip.is_unspecified()
+                        && (own_ip.is_loopback() || self.local_ips.contains(&own_ip))))
+        })
     }
 
     /// True when some pattern allows the request's scheme, host and port.
@@ -303,9 +340,22 @@ impl WasiHttpHooks for OutboundPolicy {
         }
         let options = self.bounded(options);
         let max_bytes = self.max_response_bytes;
+        let rules = self.rules.clone();
+        let metrics = self.metrics.clone();
         Box::new(async move {
             let sent = tokio::select! {
-                sent = wasmtime_wasi_http::default_send_request(request, Some(options)) => sent,
+                sent = async {
+                    let request = match pin_destination(request, &rules, &options).await {
+                        Ok(request) => request,
+                        Err(e) => {
+                            if matches!(e, Error::HttpRequestDenied) {
+                                metrics.outbound_denied();
+                            }
+                            return Err(e);
+                        }
+                    };
+                    wasmtime_wasi_http::default_send_request(request, Some(options)).await
+                } => sent,
                 _ = op.aborted() => return Err(Error::InternalError(Some(ABORTED.into()))),
             };
             let (response, io) = sent?;
@@ -336,6 +386,58 @@ impl WasiHttpHooks for OutboundPolicy {
     fn p2_outgoing_body_chunk_size(&mut self) -> usize {
         self.chunk_bytes
     }
+}
+
+/// Resolves the request's destination and refuses it if any of its
+/// addresses is one of Weir's own; a plain-HTTP request is then addressed
+/// to the checked address itself (its `Host` header is kept), so a second
+/// resolution cannot lead it elsewhere.
+async fn pin_destination(
+    mut request: http::Request<WasiBody>,
+    rules: &OutboundRules,
+    options: &RequestOptions,
+) -> Result<http::Request<WasiBody>, Error> {
+    if rules.own.is_empty() {
+        return Ok(request);
+    }
+    let uri = request.uri();
+    let tls = uri
+        .scheme_str()
+        .is_some_and(|s| s.eq_ignore_ascii_case("https"));
+    let host = uri
+        .host()
+        .ok_or(Error::HttpRequestUriInvalid)?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+    let lookup = tokio::net::lookup_host((host.as_str(), port));
+    let wait = options.connect_timeout.unwrap_or(Duration::from_secs(10));
+    let addrs: Vec<SocketAddr> = match tokio::time::timeout(wait, lookup).await {
+        Ok(Ok(addrs)) => addrs.collect(),
+        Ok(Err(_)) => Vec::new(),
+        Err(_) => return Err(Error::DnsTimeout),
+    };
+    let Some(first) = addrs.first().copied() else {
+        return Err(Error::DnsError {
+            rcode: Some("address not available".into()),
+            info_code: None,
+        });
+    };
+    if addrs.iter().any(|a| rules.is_own(*a)) {
+        return Err(Error::HttpRequestDenied);
+    }
+    if !tls {
+        let mut parts = request.uri().clone().into_parts();
+        parts.authority = Some(
+            first
+                .to_string()
+                .parse()
+                .map_err(|_| Error::HttpRequestUriInvalid)?,
+        );
+        *request.uri_mut() = Uri::from_parts(parts).map_err(|_| Error::HttpRequestUriInvalid)?;
+    }
+    Ok(request)
 }
 
 /// Calls an actor: reads the request body (bounded like a client's), runs
@@ -437,6 +539,32 @@ mod tests {
         assert!(r.allows(&uri("https://a.example.com/")));
         assert!(!r.allows(&uri("https://example.com/")));
         assert!(!r.allows(&uri("https://aexample.com/")));
+    }
+
+    #[test]
+    fn weirs_own_addresses_are_never_reachable() {
+        let mut r = rules(&["http://*:*"]);
+        r.deny_own(vec![
+            "127.0.0.1:8080".parse().unwrap(),
+            "0.0.0.0:9090".parse().unwrap(),
+        ]);
+        let own = |s: &str| r.is_own(s.parse().unwrap());
+        assert!(own("127.0.0.1:8080"));
+        assert!(own("0.0.0.0:8080"), "0.0.0.0 reaches loopback");
+        assert!(own("[::ffff:127.0.0.1]:8080"), "v4-mapped");
+        assert!(!own("127.0.0.1:8081"), "another port");
+        assert!(!own("10.9.9.9:8080"), "another host, not ours");
+        assert!(
+            own("127.0.0.1:9090"),
+            "bound to 0.0.0.0: loopback reaches it"
+        );
+        assert!(own("[::1]:9090"));
+        for ip in &r.local_ips.clone() {
+            assert!(
+                r.is_own(SocketAddr::new(*ip, 9090)),
+                "{ip}: a local interface"
+            );
+        }
     }
 
     #[test]

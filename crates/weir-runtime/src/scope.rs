@@ -12,11 +12,15 @@
 //! - `drain` waits, within one total budget, until every operation —
 //!   including ones registered by late completions before close — has ended,
 //!   and says whether it did. Nothing is retried or rolled back: an
-//!   operation cut off mid-way stays of unknown outcome.
+//!   operation cut off mid-way stays of unknown outcome;
+//! - the scope knows its event's current deadline, so host work that
+//!   cannot be awaited away (a SQLite statement on its own thread) stops
+//!   itself at that deadline, or at once on invalidation
+//!   ([`EventScope::stop_check`]).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, watch};
 
@@ -47,6 +51,11 @@ pub struct EventScope {
     refused: AtomicUsize,
     /// Operations ever registered, for receipts.
     started: AtomicUsize,
+    /// When the scope was made: the origin of `deadline_ns`.
+    created: Instant,
+    /// The event's current deadline, in ns after `created` (`u64::MAX`:
+    /// none set).
+    deadline_ns: AtomicU64,
 }
 
 /// A registered host operation. Dropping it ends the operation's hold on
@@ -69,7 +78,35 @@ impl EventScope {
             drained: Notify::new(),
             refused: AtomicUsize::new(0),
             started: AtomicUsize::new(0),
+            created: Instant::now(),
+            deadline_ns: AtomicU64::new(u64::MAX),
         })
+    }
+
+    /// Sets the event's deadline as it moves (entry, headers, a client
+    /// that left).
+    pub fn set_deadline(&self, at: Instant) {
+        let ns = at.saturating_duration_since(self.created).as_nanos();
+        self.deadline_ns
+            .store(u64::try_from(ns).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// True once the event's deadline has passed or the scope is
+    /// invalidated: work on the event's behalf must stop.
+    pub fn should_stop(&self) -> bool {
+        if !self.is_valid() {
+            return true;
+        }
+        let deadline = self.deadline_ns.load(Ordering::Relaxed);
+        deadline != u64::MAX
+            && u64::try_from(self.created.elapsed().as_nanos()).unwrap_or(u64::MAX) >= deadline
+    }
+
+    /// [`EventScope::should_stop`] as a check that host work can carry to
+    /// another thread.
+    pub fn stop_check(self: &Arc<Self>) -> weir_store::confinement::StopCheck {
+        let scope = self.clone();
+        Arc::new(move || scope.should_stop())
     }
 
     fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
@@ -202,6 +239,21 @@ mod tests {
         drop(b);
         drop(c);
         assert!(scope.drain(Duration::from_millis(20)).await);
+    }
+
+    #[test]
+    fn work_stops_at_the_deadline_or_on_invalidation() {
+        let scope = EventScope::new(4);
+        let stop = scope.stop_check();
+        assert!(!stop(), "no deadline yet");
+        scope.set_deadline(Instant::now() + Duration::from_secs(60));
+        assert!(!stop());
+        scope.set_deadline(Instant::now());
+        assert!(stop(), "the deadline passed");
+        let scope = EventScope::new(4);
+        let stop = scope.stop_check();
+        scope.invalidate();
+        assert!(stop(), "abandoned");
     }
 
     #[tokio::test]

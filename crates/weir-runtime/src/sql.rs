@@ -5,12 +5,16 @@
 //! - a batch is an operation of the event's scope, refused (`refused`)
 //!   when the scope is full or closed, and checked against the batch limits
 //!   before the database is touched;
-//! - once started a batch is not abortable: it runs to commit or rollback
-//!   on a blocking thread, holding its operation until it ends. An event
-//!   that ends meanwhile waits for it within `cleanup_timeout_ms`; if it has
-//!   not ended by then, the event reports `storage_cleanup_unconfirmed`
-//!   (the batch's outcome is unknown to the client) and the lane stays
-//!   quarantined until it ends. Nothing is retried or rolled back by Weir.
+//! - a batch runs on the SQL pool ([`crate::sql_pool`]), never on an async
+//!   worker, holding its operation until it ends; its statements are
+//!   confined to the database and stop at the event's deadline or at its
+//!   abandonment (the scope's stop check), which rolls the batch back;
+//! - an event that ends while a batch still runs (one that SQLite cannot
+//!   interrupt, such as one waiting for a lock another process holds)
+//!   waits for it within `cleanup_timeout_ms`; past that, the event reports
+//!   `storage_cleanup_unconfirmed` (the batch's outcome is unknown to the
+//!   client) and the lane stays quarantined until it ends. Nothing is
+//!   retried by Weir.
 
 use std::sync::Arc;
 
@@ -18,6 +22,7 @@ use wasmtime::component::{HasData, Linker};
 use weir_store::sql::{self as store, BatchError, SqlDatabases};
 
 use crate::scope::EventScope;
+use crate::sql_pool::SqlPool;
 
 mod generated {
     wasmtime::component::bindgen!({
@@ -33,6 +38,8 @@ use generated::weir::sql::batch;
 pub struct SqlView<'a> {
     pub databases: &'a Arc<SqlDatabases>,
     pub scope: Option<&'a Arc<EventScope>>,
+    pub pool: &'a Arc<SqlPool>,
+    pub max_result_bytes: usize,
 }
 
 fn to_store(v: batch::Value) -> store::Value {
@@ -74,6 +81,13 @@ fn to_guest_error(e: BatchError) -> batch::Error {
                 message,
             })
         }
+        BatchError::Refused { index, message } => {
+            batch::Error::Refused(format!("statement {index}: {message}"))
+        }
+        BatchError::Stopped(m) => batch::Error::StatementFailed(batch::StatementError {
+            index: 0,
+            message: m,
+        }),
         BatchError::OutcomeUnknown(m) => batch::Error::OutcomeUnknown(m),
     }
 }
@@ -99,18 +113,23 @@ impl batch::Host for SqlView<'_> {
             Ok(db) => db,
             Err(e) => return Ok(Err(to_guest_error(e))),
         };
-        let op = match self.scope.map(|s| s.register()) {
-            Some(Ok(op)) => op,
-            Some(Err(e)) => return Ok(Err(batch::Error::Refused(e.to_string()))),
+        let (op, stop) = match self.scope {
+            Some(scope) => match scope.register() {
+                Ok(op) => (op, scope.stop_check()),
+                Err(e) => return Ok(Err(batch::Error::Refused(e.to_string()))),
+            },
             None => return Ok(Err(batch::Error::Refused("event_scope_closed".into()))),
         };
-        let ran = tokio::task::spawn_blocking(move || {
-            // The operation ends when the batch has committed or rolled
-            // back, whatever happened to the event meanwhile.
-            let _op = op;
-            db.run(&statements)
-        })
-        .await;
+        let max_result_bytes = self.max_result_bytes;
+        let ran = self
+            .pool
+            .run(move || {
+                // The operation ends when the batch has committed or rolled
+                // back, whatever happened to the event meanwhile.
+                let _op = op;
+                db.run(&statements, stop, max_result_bytes)
+            })
+            .await;
         Ok(match ran {
             Ok(Ok(results)) => Ok(results
                 .into_iter()
@@ -127,8 +146,8 @@ impl batch::Host for SqlView<'_> {
                 })
                 .collect()),
             Ok(Err(e)) => Err(to_guest_error(e)),
-            Err(join) => Err(batch::Error::OutcomeUnknown(format!(
-                "the batch's thread failed: {join}"
+            Err(failed) => Err(batch::Error::OutcomeUnknown(format!(
+                "the batch's thread failed: {failed}"
             ))),
         })
     }

@@ -9,28 +9,26 @@
 //! - one entry (key and value together) is at most [`MAX_ENTRY_BYTES`]; a
 //!   larger one fails with the limit named and writes nothing, and a
 //!   `put_many` with one oversized entry writes none of them;
-//! - user SQL cannot read, write, alter or drop Weir's reserved tables
-//!   (names starting with [`RESERVED_PREFIX`]), nor attach databases or run
-//!   pragmas; the SQLite authorizer refuses them when the statement is
-//!   prepared;
+//! - user SQL is confined (see [`crate::confinement`]): it cannot read,
+//!   write, alter or drop Weir's reserved tables (names starting with
+//!   [`RESERVED_PREFIX`]), directly or through a trigger or view, nor
+//!   attach databases, vacuum, run pragmas that write or name files, or
+//!   control the turn's transaction; a turn's statements stop when its
+//!   stop check says so ([`ActorDb::watch`]), and what one call hands back
+//!   is bounded by the result limit;
 //! - timers keep the earliest deadline per reason; an alarm's turn consumes
 //!   its reason first, so a handler that re-arms the same reason creates a
 //!   new timer, and a handler that fails (its turn rolled back) leaves the
 //!   timer in place for a retry;
 //! - the incarnation counter is bumped and committed before it is returned:
 //!   two instances of one actor never share a number.
-//!
-//! Nothing here is wired to the runtime yet (durable actors are issue 4's
-//! work); this is the storage those actors stand on.
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
 use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 
-use crate::sql::{StatementResult, Value};
+use crate::confinement::{self, Confinement, ResultBudget, ResultTooLarge, StopCheck};
+use crate::sql::{GuestSqlError, MAX_SQL_VALUE_BYTES, StatementResult, Value};
 use crate::{Durability, StoreError};
 
 /// Largest entry, key and value together: large values belong in SQL tables
@@ -60,6 +58,15 @@ const WAL_KEEP_BYTES: i64 = 4 << 20;
 /// list variants and a few of the guest's.
 const STATEMENT_CACHE: usize = 64;
 
+/// Page cache of one actor connection, in KiB (SQLite's default is 2 MiB):
+/// thousands of actors may be live at once, and an actor's working set is
+/// usually a few pages; larger scans read through the OS cache.
+pub const CACHE_KIB: i64 = 512;
+
+/// What one storage call hands back to the guest, at most, unless the
+/// runtime sets its own bound ([`ActorDb::set_max_result_bytes`]).
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 16 << 20;
+
 /// Process ids of an incarnation start at incarnation × this stride.
 pub const PID_STRIDE: u64 = 1_000_000;
 
@@ -79,6 +86,10 @@ pub enum ActorStoreError {
     EntryTooLarge { key: String, size: usize },
     #[error("statement refused: {0}")]
     Refused(String),
+    #[error("refused: {0}")]
+    TooLarge(#[from] ResultTooLarge),
+    #[error("interrupted: the turn's deadline passed")]
+    Stopped,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -111,45 +122,20 @@ pub struct DueTimer {
 /// The open database of one actor.
 pub struct ActorDb {
     conn: Connection,
-    /// True while user SQL is being prepared: the authorizer then refuses
-    /// anything reserved.
-    user_sql: Arc<AtomicBool>,
+    /// The authorizer: Weir's statements, or the guest's under its rules.
+    confinement: Confinement,
     in_turn: bool,
     /// Commits since the WAL was last checkpointed.
     commits: u32,
+    max_result_bytes: usize,
 }
 
-fn reserved(name: &str) -> bool {
-    name.len() >= RESERVED_PREFIX.len()
-        && name[..RESERVED_PREFIX.len()].eq_ignore_ascii_case(RESERVED_PREFIX)
-}
-
-fn authorize(ctx: AuthContext<'_>) -> Authorization {
-    let table = match ctx.action {
-        AuthAction::Read { table_name, .. }
-        | AuthAction::Insert { table_name }
-        | AuthAction::Update { table_name, .. }
-        | AuthAction::Delete { table_name }
-        | AuthAction::CreateTable { table_name }
-        | AuthAction::DropTable { table_name }
-        | AuthAction::CreateIndex { table_name, .. }
-        | AuthAction::DropIndex { table_name, .. }
-        | AuthAction::CreateTrigger { table_name, .. }
-        | AuthAction::DropTrigger { table_name, .. }
-        | AuthAction::AlterTable { table_name, .. }
-        | AuthAction::Analyze { table_name }
-        | AuthAction::CreateTempTable { table_name }
-        | AuthAction::DropTempTable { table_name } => Some(table_name),
-        AuthAction::Pragma { .. } | AuthAction::Attach { .. } | AuthAction::Detach { .. } => {
-            return Authorization::Deny;
-        }
-        _ => None,
-    };
-    // Schema changes write sqlite_master themselves; that is allowed (no
-    // pragma can make it directly writable, pragmas being refused).
-    match table {
-        Some(t) if reserved(t) => Authorization::Deny,
-        _ => Authorization::Allow,
+fn guest_error(e: GuestSqlError) -> ActorStoreError {
+    match e {
+        GuestSqlError::Refused(why) => ActorStoreError::Refused(why),
+        GuestSqlError::Stopped => ActorStoreError::Stopped,
+        GuestSqlError::TooLarge(e) => ActorStoreError::TooLarge(e),
+        GuestSqlError::Sqlite(e) => e.into(),
     }
 }
 
@@ -190,25 +176,32 @@ impl ActorDb {
         conn.execute_batch("PRAGMA foreign_keys = ON")?;
         // Weir's own statements plus the list variants stay prepared.
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        conn.pragma_update(None, "cache_size", -CACHE_KIB)?;
+        confinement::harden(&conn, MAX_SQL_VALUE_BYTES)?;
         // SQLite checkpoints the WAL itself every 1,000 pages (its default,
         // kept: a longer WAL makes each checkpoint's fsync longer), and
         // keeps the file at most this size afterwards.
         conn.pragma_update(None, "journal_size_limit", WAL_KEEP_BYTES)?;
-        let user_sql = Arc::new(AtomicBool::new(false));
-        let flag = user_sql.clone();
-        conn.authorizer(Some(move |ctx: AuthContext<'_>| {
-            if flag.load(Ordering::Relaxed) {
-                authorize(ctx)
-            } else {
-                Authorization::Allow
-            }
-        }));
+        let confinement = Confinement::install(&conn, Some(RESERVED_PREFIX));
         Ok(ActorDb {
             conn,
-            user_sql,
+            confinement,
             in_turn: false,
             commits: 0,
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
         })
+    }
+
+    /// Bounds what one call hands back to the guest (`max_sql_result_bytes`).
+    pub fn set_max_result_bytes(&mut self, bytes: usize) {
+        self.max_result_bytes = bytes;
+    }
+
+    /// Stops every statement run from now on when `stop` says so (the
+    /// turn's deadline or abandonment); `None` removes the check, before
+    /// the turn's own commit or rollback.
+    pub fn watch(&self, stop: Option<StopCheck>) {
+        confinement::watch(&self.conn, stop);
     }
 
     /// The persisted incarnation counter (0 before the first instance).
@@ -327,6 +320,18 @@ impl ActorDb {
         Ok(())
     }
 
+    /// Several values, in order, within the result bound.
+    pub fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, ActorStoreError> {
+        let mut budget = ResultBudget::new(self.max_result_bytes);
+        keys.iter()
+            .map(|k| {
+                let value = self.get(k)?;
+                budget.take(value.as_ref().map_or(0, Vec::len))?;
+                Ok(value)
+            })
+            .collect()
+    }
+
     pub fn get(&self, key: &str) -> Result<Option<Vec<u8>>, ActorStoreError> {
         Ok(self
             .conn
@@ -411,12 +416,15 @@ impl ActorDb {
             sql.push_str(&format!(" LIMIT {limit}"));
         }
         let mut stmt = self.conn.prepare_cached(&sql)?;
-        let rows = stmt
-            .query_map(params_from_iter(params.iter()), |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })?
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(rows)
+        let mut budget = ResultBudget::new(self.max_result_bytes);
+        let mut rows = stmt.query(params_from_iter(params.iter()))?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            let (key, value): (String, Vec<u8>) = (row.get(0)?, row.get(1)?);
+            budget.take(key.len() + value.len())?;
+            out.push((key, value));
+        }
+        Ok(out)
     }
 
     /// Runs one user statement inside the turn.
@@ -425,38 +433,16 @@ impl ActorDb {
         sql: &str,
         params: &[Value],
     ) -> Result<StatementResult, ActorStoreError> {
-        self.user_sql.store(true, Ordering::Relaxed);
-        let prepared = self.conn.prepare(sql);
-        self.user_sql.store(false, Ordering::Relaxed);
-        let mut stmt = prepared.map_err(|e| match e {
-            rusqlite::Error::SqliteFailure(f, msg)
-                if f.code == rusqlite::ErrorCode::AuthorizationForStatementDenied =>
-            {
-                ActorStoreError::Refused(msg.unwrap_or_else(|| "not authorized".into()))
-            }
-            other => other.into(),
-        })?;
-        let columns: Vec<String> = stmt.column_names().iter().map(|c| c.to_string()).collect();
-        let before = self.conn.total_changes();
-        let mut rows = Vec::new();
-        {
-            let mut cursor = stmt.query(params_from_iter(params.iter()))?;
-            while let Some(row) = cursor.next()? {
-                rows.push(
-                    (0..columns.len())
-                        .map(|i| row.get_ref(i).map(Value::from))
-                        .collect::<Result<Vec<_>, _>>()?,
-                );
-            }
-        }
-        drop(stmt);
-        Ok(StatementResult {
-            rows_read: rows.len() as u64,
-            rows_written: self.conn.total_changes().saturating_sub(before),
-            last_insert_id: self.conn.last_insert_rowid(),
-            columns,
-            rows,
-        })
+        let mut budget = ResultBudget::new(self.max_result_bytes);
+        crate::sql::run_guest_statement(
+            &self.conn,
+            &self.confinement,
+            sql,
+            params,
+            &mut budget,
+            false,
+        )
+        .map_err(guest_error)
     }
 
     /// Schedules `reason` at `at_ms`, keeping the earlier deadline if one is
@@ -672,29 +658,108 @@ mod tests {
                 "{sql}"
             );
         }
-        // Nor indirectly, through a view or a trigger of the user's own.
-        let view = db.exec("CREATE VIEW peek AS SELECT * FROM _weir_kv", &[]);
-        if view.is_ok() {
-            assert!(matches!(
-                db.exec("SELECT * FROM peek", &[]),
-                Err(ActorStoreError::Refused(_))
-            ));
+        // Nor indirectly, through a view or a trigger of the user's own:
+        // SQLite lets both be created (it does not ask about their bodies
+        // then), and refuses every statement that would run them.
+        db.exec("CREATE VIEW peek AS SELECT * FROM _weir_kv", &[])
+            .expect("creating the view is allowed");
+        match db.exec("SELECT * FROM peek", &[]) {
+            Err(ActorStoreError::Refused(why)) => assert!(why.contains("_weir_kv"), "{why}"),
+            other => panic!("reading through the view: {other:?}"),
         }
-        let trigger = db.exec(
+        db.exec(
             "CREATE TRIGGER wipe AFTER INSERT ON users BEGIN DELETE FROM _weir_kv; END",
             &[],
-        );
-        if trigger.is_ok() {
-            db.put("kept", b"1").unwrap();
-            assert!(
-                db.exec("INSERT INTO users (name) VALUES ('x')", &[])
-                    .is_err()
-            );
-            assert_eq!(db.get("kept").unwrap(), Some(b"1".to_vec()));
+        )
+        .expect("creating the trigger is allowed");
+        db.put("kept", b"1").unwrap();
+        match db.exec("INSERT INTO users (name) VALUES ('x')", &[]) {
+            Err(ActorStoreError::Refused(why)) => assert!(why.contains("_weir_kv"), "{why}"),
+            other => panic!("firing the trigger: {other:?}"),
+        }
+        assert_eq!(db.get("kept").unwrap(), Some(b"1".to_vec()));
+        db.exec("DROP TRIGGER wipe", &[]).unwrap();
+        // A temporary trigger would run inside Weir's own statements: none
+        // may be created, on any table.
+        for sql in [
+            "CREATE TEMP TRIGGER t1 AFTER INSERT ON _weir_kv BEGIN SELECT 1; END",
+            "CREATE TEMP TRIGGER t2 AFTER INSERT ON users BEGIN SELECT 1; END",
+            "CREATE TEMP VIEW v AS SELECT 1",
+            "COMMIT",
+            "ROLLBACK",
+            "SAVEPOINT s",
+            "RELEASE s",
+        ] {
+            match db.exec(sql, &[]) {
+                Err(ActorStoreError::Refused(_)) => {}
+                other => panic!("{sql}: {other:?}"),
+            }
         }
         // Weir's own calls still work after a refusal.
         db.put("k", b"v").unwrap();
         assert_eq!(db.get("k").unwrap(), Some(b"v".to_vec()));
+    }
+
+    #[test]
+    fn vacuum_into_writes_no_file_and_the_turn_stays_one_transaction() {
+        let (mut db, path) = open("vacuum");
+        let target = path.with_file_name("stolen.sqlite3");
+        db.begin_turn().unwrap();
+        db.put("a", b"1").unwrap();
+        for sql in [
+            format!("VACUUM INTO '{}'", target.display()),
+            "VACUUM".to_string(),
+        ] {
+            match db.exec(&sql, &[]) {
+                Err(ActorStoreError::Refused(why)) => {
+                    assert!(why.contains("VACUUM") || why.contains("ATTACH"), "{why}")
+                }
+                other => panic!("{sql}: {other:?}"),
+            }
+        }
+        assert!(!target.exists());
+        db.rollback_turn().unwrap();
+        assert_eq!(db.get("a").unwrap(), None, "still one transaction");
+    }
+
+    #[test]
+    fn results_are_bounded_and_watched_statements_stop() {
+        let (mut db, _) = open("bounds");
+        db.set_max_result_bytes(4096);
+        for i in 0..10 {
+            db.put(&format!("k{i}"), &[0u8; 1000]).unwrap();
+        }
+        assert!(matches!(
+            db.list(&ListOptions::default()),
+            Err(ActorStoreError::TooLarge(_))
+        ));
+        let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+        assert!(matches!(
+            db.get_many(&keys),
+            Err(ActorStoreError::TooLarge(_))
+        ));
+        assert!(matches!(
+            db.exec("SELECT zeroblob(5000)", &[]),
+            Err(ActorStoreError::TooLarge(_))
+        ));
+        db.watch(Some(std::sync::Arc::new(|| true)));
+        assert!(matches!(
+            db.exec(
+                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT count(*) FROM c",
+                &[]
+            ),
+            Err(ActorStoreError::Stopped)
+        ));
+        db.watch(None);
+        assert_eq!(
+            db.list(&ListOptions {
+                limit: Some(2),
+                ..Default::default()
+            })
+            .unwrap()
+            .len(),
+            2
+        );
     }
 
     #[test]

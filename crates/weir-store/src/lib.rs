@@ -18,6 +18,8 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OptionalExtension, params};
 
 pub mod actor;
+pub mod confinement;
+pub mod data_dir;
 pub mod sql;
 
 /// Keys returned by one `list_keys` page. Large enough that few round trips
@@ -66,6 +68,8 @@ pub enum StoreError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    ResultTooLarge(#[from] confinement::ResultTooLarge),
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
 }
@@ -84,6 +88,9 @@ pub type Entry = (String, Vec<u8>);
 pub struct KvStore {
     name: String,
     conn: Mutex<Connection>,
+    /// Read from the connection when it opened; kept so that `/status`
+    /// never waits for a running call.
+    synchronous: &'static str,
 }
 
 fn check_key(key: &str) -> Result<(), StoreError> {
@@ -193,6 +200,7 @@ impl KvStore {
         )?;
         Ok(KvStore {
             name: name.to_string(),
+            synchronous: synchronous_mode(&conn)?,
             conn: Mutex::new(conn),
         })
     }
@@ -242,20 +250,39 @@ impl KvStore {
 
     /// Keys in order, a page at a time. The cursor is the number of keys
     /// already returned; a key set or deleted between pages may shift what a
-    /// later page starts with, as the interface allows.
-    pub fn list_keys(&self, cursor: Option<u64>) -> Result<KeyPage, StoreError> {
+    /// later page starts with, as the interface allows. A page deep into a
+    /// large store scans the keys before it; `stop` ends that scan.
+    pub fn list_keys(
+        &self,
+        cursor: Option<u64>,
+        stop: Option<confinement::StopCheck>,
+    ) -> Result<KeyPage, StoreError> {
         let offset = cursor.unwrap_or(0);
         let conn = self.conn();
+        let watched = stop.is_some();
+        confinement::watch(&conn, stop);
+        let page = Self::page(&conn, offset);
+        if watched {
+            confinement::watch(&conn, None);
+        }
+        page
+    }
+
+    fn page(conn: &Connection, offset: u64) -> Result<KeyPage, StoreError> {
         let mut stmt = conn.prepare_cached("SELECT key FROM kv ORDER BY key LIMIT ?1 OFFSET ?2")?;
         let keys = stmt
-            .query_map(params![LIST_PAGE_KEYS as i64 + 1, offset as i64], |r| {
-                r.get(0)
-            })?
+            .query_map(
+                params![
+                    LIST_PAGE_KEYS as i64 + 1,
+                    offset.min(i64::MAX as u64) as i64
+                ],
+                |r| r.get(0),
+            )?
             .collect::<Result<Vec<String>, _>>()?;
         let more = keys.len() > LIST_PAGE_KEYS;
         let mut keys = keys;
         keys.truncate(LIST_PAGE_KEYS);
-        let cursor = more.then(|| offset + keys.len() as u64);
+        let cursor = more.then(|| offset.saturating_add(keys.len() as u64));
         Ok(KeyPage { keys, cursor })
     }
 
@@ -289,9 +316,21 @@ impl KvStore {
         Ok(next)
     }
 
-    pub fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Entry>>, StoreError> {
+    /// Several entries, in order; all of them together at most
+    /// `max_result_bytes` (keys and values), or the call fails naming the
+    /// limit.
+    pub fn get_many(
+        &self,
+        keys: &[String],
+        max_result_bytes: usize,
+    ) -> Result<Vec<Option<Entry>>, StoreError> {
+        let mut budget = confinement::ResultBudget::new(max_result_bytes);
         keys.iter()
-            .map(|k| Ok(self.get(k)?.map(|v| (k.clone(), v))))
+            .map(|k| {
+                let entry = self.get(k)?.map(|v| (k.clone(), v));
+                budget.take(entry.as_ref().map_or(0, |(k, v)| k.len() + v.len()))?;
+                Ok(entry)
+            })
             .collect()
     }
 
@@ -369,7 +408,7 @@ impl KvStores {
             .values()
             .map(|s| StoreInfo {
                 name: s.name.clone(),
-                synchronous: synchronous_mode(&s.conn()).unwrap_or("unknown").to_string(),
+                synchronous: s.synchronous.to_string(),
             })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -411,7 +450,7 @@ mod tests {
         let mut seen = Vec::new();
         let mut cursor = None;
         loop {
-            let page = s.list_keys(cursor).unwrap();
+            let page = s.list_keys(cursor, None).unwrap();
             seen.extend(page.keys);
             match page.cursor {
                 Some(c) => cursor = Some(c),

@@ -8,7 +8,11 @@
 //! - every statement of a batch takes effect or none does: the batch runs
 //!   in one `BEGIN IMMEDIATE` transaction, a failing statement rolls it back
 //!   and is named by its index with SQLite's message;
-//! - a batch that returned `Ok` is committed (WAL; see [`crate::Durability`]).
+//! - a batch that returned `Ok` is committed (WAL; see [`crate::Durability`]);
+//! - every statement is the guest's and is confined (see
+//!   [`crate::confinement`]): it touches only this database, stops when its
+//!   stop check says so, and hands back at most `max_result_bytes` over the
+//!   whole batch.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -17,7 +21,14 @@ use std::sync::{Arc, Mutex};
 use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
 use rusqlite::{Connection, ToSql};
 
+use crate::confinement::{self, Confinement, ResultBudget, StopCheck};
 use crate::{Durability, StoreError};
+
+/// Largest string or blob a guest's SQL may build or store (SQLite's
+/// `SQLITE_LIMIT_LENGTH`): the default bound on what a batch may return,
+/// so one value always fits in a result, and a bound on what one
+/// `zeroblob` or `printf` can make SQLite allocate.
+pub const MAX_SQL_VALUE_BYTES: usize = 16 << 20;
 
 /// Statements in one batch, at most: what D1 allows, and enough for any
 /// one unit of work an event should do atomically.
@@ -88,6 +99,10 @@ pub enum BatchError {
     TooManyParams { index: usize, count: usize },
     #[error("statement {index} failed: {message}")]
     Statement { index: usize, message: String },
+    #[error("statement {index} refused: {message}")]
+    Refused { index: usize, message: String },
+    #[error("the batch was stopped: {0}")]
+    Stopped(String),
     #[error("the batch's outcome is unknown: {0}")]
     OutcomeUnknown(String),
 }
@@ -95,61 +110,170 @@ pub enum BatchError {
 /// One named SQL database.
 pub struct SqlDatabase {
     conn: Mutex<Connection>,
+    confinement: Confinement,
+    /// Read from the connection when it opened (guests cannot change it);
+    /// kept so that `/status` never waits for a running batch.
+    synchronous: &'static str,
+}
+
+/// Why a guest's statement failed: refused by the confinement, stopped by
+/// its stop check, over the result bound, or SQLite's own error.
+pub(crate) enum GuestSqlError {
+    Refused(String),
+    Stopped,
+    TooLarge(confinement::ResultTooLarge),
+    Sqlite(rusqlite::Error),
+}
+
+/// Runs one guest statement on `conn` (as the guest's, under
+/// `confinement`), reading its rows against `budget`.
+pub(crate) fn run_guest_statement(
+    conn: &Connection,
+    confinement: &Confinement,
+    sql: &str,
+    params: &[Value],
+    budget: &mut ResultBudget,
+    cached: bool,
+) -> Result<StatementResult, GuestSqlError> {
+    let classify = |e: rusqlite::Error| match confinement.refusal(&e) {
+        Some(why) => GuestSqlError::Refused(why),
+        None if matches!(&e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::OperationInterrupted) => {
+            GuestSqlError::Stopped
+        }
+        None => GuestSqlError::Sqlite(e),
+    };
+    let mut run = |stmt: &mut rusqlite::Statement<'_>| {
+        let columns: Vec<String> = stmt.column_names().iter().map(|c| c.to_string()).collect();
+        let width = columns.len();
+        let before = conn.total_changes();
+        let mut rows = Vec::new();
+        {
+            let mut cursor = stmt
+                .query(rusqlite::params_from_iter(params.iter()))
+                .map_err(classify)?;
+            while let Some(row) = cursor.next().map_err(classify)? {
+                let mut values = Vec::with_capacity(width);
+                for i in 0..width {
+                    let value = row.get_ref(i).map_err(classify)?;
+                    let bytes = match value {
+                        ValueRef::Text(t) | ValueRef::Blob(t) => t.len(),
+                        _ => 8,
+                    };
+                    budget.take(bytes).map_err(GuestSqlError::TooLarge)?;
+                    values.push(Value::from(value));
+                }
+                rows.push(values);
+            }
+        }
+        Ok(StatementResult {
+            columns,
+            rows_read: rows.len() as u64,
+            rows,
+            rows_written: conn.total_changes().saturating_sub(before),
+            last_insert_id: conn.last_insert_rowid(),
+        })
+    };
+    confinement.as_guest(|| {
+        if cached {
+            let mut stmt = conn.prepare_cached(sql).map_err(classify)?;
+            run(&mut stmt)
+        } else {
+            let mut stmt = conn.prepare(sql).map_err(classify)?;
+            run(&mut stmt)
+        }
+    })
 }
 
 impl SqlDatabase {
     fn open(path: &Path, durability: Durability) -> Result<Self, StoreError> {
         let conn = crate::connect(path, durability)?;
+        confinement::harden(&conn, MAX_SQL_VALUE_BYTES)?;
+        let confinement = Confinement::install(&conn, None);
         Ok(SqlDatabase {
+            synchronous: crate::synchronous_mode(&conn)?,
             conn: Mutex::new(conn),
+            confinement,
         })
     }
 
-    /// Runs a batch in one transaction. Blocks: call it off the async
-    /// threads.
-    pub fn run(&self, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
+    /// Runs a batch in one transaction, stopping it when `stop` says so and
+    /// refusing results over `max_result_bytes` in all. Blocks: call it
+    /// off the async threads.
+    pub fn run(
+        &self,
+        statements: &[Statement],
+        stop: StopCheck,
+        max_result_bytes: usize,
+    ) -> Result<Vec<StatementResult>, BatchError> {
         check(statements)?;
+        // A batch whose event is already over never starts.
+        if stop() {
+            return Err(BatchError::Stopped(
+                "the event ended before the batch began".into(),
+            ));
+        }
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        confinement::watch(&conn, Some(stop.clone()));
+        let ran = self.run_in_transaction(&mut conn, statements, &stop, max_result_bytes);
+        confinement::watch(&conn, None);
+        ran
+    }
+
+    fn run_in_transaction(
+        &self,
+        conn: &mut Connection,
+        statements: &[Statement],
+        stop: &StopCheck,
+        max_result_bytes: usize,
+    ) -> Result<Vec<StatementResult>, BatchError> {
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(|e| BatchError::Statement {
                 index: 0,
                 message: format!("cannot begin: {e}"),
             })?;
+        let mut budget = ResultBudget::new(max_result_bytes);
         let mut results = Vec::with_capacity(statements.len());
         for (index, statement) in statements.iter().enumerate() {
-            let fail = |e: rusqlite::Error| BatchError::Statement {
-                index,
-                message: e.to_string(),
-            };
-            let mut stmt = tx.prepare_cached(&statement.sql).map_err(fail)?;
-            let columns: Vec<String> = stmt.column_names().iter().map(|c| c.to_string()).collect();
-            let width = columns.len();
-            let before = tx.total_changes();
-            let mut rows = Vec::new();
-            {
-                let mut cursor = stmt
-                    .query(rusqlite::params_from_iter(statement.params.iter()))
-                    .map_err(fail)?;
-                while let Some(row) = cursor.next().map_err(fail)? {
-                    let mut values = Vec::with_capacity(width);
-                    for i in 0..width {
-                        values.push(Value::from(row.get_ref(i).map_err(fail)?));
-                    }
-                    rows.push(values);
-                }
+            // A short statement never reaches the progress handler: the
+            // batch also checks between statements (and before its
+            // commit), so one that waited out its event rolls back.
+            if stop() {
+                return Err(BatchError::Stopped(format!(
+                    "the event ended before statement {index}"
+                )));
             }
-            let rows_written = tx.total_changes().saturating_sub(before);
-            results.push(StatementResult {
-                columns,
-                rows_read: rows.len() as u64,
-                rows,
-                rows_written,
-                last_insert_id: tx.last_insert_rowid(),
-            });
+            let result = run_guest_statement(
+                &tx,
+                &self.confinement,
+                &statement.sql,
+                &statement.params,
+                &mut budget,
+                true,
+            )
+            .map_err(|e| match e {
+                GuestSqlError::Refused(message) => BatchError::Refused { index, message },
+                GuestSqlError::TooLarge(e) => BatchError::Refused {
+                    index,
+                    message: e.to_string(),
+                },
+                GuestSqlError::Stopped => BatchError::Stopped(format!(
+                    "statement {index} was interrupted at the event's deadline"
+                )),
+                GuestSqlError::Sqlite(e) => BatchError::Statement {
+                    index,
+                    message: e.to_string(),
+                },
+            })?;
+            results.push(result);
         }
         // A failed commit leaves SQLite's state certain (rolled back) for
         // ordinary errors; an I/O error at commit may not.
+        if stop() {
+            return Err(BatchError::Stopped(
+                "the event ended before the commit".into(),
+            ));
+        }
         tx.commit().map_err(|e| match e {
             rusqlite::Error::SqliteFailure(f, _)
                 if f.code == rusqlite::ErrorCode::SystemIoFailure =>
@@ -207,11 +331,7 @@ impl SqlDatabases {
             .iter()
             .map(|(name, db)| crate::StoreInfo {
                 name: name.clone(),
-                synchronous: crate::synchronous_mode(
-                    &db.conn.lock().unwrap_or_else(|p| p.into_inner()),
-                )
-                .unwrap_or("unknown")
-                .to_string(),
+                synchronous: db.synchronous.to_string(),
             })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -229,6 +349,17 @@ impl SqlDatabases {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs a batch that nothing stops, with a 1 MiB result bound.
+    trait RunTest {
+        fn run_test(&self, s: &[Statement]) -> Result<Vec<StatementResult>, BatchError>;
+    }
+
+    impl RunTest for SqlDatabase {
+        fn run_test(&self, s: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
+            self.run(s, Arc::new(|| false), 1 << 20)
+        }
+    }
 
     fn st(sql: &str, params: Vec<Value>) -> Statement {
         Statement {
@@ -249,13 +380,13 @@ mod tests {
     #[test]
     fn a_failing_statement_rolls_back_the_batch() {
         let d = db("rollback");
-        d.run(&[st(
+        d.run_test(&[st(
             "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)",
             vec![],
         )])
         .unwrap();
         let err = d
-            .run(&[
+            .run_test(&[
                 st(
                     "INSERT INTO t (v) VALUES (?1)",
                     vec![Value::Text("a".into())],
@@ -267,8 +398,80 @@ mod tests {
             matches!(err, BatchError::Statement { index: 1, .. }),
             "{err}"
         );
-        let r = d.run(&[st("SELECT count(*) FROM t", vec![])]).unwrap();
+        let r = d.run_test(&[st("SELECT count(*) FROM t", vec![])]).unwrap();
         assert_eq!(r[0].rows, vec![vec![Value::Integer(0)]]);
+    }
+
+    #[test]
+    fn escapes_are_refused_by_index_and_results_are_bounded() {
+        let d = db("confined");
+        let err = d
+            .run_test(&[
+                st("CREATE TABLE t (a)", vec![]),
+                st("ATTACH DATABASE ':memory:' AS x", vec![]),
+            ])
+            .unwrap_err();
+        assert!(
+            matches!(&err, BatchError::Refused { index: 1, message } if message.contains("ATTACH")),
+            "{err}"
+        );
+        let r = d.run_test(&[st(
+            "SELECT count(*) FROM sqlite_master WHERE name = 't'",
+            vec![],
+        )]);
+        assert_eq!(
+            r.unwrap()[0].rows,
+            vec![vec![Value::Integer(0)]],
+            "rolled back"
+        );
+        let err = d
+            .run(
+                &[st(
+                    "SELECT zeroblob(1000) FROM (VALUES (1), (2), (3))",
+                    vec![],
+                )],
+                Arc::new(|| false),
+                2500,
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&err, BatchError::Refused { index: 0, message } if message.contains("max_sql_result_bytes (2500")),
+            "{err}"
+        );
+        let err = d
+            .run(
+                &[st(
+                    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT count(*) FROM c",
+                    vec![],
+                )],
+                Arc::new(|| true),
+                2500,
+            )
+            .unwrap_err();
+        assert!(matches!(err, BatchError::Stopped(_)), "{err}");
+        let stop_later = {
+            let at = std::time::Instant::now() + std::time::Duration::from_millis(50);
+            Arc::new(move || std::time::Instant::now() >= at)
+        };
+        let err = d
+            .run(
+                &[st(
+                    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT count(*) FROM c",
+                    vec![],
+                )],
+                stop_later,
+                2500,
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&err, BatchError::Stopped(m) if m.contains("statement 0")),
+            "{err}"
+        );
+        // The connection serves the next batch.
+        assert_eq!(
+            d.run_test(&[st("SELECT 1", vec![])]).unwrap()[0].rows_read,
+            1
+        );
     }
 
     #[test]
@@ -297,7 +500,7 @@ mod tests {
             Value::Blob(vec![0, 255]),
         ];
         let r = d
-            .run(&[
+            .run_test(&[
                 st("CREATE TABLE t (a, b, c, d, e)", vec![]),
                 st(
                     "INSERT INTO t VALUES (?1, ?2, ?3, ?4, ?5)",

@@ -6,7 +6,6 @@ mod common;
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use bytes::Bytes;
 use common::{Weir, guest};
@@ -43,10 +42,10 @@ fn s(sql: &str, params: Value) -> Value {
     json!({ "sql": sql, "params": params })
 }
 
-/// A statement that keeps SQLite busy for about two seconds.
-fn slow() -> Value {
+/// A statement that never ends by itself.
+fn runaway() -> Value {
     s(
-        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < 6000000) SELECT count(*) FROM c",
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT count(*) FROM c",
         json!([]),
     )
 }
@@ -171,51 +170,84 @@ async fn types_and_counts_round_trip() {
     );
 }
 
-/// A server with one lane, a short cleanup budget and a `marks` table, and
-/// the body of a slow batch that ends by writing `mark`.
-async fn slow_batch_setup(name: &str, limit: &str, mark: &str) -> (Weir, String) {
+/// A server with one lane, a short cleanup budget and a `marks` table.
+async fn marks_setup(name: &str, extra: &[&str]) -> (Weir, PathBuf) {
     let dir = data_dir(name);
-    let weir = start(
-        &dir,
-        &[
-            "--limit",
-            "max_concurrent=1",
-            "--limit",
-            limit,
-            "--limit",
-            "cleanup_timeout_ms=100",
-        ],
-    );
+    let mut args = vec![
+        "--limit",
+        "max_concurrent=1",
+        "--limit",
+        "cleanup_timeout_ms=100",
+    ];
+    args.extend_from_slice(extra);
+    let weir = start(&dir, &args);
     batch(
         &weir,
         "app",
         json!([s("CREATE TABLE marks (m TEXT)", json!([]))]),
     )
     .await;
-    let body = json!({
-        "db": "app",
-        "statements": [slow(), s("INSERT INTO marks VALUES (?1)", json!([mark]))],
-    })
-    .to_string();
-    (weir, body)
+    (weir, dir)
 }
 
-/// After the batch ends the lane comes back, and the batch's outcome can
-/// be read: it committed.
-async fn lane_returns_with(weir: &Weir, mark: &str) {
-    weir.wait_health(200).await;
-    let marks = batch(weir, "app", json!([s("SELECT m FROM marks", json!([]))])).await;
-    assert_eq!(marks["results"][0]["rows"], json!([[mark]]));
+fn body(statements: Value) -> Full<Bytes> {
+    Full::new(Bytes::from(
+        json!({ "db": "app", "statements": statements }).to_string(),
+    ))
+}
+
+async fn marks(weir: &Weir) -> Value {
+    batch(weir, "app", json!([s("SELECT m FROM marks", json!([]))])).await["results"][0]["rows"]
+        .clone()
 }
 
 #[tokio::test]
-async fn a_batch_that_outlives_its_event_is_unconfirmed_and_quarantines_the_lane() {
-    let (weir, body) = slow_batch_setup("unknown", "event_limit_ms=300", "committed late").await;
-    // The client stays; the event deadline passes while the batch runs.
+async fn a_runaway_batch_ends_at_the_event_deadline_rolled_back_and_nothing_stays_quarantined() {
+    let (weir, _dir) = marks_setup("runaway", &["--limit", "event_limit_ms=300"]).await;
     let resp = weir
         .send(
             Request::post("/batch")
-                .body(Full::new(Bytes::from(body)))
+                .body(body(json!([
+                    s("INSERT INTO marks VALUES ('never')", json!([])),
+                    runaway()
+                ])))
+                .unwrap(),
+        )
+        .await;
+    resp.assert_weir_error(503, "event_deadline_exceeded");
+    let receipt = weir
+        .receipt_where(|r| r["error"] == "event_deadline_exceeded")
+        .await;
+    assert_eq!(receipt["outcome"], "deadline");
+    // The statement stopped with its event: nothing waits for it, no lane
+    // is held out of admission, and the batch rolled back.
+    assert_eq!(weir.admin_get("/healthz").await.status, 200);
+    let lanes = weir.status().await["apps"][0]["lanes"].clone();
+    assert!(
+        lanes
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["state"] != "quarantined"),
+        "{lanes}"
+    );
+    assert_eq!(marks(&weir).await, json!([]));
+}
+
+#[tokio::test]
+async fn a_batch_sqlite_cannot_interrupt_is_unconfirmed_and_quarantines_the_lane_until_it_ends() {
+    let (weir, dir) = marks_setup("locked", &["--limit", "event_limit_ms=300"]).await;
+    // Another process holds the database's write lock: the batch waits in
+    // SQLite's busy handler, where no progress check can stop it.
+    let holder = rusqlite::Connection::open(dir.join("sql/app.sqlite3")).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let resp = weir
+        .send(
+            Request::post("/batch")
+                .body(body(json!([s(
+                    "INSERT INTO marks VALUES ('late')",
+                    json!([])
+                )])))
                 .unwrap(),
         )
         .await;
@@ -231,30 +263,51 @@ async fn a_batch_that_outlives_its_event_is_unconfirmed_and_quarantines_the_lane
         "{status}"
     );
     assert_eq!(weir.admin_get("/healthz").await.status, 503);
-    lane_returns_with(&weir, "committed late").await;
+    holder.execute_batch("COMMIT").unwrap();
+    drop(holder);
+    // Once the lock is free the batch goes on, finds its event gone, and
+    // rolls back; the lane comes back.
+    weir.wait_health(200).await;
+    assert_eq!(marks(&weir).await, json!([]));
 }
 
 #[tokio::test]
-async fn a_batch_outliving_a_departed_client_is_waited_for_not_cut() {
-    let (weir, body) = slow_batch_setup(
+async fn a_client_that_leaves_stops_its_runaway_batch_at_the_cancellation_deadline() {
+    let (weir, _dir) = marks_setup(
         "departed",
-        "cancellation_limit_ms=100",
-        "after the client left",
+        &[
+            "--limit",
+            "event_limit_ms=60000",
+            "--limit",
+            "cancellation_limit_ms=100",
+        ],
     )
     .await;
+    let statements = json!({
+        "db": "app",
+        "statements": [s("INSERT INTO marks VALUES ('gone')", json!([])), runaway()],
+    })
+    .to_string();
     {
         let mut client = std::net::TcpStream::connect(weir.addr).unwrap();
         write!(
             client,
-            "POST /batch HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
+            "POST /batch HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{statements}",
+            statements.len()
         )
         .unwrap();
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let receipt = weir
-        .receipt_where(|r| r["error"] == "storage_cleanup_unconfirmed")
+        common::wait_for("the batch to start", || async {
+            let state = weir.status().await["apps"][0]["lanes"][0]["state"].clone();
+            if state == "busy" {
+                Ok(())
+            } else {
+                Err(state.to_string())
+            }
+        })
         .await;
-    assert_eq!(receipt["outcome"], "cancelled");
-    lane_returns_with(&weir, "after the client left").await;
+    }
+    let receipt = weir.receipt_where(|r| r["outcome"] == "cancelled").await;
+    assert_eq!(receipt["error"], "request_cancelled");
+    weir.wait_health(200).await;
+    assert_eq!(marks(&weir).await, json!([]));
 }

@@ -430,8 +430,42 @@ pub mod actor {
 
     crate::value_conversions!(Value);
 
+    /// Longest actor name (bytes): the host's grammar.
+    pub const MAX_NAME_BYTES: usize = 200;
+    /// Longest actor class name (bytes): one DNS label.
+    pub const MAX_CLASS_BYTES: usize = 63;
+
+    /// Checks a class and a name against the host's address grammar, so a
+    /// name taken from a request (`x.other-class.actor.internal/`, `a@b`)
+    /// can never turn a call into a call to another actor or class.
+    pub fn check_address(class: &str, name: &str) -> Result<(), String> {
+        let class_ok = (1..=MAX_CLASS_BYTES).contains(&class.len())
+            && class
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !class_ok {
+            return Err(format!(
+                "actor class `{class}` must be 1-{MAX_CLASS_BYTES} characters of a-z, 0-9 and `-`"
+            ));
+        }
+        let name_ok = (1..=MAX_NAME_BYTES).contains(&name.len())
+            && name.bytes().all(|b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_' || b == b'.'
+            })
+            && !name.starts_with('.')
+            && !name.ends_with('.')
+            && !name.contains("..");
+        if !name_ok {
+            return Err(format!(
+                "actor name `{name}` must be 1-{MAX_NAME_BYTES} characters of a-z, 0-9, `-`, `_` and `.`"
+            ));
+        }
+        Ok(())
+    }
+
     /// Calls actor `name` of `class`: `method` `path` with `body`; its
-    /// whole response, or why the call could not be made.
+    /// whole response, or why the call could not be made. The class and
+    /// name are checked first ([`check_address`]).
     pub fn call(
         class: &str,
         name: &str,
@@ -439,6 +473,7 @@ pub mod actor {
         path: &str,
         body: &[u8],
     ) -> Result<crate::http::Reply, String> {
+        check_address(class, name)?;
         crate::http::send(
             method,
             &format!("{name}.{class}.actor.internal"),

@@ -64,7 +64,19 @@ pub struct Weir {
     child: Child,
     pub addr: SocketAddr,
     pub admin: Option<SocketAddr>,
+    /// The admin token, read from where the server said it keeps it.
+    pub token: Option<String>,
     lines: Arc<Mutex<Vec<String>>>,
+}
+
+/// A data dir of its own for a server whose test names none: one server
+/// per data dir is enforced, and tests run in parallel.
+pub fn fresh_data_dir() -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("weir-test-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
 }
 
 /// What `weir` printed before it exited or became ready.
@@ -98,12 +110,18 @@ impl Weir {
         Self::start_with(&all)
     }
 
-    /// Starts `weir serve <args> --listen 127.0.0.1:0 --admin 127.0.0.1:0`.
+    /// Starts `weir serve <args> --listen 127.0.0.1:0 --admin 127.0.0.1:0`
+    /// (and a fresh `--data-dir` unless `args` name one).
     pub fn start_with(args: &[&str]) -> Weir {
-        let mut child = weir_command()
+        let mut command = weir_command();
+        command
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
-            .args(args)
+            .args(args);
+        if !args.contains(&"--data-dir") {
+            command.arg("--data-dir").arg(fresh_data_dir());
+        }
+        let mut child = command
             .env("WEIR_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -124,8 +142,8 @@ impl Weir {
                     {
                         let _ = tx.send(("serve", addr.to_string()));
                     }
-                    if let Some(addr) = line.strip_prefix("weir: admin on http://") {
-                        let _ = tx.send(("admin", addr.to_string()));
+                    if let Some(rest) = line.strip_prefix("weir: admin on http://") {
+                        let _ = tx.send(("admin", rest.to_string()));
                     }
                     lines.lock().unwrap().push(line);
                 }
@@ -133,16 +151,31 @@ impl Weir {
             });
         }
         let mut admin = None;
+        let mut token = None;
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
-                Ok(("admin", a)) => admin = Some(a.parse().expect("admin address")),
+                // `ADDR (token in PATH)`
+                Ok(("admin", rest)) => {
+                    let (addr, path) = rest
+                        .split_once(" (token in ")
+                        .expect("the admin line names the token file");
+                    admin = Some(addr.parse().expect("admin address"));
+                    let path = path.trim_end_matches(')');
+                    token = Some(
+                        std::fs::read_to_string(path)
+                            .expect("the token file is readable")
+                            .trim()
+                            .to_string(),
+                    );
+                }
                 Ok(("serve", a)) => {
                     return Weir {
                         child,
                         addr: a.parse().expect("serve address"),
                         admin,
+                        token,
                         lines,
                     };
                 }
@@ -305,15 +338,17 @@ impl Weir {
         self.admin_send("GET", path).await
     }
 
+    /// An admin request bearing the server's admin token.
     pub async fn admin_send(&self, method: &str, path: &str) -> Resp {
         let admin = self.admin.expect("admin listener");
-        let req = Request::builder()
+        let mut req = Request::builder()
             .method(method)
             .uri(path)
-            .header("host", admin.to_string())
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        send_to(admin, req).await
+            .header("host", admin.to_string());
+        if let Some(token) = &self.token {
+            req = req.header("authorization", format!("Bearer {token}"));
+        }
+        send_to(admin, req.body(Full::new(Bytes::new())).unwrap()).await
     }
 
     /// Waits until `/healthz` answers `status`.

@@ -1,0 +1,549 @@
+//! SQL confinement: what a guest's SQL may name and do, how long it may
+//! run and how much it may make the host hold.
+//!
+//! Invariants owned here, for every connection a guest's SQL reaches
+//! (`weir:sql` databases and actor databases):
+//! - a guest's statement touches only the database it was given: no
+//!   `ATTACH`, `DETACH`, `VACUUM` (its `INTO` writes a file anywhere),
+//!   extension loading, pragma that writes or names a file, transaction
+//!   control (`BEGIN`, `COMMIT`, `ROLLBACK`, `SAVEPOINT`, `RELEASE`: the
+//!   host owns the transaction), temporary schema objects, virtual tables
+//!   other than the full-text and R-tree modules, and — where the
+//!   database has them — no reserved table, directly or through a trigger
+//!   or a view. SQLite itself enforces this when the statement is
+//!   prepared (the authorizer, [`Confinement`]), backed by its own
+//!   switches ([`harden`]: defensive mode, no attached databases, an
+//!   untrusted schema, bounded string and statement lengths);
+//! - the same rules hold inside every trigger and view a guest created,
+//!   also when they fire inside a statement the host runs itself;
+//! - a statement stops when its [`StopCheck`] says so (the event's
+//!   deadline, its abandonment): SQLite asks between every
+//!   [`PROGRESS_OPS`] virtual-machine steps;
+//! - what a statement hands back is counted as it is read
+//!   ([`ResultBudget`]), so a result over its bound is refused before the
+//!   host holds more than the bound.
+//!
+//! Every refusal names what was refused.
+
+use std::sync::{Arc, Mutex};
+
+use rusqlite::hooks::{AuthAction, AuthContext, Authorization, TransactionOperation};
+use rusqlite::limits::Limit;
+use rusqlite::{Connection, ffi};
+
+/// Virtual-machine steps between two stop checks. A check costs a clock
+/// read; at ~1,000 steps it is far below a microsecond of work apart, so a
+/// runaway statement stops within microseconds of its deadline.
+pub const PROGRESS_OPS: i32 = 1000;
+
+/// Longest SQL text of one statement a guest may send: far beyond any
+/// real statement, and a bound on what the parser must hold.
+pub const MAX_SQL_TEXT_BYTES: i32 = 1 << 20;
+
+/// Bytes a result value counts beyond its own length: what the host holds
+/// per value besides its bytes, so many tiny values are bounded too.
+pub const VALUE_OVERHEAD_BYTES: usize = 32;
+
+/// Virtual-table modules a guest may create: full-text search and R-trees
+/// keep their data in ordinary tables of the same database.
+pub const ALLOWED_VTABLE_MODULES: &[&str] = &["fts3", "fts4", "fts5", "rtree", "rtree_i32"];
+
+/// Pragmas a guest may run, read-only: schema introspection and checks.
+/// A pragma with an argument is allowed only for those that take a table
+/// or index name; every other pragma (any that writes a setting or names
+/// a file) is refused.
+pub const INTROSPECTION_PRAGMAS: &[&str] = &[
+    "table_info",
+    "table_xinfo",
+    "table_list",
+    "index_list",
+    "index_info",
+    "index_xinfo",
+    "foreign_key_list",
+    "foreign_key_check",
+    "integrity_check",
+    "quick_check",
+];
+
+/// Settings a guest may read (never write) with a bare `PRAGMA name`.
+pub const READABLE_PRAGMAS: &[&str] = &[
+    "foreign_keys",
+    "user_version",
+    "schema_version",
+    "application_id",
+    "page_count",
+    "page_size",
+    "freelist_count",
+    "encoding",
+    "data_version",
+    "collation_list",
+    "compile_options",
+];
+
+/// SQL functions a guest may not call.
+pub const DENIED_FUNCTIONS: &[&str] = &["load_extension", "fts3_tokenizer"];
+
+/// When a running statement must stop: checked by SQLite's progress
+/// handler; `true` interrupts the statement.
+pub type StopCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Switches every guest-facing connection gets when it is opened: SQLite's
+/// own defences, under the authorizer's rules.
+pub fn harden(conn: &Connection, max_value_bytes: usize) -> rusqlite::Result<()> {
+    use rusqlite::config::DbConfig;
+    // No writes to the schema table, shadow tables or raw pages, whatever
+    // pragma or function is tried.
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
+    // Functions with side effects never run from inside the schema
+    // (views, triggers, defaults, generated columns).
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA, false)?;
+    // No attached database at all: ATTACH and VACUUM INTO (which attaches
+    // its target) fail even if the authorizer were bypassed.
+    conn.set_limit(Limit::SQLITE_LIMIT_ATTACHED, 0)?;
+    let length = i32::try_from(max_value_bytes).unwrap_or(i32::MAX);
+    conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, length)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_TEXT_BYTES)?;
+    Ok(())
+}
+
+/// Bounds the memory SQLite itself may hold, for the whole process: past
+/// the soft limit it frees cache before allocating, past the hard limit an
+/// allocation fails (the statement gets `SQLITE_NOMEM`) instead of the
+/// process growing. Idempotent; the last call wins.
+pub fn bound_sqlite_heap(soft_bytes: u64, hard_bytes: u64) {
+    let soft = i64::try_from(soft_bytes).unwrap_or(i64::MAX);
+    let hard = i64::try_from(hard_bytes).unwrap_or(i64::MAX);
+    // SAFETY: both functions only set process-wide limits inside SQLite
+    // and are safe to call from any thread at any time.
+    unsafe {
+        ffi::sqlite3_soft_heap_limit64(soft);
+        ffi::sqlite3_hard_heap_limit64(hard);
+    }
+}
+
+/// Installs (or, with `None`, removes) the stop check of the statements
+/// run next on `conn`.
+pub fn watch(conn: &Connection, stop: Option<StopCheck>) {
+    match stop {
+        Some(stop) => conn.progress_handler(PROGRESS_OPS, Some(move || stop())),
+        None => conn.progress_handler(PROGRESS_OPS, None::<fn() -> bool>),
+    }
+}
+
+/// Whose statement is being prepared now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Author {
+    /// Weir's own statement: allowed, except what it reaches through a
+    /// guest's trigger or view, which follows the guest's rules.
+    Host,
+    /// A guest's statement: the guest's rules.
+    Guest,
+}
+
+/// The authorizer of one connection and the reason of its last refusal.
+#[derive(Clone)]
+pub struct Confinement {
+    state: Arc<Mutex<ConfinementState>>,
+}
+
+struct ConfinementState {
+    author: Author,
+    /// Names starting with this (any case) are the host's tables.
+    reserved_prefix: Option<&'static str>,
+    refused: Option<String>,
+}
+
+impl Confinement {
+    /// Installs the authorizer on `conn`. Statements are the host's until
+    /// [`Confinement::as_guest`] says otherwise.
+    pub fn install(conn: &Connection, reserved_prefix: Option<&'static str>) -> Confinement {
+        let confinement = Confinement {
+            state: Arc::new(Mutex::new(ConfinementState {
+                author: Author::Host,
+                reserved_prefix,
+                refused: None,
+            })),
+        };
+        let state = confinement.state.clone();
+        conn.authorizer(Some(move |ctx: AuthContext<'_>| {
+            let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+            let host_level = s.author == Author::Host && ctx.accessor.is_none();
+            if host_level {
+                return Authorization::Allow;
+            }
+            match guest_rule(&ctx, s.reserved_prefix) {
+                Ok(()) => Authorization::Allow,
+                Err(why) => {
+                    s.refused = Some(why);
+                    Authorization::Deny
+                }
+            }
+        }));
+        confinement
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ConfinementState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` with every statement it prepares (or SQLite re-prepares)
+    /// judged as the guest's.
+    pub fn as_guest<T>(&self, f: impl FnOnce() -> T) -> T {
+        {
+            let mut s = self.lock();
+            s.author = Author::Guest;
+            s.refused = None;
+        }
+        let out = f();
+        self.lock().author = Author::Host;
+        out
+    }
+
+    /// Why the last statement was refused, if the error says it was: the
+    /// authorizer's reason, or SQLite's own refusal of `VACUUM` (inside
+    /// the host's transaction) and of attaching (the limit is 0).
+    pub fn refusal(&self, error: &rusqlite::Error) -> Option<String> {
+        let (f, message) = match error {
+            rusqlite::Error::SqliteFailure(f, message) => {
+                (f, message.as_deref().unwrap_or_default())
+            }
+            rusqlite::Error::SqlInputError { error, msg, .. } => (error, msg.as_str()),
+            _ => return None,
+        };
+        // A denied function fails with a plain error, not SQLITE_AUTH.
+        if f.code == rusqlite::ErrorCode::AuthorizationForStatementDenied
+            || message.starts_with("not authorized")
+        {
+            return Some(
+                self.lock()
+                    .refused
+                    .take()
+                    .unwrap_or_else(|| "not authorized".to_string()),
+            );
+        }
+        if message.contains("cannot VACUUM") {
+            return Some("VACUUM is not allowed".to_string());
+        }
+        if message.contains("too many attached databases") {
+            return Some("ATTACH is not allowed (VACUUM INTO attaches its target)".to_string());
+        }
+        None
+    }
+}
+
+fn reserved(name: &str, prefix: Option<&str>) -> bool {
+    prefix.is_some_and(|p| name.len() >= p.len() && name[..p.len()].eq_ignore_ascii_case(p))
+}
+
+fn transaction_word(op: TransactionOperation) -> &'static str {
+    match op {
+        TransactionOperation::Begin => "BEGIN",
+        TransactionOperation::Release => "RELEASE",
+        TransactionOperation::Rollback => "ROLLBACK",
+        _ => "COMMIT",
+    }
+}
+
+/// The guest's rules: `Err` names what is refused.
+pub fn guest_rule(ctx: &AuthContext<'_>, reserved_prefix: Option<&str>) -> Result<(), String> {
+    let table = |name: &str| -> Result<(), String> {
+        if reserved(name, reserved_prefix) {
+            Err(format!("table `{name}` is reserved for Weir"))
+        } else {
+            Ok(())
+        }
+    };
+    match ctx.action {
+        AuthAction::Select | AuthAction::Recursive => Ok(()),
+        AuthAction::Read { table_name, .. }
+        | AuthAction::Insert { table_name }
+        | AuthAction::Update { table_name, .. }
+        | AuthAction::Delete { table_name }
+        | AuthAction::CreateTable { table_name }
+        | AuthAction::DropTable { table_name }
+        | AuthAction::CreateIndex { table_name, .. }
+        | AuthAction::DropIndex { table_name, .. }
+        | AuthAction::CreateTrigger { table_name, .. }
+        | AuthAction::DropTrigger { table_name, .. }
+        | AuthAction::AlterTable { table_name, .. }
+        | AuthAction::Analyze { table_name } => table(table_name),
+        AuthAction::CreateView { view_name } | AuthAction::DropView { view_name } => {
+            table(view_name)
+        }
+        AuthAction::Reindex { index_name } => table(index_name),
+        AuthAction::CreateTempTable { .. }
+        | AuthAction::CreateTempIndex { .. }
+        | AuthAction::CreateTempTrigger { .. }
+        | AuthAction::CreateTempView { .. }
+        | AuthAction::DropTempTable { .. }
+        | AuthAction::DropTempIndex { .. }
+        | AuthAction::DropTempTrigger { .. }
+        | AuthAction::DropTempView { .. } => {
+            Err("temporary tables, views, indexes and triggers are not allowed".to_string())
+        }
+        AuthAction::CreateVtable {
+            table_name,
+            module_name,
+        } => {
+            table(table_name)?;
+            if ALLOWED_VTABLE_MODULES
+                .iter()
+                .any(|m| m.eq_ignore_ascii_case(module_name))
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "virtual table module `{module_name}` is not allowed"
+                ))
+            }
+        }
+        AuthAction::DropVtable { table_name, .. } => table(table_name),
+        AuthAction::Attach { .. } => Err("ATTACH is not allowed".to_string()),
+        AuthAction::Detach { .. } => Err("DETACH is not allowed".to_string()),
+        AuthAction::Transaction { operation } => Err(format!(
+            "{} is not allowed: Weir owns the transaction",
+            transaction_word(operation)
+        )),
+        AuthAction::Savepoint { operation, .. } => Err(format!(
+            "{} is not allowed: Weir owns the transaction",
+            match operation {
+                TransactionOperation::Release => "RELEASE",
+                TransactionOperation::Rollback => "ROLLBACK TO",
+                _ => "SAVEPOINT",
+            }
+        )),
+        AuthAction::Function { function_name } => {
+            if DENIED_FUNCTIONS
+                .iter()
+                .any(|f| f.eq_ignore_ascii_case(function_name))
+            {
+                Err(format!("function `{function_name}` is not allowed"))
+            } else {
+                Ok(())
+            }
+        }
+        AuthAction::Pragma {
+            pragma_name,
+            pragma_value,
+        } => {
+            let name = pragma_name.to_ascii_lowercase();
+            let introspects = INTROSPECTION_PRAGMAS.contains(&name.as_str());
+            let reads = READABLE_PRAGMAS.contains(&name.as_str());
+            match pragma_value {
+                None if introspects || reads => Ok(()),
+                Some(arg) if introspects => table(arg.trim_matches(['\'', '"', '`'])),
+                _ => Err(format!("PRAGMA {pragma_name} is not allowed")),
+            }
+        }
+        _ => Err("this statement is not allowed".to_string()),
+    }
+}
+
+/// Counts what one call hands back to a guest, against its bound.
+pub struct ResultBudget {
+    left: usize,
+    limit: usize,
+}
+
+/// A result over its bound: the limit, named.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the results are over max_sql_result_bytes ({limit} bytes)")]
+pub struct ResultTooLarge {
+    pub limit: usize,
+}
+
+impl ResultBudget {
+    pub fn new(limit: usize) -> ResultBudget {
+        ResultBudget { left: limit, limit }
+    }
+
+    /// Takes `bytes` of payload (plus [`VALUE_OVERHEAD_BYTES`]) from the
+    /// budget.
+    pub fn take(&mut self, bytes: usize) -> Result<(), ResultTooLarge> {
+        let cost = bytes.saturating_add(VALUE_OVERHEAD_BYTES);
+        match self.left.checked_sub(cost) {
+            Some(left) => {
+                self.left = left;
+                Ok(())
+            }
+            None => Err(ResultTooLarge { limit: self.limit }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(prefix: Option<&'static str>) -> (Connection, Confinement) {
+        let conn = Connection::open_in_memory().unwrap();
+        harden(&conn, 1 << 20).unwrap();
+        let c = Confinement::install(&conn, prefix);
+        conn.execute_batch("CREATE TABLE _weir_kv (k, v); CREATE TABLE t (a)")
+            .unwrap();
+        (conn, c)
+    }
+
+    fn guest(conn: &Connection, c: &Confinement, sql: &str) -> Result<(), String> {
+        c.as_guest(|| match conn.prepare(sql) {
+            Ok(mut stmt) => {
+                let mut rows = stmt.raw_query();
+                loop {
+                    match rows.next() {
+                        Ok(Some(_)) => {}
+                        Ok(None) => return Ok(()),
+                        Err(e) => {
+                            return Err(c
+                                .refusal(&e)
+                                .map(|r| format!("refused: {r}"))
+                                .unwrap_or(e.to_string()));
+                        }
+                    }
+                }
+            }
+            Err(e) => Err(c
+                .refusal(&e)
+                .map(|r| format!("refused: {r}"))
+                .unwrap_or(e.to_string())),
+        })
+    }
+
+    #[test]
+    fn escapes_are_refused_and_named() {
+        let (conn, c) = conn(Some("_weir_"));
+        for (sql, named) in [
+            ("ATTACH DATABASE ':memory:' AS x", "ATTACH"),
+            ("DETACH DATABASE main", "DETACH"),
+            ("PRAGMA journal_mode = DELETE", "PRAGMA journal_mode"),
+            (
+                "PRAGMA temp_store_directory = '/tmp'",
+                "PRAGMA temp_store_directory",
+            ),
+            ("BEGIN", "BEGIN"),
+            ("COMMIT", "COMMIT"),
+            ("SAVEPOINT s", "SAVEPOINT"),
+            ("SELECT load_extension('x')", "load_extension"),
+            ("CREATE TEMP TABLE x (a)", "temporary"),
+            (
+                "CREATE TEMP TRIGGER x AFTER INSERT ON t BEGIN SELECT 1; END",
+                "temporary",
+            ),
+            ("CREATE TEMP VIEW v AS SELECT 1", "temporary"),
+            ("SELECT * FROM _weir_kv", "_weir_kv"),
+            ("CREATE VIRTUAL TABLE d USING dbstat", "dbstat"),
+            ("PRAGMA table_info(_weir_kv)", "_weir_kv"),
+        ] {
+            let err = guest(&conn, &c, sql).unwrap_err();
+            assert!(err.starts_with("refused: "), "{sql}: {err}");
+            assert!(err.contains(named), "{sql}: {err}");
+        }
+    }
+
+    #[test]
+    fn vacuum_is_refused_inside_the_host_transaction() {
+        let (conn, c) = conn(None);
+        conn.execute_batch("BEGIN").unwrap();
+        let path = std::env::temp_dir().join(format!("weir-vacuum-{}", std::process::id()));
+        let err = guest(&conn, &c, &format!("VACUUM INTO '{}'", path.display())).unwrap_err();
+        assert!(
+            err.contains("refused: VACUUM") || err.contains("refused: ATTACH"),
+            "{err}"
+        );
+        assert!(!path.exists());
+        conn.execute_batch("COMMIT").unwrap();
+        // Even outside a transaction the target cannot be attached.
+        let err = guest(&conn, &c, &format!("VACUUM INTO '{}'", path.display())).unwrap_err();
+        assert!(err.starts_with("refused: "), "{err}");
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn ordinary_sql_and_introspection_run() {
+        let (conn, c) = conn(Some("_weir_"));
+        for sql in [
+            "CREATE TABLE u (id INTEGER PRIMARY KEY, name TEXT)",
+            "CREATE INDEX u_name ON u (name)",
+            "INSERT INTO u (name) VALUES ('ada')",
+            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < 10) SELECT * FROM c",
+            "PRAGMA table_info(u)",
+            "PRAGMA foreign_keys",
+            "PRAGMA user_version",
+            "CREATE VIRTUAL TABLE docs USING fts5(body)",
+            "CREATE VIEW names AS SELECT name FROM u",
+            "SELECT * FROM names",
+            "CREATE TRIGGER u_audit AFTER INSERT ON u BEGIN UPDATE u SET name = name; END",
+            "DROP TRIGGER u_audit",
+        ] {
+            guest(&conn, &c, sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+    }
+
+    #[test]
+    fn guest_triggers_and_views_follow_the_guest_rules_inside_host_statements() {
+        let (conn, c) = conn(Some("_weir_"));
+        // A view over a reserved table can be created (SQLite reads its
+        // columns without asking), but never read.
+        guest(&conn, &c, "CREATE VIEW peek AS SELECT * FROM _weir_kv").unwrap();
+        let err = guest(&conn, &c, "SELECT * FROM peek").unwrap_err();
+        assert!(err.contains("_weir_kv"), "{err}");
+        // A trigger that reaches a reserved table makes every statement
+        // that would fire it fail to prepare, the host's included.
+        guest(
+            &conn,
+            &c,
+            "CREATE TRIGGER wipe AFTER INSERT ON t BEGIN DELETE FROM _weir_kv; END",
+        )
+        .unwrap();
+        let err = guest(&conn, &c, "INSERT INTO t VALUES (1)").unwrap_err();
+        assert!(err.contains("_weir_kv"), "{err}");
+        conn.execute("INSERT INTO _weir_kv VALUES ('k', 'v')", [])
+            .unwrap();
+        let host = conn.execute("INSERT INTO t VALUES (2)", []);
+        assert!(
+            host.is_err(),
+            "the host's own statement fired a guest trigger"
+        );
+        let kept: i64 = conn
+            .query_row("SELECT count(*) FROM _weir_kv", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(kept, 1);
+    }
+
+    #[test]
+    fn a_watched_statement_stops_when_told() {
+        let (conn, _) = conn(None);
+        watch(&conn, Some(Arc::new(|| true)));
+        let err = conn
+            .query_row(
+                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT count(*) FROM c",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("interrupt"), "{err}");
+        watch(&conn, None);
+        let n: i64 = conn.query_row("SELECT 1", [], |r| r.get(0)).unwrap();
+        assert_eq!(n, 1);
+    }
+
+    #[test]
+    fn values_over_the_length_limit_fail() {
+        let (conn, _) = conn(None);
+        let err = conn
+            .query_row("SELECT zeroblob(2000000)", [], |r| r.get::<_, Vec<u8>>(0))
+            .unwrap_err();
+        assert!(err.to_string().contains("too big"), "{err}");
+    }
+
+    #[test]
+    fn result_budgets_count_values_and_their_overhead() {
+        let mut b = ResultBudget::new(100);
+        b.take(50).unwrap();
+        assert_eq!(b.take(50), Err(ResultTooLarge { limit: 100 }));
+        let mut tiny = ResultBudget::new(VALUE_OVERHEAD_BYTES * 3);
+        for _ in 0..3 {
+            tiny.take(0).unwrap();
+        }
+        assert!(tiny.take(0).is_err());
+    }
+}

@@ -1,0 +1,186 @@
+//! The hostile guest: a tenant that tries every door the host opens, so
+//! that Weir's confinement is tested from outside with a real component.
+//! It runs as the app (a worker) and as the `hostile` actor class.
+//!
+//! | path | attack |
+//! |---|---|
+//! | `POST /sql` | the body's JSON `{"db": "...", "statements": ["...", ...]}` as one `weir:sql` batch; answers `{"rows": [...]}` or `{"error": "..."}` |
+//! | `POST /exec` | (actor) the body's JSON list of statements through `storage.exec`, one after another; answers each result or error |
+//! | `GET /list?limit=N` | (actor) `storage.list`; answers the count of entries or the error |
+//! | `POST /put-big?n=N&bytes=B` | (actor) N entries of B bytes (fills storage for the list attacks) |
+//! | `GET /fetch?url=U` | an outbound GET of `U`; answers its status and body, or the error |
+//! | `GET /raw?authority=A&path=P` | an outbound GET with an authority built by hand (ports, user info, extra labels) |
+//! | `POST /grow?mb=N` | allocates and keeps N MiB of linear memory |
+//! | `GET /kv?cursor=C` | `list-keys` of store `main` from cursor C |
+//! | `GET /hello` | a harmless answer: proves the server still serves |
+
+use std::cell::RefCell;
+
+use serde_json::{json, Value as Json};
+use wasi::http::types::{IncomingRequest, ResponseOutparam};
+use weir_guest::http::{read_body, respond};
+
+struct Hostile;
+
+thread_local! {
+    static HOARD: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+}
+
+const MAX_BODY: usize = 1 << 20;
+
+fn query<'a>(path: &'a str, name: &str) -> Option<&'a str> {
+    let (_, q) = path.split_once('?')?;
+    q.split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+fn json_out(out: ResponseOutparam, value: Json) {
+    respond(
+        out,
+        200,
+        &[("content-type", b"application/json")],
+        value.to_string().as_bytes(),
+    );
+}
+
+fn sql_value(v: &weir_guest::sql::Value) -> Json {
+    use weir_guest::sql::Value;
+    match v {
+        Value::Null => Json::Null,
+        Value::Integer(i) => json!(i),
+        Value::Real(r) => json!(r),
+        Value::Text(t) => json!(t),
+        Value::Blob(b) => json!({ "blob_bytes": b.len() }),
+    }
+}
+
+fn actor_value(v: &weir_guest::actor::Value) -> Json {
+    use weir_guest::actor::Value;
+    match v {
+        Value::Null => Json::Null,
+        Value::Integer(i) => json!(i),
+        Value::Real(r) => json!(r),
+        Value::Text(t) => json!(t),
+        Value::Blob(b) => json!({ "blob_bytes": b.len() }),
+    }
+}
+
+fn get(authority: &str, path: &str) -> Json {
+    match weir_guest::http::send("GET", authority, path, b"") {
+        Ok(reply) => json!({
+            "status": reply.status,
+            "body": String::from_utf8_lossy(&reply.body),
+        }),
+        Err(e) => json!({ "error": e }),
+    }
+}
+
+impl wasi::exports::http::incoming_handler::Guest for Hostile {
+    fn handle(request: IncomingRequest, out: ResponseOutparam) {
+        let path = request.path_with_query().unwrap_or_default();
+        let route = path.split('?').next().unwrap_or("").to_string();
+        match route.as_str() {
+            "/hello" => json_out(out, json!("still here")),
+            "/sql" => {
+                let input: Json =
+                    serde_json::from_slice(&read_body(&request, MAX_BODY)).unwrap_or_default();
+                let statements: Vec<_> = input["statements"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|s| weir_guest::sql::stmt(s.as_str().unwrap_or_default(), []))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let db = input["db"].as_str().unwrap_or("app");
+                let answer = match weir_guest::sql::batch(db, &statements) {
+                    Ok(results) => json!({
+                        "rows": results
+                            .iter()
+                            .map(|r| r.rows.iter().map(|row| row.iter().map(sql_value).collect::<Vec<_>>()).collect::<Vec<_>>())
+                            .collect::<Vec<_>>(),
+                    }),
+                    Err(e) => json!({ "error": format!("{e:?}") }),
+                };
+                json_out(out, answer)
+            }
+            "/exec" => {
+                let input: Json =
+                    serde_json::from_slice(&read_body(&request, MAX_BODY)).unwrap_or_default();
+                let mut answers = Vec::new();
+                for sql in input.as_array().cloned().unwrap_or_default() {
+                    let sql = sql.as_str().unwrap_or_default().to_string();
+                    answers.push(match weir_guest::actor::storage::exec(&sql, &[]) {
+                        Ok(r) => json!({
+                            "rows": r.rows.iter().map(|row| row.iter().map(actor_value).collect::<Vec<_>>()).collect::<Vec<_>>(),
+                        }),
+                        Err(e) => json!({ "error": format!("{e:?}") }),
+                    });
+                }
+                json_out(out, Json::Array(answers))
+            }
+            "/list" => {
+                let limit = query(&path, "limit").and_then(|v| v.parse().ok());
+                let options = weir_guest::actor::ListOptions {
+                    start: None,
+                    end: None,
+                    prefix: None,
+                    reverse: false,
+                    limit,
+                };
+                let answer = match weir_guest::actor::storage::list(&options) {
+                    Ok(entries) => json!({ "entries": entries.len() }),
+                    Err(e) => json!({ "error": format!("{e:?}") }),
+                };
+                json_out(out, answer)
+            }
+            "/put-big" => {
+                let n: usize = query(&path, "n").and_then(|v| v.parse().ok()).unwrap_or(1);
+                let bytes: usize = query(&path, "bytes").and_then(|v| v.parse().ok()).unwrap_or(1);
+                let mut answer = json!({ "put": n });
+                for i in 0..n {
+                    if let Err(e) = weir_guest::actor::storage::put(&format!("big:{i:06}"), &vec![7u8; bytes]) {
+                        answer = json!({ "error": format!("{e:?}") });
+                        break;
+                    }
+                }
+                json_out(out, answer)
+            }
+            "/fetch" => {
+                let url = query(&path, "url").unwrap_or_default();
+                let rest = url.strip_prefix("http://").unwrap_or(url);
+                let (authority, p) = match rest.find('/') {
+                    Some(i) => (&rest[..i], &rest[i..]),
+                    None => (rest, "/"),
+                };
+                json_out(out, get(authority, p))
+            }
+            "/raw" => {
+                let authority = query(&path, "authority").unwrap_or_default().to_string();
+                let p = query(&path, "path").unwrap_or("/").to_string();
+                json_out(out, get(&authority, &p))
+            }
+            "/grow" => {
+                let mb: usize = query(&path, "mb").and_then(|v| v.parse().ok()).unwrap_or(1);
+                HOARD.with(|h| h.borrow_mut().push(vec![1u8; mb << 20]));
+                json_out(out, json!({ "grew_mb": mb }))
+            }
+            "/kv" => {
+                let cursor = query(&path, "cursor").and_then(|v| v.parse().ok());
+                let answer = match weir_guest::keyvalue::store::open("main") {
+                    Ok(bucket) => match bucket.list_keys(cursor) {
+                        Ok(page) => json!({ "keys": page.keys.len(), "cursor": page.cursor }),
+                        Err(e) => json!({ "error": format!("{e:?}") }),
+                    },
+                    Err(e) => json!({ "error": format!("{e:?}") }),
+                };
+                json_out(out, answer)
+            }
+            _ => respond(out, 404, &[], b"no such attack"),
+        }
+    }
+}
+
+wasi::http::proxy::export!(Hostile);
