@@ -89,10 +89,15 @@ pub fn weir_command() -> Command {
     Command::new(env!("CARGO_BIN_EXE_weir"))
 }
 
-/// Runs `weir` to completion, for commands that must fail at start.
+/// Runs `weir` to completion, for commands that must fail at start (a
+/// `serve` gets a fresh data dir unless `args` name one).
 pub fn run_weir(args: &[&str]) -> Exited {
-    let out = weir_command()
-        .args(args)
+    let mut command = weir_command();
+    command.args(args);
+    if args.first() == Some(&"serve") && !args.contains(&"--data-dir") {
+        command.arg("--data-dir").arg(fresh_data_dir());
+    }
+    let out = command
         .stdin(Stdio::null())
         .output()
         .expect("weir runs");
