@@ -178,3 +178,47 @@ mod tests {
         assert!(ActorAddress::new("c", &"a".repeat(MAX_NAME_BYTES + 1)).is_err());
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn name() -> impl Strategy<Value = String> {
+        "[a-z0-9_-]([a-z0-9_.-]{0,198}[a-z0-9_-])?"
+            .prop_filter("no empty label", |n| !n.contains(".."))
+    }
+
+    proptest! {
+        #[test]
+        fn any_host_parses_to_an_exact_address_or_is_refused(host in ".{0,300}") {
+            if let Ok(a) = ActorAddress::from_host(&host) {
+                // Exact: printing the address gives back the host (case
+                // folded), so nothing was dropped or read past.
+                prop_assert_eq!(a.to_string(), host.to_ascii_lowercase());
+                prop_assert!(a.name.len() <= MAX_NAME_BYTES);
+                prop_assert!(!a.name.contains('/') && !a.name.contains(".."));
+                prop_assert!(ActorAddress::is_actor_host(&host));
+            }
+        }
+
+        #[test]
+        fn every_valid_address_round_trips(class in "[a-z0-9-]{1,63}", name in name()) {
+            let a = ActorAddress::new(&class, &name).unwrap();
+            let back = ActorAddress::from_host(&a.to_string()).unwrap();
+            prop_assert_eq!(&back, &a);
+            // And its database file name fits with SQLite's side files.
+            let file = format!("{name}.sqlite3-journal");
+            prop_assert!(file.len() <= 255);
+        }
+
+        #[test]
+        fn decorations_are_never_an_address(class in "[a-z0-9-]{1,63}", name in name(), port in 0u16..) {
+            let host = format!("{name}.{class}{ACTOR_HOST_SUFFIX}");
+            for inexact in [format!("{host}:{port}"), format!("u@{host}"), format!("{host}.")] {
+                prop_assert!(ActorAddress::from_host(&inexact).is_err(), "{}", inexact);
+                prop_assert!(ActorAddress::is_actor_host(&inexact), "{}", inexact);
+            }
+        }
+    }
+}

@@ -46,4 +46,31 @@ mod tests {
         // "GET /a?" = 7; "x-a: é\r\n" = 3 + 2 + 2 + 2 = 9
         assert_eq!(head_bytes(&req), 16);
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// The count is the length of the head as a client writes it
+            /// (`METHOD target`, then `name: value\r\n` per header), for
+            /// any method, target and headers, repeated names included.
+            #[test]
+            fn the_count_is_the_written_heads_length(
+                method in "[A-Z]{1,10}",
+                target in "/[a-zA-Z0-9/?&=._~%-]{0,200}",
+                headers in proptest::collection::vec(("[a-z][a-z0-9-]{0,30}", "[ -~]{0,100}"), 0..40),
+            ) {
+                let mut builder = Request::builder().method(method.as_str()).uri(target.as_str());
+                let mut written = format!("{method} {target}");
+                for (name, value) in &headers {
+                    let value = value.trim();
+                    builder = builder.header(name.as_str(), value);
+                    written.push_str(&format!("{name}: {value}\r\n"));
+                }
+                let request = builder.body(()).unwrap();
+                prop_assert_eq!(head_bytes(&request), written.len());
+            }
+        }
+    }
 }

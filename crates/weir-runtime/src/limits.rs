@@ -646,3 +646,55 @@ mod tests {
         assert_eq!(l.max_request_body_bytes, 4_000_000);
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A limit's name, or something that is not one.
+    fn name() -> impl Strategy<Value = String> {
+        prop_oneof![
+            proptest::sample::select(SPECS.iter().map(|s| s.name.to_string()).collect::<Vec<_>>()),
+            "[a-z_]{0,30}",
+            ".{0,40}",
+        ]
+    }
+
+    /// A value as an operator might type it, or anything at all.
+    fn value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<u64>().prop_map(|v| v.to_string()),
+            "[0-9_]{0,25}",
+            "-?[0-9]{1,30}",
+            ".{0,40}",
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn setting_a_limit_never_panics_and_only_keeps_in_range_values(name in name(), value in value()) {
+            let mut limits = Limits::default();
+            match limits.set(&name, &value) {
+                Ok(()) => {
+                    let spec = spec(&name).unwrap();
+                    let got = limits.get(&name).unwrap();
+                    prop_assert!((spec.min..=spec.max).contains(&got), "{name}={value} kept {got}");
+                    let digits: String = value.chars().filter(|c| *c != '_').collect();
+                    prop_assert_eq!(got, digits.parse::<u64>().unwrap());
+                }
+                Err(_) => prop_assert_eq!(limits, Limits::default(), "a refused value changed nothing"),
+            }
+        }
+
+        #[test]
+        fn assignments_never_panic(assignment in ".{0,60}") {
+            let mut limits = Limits::default();
+            let _ = limits.apply(&assignment);
+            for spec in SPECS {
+                let v = limits.get(spec.name).unwrap();
+                prop_assert!(v == spec.default || (spec.min..=spec.max).contains(&v));
+            }
+        }
+    }
+}

@@ -546,4 +546,130 @@ mod tests {
         }
         assert!(tiny.take(0).is_err());
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn table() -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just("_weir_kv".to_string()),
+                Just("_WEIR_kv".to_string()),
+                Just("t".to_string()),
+                Just("sqlite_master".to_string()),
+                "[a-z]{1,4}",
+            ]
+        }
+
+        /// Statements a hostile guest might try, built from the escapes
+        /// SQLite offers and the names that matter, plus noise.
+        fn statement() -> impl Strategy<Value = String> {
+            let dir = "DIR".to_string();
+            let pragma = proptest::sample::select(vec![
+                "journal_mode",
+                "writable_schema",
+                "temp_store_directory",
+                "foreign_keys",
+                "user_version",
+                "cache_size",
+                "mmap_size",
+                "locking_mode",
+                "trusted_schema",
+                "table_info",
+                "integrity_check",
+                "query_only",
+                "synchronous",
+            ]);
+            prop_oneof![
+                table().prop_map(|t| format!("SELECT * FROM {t}")),
+                table().prop_map(|t| format!("INSERT INTO {t} VALUES ('k', 'v')")),
+                table().prop_map(|t| format!("DELETE FROM {t}")),
+                table().prop_map(|t| format!("DROP TABLE {t}")),
+                table().prop_map(|t| format!("CREATE TABLE {t} (k, v)")),
+                table().prop_map(|t| format!("CREATE TEMP TABLE {t} (k)")),
+                (table(), 0..9u8)
+                    .prop_map(|(t, n)| format!("CREATE VIEW v{n} AS SELECT * FROM {t}")),
+                (0..9u8).prop_map(|n| format!("SELECT * FROM v{n}")),
+                (table(), table(), 0..9u8).prop_map(|(a, b, n)| format!(
+                    "CREATE TRIGGER r{n} AFTER INSERT ON {a} BEGIN DELETE FROM {b}; END"
+                )),
+                (table(), 0..9u8).prop_map(|(a, n)| format!(
+                    "CREATE TEMP TRIGGER q{n} AFTER INSERT ON {a} BEGIN SELECT 1; END"
+                )),
+                (0..9u8).prop_map({
+                    let dir = dir.clone();
+                    move |n| format!("ATTACH DATABASE '{dir}/a{n}' AS a{n}")
+                }),
+                (0..9u8).prop_map({
+                    let dir = dir.clone();
+                    move |n| format!("VACUUM INTO '{dir}/v{n}'")
+                }),
+                Just("VACUUM".to_string()),
+                proptest::sample::select(vec![
+                    "BEGIN",
+                    "COMMIT",
+                    "ROLLBACK",
+                    "END",
+                    "SAVEPOINT s",
+                    "RELEASE s",
+                    "ROLLBACK TO s"
+                ])
+                .prop_map(String::from),
+                (pragma, "[a-z0-9_']{0,8}").prop_map(|(p, v)| if v.is_empty() {
+                    format!("PRAGMA {p}")
+                } else {
+                    format!("PRAGMA {p} = {v}")
+                }),
+                Just(format!("SELECT load_extension('{dir}/lib')")),
+                ".{0,40}",
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Whatever a guest runs, inside the host's transaction: Weir's
+            /// table keeps its row, no file appears, no database is
+            /// attached, and the transaction is still the host's to end.
+            #[test]
+            fn no_statement_sequence_escapes(statements in proptest::collection::vec(statement(), 1..8)) {
+                static CASE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+                let case = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let dir = std::env::temp_dir().join(format!("weir-confine-prop-{}-{case}", std::process::id()));
+                let _ = std::fs::remove_dir_all(&dir);
+                std::fs::create_dir_all(&dir).unwrap();
+                let dir_text = dir.display().to_string();
+                let statements: Vec<String> = statements.iter().map(|s| s.replace("DIR", &dir_text)).collect();
+                let path = dir.join("db.sqlite3");
+                let conn = Connection::open(&path).unwrap();
+                conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+                harden(&conn, 1 << 20).unwrap();
+                let c = Confinement::install(&conn, Some("_weir_"));
+                conn.execute_batch("CREATE TABLE _weir_kv (k, v); INSERT INTO _weir_kv VALUES ('kept', 1); CREATE TABLE t (k, v)").unwrap();
+                conn.execute_batch("BEGIN").unwrap();
+                for sql in &statements {
+                    let _ = guest(&conn, &c, sql);
+                    prop_assert!(!conn.is_autocommit(), "{sql} ended the host's transaction");
+                }
+                let attached: Vec<String> = conn
+                    .prepare("SELECT name FROM pragma_database_list").unwrap()
+                    .query_map([], |r| r.get(0)).unwrap()
+                    .collect::<Result<_, _>>().unwrap();
+                prop_assert!(attached.iter().all(|d| d == "main" || d == "temp"), "{attached:?}");
+                let rows: Vec<(String, i64)> = conn
+                    .prepare("SELECT k, v FROM _weir_kv").unwrap()
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap()
+                    .collect::<Result<_, _>>().unwrap();
+                prop_assert_eq!(rows, vec![("kept".to_string(), 1)], "{:?}", statements);
+                conn.execute_batch("ROLLBACK").unwrap();
+                drop(conn);
+                let files: Vec<String> = std::fs::read_dir(&dir).unwrap()
+                    .map(|e| e.unwrap().file_name().into_string().unwrap())
+                    .filter(|f| !f.starts_with("db.sqlite3"))
+                    .collect();
+                prop_assert!(files.is_empty(), "files appeared: {files:?} after {statements:?}");
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+    }
 }

@@ -291,3 +291,86 @@ pub fn prepare_app(app: &Path) -> anyhow::Result<PathBuf> {
         features: Vec::new(),
     })?)
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A `weir.toml` line an operator might write, right or wrong, or noise.
+    fn line() -> impl Strategy<Value = String> {
+        let key = proptest::sample::select(vec![
+            "app",
+            "listen",
+            "admin",
+            "receipt_headers",
+            "data_dir",
+            "allowed_outbound_hosts",
+            "bogus",
+            "[limits]",
+            "[keyvalue]",
+            "[sql]",
+            "[actors.c]",
+            "[actors.Bad_Name]",
+            "stores",
+            "durability",
+            "databases",
+            "component",
+            "route",
+            "max_concurrent",
+            "event_limit_ms",
+            "memory_limit_bytes",
+            "max_total_guest_memory_bytes",
+        ]);
+        let value = proptest::sample::select(vec![
+            "1",
+            "0",
+            "-1",
+            "99999999999999999999",
+            "\"x\"",
+            "\"/\"",
+            "[\"a\", \"b\"]",
+            "true",
+            "\"127.0.0.1:0\"",
+            "\"http://*:*\"",
+            "\"fsync\"",
+            "{ a = 1 }",
+            "1.5",
+            "\"\"",
+        ]);
+        prop_oneof![
+            (key, value).prop_map(|(k, v)| if k.starts_with('[') {
+                k.to_string()
+            } else {
+                format!("{k} = {v}")
+            }),
+            ".{0,30}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Any config file is a configuration or one usage error; never a
+        /// panic.
+        #[test]
+        fn any_config_file_is_accepted_or_refused(lines in proptest::collection::vec(line(), 0..12)) {
+            static CASE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let case = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let dir = std::env::temp_dir().join(format!("weir-config-prop-{}-{case}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let file = dir.join("weir.toml");
+            std::fs::write(&file, lines.join("\n")).unwrap();
+            let app = dir.join("app.wasm");
+            std::fs::write(&app, b"").unwrap();
+            let resolved = Config::resolve(Some(&file), Some(&app), Overrides::default());
+            if let Ok(config) = resolved {
+                for spec in weir_runtime::limits::SPECS {
+                    let v = config.limits.get(spec.name).unwrap();
+                    prop_assert!((spec.min..=spec.max).contains(&v));
+                }
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}

@@ -97,10 +97,7 @@ pub fn run_weir(args: &[&str]) -> Exited {
     if args.first() == Some(&"serve") && !args.contains(&"--data-dir") {
         command.arg("--data-dir").arg(fresh_data_dir());
     }
-    let out = command
-        .stdin(Stdio::null())
-        .output()
-        .expect("weir runs");
+    let out = command.stdin(Stdio::null()).output().expect("weir runs");
     Exited {
         code: out.status.code(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
