@@ -80,11 +80,16 @@ const counter :Workerd.Worker = (
     return port, proc
 
 
-def start_weir(data, idle_ms, admin_port):
+# Admin port -> data dir, whose admin-token file /actors requires.
+DATA_DIRS = {}
+
+
+def start_weir(data, idle_ms, admin_port, binary=None):
     port = free_port()
+    DATA_DIRS[admin_port] = Path(data)
     guests = ROOT / "guests/target/wasm32-wasip2/release"
     proc = subprocess.Popen(
-        [str(ROOT / "target/release/weir"), "serve", str(guests / "gateway.wasm"),
+        [str(binary or ROOT / "target/release/weir"), "serve", str(guests / "gateway.wasm"),
          "--actor", f"probe={guests / 'actor_probe.wasm'}",
          "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin_port}",
          "--data-dir", str(data), "--limit", f"actor_idle_ms={idle_ms}"],
@@ -101,8 +106,9 @@ def rss_kib(pid):
 
 
 def admin(port, path):
+    token = (DATA_DIRS[port] / "admin-token").read_text().strip()
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    c.request("GET", path)
+    c.request("GET", path, headers={"authorization": f"Bearer {token}"})
     return json.loads(c.getresponse().read())
 
 
@@ -142,6 +148,39 @@ def parallel_posts(port, paths, connections=16):
         list(pool.map(lambda ch: timed_posts(port, ch), chunks))
 
 
+def compare_builds(args, tmp):
+    """This build and --baseline, the hot and the 1,000-actor loads, rounds
+    interleaved; the median round of each."""
+    builds = [("this build", ROOT / "target/release/weir"), ("baseline", Path(args.baseline))]
+    loads = [("one hot actor", "actor_post.lua", "/probe/hot/incr"),
+             ("1,000 actors", "actor_spread.lua", "/probe/NAME/incr")]
+    seen = {(b, l): [] for b, _ in builds for l, _, _ in loads}
+    for round_no in range(1, args.rounds + 1):
+        for build, binary in builds:
+            admin_port = free_port()
+            port, proc = start_weir(tmp / f"{build}-{round_no}".replace(" ", "-"), 10000, admin_port, binary)
+            try:
+                wait_ready(port, proc, method="POST", path="/probe/hot/incr")
+                for load, script, path in loads:
+                    r = run_wrk_script(port, args.duration, args.connections, args.threads, str(WRK / script), path)
+                    seen[(build, load)].append(r)
+                    print(f"round {round_no}  {build:10} {load:14} {r['rps']:>9.0f} req/s  p99 {r['p99']:6.2f} ms",
+                          flush=True)
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+    print(f"\nmedian of {args.rounds} rounds, wrk -t{args.threads} -c{args.connections} -d{args.duration}s:")
+    for load, _, _ in loads:
+        med = {}
+        for build, _ in builds:
+            rs = sorted(seen[(build, load)], key=lambda r: r["rps"])
+            p99s = sorted(r["p99"] for r in rs)
+            med[build] = (rs[len(rs) // 2]["rps"], p99s[len(p99s) // 2])
+            print(f"{build:10} {load:14} {med[build][0]:>9.0f} req/s  p99 {med[build][1]:6.2f} ms")
+        a, b = med["this build"], med["baseline"]
+        print(f"  this build / baseline, {load}: {a[0] / b[0]:.2f}x req/s, p99 {a[1]:.2f} vs {b[1]:.2f} ms")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--duration", type=int, default=8)
@@ -151,6 +190,9 @@ def main():
     ap.add_argument("--memory-actors", type=int, default=10000)
     ap.add_argument("--memory-idle-ms", type=int, default=40000)
     ap.add_argument("--no-workerd", action="store_true")
+    ap.add_argument("--baseline", help="an earlier weir build: measure the throughput loads of both, "
+                                       "interleaved, and print their ratio (nothing else is measured)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the --baseline comparison")
     args = ap.parse_args()
 
     subprocess.run(["cargo", "build", "--release", "-p", "weir"], cwd=ROOT, check=True)
@@ -159,8 +201,11 @@ def main():
          "--manifest-path", str(ROOT / "guests/Cargo.toml"), "--target-dir", str(ROOT / "guests/target")],
         check=True,
     )
-    workerd = None if args.no_workerd else find_workerd(ROOT / "bench/.cache/workerd")
     tmp = Path(tempfile.mkdtemp(prefix="weir-actors-bench-"))
+    if args.baseline:
+        compare_builds(args, tmp)
+        return
+    workerd = None if args.no_workerd else find_workerd(ROOT / "bench/.cache/workerd")
     results = {}
 
     def load(label, port, script, path):

