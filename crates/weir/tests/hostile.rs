@@ -310,7 +310,9 @@ async fn runaway_queries_on_every_sql_thread_leave_everything_else_answering() {
 #[tokio::test]
 async fn what_a_query_hands_back_is_bounded() {
     let dir = data_dir("results");
-    let weir = start(&dir, &[]);
+    // Writing 40 MiB in one turn can take seconds on a loaded debug build;
+    // this test is about bytes, not time.
+    let weir = start(&dir, &["--limit", "event_limit_ms=60000"]);
     let pid = weir.pid();
     reset_peak(pid);
     let before = proc_kib(pid, "VmRSS:");
@@ -569,6 +571,8 @@ fn answer(mut s: TcpStream) -> String {
 #[tokio::test]
 async fn slow_clients_cannot_hold_the_lanes() {
     let dir = data_dir("slow");
+    // The whole-body timeout is far away: only the silence and rate bounds
+    // can end these bodies within the test's waits.
     let weir = start(
         &dir,
         &[
@@ -576,6 +580,8 @@ async fn slow_clients_cannot_hold_the_lanes() {
             "body_idle_timeout_ms=1000",
             "--limit",
             "header_read_timeout_ms=1000",
+            "--limit",
+            "body_read_timeout_ms=300000",
         ],
     );
     // 70 bodies that never come: 32 hold lanes, 32 wait, 6 are refused.
@@ -618,24 +624,32 @@ async fn slow_clients_cannot_hold_the_lanes() {
     }
     assert_eq!(timed_out + refused, 70);
     assert!(timed_out >= 32, "{timed_out} timed out, {refused} refused");
-    // A trickle (a byte every 300 ms) is below the minimum rate once the
-    // first second has passed.
+    // A trickle (a byte every 300 ms, never silent for a whole second) is
+    // below the minimum rate once the first second has passed: it is
+    // answered 408 while it still trickles.
     let mut s = TcpStream::connect(weir.addr).unwrap();
-    s.write_all(b"POST /hello HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n")
+    s.write_all(b"POST /hello HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n")
         .unwrap();
-    let trickle = std::thread::spawn(move || {
-        for _ in 0..20 {
-            std::thread::sleep(Duration::from_millis(300));
-            if s.write_all(b"x").is_err() {
-                break;
+    let reader = s.try_clone().unwrap();
+    let trickling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let trickle = {
+        let trickling = trickling.clone();
+        std::thread::spawn(move || {
+            while trickling.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(300));
+                if s.write_all(b"x").is_err() {
+                    break;
+                }
             }
-        }
-        answer(s)
-    });
-    let answer = tokio::task::spawn_blocking(move || trickle.join().unwrap())
+        })
+    };
+    let answer = tokio::task::spawn_blocking(move || answer(reader))
         .await
         .unwrap();
-    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    let still_trickling = !trickle.is_finished();
+    trickling.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    assert!(still_trickling, "answered only after the trickle stopped");
     // A head that never completes: the server closes the connection.
     let mut s = TcpStream::connect(weir.addr).unwrap();
     s.write_all(b"GET /hello HTTP/1.1\r\nhost: x\r\n").unwrap();

@@ -97,10 +97,38 @@ pub fn run_weir(args: &[&str]) -> Exited {
     if args.first() == Some(&"serve") && !args.contains(&"--data-dir") {
         command.arg("--data-dir").arg(fresh_data_dir());
     }
-    let out = command.stdin(Stdio::null()).output().expect("weir runs");
+    // It must exit by itself: one that starts serving instead is killed
+    // after a minute and fails the test, rather than hanging it.
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("weir runs");
+    let mut stderr = child.stderr.take().expect("stderr is piped");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "weir {args:?} did not exit within a minute:\n{}",
+                reader.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     Exited {
-        code: out.status.code(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        code: status.code(),
+        stderr: reader.join().unwrap_or_default(),
     }
 }
 
