@@ -475,6 +475,9 @@ async fn limits_value_size_queue_overflow_and_reserved_tables() {
             "http://127.0.0.1:*",
             "--limit",
             "max_response_body_bytes=100000",
+            // No hibernation between the calls: incarnations are counted.
+            "--limit",
+            "actor_idle_ms=600000",
         ],
     ));
     // A response over the limit is refused, and its turn rolled back.
@@ -516,7 +519,10 @@ async fn limits_value_size_queue_overflow_and_reserved_tables() {
         "m".repeat(10)
     );
 
-    // User SQL works on its own tables and is refused on Weir's.
+    // User SQL works on its own tables and is refused on Weir's. (The
+    // refused response above may or may not have cut its guest short,
+    // depending on who ran first; count incarnations from here.)
+    let before = incarnation(&weir, "l").await;
     let sql = |q: &str| post(&weir, "/probe/l/sql", q.as_bytes().to_vec());
     assert_eq!(sql("CREATE TABLE t (a INTEGER)").await.status, 200);
     let r = sql("INSERT INTO t VALUES (1), (2)").await;
@@ -535,7 +541,7 @@ async fn limits_value_size_queue_overflow_and_reserved_tables() {
     }
     assert_eq!(
         incarnation(&weir, "l").await,
-        1,
+        before,
         "refusals do not reset the actor"
     );
 
@@ -773,6 +779,18 @@ async fn is_live(weir: &Weir, name: &str) -> bool {
         .any(|a| a["name"] == name && a["live"] == true)
 }
 
+/// Waits until `/actors/probe` no longer lists `name` as live.
+async fn wait_hibernated(weir: &Weir, name: &str) {
+    wait_for(&format!("{name} to hibernate"), || async {
+        if is_live(weir, name).await {
+            Err("live".to_string())
+        } else {
+            Ok(())
+        }
+    })
+    .await
+}
+
 #[tokio::test]
 async fn a_hibernated_actor_is_woken_by_its_timer() {
     let dir = data_dir("wake");
@@ -787,14 +805,7 @@ async fn a_hibernated_actor_is_woken_by_its_timer() {
     assert_eq!(r.status, 200);
     assert!(is_live(&weir, "sleeper").await);
     // It hibernates with its timer pending...
-    wait_for("the sleeper to hibernate", || async {
-        if is_live(&weir, "sleeper").await {
-            Err("live".to_string())
-        } else {
-            Ok(())
-        }
-    })
-    .await;
+    wait_hibernated(&weir, "sleeper").await;
     assert!(
         weir.actor_receipts().iter().all(|r| r["turn"] != "alarm"),
         "the timer fired before the actor hibernated; the test proves nothing"
@@ -839,14 +850,7 @@ async fn timers_survive_sigkill() {
         "2"
     );
     // Touched by the calls above; idle again after actor_idle_ms.
-    wait_for("the actor to hibernate", || async {
-        if is_live(&weir, "killed").await {
-            Err("live".to_string())
-        } else {
-            Ok(())
-        }
-    })
-    .await;
+    wait_hibernated(&weir, "killed").await;
     assert_eq!(
         post(&weir, "/probe/killed/memory", Vec::new()).await.text(),
         "1",
@@ -957,7 +961,17 @@ async fn ten_thousand_idle_actors_hibernate_memory_returns_and_each_wakes_with_i
     const ACTORS: usize = 10_000;
     const CONNECTIONS: usize = 16;
     let dir = data_dir("hibernate");
-    let weir = Arc::new(start(&dir, &["--limit", "actor_idle_ms=2000"]));
+    // Creating an actor (a new SQLite file) can take over a second on a
+    // loaded machine; this test is about memory, not time.
+    let weir = Arc::new(start(
+        &dir,
+        &[
+            "--limit",
+            "actor_idle_ms=2000",
+            "--limit",
+            "event_limit_ms=30000",
+        ],
+    ));
     // Baseline: the server after a few actors have come and gone.
     for i in 0..20 {
         post(&weir, &format!("/probe/warm-{i}/incr"), Vec::new()).await;

@@ -163,15 +163,7 @@ async fn waiter_whose_deadline_passed_never_enters_wasm() {
     // A streaming response holds the lane past the event deadline: after
     // headers only the session limit applies.
     let busy = spawn_get(&weir, "/stream?chunks=50&size=10&delay_ms=200");
-    wait_for("the lane to be busy", || async {
-        let state = weir.status().await["apps"][0]["lanes"][0]["state"].clone();
-        if state == "busy" {
-            Ok(())
-        } else {
-            Err(state.to_string())
-        }
-    })
-    .await;
+    weir.wait_busy(1).await;
     let waiter = weir.get("/counter").await;
     waiter.assert_weir_error(503, "admission_deadline_exceeded");
     assert!(!busy.is_finished(), "the lane was held all along");

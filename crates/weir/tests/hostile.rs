@@ -256,20 +256,7 @@ async fn runaway_queries_on_every_sql_thread_leave_everything_else_answering() {
             (r, started.elapsed())
         }));
     }
-    wait_for("the worker runaways to hold their lanes", || async {
-        let busy = weir.status().await["apps"][0]["lanes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|l| l["state"] == "busy")
-            .count();
-        if busy >= 2 {
-            Ok(())
-        } else {
-            Err(format!("{busy} busy"))
-        }
-    })
-    .await;
+    weir.wait_busy(2).await;
     // While they run: another worker, an actor whose data is not involved,
     // and the admin address all answer.
     let mut seen = Vec::new();

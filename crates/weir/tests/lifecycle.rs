@@ -152,7 +152,7 @@ async fn disconnect_cancels_and_abandons_after_the_cancellation_limit() {
     let mut s = std::net::TcpStream::connect(weir.addr).unwrap();
     s.write_all(b"GET /sleep?ms=20000 HTTP/1.1\r\nhost: x\r\n\r\n")
         .unwrap();
-    wait_busy(&weir, 1).await;
+    weir.wait_busy(1).await;
     let left = Instant::now();
     drop(s);
     let receipt = weir.receipt_where(|r| r["outcome"] == "cancelled").await;
@@ -214,25 +214,6 @@ async fn memory_growth_past_the_limit_fails_and_abandons() {
     assert_eq!(weir.get("/hello").await.status, 200);
 }
 
-/// Waits until `n` lanes run an event.
-async fn wait_busy(weir: &Weir, n: usize) {
-    common::wait_for(&format!("{n} busy lanes"), || async {
-        let status = weir.status().await;
-        let busy = status["apps"][0]["lanes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|l| l["state"] == "busy")
-            .count();
-        if busy == n {
-            Ok(())
-        } else {
-            Err(format!("{busy} busy"))
-        }
-    })
-    .await
-}
-
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
@@ -275,7 +256,7 @@ async fn spinning_guests_are_stopped_without_a_thread_per_request() {
         })
         .collect();
     // Sample while every lane is spinning.
-    wait_busy(&weir, 8).await;
+    weir.wait_busy(8).await;
     let busy = threads(weir.pid());
     for l in loops {
         l.await
@@ -299,7 +280,7 @@ async fn sigterm_lets_in_flight_events_finish_then_exits() {
             .unwrap();
         common::send_to(addr, req).await
     });
-    wait_busy(&weir, 1).await;
+    weir.wait_busy(1).await;
     weir.signal("TERM");
     let resp = slow.await.unwrap();
     assert_eq!(resp.status, 200);
@@ -328,7 +309,7 @@ async fn a_cancelled_guest_that_finishes_in_time_keeps_its_generation() {
     let mut s = std::net::TcpStream::connect(weir.addr).unwrap();
     s.write_all(b"GET /sleep?ms=300 HTTP/1.1\r\nhost: x\r\n\r\n")
         .unwrap();
-    wait_busy(&weir, 1).await;
+    weir.wait_busy(1).await;
     drop(s);
     let receipt = weir.receipt_where(|r| r["outcome"] == "cancelled").await;
     assert_eq!(receipt["error"], "request_cancelled");

@@ -296,15 +296,7 @@ async fn a_client_that_leaves_stops_its_runaway_batch_at_the_cancellation_deadli
             statements.len()
         )
         .unwrap();
-        common::wait_for("the batch to start", || async {
-            let state = weir.status().await["apps"][0]["lanes"][0]["state"].clone();
-            if state == "busy" {
-                Ok(())
-            } else {
-                Err(state.to_string())
-            }
-        })
-        .await;
+        weir.wait_busy(1).await;
     }
     let receipt = weir.receipt_where(|r| r["outcome"] == "cancelled").await;
     assert_eq!(receipt["error"], "request_cancelled");

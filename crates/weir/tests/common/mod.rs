@@ -394,6 +394,25 @@ impl Weir {
         }
     }
 
+    /// Waits until at least `n` lanes of the app run an event.
+    pub async fn wait_busy(&self, n: usize) {
+        wait_for(&format!("{n} busy lanes"), || async {
+            let status = self.status().await;
+            let busy = status["apps"][0]["lanes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|l| l["state"] == "busy")
+                .count();
+            if busy >= n {
+                Ok(())
+            } else {
+                Err(format!("{busy} busy"))
+            }
+        })
+        .await
+    }
+
     pub async fn status(&self) -> Value {
         let r = self.admin_get("/status").await;
         serde_json::from_slice(r.body.as_ref().expect("status body")).expect("status is JSON")
