@@ -206,7 +206,7 @@ async fn run_event(
     };
 
     let scope = EventScope::new(limits.max_operations);
-    generation.store.data_mut().outbound.scope = Some(scope.clone());
+    generation.store.data_mut().set_scope(Some(scope.clone()));
     let number = generation.number;
     receipt.entered_wasm(number);
     let entered = Instant::now();
@@ -353,7 +353,7 @@ async fn run_event(
         // nothing more may start in its name.
         scope.close();
         scope.abort();
-        generation.store.data_mut().outbound.scope = None;
+        generation.store.data_mut().set_scope(None);
         if scope.live() > 0 && !scope.drain(limits.cleanup_timeout).await {
             receipt.cleanup_unconfirmed();
             drop(receipt);

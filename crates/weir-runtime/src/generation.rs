@@ -21,6 +21,7 @@ use weir_store::sql::SqlDatabases;
 
 use crate::actor_host::{ActorSeat, ActorView};
 use crate::app::AppCode;
+use crate::guest_output::GuestOutput;
 use crate::keyvalue::KeyValueView;
 use crate::memory_budget::MemoryLimiter;
 use crate::metrics::AppMetrics;
@@ -40,6 +41,8 @@ pub struct GenerationState {
     pool: Arc<SqlPool>,
     max_result_bytes: usize,
     pub(crate) memory: MemoryLimiter,
+    /// The guest's output budget (shared by its stdout and stderr).
+    output: GuestOutput,
     /// In an actor's generation: who it is and its turn gate.
     pub(crate) actor: Option<ActorSeat>,
 }
@@ -95,7 +98,11 @@ impl GenerationState {
     }
 
     /// Sets (or clears) the scope of the event or turn running now.
+    /// A new scope is a new event: the guest's output budget starts over.
     pub fn set_scope(&mut self, scope: Option<Arc<EventScope>>) {
+        if scope.is_some() {
+            self.output.reset();
+        }
         self.outbound.scope = scope;
     }
 
@@ -162,9 +169,14 @@ impl Generation {
             code.actors.clone(),
         );
         outbound.gate = seat.as_ref().map(|s| s.gate.clone());
+        let (stdout, stderr) = GuestOutput::pair();
         let state = GenerationState {
             actor: seat,
-            wasi: WasiCtx::builder().inherit_stdout().inherit_stderr().build(),
+            wasi: WasiCtx::builder()
+                .stdout(stdout)
+                .stderr(stderr.clone())
+                .build(),
+            output: stderr,
             table: ResourceTable::new(),
             http: WasiHttpCtx::new(),
             outbound,

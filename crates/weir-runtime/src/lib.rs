@@ -13,6 +13,7 @@ pub mod engine;
 pub mod error_code;
 pub mod event;
 pub mod generation;
+pub mod guest_output;
 pub mod keyvalue;
 pub mod lane;
 pub mod limits;

@@ -795,6 +795,36 @@ async fn the_admin_needs_its_token_and_guests_never_reach_weir_itself() {
 }
 
 #[tokio::test]
+async fn a_guest_cannot_flood_weirs_log() {
+    let dir = data_dir("print");
+    let weir = start(&dir, &[]);
+    let log_bytes = |weir: &Weir| weir.log().len();
+    let before = log_bytes(&weir);
+    for _ in 0..2 {
+        let r = weir.get("/print?kb=10000").await.json();
+        assert_eq!(r["printed_kb"], 10000);
+    }
+    // Each event's output is cut at 64 KiB; what reaches the log is the
+    // two events' 128 KiB and the receipts.
+    common::wait_for("the guest's lines in the log", || async {
+        let grown = log_bytes(&weir) - before;
+        if grown >= 2 * 60 * 1024 {
+            Ok(())
+        } else {
+            Err(format!("{grown} bytes"))
+        }
+    })
+    .await;
+    tokio::time::sleep(common::SETTLE).await;
+    let grown = log_bytes(&weir) - before;
+    println!("20 MB printed by two events; the log grew {grown} bytes");
+    assert!(
+        grown < 2 * 64 * 1024 + 8 * 1024,
+        "the log grew {grown} bytes"
+    );
+}
+
+#[tokio::test]
 async fn one_server_per_data_dir_and_a_crash_frees_it() {
     let dir = data_dir("lock");
     let first = start(&dir, &[]);

@@ -12,6 +12,7 @@
 //! | `GET /raw?authority=A&path=P` | an outbound GET with an authority built by hand (ports, user info, extra labels) |
 //! | `POST /grow?mb=N` | allocates and keeps N MiB of linear memory |
 //! | `GET /kv?cursor=C` | `list-keys` of store `main` from cursor C |
+//! | `GET /print?kb=N` | writes N KiB of lines to its standard error |
 //! | `GET /hello` | a harmless answer: proves the server still serves |
 
 use std::cell::RefCell;
@@ -83,6 +84,16 @@ impl wasi::exports::http::incoming_handler::Guest for Hostile {
         let route = path.split('?').next().unwrap_or("").to_string();
         match route.as_str() {
             "/hello" => json_out(out, json!("still here")),
+            "/print" => {
+                use std::io::Write;
+                let kb: usize = query(&path, "kb").and_then(|v| v.parse().ok()).unwrap_or(1);
+                let line = format!("{}\n", "x".repeat(1023));
+                let mut err = std::io::stderr();
+                for _ in 0..kb {
+                    let _ = err.write_all(line.as_bytes());
+                }
+                json_out(out, json!({ "printed_kb": kb }))
+            }
             "/sql" => {
                 let input: Json =
                     serde_json::from_slice(&read_body(&request, MAX_BODY)).unwrap_or_default();
