@@ -14,6 +14,7 @@ Prints req/s, p50 and p99 per workload. Durability is the default
 ("process": each acknowledged write survives a crash of Weir).
 
 Usage: python3 bench/capabilities.py [--duration 8] [--connections 32]
+       [--baseline OLD_WEIR]   (an earlier build, each workload after this build's, with ratios)
 """
 
 import argparse
@@ -33,10 +34,10 @@ from hello import ROOT, free_port, run_wrk_script, wait_ready  # noqa: E402
 WRK = ROOT / "bench" / "wrk"
 
 
-def serve(app, args, env=None):
+def serve_build(app, args, binary=None, env=None):
     port = free_port()
     proc = subprocess.Popen(
-        [str(ROOT / "target/release/weir"), "serve", str(app), "--listen", f"127.0.0.1:{port}", *args],
+        [str(binary or ROOT / "target/release/weir"), "serve", str(app), "--listen", f"127.0.0.1:{port}", *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, **(env or {})},
@@ -49,6 +50,7 @@ def main():
     ap.add_argument("--duration", type=int, default=8)
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--baseline", help="an earlier weir build, measured right after this one on each workload")
     args = ap.parse_args()
 
     subprocess.run(["cargo", "build", "--release", "-p", "weir"], cwd=ROOT, check=True)
@@ -57,16 +59,35 @@ def main():
          "--manifest-path", str(ROOT / "guests/Cargo.toml"), "--target-dir", str(ROOT / "guests/target")],
         check=True,
     )
+    builds = [("", None)]
+    if args.baseline:
+        builds.append((" [baseline]", args.baseline))
+    rows = {}
+    for label, binary in builds:
+        rows[label] = measure(args, label, binary)
+    if args.baseline:
+        print("\nthis build / baseline:")
+        for name, r in rows[""].items():
+            b = rows[" [baseline]"][name]
+            print(f"  {name:40} {r['rps'] / b['rps']:.2f}x req/s, p99 {r['p99']:.2f} vs {b['p99']:.2f} ms")
+    print(f"\nwrk -t{args.threads} -c{args.connections} -d{args.duration}s")
+
+
+def measure(args, label, binary):
+    """Every workload on one build; the results by workload."""
     guests = ROOT / "guests/target/wasm32-wasip2/release"
     data = Path(tempfile.mkdtemp(prefix="weir-bench-"))
-    rows = []
+    rows = {}
 
     def load(name, port, script=None, path="/"):
         r = run_wrk_script(port, args.duration, args.connections, args.threads,
                            str(WRK / script) if script else None, path)
-        rows.append((name, r))
-        print(f"{name:40} {r['rps']:>9.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms"
+        rows[name] = r
+        print(f"{name + label:52} {r['rps']:>9.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms"
               + (f"  non-2xx {r['non2xx']}" if r["non2xx"] else ""), flush=True)
+
+    def serve(app, extra):
+        return serve_build(app, extra, binary)
 
     try:
         port, proc = serve(guests / "hello.wasm", [])
@@ -104,8 +125,7 @@ def main():
             proc.wait()
     finally:
         shutil.rmtree(data, ignore_errors=True)
-
-    print(f"\nwrk -t{args.threads} -c{args.connections} -d{args.duration}s")
+    return rows
 
 
 if __name__ == "__main__":
