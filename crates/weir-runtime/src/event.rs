@@ -291,6 +291,20 @@ async fn run_event(
         }
     };
 
+    // A response set before the guest failed is judged first: a declared
+    // length over the limit is that limit, whatever the guest did after.
+    let verdict = match verdict {
+        Verdict::Trap(_) if !headers_sent => match out_rx.try_recv() {
+            Ok(Ok(response))
+                if declared_length(&response)
+                    .is_some_and(|n| n > limits.max_response_body_bytes) =>
+            {
+                Verdict::ResponseTooLarge
+            }
+            _ => verdict,
+        },
+        other => other,
+    };
     receipt.memory(generation.memory_bytes());
     receipt.operations(scope.started(), scope.refused());
     let failure = match verdict {

@@ -267,6 +267,38 @@ async fn declared_response_length_over_limit_is_502_before_headers() {
 }
 
 #[tokio::test]
+async fn a_declared_length_over_the_limit_is_502_even_when_the_guest_then_fails() {
+    // The length is judged when the response is set, before anything the
+    // guest does after (a `wstd` guest fails finishing its empty body).
+    // Whether the guest's trap or its response reaches Weir first depends
+    // on scheduling: every try must come out the same.
+    let weir = Weir::start(&probe(), &["--limit", "max_response_body_bytes=4096"]);
+    for _ in 0..20 {
+        let resp = weir.get("/declared-length-then-fail?len=4097").await;
+        resp.assert_weir_error(502, "response_body_too_large");
+    }
+    weir.count_receipts_where(20, |r| {
+        r["error"] == "response_body_too_large" && r["outcome"] == "limit"
+    })
+    .await;
+    // Under the limit the trap is what counts: the generation is
+    // abandoned (or, had the headers left first, the response fails);
+    // never a clean answer.
+    let req = http::Request::get("/declared-length-then-fail?len=4096")
+        .header("host", "x")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    if let Ok(resp) = common::try_send_to(weir.addr, req).await {
+        if resp.status == 503 {
+            resp.assert_weir_error(503, "instance_abandoned");
+        } else {
+            assert!(resp.body.is_err(), "a clean end: {:?}", resp.body);
+        }
+    }
+    assert_eq!(weir.get("/hello").await.status, 200);
+}
+
+#[tokio::test]
 async fn streamed_response_crossing_the_limit_is_aborted() {
     let weir = Weir::start(&probe(), &["--limit", "max_response_body_bytes=4096"]);
     let raw = weir.raw_bytes(

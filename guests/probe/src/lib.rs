@@ -18,6 +18,7 @@
 //! | `/grow?mb=N` | grows and touches N MiB of linear memory, then answers |
 //! | `/large?bytes=N` | N bytes of a repeating pattern |
 //! | `/declared-length?len=N` | declares `content-length: N`, writes nothing |
+//! | `/declared-length-then-fail?len=N` | declares `content-length: N`, then traps before writing anything (as a `wstd` guest does when finishing the empty body fails) |
 //! | `/fetch?url=U` | GETs `U` (outbound HTTP); answers its status in `x-upstream-status` and its body, or 502 and the error |
 //! | `/post?url=U&bytes=N` | POSTs N bytes to `U`, streamed in 4 KiB writes; answers like `/fetch` |
 //! | `/fetch-many?url=U&n=N` | starts N GETs of `U` at once, waits for all; answers `ok=A capacity=B other=C` |
@@ -320,6 +321,13 @@ impl wasi::exports::http::incoming_handler::Guest for Probe {
                 let (body, stream) = respond(out, 200, &[("content-length", len.as_bytes())]);
                 drop(stream);
                 drop(body);
+            }
+            "/declared-length-then-fail" => {
+                let len = query(&path, "len").unwrap_or(0).to_string();
+                let (_body, _stream) = respond(out, 200, &[("content-length", len.as_bytes())]);
+                // Trap at once, with no panic message to print first: the
+                // response and the trap reach Weir in the same poll.
+                core::arch::wasm32::unreachable();
             }
             "/fetch" => {
                 let url = query_str(&path, "url").unwrap_or("").to_string();
