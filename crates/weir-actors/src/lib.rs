@@ -1,20 +1,47 @@
 //! Durable actors: an actor is (class, name), runs one turn at a time and
-//! owns a SQLite database (see `weir_store::actor`).
+//! owns a SQLite database (see `weir_store::actor`). This crate sits above
+//! the runtime and plugs into its extension points: `weir:actor` host
+//! interfaces, an output gate per turn, and the `*.actor.internal` domain
+//! as an internal router.
 //!
 //! - [`address`]: how actors are named and reached;
 //! - [`directory`]: where their databases live;
-//! - [`turn`]: one turn, its transaction and the output gate;
+//! - [`gate`]: the turn gate (one transaction per turn, the output gate);
+//! - [`bindings`]: the `weir:actor` host functions;
+//! - [`turn`]: one turn on the runtime's invocation machine;
 //! - [`timers`]: every actor's next deadline and the retry policy;
-//! - [`host`]: the classes, the actors in memory, calls, the dispatcher and
-//!   hibernation.
+//! - [`host`]: the classes and the one map of actors in memory;
+//! - [`mailbox`]: calls queued for an actor and run turn after turn;
+//! - [`dispatcher`]: due timers delivered as alarm turns;
+//! - [`residency`]: hibernation and eviction;
+//! - [`os_limits`]: how many actors the process's limits leave room for;
+//! - [`operators`]: what `/actors` shows and does;
+//! - [`receipts`]: one receipt per turn;
+//! - [`limits`], [`error_code`], [`metrics`]: what actors add to the
+//!   runtime's limits, errors and metrics.
 
 pub mod address;
+pub mod bindings;
 pub mod directory;
+pub mod dispatcher;
+pub mod error_code;
+pub mod gate;
 pub mod host;
+pub mod limits;
+pub mod mailbox;
+pub mod metrics;
+pub mod operators;
 pub mod os_limits;
+pub mod receipts;
+pub mod residency;
 pub mod timers;
 pub mod turn;
 
 pub use address::{ActorAddress, AddressError};
+pub use bindings::ActorInterfaces;
 pub use directory::{ActorDirectory, Unreadable};
-pub use host::{ActorClass, ActorHost, AdminError};
+pub use error_code::{ActorErrorCode, TurnError};
+pub use host::{ActorClass, ActorHost};
+pub use limits::ActorLimits;
+pub use metrics::ActorMetrics;
+pub use operators::AdminError;

@@ -12,10 +12,19 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Notify;
 
 use crate::address::ActorAddress;
+
+/// Milliseconds since the Unix epoch: the clock timers are kept in.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
 
 /// Longest the dispatcher sleeps without looking at the index again: a
 /// bound on how late a wall-clock jump (suspend, NTP step) is noticed.

@@ -1,7 +1,8 @@
 //! Turns: one event of one actor — a call or a due timer — run on the
-//! actor's generation inside one storage transaction.
+//! runtime's invocation machine, inside one storage transaction.
 //!
-//! Invariants owned here:
+//! Invariants owned here (the transaction policy; how a call runs and ends
+//! is the runtime's `invocation`):
 //! - a turn's writes commit when it ends well, and only then does its
 //!   response leave (the output gate); a turn that traps, overruns its
 //!   deadline, grows past its memory or answers badly is rolled back, and
@@ -9,33 +10,45 @@
 //! - a commit that fails resets the actor — its generation and its open
 //!   database are dropped — and the turn answers `storage_commit_failed`;
 //!   none of its writes are visible afterwards;
+//! - a storage call still holding the database when the turn's cleanup
+//!   budget runs out resets the actor without touching the database (it
+//!   closes, rolling the turn back, when that call ends);
 //! - every fresh generation of an actor adopts the persisted incarnation
 //!   counter and bumps it durably before the guest runs (see
 //!   `weir_store::actor`), so two instances never share a number.
 
-use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use wasmtime::component::{ComponentExportIndex, TypedFunc};
 use wasmtime_wasi_http::WasiHttpView;
 use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
-use weir_runtime::actor_host::{ActorIdentity, ActorSeat, TurnGate, now_ms};
-use weir_runtime::event::truncate;
+use weir_runtime::error_code::error_response;
+use weir_runtime::extension::Extras;
 use weir_runtime::generation::Generation;
+use weir_runtime::invocation::{self, Ending, Flow, GuestResponse, Hooks, NoResponse, Timing};
 use weir_runtime::scope::EventScope;
 use weir_runtime::{AppCode, ErrorCode};
 
 use crate::address::ActorAddress;
+use crate::bindings::{ActorIdentity, ActorSeat};
 use crate::directory::ActorDirectory;
-use crate::timers::{ALARM_MAX_RETRIES, retry_at};
+use crate::error_code::{ActorErrorCode, TurnError};
+use crate::gate::TurnGate;
+use crate::timers::{ALARM_MAX_RETRIES, now_ms, retry_at};
+
+/// `alarm: func(reason: string) -> result<option<u64>, string>`.
+pub type AlarmFunc = TypedFunc<(String,), (Result<Option<u64>, String>,)>;
 
 /// What is alive of one actor between its turns.
 #[derive(Default)]
 pub struct Live {
     pub gate: Option<Arc<TurnGate>>,
     pub generation: Option<Generation>,
+    /// The generation's `alarm` export, when the class has one.
+    pub alarm: Option<AlarmFunc>,
     pub incarnation: u64,
 }
 
@@ -44,7 +57,14 @@ impl Live {
     /// nothing of the actor's state in memory is trusted.
     pub fn reset(&mut self) {
         self.generation = None;
+        self.alarm = None;
         self.gate = None;
+    }
+
+    /// Drops the generation only (its call was cut short, or it retired).
+    fn drop_generation(&mut self) {
+        self.generation = None;
+        self.alarm = None;
     }
 
     /// The actor's earliest timer, from its database.
@@ -59,6 +79,8 @@ impl Live {
 pub struct TurnContext<'a> {
     pub address: &'a ActorAddress,
     pub code: &'a AppCode,
+    /// The class's `weir:actor/alarm#alarm` export, if it has one.
+    pub alarm: Option<&'a ComponentExportIndex>,
     pub directory: &'a ActorDirectory,
     pub metrics: &'a weir_runtime::metrics::AppMetrics,
     /// Numbers generations for receipts and logs (per class).
@@ -69,12 +91,21 @@ pub struct TurnContext<'a> {
 #[derive(Debug, Default)]
 pub struct TurnReport {
     pub incarnation: u64,
-    pub error: Option<ErrorCode>,
+    pub error: Option<TurnError>,
     pub detail: Option<String>,
     pub wasm: Option<Duration>,
+    /// Host operations the turn started, and refused for capacity.
+    pub operations: (usize, usize),
     /// The turn instantiated the actor (a wake from hibernation or a fresh
     /// incarnation).
     pub woke: bool,
+}
+
+impl TurnReport {
+    fn fail(&mut self, code: impl Into<TurnError>, detail: Option<String>) {
+        self.error = Some(code.into());
+        self.detail = detail.map(invocation::truncate);
+    }
 }
 
 /// Makes sure the actor has an open database and a live generation.
@@ -104,44 +135,42 @@ async fn wake(
             name: ctx.address.name.clone(),
             incarnation,
         },
-        gate,
-        has_alarm: ctx.code.alarm.is_some(),
+        gate: gate.clone(),
+        has_alarm: ctx.alarm.is_some(),
     };
     let number = ctx
         .next_generation
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let generation = Generation::instantiate(ctx.code, ctx.metrics, number, Some(seat))
+    let extras = Extras {
+        data: Some(Box::new(seat)),
+        output_gate: Some(gate),
+    };
+    let mut generation = Generation::instantiate(ctx.code, ctx.metrics, number, extras)
         .await
         .map_err(|e| {
             if e.over_budget {
-                report.error = Some(ErrorCode::MemoryBudgetExceeded);
+                report.error = Some(ErrorCode::MemoryBudgetExceeded.into());
             }
             e.reason
         })?;
+    let alarm = match ctx.alarm {
+        Some(index) => Some(
+            generation
+                .instance
+                .get_typed_func::<(String,), (Result<Option<u64>, String>,)>(
+                    &mut generation.store,
+                    index,
+                )
+                .map_err(|e| format!("the alarm export: {e:#}"))?,
+        ),
+        None => None,
+    };
     ctx.metrics.generation_created();
     live.generation = Some(generation);
+    live.alarm = alarm;
     live.incarnation = incarnation;
     report.woke = true;
     Ok(())
-}
-
-/// A JSON error response, as Weir answers everywhere.
-pub fn error_response(code: ErrorCode) -> http::Response<Bytes> {
-    http::Response::builder()
-        .status(code.status())
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .header(http::header::CACHE_CONTROL, "no-store")
-        .header("x-content-type-options", "nosniff")
-        .body(Bytes::from(code.body()))
-        .expect("static parts are valid")
-}
-
-enum Verdict {
-    Answered(http::response::Parts, Bytes),
-    Trap(String),
-    Deadline,
-    Invalid(String),
-    BodyTooLarge,
 }
 
 /// Why an actor's response body could not be collected.
@@ -150,7 +179,56 @@ enum BodyFailure {
     Failed(String),
 }
 
-type BodyFuture = Pin<Box<dyn Future<Output = Result<Bytes, BodyFailure>> + Send>>;
+type Collected = Result<Bytes, BodyFailure>;
+
+/// A request turn's part in the invocation machine: the response's head is
+/// kept and its body collected whole (on a task of its own, so a guest
+/// writing a large body is never blocked on it), bounded by
+/// `max_response_body_bytes`; the output gate holds it until the commit.
+struct TurnHooks {
+    max_body: u64,
+    head: Option<http::response::Parts>,
+    body: Option<tokio::task::JoinHandle<Collected>>,
+}
+
+impl Hooks for TurnHooks {
+    fn judge(
+        &self,
+        response: &hyper::Response<wasmtime_wasi_http::p2::body::HyperOutgoingBody>,
+    ) -> Option<ErrorCode> {
+        invocation::declared_length(response.headers())
+            .is_some_and(|n| n > self.max_body)
+            .then_some(ErrorCode::ResponseBodyTooLarge)
+    }
+
+    fn on_response(&mut self, response: GuestResponse) -> Flow {
+        match response {
+            Ok(response) => {
+                let (parts, guest_body) = response.into_parts();
+                self.head = Some(parts);
+                let max = self.max_body as usize;
+                self.body = Some(tokio::spawn(async move {
+                    Limited::new(guest_body, max)
+                        .collect()
+                        .await
+                        .map(|c| c.to_bytes())
+                        .map_err(|e| {
+                            if e.downcast_ref::<LengthLimitError>().is_some() {
+                                BodyFailure::TooLarge
+                            } else {
+                                BodyFailure::Failed(e.to_string())
+                            }
+                        })
+                }));
+                Flow::Continue(None)
+            }
+            Err(code) => Flow::Stop(
+                ErrorCode::InvalidResponse,
+                Some(format!("guest answered with an error: {code:?}")),
+            ),
+        }
+    }
+}
 
 /// Runs a call as one turn and returns what the caller receives.
 pub async fn request_turn(
@@ -160,8 +238,10 @@ pub async fn request_turn(
 ) -> (http::Response<Bytes>, TurnReport) {
     let mut report = TurnReport::default();
     if let Err(e) = wake(ctx, live, &mut report).await {
-        let code = *report.error.get_or_insert(ErrorCode::HostUnavailable);
-        report.detail = Some(truncate(e));
+        let code = *report
+            .error
+            .get_or_insert(ErrorCode::HostUnavailable.into());
+        report.detail = Some(invocation::truncate(e));
         return (error_response(code), report);
     }
     report.incarnation = live.incarnation;
@@ -169,14 +249,13 @@ pub async fn request_turn(
     let gate = live.gate.clone().expect("woken");
     // The turn's statements stop at its deadline, or at once if it is
     // abandoned.
-    let scope = EventScope::new(limits.max_operations);
     let deadline = Instant::now() + limits.event_limit;
+    let scope = EventScope::new(limits.max_operations);
     scope.set_deadline(deadline);
     if let Err(e) = gate.begin(scope.stop_check()) {
         live.reset();
-        report.error = Some(ErrorCode::StorageCommitFailed);
-        report.detail = Some(e.to_string());
-        return (error_response(ErrorCode::StorageCommitFailed), report);
+        report.fail(ActorErrorCode::StorageCommitFailed, Some(e.to_string()));
+        return (error_response(ActorErrorCode::StorageCommitFailed), report);
     }
     let generation = live.generation.as_mut().expect("woken");
     generation.admitted += 1;
@@ -195,147 +274,126 @@ pub async fn request_turn(
         Err(e) => {
             gate.rollback();
             generation.store.data_mut().set_scope(None);
-            report.error = Some(ErrorCode::BadRequest);
-            report.detail = Some(e.to_string());
+            report.fail(ErrorCode::BadRequest, Some(e.to_string()));
             return (error_response(ErrorCode::BadRequest), report);
         }
     };
 
     let entered = Instant::now();
-    let max_body = limits.max_response_body_bytes as usize;
-    let mut returned = false;
-    let verdict = {
+    let mut hooks = TurnHooks {
+        max_body: limits.max_response_body_bytes,
+        head: None,
+        body: None,
+    };
+    let ending = {
         let Generation { store, proxy, .. } = &mut *generation;
-        let mut call = pin!(
-            proxy
-                .wasi_http_incoming_handler()
-                .call_handle(&mut *store, req, out)
-        );
-        let mut head: Option<http::response::Parts> = None;
-        let mut body: Option<BodyFuture> = None;
-        let mut headers_seen = false;
-        let mut collected: Option<Bytes> = None;
-        loop {
-            tokio::select! {
-                biased;
-                response = &mut out_rx, if !headers_seen => {
-                    headers_seen = true;
-                    match response {
-                        Ok(Ok(response)) => {
-                            let (parts, guest_body) = response.into_parts();
-                            head = Some(parts);
-                            body = Some(Box::pin(async move {
-                                Limited::new(guest_body, max_body)
-                                    .collect()
-                                    .await
-                                    .map(|c| c.to_bytes())
-                                    .map_err(|e| {
-                                        if e.downcast_ref::<LengthLimitError>().is_some() {
-                                            BodyFailure::TooLarge
-                                        } else {
-                                            BodyFailure::Failed(e.to_string())
-                                        }
-                                    })
-                            }));
-                        }
-                        Ok(Err(code)) => break Verdict::Invalid(format!("guest answered with an error: {code:?}")),
-                        Err(_) => break Verdict::Invalid("guest returned without setting a response".into()),
-                    }
-                }
-                finished = async { body.as_mut().expect("guarded").await }, if body.is_some() => {
-                    body = None;
-                    match finished {
-                        Ok(bytes) if returned => break Verdict::Answered(head.take().expect("head before body"), bytes),
-                        // The body is complete; the guest is finishing.
-                        Ok(bytes) => collected = Some(bytes),
-                        Err(BodyFailure::TooLarge) => break Verdict::BodyTooLarge,
-                        Err(BodyFailure::Failed(e)) => break Verdict::Invalid(format!("response body failed: {e}")),
-                    }
-                }
-                result = &mut call, if !returned => {
-                    match result {
-                        Ok(()) => {
-                            returned = true;
-                            if let Some(bytes) = collected.take() {
-                                break Verdict::Answered(head.take().expect("head before body"), bytes);
-                            }
-                        }
-                        Err(e) => break Verdict::Trap(truncate(e.root_cause().to_string())),
-                    }
-                }
-                _ = tokio::time::sleep_until(deadline.into()) => break Verdict::Deadline,
+        let call = proxy
+            .wasi_http_incoming_handler()
+            .call_handle(&mut *store, req, out);
+        invocation::run(
+            call,
+            Some(&mut out_rx),
+            &scope,
+            Timing {
+                deadline,
+                cancellation_limit: limits.cancellation_limit,
+            },
+            None,
+            &mut hooks,
+        )
+        .await
+    };
+    // The body, once the guest returned: what it wrote is complete.
+    let answer = match (&ending, hooks.head.take(), hooks.body.take()) {
+        (Ending::Returned(()), Some(head), Some(body)) => {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, body).await {
+                Ok(Ok(Ok(bytes))) => Ok((head, bytes)),
+                Ok(Ok(Err(BodyFailure::TooLarge))) => Err((ErrorCode::ResponseBodyTooLarge, None)),
+                Ok(Ok(Err(BodyFailure::Failed(e)))) => Err((
+                    ErrorCode::InvalidResponse,
+                    Some(format!("response body failed: {e}")),
+                )),
+                Ok(Err(join)) => Err((ErrorCode::InvalidResponse, Some(join.to_string()))),
+                Err(_) => Err((ErrorCode::EventDeadlineExceeded, None)),
             }
         }
+        (Ending::Returned(()), _, _) => Err((
+            ErrorCode::InvalidResponse,
+            Some("guest returned without setting a response".into()),
+        )),
+        // A body cut at its bound makes the guest's writes fail: what it
+        // does next is not the reason.
+        (_, _, Some(body)) if body.is_finished() => match body.await {
+            Ok(Err(BodyFailure::TooLarge)) => Err((ErrorCode::ResponseBodyTooLarge, None)),
+            _ => Err((ErrorCode::InvalidResponse, None)),
+        },
+        _ => Err((ErrorCode::InvalidResponse, None)),
     };
     report.wasm = Some(entered.elapsed());
-    // An answer that comes after the deadline is late, even when it beat
-    // the deadline's timer (a statement stopped at the deadline lets the
-    // guest answer at once).
-    let verdict = match verdict {
-        Verdict::Answered(..) if Instant::now() >= deadline => Verdict::Deadline,
-        other => other,
+    let data = generation.store.data_mut();
+    let failure = match (&answer, ending.failure(data)) {
+        (Ok(_), None) => None,
+        (Err((ErrorCode::ResponseBodyTooLarge, detail)), _) => {
+            Some((ErrorCode::ResponseBodyTooLarge, detail.clone()))
+        }
+        (_, Some((_, code, detail))) => Some((code, detail)),
+        (Err((code, detail)), None) => Some((*code, detail.clone())),
     };
-    generation.store.data_mut().set_scope(None);
-    if !matches!(verdict, Verdict::Answered(..)) {
-        // Its statements stop now, not at the deadline.
-        scope.invalidate();
-    }
-    scope.close();
-    scope.abort();
-    if scope.live() > 0 && !scope.drain(limits.cleanup_timeout).await {
+    report.operations = (scope.started(), scope.refused());
+    data.set_scope(None);
+    if !invocation::settle(&scope, failure.is_some(), limits.cleanup_timeout).await {
         // A storage call still holds the actor's database: the turn can
         // neither commit nor wait. The actor is reset; its database
         // closes (rolling the turn back) when that call ends.
         tracing::warn!(actor = %ctx.address, "an actor turn's host operations outlived cleanup_timeout_ms; resetting the actor");
         live.reset();
         ctx.metrics.generation_abandoned();
-        report.error = Some(ErrorCode::StorageCleanupUnconfirmed);
+        report.fail(ErrorCode::StorageCleanupUnconfirmed, None);
         return (error_response(ErrorCode::StorageCleanupUnconfirmed), report);
     }
-
-    let failure = match verdict {
-        Verdict::Answered(parts, bytes) => {
+    match (failure, answer) {
+        (None, Ok((head, bytes))) => {
             // The output gate: the turn's writes are durable before its
             // response leaves.
-            return match gate.commit() {
+            match gate.commit() {
                 Ok(()) => {
-                    if generation.admitted >= limits.retirement_admission_limit {
-                        live.generation = None;
-                        ctx.metrics.generation_retired();
-                    }
-                    (http::Response::from_parts(parts, bytes), report)
+                    retire_if_done(ctx, live);
+                    (http::Response::from_parts(head, bytes), report)
                 }
                 Err(why) => {
                     live.reset();
                     ctx.metrics.generation_abandoned();
-                    report.error = Some(ErrorCode::StorageCommitFailed);
-                    report.detail = Some(truncate(why));
-                    (error_response(ErrorCode::StorageCommitFailed), report)
+                    report.fail(ActorErrorCode::StorageCommitFailed, Some(why));
+                    (error_response(ActorErrorCode::StorageCommitFailed), report)
                 }
-            };
+            }
         }
-        Verdict::Trap(detail) => {
-            let code = generation
-                .store
-                .data()
-                .memory_refusal()
-                .unwrap_or(ErrorCode::InstanceAbandoned);
-            (code, Some(detail))
+        (failure, _) => {
+            let (code, detail) = failure.unwrap_or((ErrorCode::InvalidResponse, None));
+            gate.rollback();
+            if ending.cut_short() {
+                // The guest was stopped mid-call: its instance is not
+                // reusable.
+                live.drop_generation();
+                ctx.metrics.generation_abandoned();
+            }
+            report.fail(code, detail);
+            (error_response(code), report)
         }
-        Verdict::Deadline => (ErrorCode::EventDeadlineExceeded, None),
-        Verdict::Invalid(detail) => (ErrorCode::InvalidResponse, Some(detail)),
-        Verdict::BodyTooLarge => (ErrorCode::ResponseBodyTooLarge, None),
-    };
-    gate.rollback();
-    if !returned {
-        // The guest was stopped mid-call: its instance is not reusable.
-        live.generation = None;
-        ctx.metrics.generation_abandoned();
     }
-    let (code, detail) = failure;
-    report.error = Some(code);
-    report.detail = detail;
-    (error_response(code), report)
+}
+
+/// Retires the actor's generation once it has served its admissions.
+fn retire_if_done(ctx: &TurnContext<'_>, live: &mut Live) {
+    if live
+        .generation
+        .as_ref()
+        .is_some_and(|g| g.admitted >= ctx.code.limits.retirement_admission_limit)
+    {
+        live.drop_generation();
+        ctx.metrics.generation_retired();
+    }
 }
 
 /// How one alarm delivery ended.
@@ -398,8 +456,7 @@ async fn alarm_turn(
 ) -> AlarmOutcome {
     let limits = &ctx.code.limits;
     let gate = live.gate.clone().expect("woken");
-    let generation = live.generation.as_mut().expect("woken");
-    let Some(alarm) = generation.alarm else {
+    let Some(alarm) = live.alarm else {
         // Timers cannot be scheduled without the export; a database made
         // by an older build of the class may still hold some.
         let _ = gate.with_db(|db| db.cancel(reason));
@@ -418,91 +475,84 @@ async fn alarm_turn(
         live.reset();
         return AlarmOutcome::CommitFailed(e.to_string());
     }
+    let generation = live.generation.as_mut().expect("woken");
     generation.admitted += 1;
     generation.store.data_mut().set_scope(Some(scope.clone()));
     let entered = Instant::now();
-    let result = tokio::time::timeout_at(
-        deadline.into(),
+    let ending = invocation::run(
         alarm.call_async(&mut generation.store, (reason.to_string(),)),
+        None,
+        &scope,
+        Timing {
+            deadline,
+            cancellation_limit: limits.cancellation_limit,
+        },
+        None,
+        &mut NoResponse,
     )
     .await;
     report.wasm = Some(entered.elapsed());
-    // A handler that returns after the deadline is late, even when it beat
-    // the timer (a statement stopped at the deadline returns at once).
-    let late = Instant::now() >= deadline;
-    generation.store.data_mut().set_scope(None);
-    if late || !matches!(result, Ok(Ok((Ok(_),)))) {
-        scope.invalidate();
-    }
-    scope.close();
-    scope.abort();
-    if scope.live() > 0 && !scope.drain(limits.cleanup_timeout).await {
+    report.operations = (scope.started(), scope.refused());
+    let data = generation.store.data_mut();
+    let failure = match &ending {
+        Ending::Returned((Ok(_),)) => None,
+        Ending::Returned((Err(message),)) => Some((
+            ErrorCode::InvalidResponse,
+            format!("handler returned an error: {message}"),
+        )),
+        other => other.failure(data).map(|(_, code, detail)| {
+            let why = match code {
+                ErrorCode::EventDeadlineExceeded => {
+                    "the handler did not return within event_limit_ms".to_string()
+                }
+                _ => detail.unwrap_or_default(),
+            };
+            (code, why)
+        }),
+    };
+    data.set_scope(None);
+    if !invocation::settle(&scope, failure.is_some(), limits.cleanup_timeout).await {
         // As for a request turn: the actor is reset without touching its
         // database; the timer stays and is retried.
         tracing::warn!(actor = %ctx.address, reason, "an alarm turn's host operations outlived cleanup_timeout_ms; resetting the actor");
         live.reset();
         ctx.metrics.generation_abandoned();
-        report.error = Some(ErrorCode::StorageCleanupUnconfirmed);
+        report.fail(ErrorCode::StorageCleanupUnconfirmed, None);
         return AlarmOutcome::CommitFailed("host operations outlived cleanup_timeout_ms".into());
     }
-    let failure = match result {
-        Ok(Ok(_)) if late => {
-            report.error = Some(ErrorCode::EventDeadlineExceeded);
-            "the handler returned after event_limit_ms".into()
-        }
-        Ok(Ok((Ok(rearm),))) => {
-            let scheduled = match rearm {
-                Some(at) => {
-                    gate.with_db(|db| db.schedule(reason, i64::try_from(at).unwrap_or(i64::MAX)))
-                }
-                None => Ok(()),
-            };
-            match scheduled
-                .map_err(|e| e.to_string())
-                .and_then(|()| gate.commit())
-            {
-                Ok(()) => {
-                    if generation.admitted >= limits.retirement_admission_limit {
-                        live.generation = None;
-                        ctx.metrics.generation_retired();
-                    }
-                    return AlarmOutcome::Delivered { rearmed: rearm };
-                }
-                Err(why) => {
-                    gate.rollback();
-                    live.reset();
-                    ctx.metrics.generation_abandoned();
-                    report.error = Some(ErrorCode::StorageCommitFailed);
-                    report.detail = Some(truncate(why.clone()));
-                    return AlarmOutcome::CommitFailed(why);
-                }
+    let Some((code, why)) = failure else {
+        let Ending::Returned((Ok(rearm),)) = ending else {
+            unreachable!("no failure means the handler returned ok")
+        };
+        let scheduled = match rearm {
+            Some(at) => {
+                gate.with_db(|db| db.schedule(reason, i64::try_from(at).unwrap_or(i64::MAX)))
             }
-        }
-        Ok(Ok((Err(message),))) => {
-            report.error = Some(ErrorCode::InvalidResponse);
-            format!("handler returned an error: {message}")
-        }
-        Ok(Err(trap)) => {
-            report.error = Some(
-                generation
-                    .store
-                    .data()
-                    .memory_refusal()
-                    .unwrap_or(ErrorCode::InstanceAbandoned),
-            );
-            live.generation = None;
-            ctx.metrics.generation_abandoned();
-            truncate(trap.root_cause().to_string())
-        }
-        Err(_) => {
-            report.error = Some(ErrorCode::EventDeadlineExceeded);
-            live.generation = None;
-            ctx.metrics.generation_abandoned();
-            "the handler did not return within event_limit_ms".into()
-        }
+            None => Ok(()),
+        };
+        return match scheduled
+            .map_err(|e| e.to_string())
+            .and_then(|()| gate.commit())
+        {
+            Ok(()) => {
+                retire_if_done(ctx, live);
+                AlarmOutcome::Delivered { rearmed: rearm }
+            }
+            Err(why) => {
+                gate.rollback();
+                live.reset();
+                ctx.metrics.generation_abandoned();
+                report.fail(ActorErrorCode::StorageCommitFailed, Some(why.clone()));
+                AlarmOutcome::CommitFailed(why)
+            }
+        };
     };
     gate.rollback();
-    report.detail = Some(failure.clone());
+    if ending.cut_short() {
+        live.drop_generation();
+        ctx.metrics.generation_abandoned();
+    }
+    report.fail(code, Some(why.clone()));
     let attempt = attempt + 1;
     let at = retry_at(now_ms(), attempt);
     let recorded = if attempt > ALARM_MAX_RETRIES {
@@ -517,13 +567,13 @@ async fn alarm_turn(
     if attempt > ALARM_MAX_RETRIES {
         AlarmOutcome::Dropped {
             attempts: attempt,
-            why: failure,
+            why,
         }
     } else {
         AlarmOutcome::Retrying {
             attempt,
             retry_at_ms: at,
-            why: failure,
+            why,
         }
     }
 }

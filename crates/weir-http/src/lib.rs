@@ -1,11 +1,11 @@
-//! Weir's HTTP transport: the listener, the head and body limits, Weir's
-//! JSON errors, streamed bodies and the admin endpoints.
+//! Weir's HTTP transport: the listener, the head and body limits,
+//! streamed bodies and the admin endpoints (Weir's JSON errors are the
+//! runtime's `error_code::error_response`).
 //!
 //! Everything about bytes on the wire lives here; what runs the guest
 //! lives in `weir-runtime`.
 
 pub mod admin;
-pub mod error_response;
 pub mod head;
 pub mod request_body;
 pub mod response_body;

@@ -49,6 +49,12 @@ impl ServeBody {
     }
 }
 
+impl From<Bytes> for ServeBody {
+    fn from(bytes: Bytes) -> Self {
+        ServeBody::full(bytes)
+    }
+}
+
 impl Body for ServeBody {
     type Data = Bytes;
     type Error = SessionError;

@@ -30,12 +30,13 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
-use weir_actors::{ActorAddress, ActorHost};
-use weir_runtime::event::{self, Dispatch, GuestBody, Reply, SessionEnd};
+use weir_actors::{ActorAddress, ActorErrorCode, ActorHost};
+use weir_runtime::error_code::error_response;
+use weir_runtime::event::{self, Dispatch, GuestBody, Reply, SessionEnd, settled};
+use weir_runtime::invocation::declared_length;
 use weir_runtime::receipt::{Outcome, Receipt};
 use weir_runtime::{App, ErrorCode, Limits};
 
-use crate::error_response::error_response;
 use crate::head::head_bytes;
 use crate::request_body::{BodyError, BodyPace, read_body};
 use crate::response_body::{ServeBody, SessionBody};
@@ -228,13 +229,6 @@ fn refuse(receipt: &Receipt, outcome: Outcome, code: ErrorCode) -> Response<Serv
     error_response(code)
 }
 
-fn declared_length<B>(req: &Request<B>) -> Option<u64> {
-    req.headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-}
-
 enum Finished {
     /// The guest returned cleanly and its whole body is already here.
     Complete(Bytes),
@@ -292,13 +286,6 @@ fn finished_body(
     Finished::Streaming(rest.boxed_unsync(), settled(end))
 }
 
-/// A session outcome that is already known.
-fn settled(end: SessionEnd) -> oneshot::Receiver<SessionEnd> {
-    let (tx, rx) = oneshot::channel();
-    let _ = tx.send(end);
-    rx
-}
-
 /// Bytes (and trailers) already taken from a guest body, then the rest of it.
 struct Prepend {
     first: Option<Bytes>,
@@ -324,12 +311,24 @@ impl Body for Prepend {
     }
 }
 
-/// Statuses whose responses never carry a body.
-fn bodyless(method: &Method, status: StatusCode) -> bool {
-    method == Method::HEAD
+/// Invariant 4, one rule for every path (worker events, actor routes):
+/// true when the response to `method` with this head carries no body —
+/// HEAD, 204, 205, 304 — after fixing its framing headers (204 never says
+/// a length; 205 says 0, RFC 9110 §15.3.6).
+fn bodyless(method: &Method, parts: &mut http::response::Parts) -> bool {
+    let status = parts.status;
+    let none = method == Method::HEAD
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::RESET_CONTENT
-        || status == StatusCode::NOT_MODIFIED
+        || status == StatusCode::NOT_MODIFIED;
+    if status == StatusCode::NO_CONTENT {
+        parts.headers.remove(header::CONTENT_LENGTH);
+    } else if status == StatusCode::RESET_CONTENT {
+        parts
+            .headers
+            .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+    }
+    none
 }
 
 /// The limits a request breaks before admission (invariant 1): its head
@@ -339,7 +338,7 @@ fn over_head_limits<B>(req: &Request<B>, limits: &Limits) -> Option<ErrorCode> {
     if head_bytes(req) > limits.max_request_head_bytes {
         return Some(ErrorCode::RequestHeaderFieldsTooLarge);
     }
-    if declared_length(req).is_some_and(|n| n > limits.max_request_body_bytes) {
+    if declared_length(req.headers()).is_some_and(|n| n > limits.max_request_body_bytes) {
         return Some(ErrorCode::PayloadTooLarge);
     }
     None
@@ -375,7 +374,7 @@ async fn handle_actor_route(
         return error_response(code);
     }
     let Ok(address) = ActorAddress::new(&route.class, &name) else {
-        return error_response(ErrorCode::ActorAddressInvalid);
+        return error_response(ActorErrorCode::AddressInvalid);
     };
     let (mut parts, body) = req.into_parts();
     let bytes = match read_request_body(body, limits).await {
@@ -400,10 +399,7 @@ async fn handle_actor_route(
         .call_address(address, Request::from_parts(parts, bytes))
         .await;
     let (mut parts, body) = response.into_parts();
-    if bodyless(&method, parts.status) {
-        if parts.status == StatusCode::NO_CONTENT {
-            parts.headers.remove(header::CONTENT_LENGTH);
-        }
+    if bodyless(&method, &mut parts) {
         return Response::from_parts(parts, ServeBody::empty());
     }
     Response::from_parts(parts, ServeBody::full(body))
@@ -472,14 +468,7 @@ async fn handle(
                     .headers
                     .insert(GENERATION_HEADER, HeaderValue::from(generation));
             }
-            if bodyless(&method, parts.status) {
-                if parts.status == StatusCode::NO_CONTENT {
-                    parts.headers.remove(header::CONTENT_LENGTH);
-                } else if parts.status == StatusCode::RESET_CONTENT {
-                    parts
-                        .headers
-                        .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
-                }
+            if bodyless(&method, &mut parts) {
                 // The guest may still be writing; drain what it writes so
                 // it is not failed for a body the client will never see.
                 tokio::spawn(async move {

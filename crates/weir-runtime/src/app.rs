@@ -10,18 +10,18 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use wasmtime::component::{Component, ComponentExportIndex, Linker};
+use wasmtime::component::{Component, Linker};
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 
-use crate::actor_host::ALARM_INTERFACE;
 use crate::admission::Admission;
 use crate::engine::WeirEngine;
+use crate::extension::{Extras, HostInterfaces, InternalRoutes};
 use crate::generation::{Generation, GenerationState, InstantiateError};
 use crate::lane::{Lane, LaneBoard};
 use crate::limits::Limits;
 use crate::memory_budget::MemoryBudget;
 use crate::metrics::AppMetrics;
-use crate::outbound::{ActorLink, OutboundRules};
+use crate::outbound::OutboundRules;
 use crate::receipt::ReceiptBook;
 use crate::sql_pool::SqlPool;
 use weir_store::KvStores;
@@ -51,13 +51,15 @@ pub enum LoadError {
 }
 
 /// The storage an app's guests may use, the threads their storage calls
-/// run on, and the actors they may call.
+/// run on, the internal domains they may call, and the host interfaces the
+/// layers above add.
 #[derive(Clone)]
 pub struct Stores {
     pub kv: Arc<KvStores>,
     pub sql: Arc<SqlDatabases>,
     pub pool: Arc<SqlPool>,
-    pub actors: ActorLink,
+    pub routes: InternalRoutes,
+    pub interfaces: Vec<Arc<dyn HostInterfaces>>,
 }
 
 /// What every generation of an app is made from: compiled once, shared.
@@ -71,9 +73,9 @@ pub struct AppCode {
     pub pool: Arc<SqlPool>,
     /// The guest memory budget every instance reserves from.
     pub budget: Arc<MemoryBudget>,
-    pub actors: ActorLink,
-    /// The component's `weir:actor/alarm#alarm` export, if any.
-    pub alarm: Option<ComponentExportIndex>,
+    pub routes: InternalRoutes,
+    /// The compiled component, for a layer's own exports.
+    pub component: Component,
 }
 
 impl AppCode {
@@ -134,10 +136,9 @@ impl AppCode {
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(link)?;
         crate::keyvalue::add_to_linker(&mut linker, GenerationState::keyvalue).map_err(link)?;
         crate::sql::add_to_linker(&mut linker, GenerationState::sql).map_err(link)?;
-        crate::actor_host::add_to_linker(&mut linker, GenerationState::actor).map_err(link)?;
-        let alarm = component
-            .get_export_index(None, ALARM_INTERFACE)
-            .and_then(|interface| component.get_export_index(Some(&interface), "alarm"));
+        for interfaces in &stores.interfaces {
+            interfaces.add_to_linker(&mut linker).map_err(link)?;
+        }
         let instance_pre = linker.instantiate_pre(&component).map_err(link)?;
         let pre = ProxyPre::new(instance_pre).map_err(|e| LoadError::NotAProxy {
             path: shown.to_string(),
@@ -152,8 +153,8 @@ impl AppCode {
             sql: stores.sql,
             pool: stores.pool,
             budget,
-            actors: stores.actors,
-            alarm,
+            routes: stores.routes,
+            component: component.clone(),
         })
     }
 }
@@ -218,7 +219,8 @@ impl App {
     /// Creates a fresh generation with the next number.
     pub async fn instantiate(&self) -> Result<Generation, InstantiateError> {
         let number = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        let result = Generation::instantiate(&self.code, &self.metrics, number, None).await;
+        let result =
+            Generation::instantiate(&self.code, &self.metrics, number, Extras::default()).await;
         match &result {
             Ok(_) => self.metrics.generation_created(),
             Err(e) => {

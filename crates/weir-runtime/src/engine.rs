@@ -41,10 +41,10 @@ pub const MAX_WASM_STACK_BYTES: usize = 1 << 20;
 /// storm on the next instantiation and a TLB shootdown on every retirement.
 pub const KEEP_RESIDENT_BYTES: usize = 2 << 20;
 
-/// Guard pages after an actor's linear memory. Accesses are bounds-checked
+/// Guard pages after an on-demand instance's linear memory. Accesses are bounds-checked
 /// (the reservation is the memory limit, not 4 GiB), so the guard only
 /// catches the checks' own offsets; one Wasm page is enough.
-pub const ACTOR_MEMORY_GUARD_BYTES: u64 = 64 << 10;
+pub const ON_DEMAND_GUARD_BYTES: u64 = 64 << 10;
 
 /// Errors building the engine.
 #[derive(Debug, thiserror::Error)]
@@ -95,13 +95,14 @@ impl WeirEngine {
         Self::with_config(&config, budget)
     }
 
-    /// The engine of actor instances. Actors are many and mostly idle, so
-    /// their memories are allocated on demand and given back to the kernel
-    /// when an actor hibernates (a pool would keep every slot reserved and
-    /// resident). Each memory reserves only `memory_limit_bytes` of address
-    /// space, so 10,000 live actors fit in the address space and the
-    /// kernel's map count; accesses are then bounds-checked.
-    pub fn for_actors(
+    /// An engine for many, mostly idle instances (the keyed instances of
+    /// the layers above): memories are allocated on demand and given back
+    /// to the kernel when an instance is dropped (a pool would keep every
+    /// slot reserved and resident). Each memory reserves only
+    /// `memory_limit_bytes` of address space, so tens of thousands of live
+    /// instances fit in the address space and the kernel's map count;
+    /// accesses are then bounds-checked.
+    pub fn on_demand(
         memory_limit_bytes: u64,
         budget: Arc<MemoryBudget>,
     ) -> Result<Self, EngineError> {
@@ -110,7 +111,7 @@ impl WeirEngine {
         config.max_wasm_stack(MAX_WASM_STACK_BYTES);
         config.wasm_component_model(true);
         config.memory_reservation(memory_limit_bytes);
-        config.memory_guard_size(ACTOR_MEMORY_GUARD_BYTES);
+        config.memory_guard_size(ON_DEMAND_GUARD_BYTES);
         config.memory_reservation_for_growth(0);
         config.allocation_strategy(InstanceAllocationStrategy::OnDemand);
         Self::with_config(&config, budget)

@@ -1,8 +1,11 @@
 //! The errors Weir itself answers, each with one stable code and status.
 //!
-//! Invariant owned here: a code names one failure and keeps its status; the
-//! README's error table is this enum. Guests never produce these codes —
-//! whatever a client receives under one of them came from Weir.
+//! Invariants owned here: a code names one failure and keeps its status;
+//! the README's error table is this enum. Guests never produce these codes —
+//! whatever a client receives under one of them came from Weir. Every
+//! answer Weir sends on a guest's behalf, whichever layer sends it, is
+//! made by [`error_response`]: `{"error":"<code>"}`, JSON, never cached,
+//! never sniffed.
 
 use std::fmt;
 
@@ -38,19 +41,56 @@ pub enum ErrorCode {
     /// 503: the guest grew past `memory_limit_bytes`; its generation was abandoned.
     MemoryLimitExceeded,
     /// 503: the guest's memory did not fit in `max_total_guest_memory_bytes`
-    /// (after idle actors were hibernated); its generation was abandoned.
+    /// (after idle instances of the layers above were let go); its
+    /// generation was abandoned.
     MemoryBudgetExceeded,
     /// 503: `max_connections` client connections are open already.
     ConnectionLimitExceeded,
-    /// 503: the actor's turn queue is full (`actor_max_queued`).
-    ActorOverloaded,
-    /// 503: the actor's turn could not be committed; the actor was reset and
-    /// none of the turn's writes are visible.
-    StorageCommitFailed,
-    /// 404: no actor class of that name is declared.
-    ActorClassUnknown,
-    /// 400: the host is in the actor domain but is not a valid actor address.
-    ActorAddressInvalid,
+}
+
+/// A failure Weir answers itself: a stable code and its status. The
+/// runtime's [`ErrorCode`] is one; the layers above define their own (their
+/// codes never collide with the runtime's), and every path answers them
+/// the same way.
+pub trait WeirError: Copy {
+    fn as_str(self) -> &'static str;
+    fn status(self) -> u16;
+
+    /// The JSON body Weir sends for this code.
+    fn body(self) -> String {
+        format!("{{\"error\":\"{}\"}}", self.as_str())
+    }
+}
+
+/// Weir's own answer for `code`, with any body type made from bytes.
+pub fn error_response<B: From<bytes::Bytes>>(code: impl WeirError) -> http::Response<B> {
+    let mut response = http::Response::new(B::from(bytes::Bytes::from(code.body())));
+    *response.status_mut() =
+        http::StatusCode::from_u16(code.status()).unwrap_or(http::StatusCode::SERVICE_UNAVAILABLE);
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-store"),
+    );
+    headers.insert(
+        http::header::X_CONTENT_TYPE_OPTIONS,
+        http::HeaderValue::from_static("nosniff"),
+    );
+    response
+}
+
+impl WeirError for ErrorCode {
+    fn as_str(self) -> &'static str {
+        ErrorCode::as_str(self)
+    }
+
+    fn status(self) -> u16 {
+        ErrorCode::status(self)
+    }
 }
 
 impl ErrorCode {
@@ -71,10 +111,6 @@ impl ErrorCode {
         ErrorCode::MemoryLimitExceeded,
         ErrorCode::MemoryBudgetExceeded,
         ErrorCode::ConnectionLimitExceeded,
-        ErrorCode::ActorOverloaded,
-        ErrorCode::StorageCommitFailed,
-        ErrorCode::ActorClassUnknown,
-        ErrorCode::ActorAddressInvalid,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -95,10 +131,6 @@ impl ErrorCode {
             ErrorCode::MemoryLimitExceeded => "memory_limit_exceeded",
             ErrorCode::MemoryBudgetExceeded => "memory_budget_exceeded",
             ErrorCode::ConnectionLimitExceeded => "connection_limit_exceeded",
-            ErrorCode::ActorOverloaded => "actor_overloaded",
-            ErrorCode::StorageCommitFailed => "storage_commit_failed",
-            ErrorCode::ActorClassUnknown => "actor_class_unknown",
-            ErrorCode::ActorAddressInvalid => "actor_address_invalid",
         }
     }
 
@@ -107,8 +139,7 @@ impl ErrorCode {
             ErrorCode::RequestHeaderFieldsTooLarge => 431,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::RequestBodyTimeout => 408,
-            ErrorCode::BadRequest | ErrorCode::ActorAddressInvalid => 400,
-            ErrorCode::ActorClassUnknown => 404,
+            ErrorCode::BadRequest => 400,
             ErrorCode::ResponseBodyTooLarge | ErrorCode::InvalidResponse => 502,
             ErrorCode::EventCapacityExceeded
             | ErrorCode::AdmissionDeadlineExceeded
@@ -119,9 +150,7 @@ impl ErrorCode {
             | ErrorCode::EventDeadlineExceeded
             | ErrorCode::MemoryLimitExceeded
             | ErrorCode::MemoryBudgetExceeded
-            | ErrorCode::ConnectionLimitExceeded
-            | ErrorCode::ActorOverloaded
-            | ErrorCode::StorageCommitFailed => 503,
+            | ErrorCode::ConnectionLimitExceeded => 503,
         }
     }
 

@@ -18,7 +18,7 @@
 //!   cannot be instantiated stays out of admission (unavailable) until one
 //!   can.
 
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,6 +34,7 @@ use crate::admission::LaneGuard;
 use crate::app::App;
 use crate::error_code::ErrorCode;
 use crate::generation::Generation;
+use crate::invocation::{self, Flow, GuestResponse, Hooks, Timing, declared_length};
 use crate::receipt::{Outcome, Receipt};
 use crate::scope::EventScope;
 
@@ -44,10 +45,6 @@ pub const RENEW_BACKOFF_START: Duration = Duration::from_millis(100);
 /// back is found within 30 s, and a persistent failure costs one attempt per
 /// 30 s per lane.
 pub const RENEW_BACKOFF_MAX: Duration = Duration::from_secs(30);
-
-/// Longest trap message kept in a receipt; wasmtime's backtraces can be
-/// long, and the receipt is a log line.
-pub const MAX_DETAIL_CHARS: usize = 512;
 
 /// How the guest's session ended, as the transport needs to know before it
 /// may end the body cleanly.
@@ -130,15 +127,6 @@ pub type GuestBody = HyperOutgoingBody;
 /// A request whose body has been read in full, as the guest will see it.
 pub type EventRequest = http::Request<Full<Bytes>>;
 
-enum Verdict {
-    Returned,
-    Trap(String),
-    EventDeadline,
-    SessionDeadline,
-    Cancelled,
-    ResponseTooLarge,
-}
-
 /// Starts the event on the lane held by `guard`.
 pub fn dispatch(guard: LaneGuard, request: EventRequest, receipt: Receipt) -> Dispatch {
     let (reply_tx, reply) = oneshot::channel();
@@ -152,14 +140,6 @@ pub fn dispatch(guard: LaneGuard, request: EventRequest, receipt: Receipt) -> Di
             ))),
         },
     }
-}
-
-fn declared_length(response: &Response<HyperOutgoingBody>) -> Option<u64> {
-    response
-        .headers()
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
 }
 
 async fn run_event(
@@ -210,154 +190,42 @@ async fn run_event(
     let number = generation.number;
     receipt.entered_wasm(number);
     let entered = Instant::now();
-    let mut reply_tx = Some(reply_tx);
-    let mut session_tx: Option<oneshot::Sender<SessionEnd>> = None;
-    let mut headers_sent = false;
-    let mut cancelled = false;
-    let mut deadline = entered + limits.event_limit;
-    // Host work that runs on its own thread (SQL) stops at this deadline.
-    scope.set_deadline(deadline);
-
-    let verdict = {
+    let mut hooks = WorkerHooks {
+        limits,
+        receipt: &receipt,
+        reply_tx: Some(reply_tx),
+        session_tx: None,
+        number,
+    };
+    let ending = {
         let Generation { store, proxy, .. } = &mut generation;
-        let mut call = pin!(
-            proxy
-                .wasi_http_incoming_handler()
-                .call_handle(store, req, out)
-        );
-        loop {
-            tokio::select! {
-                biased;
-                response = &mut out_rx, if !headers_sent => {
-                    headers_sent = true;
-                    // Headers that come after the deadline are late, even
-                    // when they beat its timer here (a statement stopped
-                    // at the deadline lets the guest answer at once).
-                    if Instant::now() >= deadline {
-                        break if cancelled { Verdict::Cancelled } else { Verdict::EventDeadline };
-                    }
-                    match response {
-                        Ok(Ok(response)) => {
-                            if declared_length(&response)
-                                .is_some_and(|n| n > limits.max_response_body_bytes)
-                            {
-                                break Verdict::ResponseTooLarge;
-                            }
-                            receipt.status(response.status().as_u16());
-                            receipt.headers_sent();
-                            let (tx, session) = oneshot::channel();
-                            session_tx = Some(tx);
-                            if let Some(reply_tx) = reply_tx.take() {
-                                let _ = reply_tx.send(Reply::Response { response, session, generation: number });
-                            }
-                            if !cancelled {
-                                deadline = Instant::now() + limits.session_limit;
-                                scope.set_deadline(deadline);
-                            }
-                        }
-                        Ok(Err(code)) => {
-                            invalid_response(&receipt, &mut reply_tx, Some(code));
-                        }
-                        Err(_) => invalid_response(&receipt, &mut reply_tx, None),
-                    }
-                }
-                result = &mut call => {
-                    break match result {
-                        Ok(()) if !headers_sent && Instant::now() >= deadline => {
-                            if cancelled { Verdict::Cancelled } else { Verdict::EventDeadline }
-                        }
-                        Ok(()) => Verdict::Returned,
-                        Err(e) => Verdict::Trap(truncate(e.root_cause().to_string())),
-                    };
-                }
-                _ = tokio::time::sleep_until(deadline.into()) => {
-                    break if cancelled {
-                        Verdict::Cancelled
-                    } else if headers_sent {
-                        Verdict::SessionDeadline
-                    } else {
-                        Verdict::EventDeadline
-                    };
-                }
-                _ = &mut cancel_rx, if !cancelled => {
-                    cancelled = true;
-                    // The client is gone: its event's outbound work stops now.
-                    scope.abort();
-                    receipt.fail(Outcome::Cancelled, Some(ErrorCode::RequestCancelled), None);
-                    deadline = deadline.min(Instant::now() + limits.cancellation_limit);
-                    scope.set_deadline(deadline);
-                }
-            }
-        }
+        let call = proxy
+            .wasi_http_incoming_handler()
+            .call_handle(store, req, out);
+        invocation::run(
+            call,
+            Some(&mut out_rx),
+            &scope,
+            Timing {
+                deadline: entered + limits.event_limit,
+                cancellation_limit: limits.cancellation_limit,
+            },
+            Some(&mut cancel_rx),
+            &mut hooks,
+        )
+        .await
     };
+    let WorkerHooks {
+        mut reply_tx,
+        mut session_tx,
+        ..
+    } = hooks;
 
-    // A response set before the guest failed is judged first: a declared
-    // length over the limit is that limit, whatever the guest did after.
-    let verdict = match verdict {
-        Verdict::Trap(_) if !headers_sent => match out_rx.try_recv() {
-            Ok(Ok(response))
-                if declared_length(&response)
-                    .is_some_and(|n| n > limits.max_response_body_bytes) =>
-            {
-                Verdict::ResponseTooLarge
-            }
-            _ => verdict,
-        },
-        other => other,
-    };
     receipt.memory(generation.memory_bytes());
     receipt.operations(scope.started(), scope.refused());
-    let failure = match verdict {
-        Verdict::Returned => None,
-        Verdict::Trap(detail) => Some(match generation.store.data().memory_refusal() {
-            Some(code) => (Outcome::Limit, code, Some(detail)),
-            None => (Outcome::Trap, ErrorCode::InstanceAbandoned, Some(detail)),
-        }),
-        Verdict::EventDeadline => Some((Outcome::Deadline, ErrorCode::EventDeadlineExceeded, None)),
-        Verdict::SessionDeadline => Some((
-            Outcome::Deadline,
-            ErrorCode::EventDeadlineExceeded,
-            Some("session_limit_ms passed".to_string()),
-        )),
-        Verdict::Cancelled => Some((
-            Outcome::Cancelled,
-            ErrorCode::RequestCancelled,
-            Some("guest did not finish within cancellation_limit_ms".to_string()),
-        )),
-        Verdict::ResponseTooLarge => Some((Outcome::Limit, ErrorCode::ResponseBodyTooLarge, None)),
-    };
-
-    let Some((outcome, code, detail)) = failure else {
-        if !headers_sent {
-            // The guest may have set its response in the same poll in
-            // which it returned.
-            match out_rx.try_recv() {
-                Ok(Ok(response))
-                    if declared_length(&response)
-                        .is_some_and(|n| n > limits.max_response_body_bytes) =>
-                {
-                    fail_event(
-                        &receipt,
-                        &mut reply_tx,
-                        Outcome::Limit,
-                        ErrorCode::ResponseBodyTooLarge,
-                        None,
-                    );
-                }
-                Ok(Ok(response)) => {
-                    receipt.status(response.status().as_u16());
-                    receipt.headers_sent();
-                    if let Some(reply_tx) = reply_tx.take() {
-                        let _ = reply_tx.send(Reply::Response {
-                            response,
-                            session: settled(SessionEnd::Clean),
-                            generation: number,
-                        });
-                    }
-                }
-                Ok(Err(code)) => invalid_response(&receipt, &mut reply_tx, Some(code)),
-                Err(_) => invalid_response(&receipt, &mut reply_tx, None),
-            }
+    let Some((outcome, code, detail)) = ending.failure(generation.store.data()) else {
+        if reply_tx.is_some() {
+            invalid_response(&receipt, &mut reply_tx, None);
         }
         if let Some(tx) = session_tx.take() {
             let _ = tx.send(SessionEnd::Clean);
@@ -365,10 +233,8 @@ async fn run_event(
         receipt.succeed();
         // The event is over: whatever the guest left running stops, and
         // nothing more may start in its name.
-        scope.close();
-        scope.abort();
         generation.store.data_mut().set_scope(None);
-        if scope.live() > 0 && !scope.drain(limits.cleanup_timeout).await {
+        if !invocation::settle(&scope, false, limits.cleanup_timeout).await {
             receipt.cleanup_unconfirmed();
             drop(receipt);
             quarantine(&app, lane_id, &scope).await;
@@ -383,9 +249,8 @@ async fn run_event(
     // the response channels and every resource the guest started, so a
     // failed session is seen as failed and the guest's connections close.
     scope.invalidate();
-    scope.close();
     drop(generation);
-    let drained = scope.live() == 0 || scope.drain(limits.cleanup_timeout).await;
+    let drained = invocation::settle(&scope, true, limits.cleanup_timeout).await;
     let code = if drained {
         code
     } else {
@@ -409,6 +274,55 @@ async fn run_event(
     guard.lane().generation = Some(fresh);
 }
 
+/// A worker event's part in the invocation machine: a response is judged
+/// by its declared length and handed to the transport as soon as it is
+/// set (the body streams from the guest); a departed client is recorded.
+struct WorkerHooks<'a> {
+    limits: &'a crate::limits::Limits,
+    receipt: &'a Receipt,
+    /// Until the transport has its reply.
+    reply_tx: Option<oneshot::Sender<Reply>>,
+    /// How the session ended, once headers went out.
+    session_tx: Option<oneshot::Sender<SessionEnd>>,
+    number: u64,
+}
+
+impl Hooks for WorkerHooks<'_> {
+    fn judge(&self, response: &Response<HyperOutgoingBody>) -> Option<ErrorCode> {
+        declared_length(response.headers())
+            .is_some_and(|n| n > self.limits.max_response_body_bytes)
+            .then_some(ErrorCode::ResponseBodyTooLarge)
+    }
+
+    fn on_response(&mut self, response: GuestResponse) -> Flow {
+        match response {
+            Ok(response) => {
+                self.receipt.status(response.status().as_u16());
+                self.receipt.headers_sent();
+                let (tx, session) = oneshot::channel();
+                self.session_tx = Some(tx);
+                if let Some(reply_tx) = self.reply_tx.take() {
+                    let _ = reply_tx.send(Reply::Response {
+                        response,
+                        session,
+                        generation: self.number,
+                    });
+                }
+                Flow::Continue(Some(Instant::now() + self.limits.session_limit))
+            }
+            Err(code) => {
+                invalid_response(self.receipt, &mut self.reply_tx, Some(code));
+                Flow::Continue(None)
+            }
+        }
+    }
+
+    fn on_cancel(&mut self) {
+        self.receipt
+            .fail(Outcome::Cancelled, Some(ErrorCode::RequestCancelled), None);
+    }
+}
+
 /// Holds a lane out of admission until its event's host operations have
 /// all ended.
 async fn quarantine(app: &Arc<App>, lane_id: usize, scope: &EventScope) {
@@ -418,7 +332,7 @@ async fn quarantine(app: &Arc<App>, lane_id: usize, scope: &EventScope) {
 }
 
 /// A session outcome that is already known.
-fn settled(end: SessionEnd) -> oneshot::Receiver<SessionEnd> {
+pub fn settled(end: SessionEnd) -> oneshot::Receiver<SessionEnd> {
     let (tx, rx) = oneshot::channel();
     let _ = tx.send(end);
     rx
@@ -492,10 +406,4 @@ fn invalid_response(
     );
 }
 
-pub fn truncate(mut s: String) -> String {
-    if s.chars().count() > MAX_DETAIL_CHARS {
-        s = s.chars().take(MAX_DETAIL_CHARS).collect();
-        s.push('…');
-    }
-    s
-}
+pub use crate::invocation::truncate;

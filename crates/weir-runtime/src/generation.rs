@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use wasmtime::component::{ResourceTable, TypedFunc};
+use wasmtime::component::{Instance, ResourceTable};
 use wasmtime::{Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::p2::bindings::Proxy;
@@ -19,8 +19,8 @@ use std::sync::Arc;
 use weir_store::KvStores;
 use weir_store::sql::SqlDatabases;
 
-use crate::actor_host::{ActorSeat, ActorView};
 use crate::app::AppCode;
+use crate::extension::Extras;
 use crate::guest_output::GuestOutput;
 use crate::keyvalue::KeyValueView;
 use crate::memory_budget::MemoryLimiter;
@@ -43,8 +43,8 @@ pub struct GenerationState {
     pub(crate) memory: MemoryLimiter,
     /// The guest's output budget (shared by its stdout and stderr).
     output: GuestOutput,
-    /// In an actor's generation: who it is and its turn gate.
-    pub(crate) actor: Option<ActorSeat>,
+    /// A layer's own data for this generation ([`Extras::data`]).
+    extension: Option<Box<dyn std::any::Any + Send>>,
 }
 
 impl WasiView for GenerationState {
@@ -82,19 +82,20 @@ impl GenerationState {
 }
 
 impl GenerationState {
-    /// What `weir:actor` calls see: the actor's seat (none in a worker) and
-    /// the turn's scope.
-    pub(crate) fn actor(&mut self) -> ActorView<'_> {
-        ActorView {
-            seat: self.actor.as_ref(),
-            scope: self.outbound.scope.as_ref(),
-            pool: &self.pool,
-        }
+    /// The data a layer attached to this generation, if it is a `T`.
+    pub fn extension<T: 'static>(&self) -> Option<&T> {
+        self.extension.as_ref()?.downcast_ref()
     }
 
-    /// The actor seat of this generation, if it is an actor's.
-    pub fn seat(&self) -> Option<&ActorSeat> {
-        self.actor.as_ref()
+    /// The scope of the event running now, if any: host functions register
+    /// their operations in it.
+    pub fn scope(&self) -> Option<&Arc<EventScope>> {
+        self.outbound.scope.as_ref()
+    }
+
+    /// The threads that run storage work, off the async workers.
+    pub fn pool(&self) -> &Arc<SqlPool> {
+        &self.pool
     }
 
     /// Sets (or clears) the scope of the event or turn running now.
@@ -134,15 +135,12 @@ pub struct Generation {
     pub number: u64,
     pub store: Store<GenerationState>,
     pub proxy: Proxy,
-    /// An actor class's `alarm` export, when it has one.
-    pub alarm: Option<AlarmFunc>,
+    /// The instance itself, for a layer's own exports.
+    pub instance: Instance,
     /// Events admitted to this generation so far.
     pub admitted: u32,
     pub created: Instant,
 }
-
-/// `alarm: func(reason: string) -> result<option<u64>, string>`.
-pub type AlarmFunc = TypedFunc<(String,), (Result<Option<u64>, String>,)>;
 
 /// Why a fresh generation could not be created.
 #[derive(Debug, thiserror::Error)]
@@ -160,18 +158,18 @@ impl Generation {
         code: &AppCode,
         metrics: &AppMetrics,
         number: u64,
-        seat: Option<ActorSeat>,
+        extras: Extras,
     ) -> Result<Generation, InstantiateError> {
         let mut outbound = OutboundPolicy::new(
             code.outbound.clone(),
             &code.limits,
             metrics.clone(),
-            code.actors.clone(),
+            code.routes.clone(),
         );
-        outbound.gate = seat.as_ref().map(|s| s.gate.clone());
+        outbound.output_gate = extras.output_gate;
         let (stdout, stderr) = GuestOutput::pair();
         let state = GenerationState {
-            actor: seat,
+            extension: extras.data,
             wasi: WasiCtx::builder()
                 .stdout(stdout)
                 .stderr(stderr.clone())
@@ -210,16 +208,8 @@ impl Generation {
             }
         };
         let proxy = Proxy::new(&mut store, &instance).map_err(fail)?;
-        let alarm = match &code.alarm {
-            Some(index) => Some(
-                instance
-                    .get_typed_func::<(String,), (Result<Option<u64>, String>,)>(&mut store, index)
-                    .map_err(fail)?,
-            ),
-            None => None,
-        };
         Ok(Generation {
-            alarm,
+            instance,
             number,
             store,
             proxy,

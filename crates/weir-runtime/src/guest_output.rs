@@ -1,6 +1,6 @@
 //! A guest's standard output and error: written to Weir's own, bounded.
 //!
-//! Invariant owned here: one event (or actor turn) makes Weir write at most
+//! Invariant owned here: one event (or turn of a layer above) makes Weir write at most
 //! [`MAX_GUEST_OUTPUT_BYTES`] of its guest's output, stdout and stderr
 //! together; the rest is accepted from the guest and dropped. A guest that
 //! prints in a loop cannot fill the operator's logs or disk, and a panic

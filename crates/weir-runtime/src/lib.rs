@@ -6,14 +6,15 @@
 //! receipt ([`receipt`]). The HTTP transport lives in `weir-http`; this
 //! crate never touches a socket.
 
-pub mod actor_host;
 pub mod admission;
 pub mod app;
 pub mod engine;
 pub mod error_code;
 pub mod event;
+pub mod extension;
 pub mod generation;
 pub mod guest_output;
+pub mod invocation;
 pub mod keyvalue;
 pub mod lane;
 pub mod limits;
@@ -27,5 +28,5 @@ pub mod sql_pool;
 
 pub use app::{App, AppCode, LoadError, Stores};
 pub use engine::{EngineSizing, WeirEngine};
-pub use error_code::ErrorCode;
+pub use error_code::{ErrorCode, WeirError};
 pub use limits::{LimitError, Limits};

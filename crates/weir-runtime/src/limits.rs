@@ -1,10 +1,13 @@
 //! The limits of one app: every number that bounds time, space or
 //! concurrency, with its default, its allowed range and the reason for both.
 //!
-//! Invariant owned here: a [`Limits`] value only ever holds in-range values.
-//! Every way to change one ([`Limits::set`], [`Limits::apply`]) checks the
-//! name and the range first and names both in the error, so a bad setting is
-//! refused at start and never discovered at the first request.
+//! Invariant owned here: a limit table only ever holds in-range values.
+//! Every way to change one (`set`, `apply`) checks the name and the range
+//! first and names both in the error, so a bad setting is refused at start
+//! and never discovered at the first request. Each limit is declared once,
+//! in a [`limit_table!`]: its name, default, range, unit and meaning, and
+//! the field that holds it; the layers above declare theirs the
+//! same way.
 
 use std::fmt;
 use std::time::Duration;
@@ -28,6 +31,195 @@ pub struct LimitSpec {
     pub meaning: &'static str,
 }
 
+/// A limit name that Weir does not know, or a value outside its range.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LimitError {
+    #[error("unknown limit `{name}` (known limits: {known})")]
+    Unknown { name: String, known: String },
+    #[error("limit `{name}` must be an integer from {min} to {max}, got `{value}`")]
+    OutOfRange {
+        name: &'static str,
+        value: String,
+        min: u64,
+        max: u64,
+    },
+    #[error("`{0}` is not of the form NAME=VALUE")]
+    Malformed(String),
+}
+
+/// A field that holds a limit: how the limit's number becomes the field's
+/// value and back (milliseconds become a `Duration`).
+pub trait LimitValue {
+    fn from_limit(v: u64) -> Self;
+    fn to_limit(&self) -> u64;
+}
+
+impl LimitValue for Duration {
+    fn from_limit(v: u64) -> Self {
+        Duration::from_millis(v)
+    }
+    fn to_limit(&self) -> u64 {
+        self.as_millis() as u64
+    }
+}
+
+impl LimitValue for u64 {
+    fn from_limit(v: u64) -> Self {
+        v
+    }
+    fn to_limit(&self) -> u64 {
+        *self
+    }
+}
+
+impl LimitValue for usize {
+    fn from_limit(v: u64) -> Self {
+        v as usize
+    }
+    fn to_limit(&self) -> u64 {
+        *self as u64
+    }
+}
+
+impl LimitValue for u32 {
+    fn from_limit(v: u64) -> Self {
+        v as u32
+    }
+    fn to_limit(&self) -> u64 {
+        *self as u64
+    }
+}
+
+/// A table of limits declared with [`limit_table!`]: what a configuration
+/// reader needs to set limits of several tables by their flat names.
+pub trait LimitTable {
+    fn specs() -> &'static [LimitSpec];
+    /// The current value of a limit, in its spec's unit.
+    fn value(&self, name: &str) -> Option<u64>;
+    /// Stores an already checked value; false for a name not in the table.
+    fn store(&mut self, name: &str, value: u64) -> bool;
+
+    /// Sets one limit by its flat name, checking the range.
+    fn set_limit(&mut self, name: &str, value: &str) -> Result<(), LimitError> {
+        let spec = Self::specs()
+            .iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| LimitError::Unknown {
+                name: name.to_string(),
+                known: known_names(Self::specs()),
+            })?;
+        let parsed = parse_value(value)
+            .filter(|v| (spec.min..=spec.max).contains(v))
+            .ok_or_else(|| LimitError::OutOfRange {
+                name: spec.name,
+                value: value.to_string(),
+                min: spec.min,
+                max: spec.max,
+            })?;
+        self.store(spec.name, parsed);
+        Ok(())
+    }
+}
+
+/// The names of `specs`, for an error message.
+pub fn known_names(specs: &[LimitSpec]) -> String {
+    specs.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+}
+
+/// Splits a `NAME=VALUE` assignment, as given on the command line.
+pub fn split_assignment(assignment: &str) -> Result<(&str, &str), LimitError> {
+    assignment
+        .split_once('=')
+        .map(|(n, v)| (n.trim(), v.trim()))
+        .ok_or_else(|| LimitError::Malformed(assignment.to_string()))
+}
+
+/// Declares a table of limits once: the struct and its fields, each
+/// limit's spec (name, default, range, unit, meaning), `Default`, and
+/// `set` / `apply` / `get` by flat name.
+#[macro_export]
+macro_rules! limit_table {
+    (
+        $(#[$smeta:meta])*
+        $vis:vis struct $name:ident {
+            $(
+                $(#[$fmeta:meta])*
+                $field:ident : $ty:ty = $spec:literal {
+                    default: $default:expr,
+                    range: $min:expr, $max:expr,
+                    unit: $unit:ident,
+                    meaning: $meaning:literal $(,)?
+                }
+            ),* $(,)?
+        }
+    ) => {
+        $(#[$smeta])*
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        $vis struct $name {
+            $( $(#[$fmeta])* pub $field: $ty, )*
+        }
+
+        impl $name {
+            /// Every limit of the table, in the order the README lists them.
+            pub const SPECS: &'static [$crate::limits::LimitSpec] = &[
+                $( $crate::limits::LimitSpec {
+                    name: $spec,
+                    default: $default,
+                    min: $min,
+                    max: $max,
+                    unit: $crate::limits::Unit::$unit,
+                    meaning: $meaning,
+                }, )*
+            ];
+
+            /// Sets one limit by its flat name, checking the range.
+            pub fn set(&mut self, name: &str, value: &str) -> Result<(), $crate::limits::LimitError> {
+                $crate::limits::LimitTable::set_limit(self, name, value)
+            }
+
+            /// Applies one `NAME=VALUE` assignment.
+            pub fn apply(&mut self, assignment: &str) -> Result<(), $crate::limits::LimitError> {
+                let (name, value) = $crate::limits::split_assignment(assignment)?;
+                self.set(name, value)
+            }
+
+            /// The current value of a limit by name, in its spec's unit.
+            pub fn get(&self, name: &str) -> Option<u64> {
+                $crate::limits::LimitTable::value(self, name)
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                $name {
+                    $( $field: <$ty as $crate::limits::LimitValue>::from_limit($default), )*
+                }
+            }
+        }
+
+        impl $crate::limits::LimitTable for $name {
+            fn specs() -> &'static [$crate::limits::LimitSpec] {
+                Self::SPECS
+            }
+            fn value(&self, name: &str) -> Option<u64> {
+                match name {
+                    $( $spec => Some($crate::limits::LimitValue::to_limit(&self.$field)), )*
+                    _ => None,
+                }
+            }
+            fn store(&mut self, name: &str, value: u64) -> bool {
+                match name {
+                    $( $spec => {
+                        self.$field = $crate::limits::LimitValue::from_limit(value);
+                        true
+                    } )*
+                    _ => false,
+                }
+            }
+        }
+    };
+}
+
 /// Longest any timer-like limit may be: 24 hours. Longer values are almost
 /// certainly a unit mistake, and bounded values keep `Instant` arithmetic
 /// far from overflow.
@@ -49,12 +241,6 @@ pub const MAX_LANES: u64 = 1024;
 
 /// Waiters are bounded so a burst cannot hold unbounded connections open.
 pub const MAX_QUEUED: u64 = 65_536;
-
-/// Events that may wait for one actor: an actor runs one turn at a time, so
-/// a hot actor's queue is its latency; 128 turns of ~100 µs is ~13 ms of
-/// waiting, past which refusing fast (503 `actor_overloaded`) serves
-/// callers better than queueing.
-pub const DEFAULT_ACTOR_MAX_QUEUED: u64 = 128;
 
 /// The total guest memory budget may be set up to 1 PiB: a bound on
 /// arithmetic, not on any machine.
@@ -115,330 +301,115 @@ pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
 /// answered 503 `connection_limit_exceeded` and closed.
 pub const DEFAULT_MAX_CONNECTIONS: u64 = 4096;
 
-/// All limits, in the order the README's table lists them.
-pub const SPECS: &[LimitSpec] = &[
-    LimitSpec {
-        name: "event_limit_ms",
-        default: 1000,
-        min: 1,
-        max: MAX_DURATION_MS,
-        unit: Unit::Millis,
-        meaning: "Wasm entry to response headers",
-    },
-    LimitSpec {
-        name: "session_limit_ms",
-        default: 300_000,
-        min: 1,
-        max: MAX_DURATION_MS,
-        unit: Unit::Millis,
-        meaning: "response headers to end of body",
-    },
-    LimitSpec {
-        name: "cancellation_limit_ms",
-        default: 1000,
-        min: 1,
-        max: MAX_DURATION_MS,
-        unit: Unit::Millis,
-        meaning: "client gone to guest out, else the generation is abandoned",
-    },
-    LimitSpec {
-        name: "body_read_timeout_ms",
-        default: 30_000,
-        min: 1,
-        max: MAX_DURATION_MS,
-        unit: Unit::Millis,
-        meaning: "reading the request body (holds the lane, not the Wasm deadline)",
-    },
-    LimitSpec {
-        name: "cleanup_timeout_ms",
-        default: 250,
-        min: 1,
-        max: MAX_DURATION_MS,
-        unit: Unit::Millis,
-        meaning: "one total budget to settle an event's host operations",
-    },
-    LimitSpec {
-        name: "max_operations",
-        default: 128,
-        min: 1,
-        max: MAX_OPERATIONS,
-        unit: Unit::Count,
-        meaning: "simultaneous host operations per event",
-    },
-    LimitSpec {
-        name: "max_concurrent",
-        default: 32,
-        min: 1,
-        max: MAX_LANES,
-        unit: Unit::Count,
-        meaning: "lanes per app (events running at once)",
-    },
-    LimitSpec {
-        name: "max_queued",
-        default: 32,
-        min: 0,
-        max: MAX_QUEUED,
-        unit: Unit::Count,
-        meaning: "waiters when all lanes are busy",
-    },
-    LimitSpec {
-        name: "retirement_admission_limit",
-        default: DEFAULT_RETIREMENT_ADMISSION_LIMIT,
-        min: 1,
-        max: MAX_RETIREMENT_ADMISSION_LIMIT,
-        unit: Unit::Count,
-        meaning: "events per generation before it is retired",
-    },
-    LimitSpec {
-        name: "max_request_head_bytes",
-        default: 16_384,
-        min: MIN_HEAD_BYTES,
-        max: MAX_HEAD_BYTES,
-        unit: Unit::Bytes,
-        meaning: "method, URI and header lines, in UTF-8 bytes",
-    },
-    LimitSpec {
-        name: "max_request_body_bytes",
-        default: 1 << 20,
-        min: 0,
-        max: MAX_REQUEST_BODY_BYTES,
-        unit: Unit::Bytes,
-        meaning: "request body, declared or streamed",
-    },
-    LimitSpec {
-        name: "max_response_body_bytes",
-        default: 64 << 20,
-        min: 0,
-        max: MAX_RESPONSE_BODY_BYTES,
-        unit: Unit::Bytes,
-        meaning: "response body, declared or streamed",
-    },
-    LimitSpec {
-        name: "max_response_chunk_bytes",
-        default: 65_536,
-        min: MIN_CHUNK_BYTES,
-        max: MAX_CHUNK_BYTES,
-        unit: Unit::Bytes,
-        meaning: "largest chunk written to the client",
-    },
-    LimitSpec {
-        name: "outbound_connect_timeout_ms",
-        default: 10_000,
-        min: 1,
-        max: MAX_DURATION_MS,
-        unit: Unit::Millis,
-        meaning: "connecting to an outbound host (a guest may ask for less, not more)",
-    },
-    LimitSpec {
-        name: "outbound_first_byte_timeout_ms",
-        default: 30_000,
-        min: 1,
-        max: MAX_DURATION_MS,
-        unit: Unit::Millis,
-        meaning: "outbound request sent to first response byte (a guest may ask for less, not more)",
-    },
-    LimitSpec {
-        name: "max_outbound_response_bytes",
-        default: 64 << 20,
-        min: 0,
-        max: MAX_RESPONSE_BODY_BYTES,
-        unit: Unit::Bytes,
-        meaning: "body of one outbound response read by a guest",
-    },
-    LimitSpec {
-        name: "actor_idle_ms",
-        default: 10_000,
-        min: 1,
-        max: MAX_DURATION_MS,
-        unit: Unit::Millis,
-        meaning: "an actor with no event in flight and no timer due is hibernated after this long",
-    },
-    LimitSpec {
-        name: "actor_max_queued",
-        default: DEFAULT_ACTOR_MAX_QUEUED,
-        min: 1,
-        max: MAX_QUEUED,
-        unit: Unit::Count,
-        meaning: "events waiting for one actor's turn; more are refused with actor_overloaded",
-    },
-    LimitSpec {
-        name: "max_live_actors",
-        default: 100_000,
-        min: 16,
-        max: 10_000_000,
-        unit: Unit::Count,
-        meaning: "actors in memory at once (also bounded by the open-file limit: 2 files each); beyond it the least recently used idle ones hibernate",
-    },
-    LimitSpec {
-        name: "memory_limit_bytes",
-        default: 128 << 20,
-        min: MIN_MEMORY_BYTES,
-        max: MAX_MEMORY_BYTES,
-        unit: Unit::Bytes,
-        meaning: "linear memory per instance",
-    },
-    LimitSpec {
-        name: "max_total_guest_memory_bytes",
-        default: 0,
-        min: 0,
-        max: MAX_TOTAL_GUEST_MEMORY_BYTES,
-        unit: Unit::Bytes,
-        meaning: "linear memory of every live instance together (0: half of physical memory, or of the cgroup limit); past it idle actors hibernate, then growth is refused with memory_budget_exceeded",
-    },
-    LimitSpec {
-        name: "sql_threads",
-        default: DEFAULT_SQL_THREADS,
-        min: 1,
-        max: 256,
-        unit: Unit::Count,
-        meaning: "threads that run guests' SQL and multi-key storage calls (never the async workers)",
-    },
-    LimitSpec {
-        name: "max_sql_result_bytes",
-        default: DEFAULT_MAX_SQL_RESULT_BYTES,
-        min: 1024,
-        max: 1 << 30,
-        unit: Unit::Bytes,
-        meaning: "what one SQL batch, actor statement, list or batch read hands back to a guest",
-    },
-    LimitSpec {
-        name: "body_idle_timeout_ms",
-        default: DEFAULT_BODY_IDLE_TIMEOUT_MS,
-        min: 1,
-        max: MAX_DURATION_MS,
-        unit: Unit::Millis,
-        meaning: "a request body that sends nothing for this long is answered 408",
-    },
-    LimitSpec {
-        name: "body_min_rate_bytes_per_s",
-        default: DEFAULT_BODY_MIN_RATE_BYTES_PER_S,
-        min: 0,
-        max: 1 << 30,
-        unit: Unit::Count,
-        meaning: "after its first body_idle_timeout_ms a request body slower than this on average is answered 408 (0: no minimum)",
-    },
-    LimitSpec {
-        name: "header_read_timeout_ms",
-        default: DEFAULT_HEADER_READ_TIMEOUT_MS,
-        min: 1,
-        max: MAX_DURATION_MS,
-        unit: Unit::Millis,
-        meaning: "a connection's request head must arrive within this long (also idle between requests)",
-    },
-    LimitSpec {
-        name: "max_connections",
-        default: DEFAULT_MAX_CONNECTIONS,
-        min: 1,
-        max: 1 << 20,
-        unit: Unit::Count,
-        meaning: "client connections open at once; more are answered 503 connection_limit_exceeded",
-    },
-];
-
-/// A limit name that Weir does not know, or a value outside its range.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum LimitError {
-    #[error("unknown limit `{name}` (known limits: {known})")]
-    Unknown { name: String, known: String },
-    #[error("limit `{name}` must be an integer from {min} to {max}, got `{value}`")]
-    OutOfRange {
-        name: &'static str,
-        value: String,
-        min: u64,
-        max: u64,
-    },
-    #[error("`{0}` is not of the form NAME=VALUE")]
-    Malformed(String),
-}
-
-/// The limits in force for one app. Fields are read on the hot path, so they
-/// are plain values rather than a map.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Limits {
-    pub event_limit: Duration,
-    pub session_limit: Duration,
-    pub cancellation_limit: Duration,
-    pub body_read_timeout: Duration,
-    pub cleanup_timeout: Duration,
-    pub max_operations: usize,
-    pub max_concurrent: usize,
-    pub max_queued: usize,
-    pub retirement_admission_limit: u32,
-    pub max_request_head_bytes: usize,
-    pub max_request_body_bytes: u64,
-    pub max_response_body_bytes: u64,
-    pub max_response_chunk_bytes: usize,
-    pub outbound_connect_timeout: Duration,
-    pub outbound_first_byte_timeout: Duration,
-    pub max_outbound_response_bytes: u64,
-    pub actor_idle: Duration,
-    pub actor_max_queued: usize,
-    pub max_live_actors: usize,
-    pub memory_limit_bytes: u64,
-    /// 0 until resolved at start ([`Limits::total_guest_memory`]).
-    pub max_total_guest_memory_bytes: u64,
-    pub sql_threads: usize,
-    pub max_sql_result_bytes: usize,
-    pub body_idle_timeout: Duration,
-    pub body_min_rate_bytes_per_s: u64,
-    pub header_read_timeout: Duration,
-    pub max_connections: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        let mut limits = Limits {
-            event_limit: Duration::ZERO,
-            session_limit: Duration::ZERO,
-            cancellation_limit: Duration::ZERO,
-            body_read_timeout: Duration::ZERO,
-            cleanup_timeout: Duration::ZERO,
-            max_operations: 0,
-            max_concurrent: 0,
-            max_queued: 0,
-            retirement_admission_limit: 0,
-            max_request_head_bytes: 0,
-            max_request_body_bytes: 0,
-            max_response_body_bytes: 0,
-            max_response_chunk_bytes: 0,
-            outbound_connect_timeout: Duration::ZERO,
-            outbound_first_byte_timeout: Duration::ZERO,
-            max_outbound_response_bytes: 0,
-            actor_idle: Duration::ZERO,
-            actor_max_queued: 0,
-            max_live_actors: 0,
-            memory_limit_bytes: 0,
-            max_total_guest_memory_bytes: 0,
-            sql_threads: 0,
-            max_sql_result_bytes: 0,
-            body_idle_timeout: Duration::ZERO,
-            body_min_rate_bytes_per_s: 0,
-            header_read_timeout: Duration::ZERO,
-            max_connections: 0,
-        };
-        for spec in SPECS {
-            limits.store(spec.name, spec.default);
-        }
-        limits
+limit_table! {
+    /// The limits in force for one app. Fields are read on the hot path, so
+    /// they are plain values rather than a map.
+    pub struct Limits {
+        event_limit: Duration = "event_limit_ms" {
+            default: 1000, range: 1, MAX_DURATION_MS, unit: Millis,
+            meaning: "Wasm entry to response headers",
+        },
+        session_limit: Duration = "session_limit_ms" {
+            default: 300_000, range: 1, MAX_DURATION_MS, unit: Millis,
+            meaning: "response headers to end of body",
+        },
+        cancellation_limit: Duration = "cancellation_limit_ms" {
+            default: 1000, range: 1, MAX_DURATION_MS, unit: Millis,
+            meaning: "client gone to guest out, else the generation is abandoned",
+        },
+        body_read_timeout: Duration = "body_read_timeout_ms" {
+            default: 30_000, range: 1, MAX_DURATION_MS, unit: Millis,
+            meaning: "reading the request body (holds the lane, not the Wasm deadline)",
+        },
+        cleanup_timeout: Duration = "cleanup_timeout_ms" {
+            default: 250, range: 1, MAX_DURATION_MS, unit: Millis,
+            meaning: "one total budget to settle an event's host operations",
+        },
+        max_operations: usize = "max_operations" {
+            default: 128, range: 1, MAX_OPERATIONS, unit: Count,
+            meaning: "simultaneous host operations per event",
+        },
+        max_concurrent: usize = "max_concurrent" {
+            default: 32, range: 1, MAX_LANES, unit: Count,
+            meaning: "lanes per app (events running at once)",
+        },
+        max_queued: usize = "max_queued" {
+            default: 32, range: 0, MAX_QUEUED, unit: Count,
+            meaning: "waiters when all lanes are busy",
+        },
+        retirement_admission_limit: u32 = "retirement_admission_limit" {
+            default: DEFAULT_RETIREMENT_ADMISSION_LIMIT,
+            range: 1, MAX_RETIREMENT_ADMISSION_LIMIT, unit: Count,
+            meaning: "events per generation before it is retired",
+        },
+        max_request_head_bytes: usize = "max_request_head_bytes" {
+            default: 16_384, range: MIN_HEAD_BYTES, MAX_HEAD_BYTES, unit: Bytes,
+            meaning: "method, URI and header lines, in UTF-8 bytes",
+        },
+        max_request_body_bytes: u64 = "max_request_body_bytes" {
+            default: 1 << 20, range: 0, MAX_REQUEST_BODY_BYTES, unit: Bytes,
+            meaning: "request body, declared or streamed",
+        },
+        max_response_body_bytes: u64 = "max_response_body_bytes" {
+            default: 64 << 20, range: 0, MAX_RESPONSE_BODY_BYTES, unit: Bytes,
+            meaning: "response body, declared or streamed",
+        },
+        max_response_chunk_bytes: usize = "max_response_chunk_bytes" {
+            default: 65_536, range: MIN_CHUNK_BYTES, MAX_CHUNK_BYTES, unit: Bytes,
+            meaning: "largest chunk written to the client",
+        },
+        outbound_connect_timeout: Duration = "outbound_connect_timeout_ms" {
+            default: 10_000, range: 1, MAX_DURATION_MS, unit: Millis,
+            meaning: "connecting to an outbound host (a guest may ask for less, not more)",
+        },
+        outbound_first_byte_timeout: Duration = "outbound_first_byte_timeout_ms" {
+            default: 30_000, range: 1, MAX_DURATION_MS, unit: Millis,
+            meaning: "outbound request sent to first response byte (a guest may ask for less, not more)",
+        },
+        max_outbound_response_bytes: u64 = "max_outbound_response_bytes" {
+            default: 64 << 20, range: 0, MAX_RESPONSE_BODY_BYTES, unit: Bytes,
+            meaning: "body of one outbound response read by a guest",
+        },
+        memory_limit_bytes: u64 = "memory_limit_bytes" {
+            default: 128 << 20, range: MIN_MEMORY_BYTES, MAX_MEMORY_BYTES, unit: Bytes,
+            meaning: "linear memory per instance",
+        },
+        /// 0 until resolved at start ([`Limits::total_guest_memory`]).
+        max_total_guest_memory_bytes: u64 = "max_total_guest_memory_bytes" {
+            default: 0, range: 0, MAX_TOTAL_GUEST_MEMORY_BYTES, unit: Bytes,
+            meaning: "linear memory of every live instance together (0: half of physical memory, or of the cgroup limit); past it idle instances of the layers above are let go, then growth is refused with memory_budget_exceeded",
+        },
+        sql_threads: usize = "sql_threads" {
+            default: DEFAULT_SQL_THREADS, range: 1, 256, unit: Count,
+            meaning: "threads that run guests' SQL, lists, multi-key and key-value calls (never the async workers)",
+        },
+        max_sql_result_bytes: usize = "max_sql_result_bytes" {
+            default: DEFAULT_MAX_SQL_RESULT_BYTES, range: 1024, 1 << 30, unit: Bytes,
+            meaning: "what one SQL batch, statement, list or batch read hands back to a guest",
+        },
+        body_idle_timeout: Duration = "body_idle_timeout_ms" {
+            default: DEFAULT_BODY_IDLE_TIMEOUT_MS, range: 1, MAX_DURATION_MS, unit: Millis,
+            meaning: "a request body that sends nothing for this long is answered 408",
+        },
+        body_min_rate_bytes_per_s: u64 = "body_min_rate_bytes_per_s" {
+            default: DEFAULT_BODY_MIN_RATE_BYTES_PER_S, range: 0, 1 << 30, unit: Count,
+            meaning: "after its first body_idle_timeout_ms a request body slower than this on average is answered 408 (0: no minimum)",
+        },
+        header_read_timeout: Duration = "header_read_timeout_ms" {
+            default: DEFAULT_HEADER_READ_TIMEOUT_MS, range: 1, MAX_DURATION_MS, unit: Millis,
+            meaning: "a connection's request head must arrive within this long (also idle between requests)",
+        },
+        max_connections: usize = "max_connections" {
+            default: DEFAULT_MAX_CONNECTIONS, range: 1, 1 << 20, unit: Count,
+            meaning: "client connections open at once; more are answered 503 connection_limit_exceeded",
+        },
     }
 }
+
+/// Every limit of the runtime, in the order the README's table lists them.
+pub const SPECS: &[LimitSpec] = Limits::SPECS;
 
 impl Limits {
-    /// Sets one limit by its flat name, checking the range.
-    pub fn set(&mut self, name: &str, value: &str) -> Result<(), LimitError> {
-        let spec = spec(name)?;
-        let parsed = parse_value(value)
-            .filter(|v| (spec.min..=spec.max).contains(v))
-            .ok_or_else(|| LimitError::OutOfRange {
-                name: spec.name,
-                value: value.to_string(),
-                min: spec.min,
-                max: spec.max,
-            })?;
-        self.store(spec.name, parsed);
-        Ok(())
-    }
-
     /// The total guest memory budget in bytes: the configured value, or by
     /// default half of what this machine (or its cgroup) has.
     pub fn total_guest_memory(&self) -> u64 {
@@ -446,83 +417,6 @@ impl Limits {
             return self.max_total_guest_memory_bytes;
         }
         physical_memory().map_or(DEFAULT_TOTAL_GUEST_MEMORY_FALLBACK, |m| m / 2)
-    }
-
-    /// Applies one `NAME=VALUE` assignment, as given on the command line.
-    pub fn apply(&mut self, assignment: &str) -> Result<(), LimitError> {
-        let (name, value) = assignment
-            .split_once('=')
-            .ok_or_else(|| LimitError::Malformed(assignment.to_string()))?;
-        self.set(name.trim(), value.trim())
-    }
-
-    /// The current value of a limit by name, in the unit of its spec.
-    pub fn get(&self, name: &str) -> Option<u64> {
-        let ms = |d: Duration| d.as_millis() as u64;
-        Some(match name {
-            "event_limit_ms" => ms(self.event_limit),
-            "session_limit_ms" => ms(self.session_limit),
-            "cancellation_limit_ms" => ms(self.cancellation_limit),
-            "body_read_timeout_ms" => ms(self.body_read_timeout),
-            "cleanup_timeout_ms" => ms(self.cleanup_timeout),
-            "max_operations" => self.max_operations as u64,
-            "max_concurrent" => self.max_concurrent as u64,
-            "max_queued" => self.max_queued as u64,
-            "retirement_admission_limit" => self.retirement_admission_limit as u64,
-            "max_request_head_bytes" => self.max_request_head_bytes as u64,
-            "max_request_body_bytes" => self.max_request_body_bytes,
-            "max_response_body_bytes" => self.max_response_body_bytes,
-            "max_response_chunk_bytes" => self.max_response_chunk_bytes as u64,
-            "outbound_connect_timeout_ms" => ms(self.outbound_connect_timeout),
-            "outbound_first_byte_timeout_ms" => ms(self.outbound_first_byte_timeout),
-            "max_outbound_response_bytes" => self.max_outbound_response_bytes,
-            "actor_idle_ms" => ms(self.actor_idle),
-            "actor_max_queued" => self.actor_max_queued as u64,
-            "max_live_actors" => self.max_live_actors as u64,
-            "memory_limit_bytes" => self.memory_limit_bytes,
-            "max_total_guest_memory_bytes" => self.max_total_guest_memory_bytes,
-            "sql_threads" => self.sql_threads as u64,
-            "max_sql_result_bytes" => self.max_sql_result_bytes as u64,
-            "body_idle_timeout_ms" => ms(self.body_idle_timeout),
-            "body_min_rate_bytes_per_s" => self.body_min_rate_bytes_per_s,
-            "header_read_timeout_ms" => ms(self.header_read_timeout),
-            "max_connections" => self.max_connections as u64,
-            _ => return None,
-        })
-    }
-
-    fn store(&mut self, name: &str, v: u64) {
-        let ms = Duration::from_millis;
-        match name {
-            "event_limit_ms" => self.event_limit = ms(v),
-            "session_limit_ms" => self.session_limit = ms(v),
-            "cancellation_limit_ms" => self.cancellation_limit = ms(v),
-            "body_read_timeout_ms" => self.body_read_timeout = ms(v),
-            "cleanup_timeout_ms" => self.cleanup_timeout = ms(v),
-            "max_operations" => self.max_operations = v as usize,
-            "max_concurrent" => self.max_concurrent = v as usize,
-            "max_queued" => self.max_queued = v as usize,
-            "retirement_admission_limit" => self.retirement_admission_limit = v as u32,
-            "max_request_head_bytes" => self.max_request_head_bytes = v as usize,
-            "max_request_body_bytes" => self.max_request_body_bytes = v,
-            "max_response_body_bytes" => self.max_response_body_bytes = v,
-            "max_response_chunk_bytes" => self.max_response_chunk_bytes = v as usize,
-            "outbound_connect_timeout_ms" => self.outbound_connect_timeout = ms(v),
-            "outbound_first_byte_timeout_ms" => self.outbound_first_byte_timeout = ms(v),
-            "max_outbound_response_bytes" => self.max_outbound_response_bytes = v,
-            "actor_idle_ms" => self.actor_idle = ms(v),
-            "actor_max_queued" => self.actor_max_queued = v as usize,
-            "max_live_actors" => self.max_live_actors = v as usize,
-            "memory_limit_bytes" => self.memory_limit_bytes = v,
-            "max_total_guest_memory_bytes" => self.max_total_guest_memory_bytes = v,
-            "sql_threads" => self.sql_threads = v as usize,
-            "max_sql_result_bytes" => self.max_sql_result_bytes = v as usize,
-            "body_idle_timeout_ms" => self.body_idle_timeout = ms(v),
-            "body_min_rate_bytes_per_s" => self.body_min_rate_bytes_per_s = v,
-            "header_read_timeout_ms" => self.header_read_timeout = ms(v),
-            "max_connections" => self.max_connections = v as usize,
-            _ => unreachable!("store is only called with names from SPECS"),
-        }
     }
 }
 
@@ -548,14 +442,14 @@ pub fn physical_memory() -> Option<u64> {
     Some(cgroup.map_or(total, |c| c.min(total)))
 }
 
-/// The spec of a limit by name.
+/// The spec of a runtime limit by name.
 pub fn spec(name: &str) -> Result<&'static LimitSpec, LimitError> {
     SPECS
         .iter()
         .find(|s| s.name == name)
         .ok_or_else(|| LimitError::Unknown {
             name: name.to_string(),
-            known: SPECS.iter().map(|s| s.name).collect::<Vec<_>>().join(", "),
+            known: known_names(SPECS),
         })
 }
 
@@ -567,6 +461,30 @@ fn parse_value(value: &str) -> Option<u64> {
         return None;
     }
     digits.parse().ok()
+}
+
+/// What the README's limits table says wrong about `specs`: each limit
+/// must have a row `| `name` | default | min..=max | …`. Empty when the
+/// README agrees with the code.
+pub fn readme_disagreements(specs: &[LimitSpec], readme: &str) -> Vec<String> {
+    specs
+        .iter()
+        .filter_map(|spec| {
+            let start = format!("| `{}` | {}", spec.name, spec.default);
+            let range = format!("{}..={}", spec.min, spec.max);
+            let row = readme
+                .lines()
+                .find(|l| l.starts_with(&format!("| `{}` |", spec.name)));
+            match row {
+                None => Some(format!("{}: no row", spec.name)),
+                Some(row) if !row.starts_with(&start) || !row.contains(&range) => Some(format!(
+                    "{}: the row should start `{start}` and say `{range}`: {row}",
+                    spec.name
+                )),
+                Some(_) => None,
+            }
+        })
+        .collect()
 }
 
 impl fmt::Display for Unit {
@@ -598,6 +516,16 @@ mod tests {
         assert_eq!(l.max_response_body_bytes, 67_108_864);
         assert_eq!(l.max_response_chunk_bytes, 65_536);
         assert_eq!(l.memory_limit_bytes, 134_217_728);
+    }
+
+    #[test]
+    fn the_readme_table_says_what_the_code_does() {
+        let readme = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+        )
+        .unwrap();
+        let wrong = readme_disagreements(SPECS, &readme);
+        assert!(wrong.is_empty(), "{wrong:#?}");
     }
 
     #[test]

@@ -3,11 +3,11 @@
 //!
 //! Invariants owned here:
 //! - one instance's linear memory never exceeds `memory_limit_bytes`; all
-//!   live instances' together (workers and actors, both engines) never
+//!   live instances' together (every engine's) never
 //!   exceed `max_total_guest_memory_bytes`: every byte is reserved from
 //!   the [`MemoryBudget`] before the memory grows, and given back when the
 //!   instance's store is dropped;
-//! - when a growth does not fit, idle actors are hibernated first (the
+//! - when a growth does not fit, a layer above lets idle instances go first (the
 //!   [`Reclaim`] hook) and the growth waits, up to [`RECLAIM_WAIT`], for
 //!   their memory to come back; if it still does not fit, it is refused
 //!   and the event or turn fails with `memory_budget_exceeded`;
@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-/// Longest a growth that does not fit waits for hibernated actors to give
-/// their memory back: closing an actor takes well under a millisecond, so
+/// Longest a growth that does not fit waits for instances let go to give
+/// their memory back: dropping one takes well under a millisecond, so
 /// this covers a batch of them on a loaded machine while keeping a refusal
 /// prompt.
 pub const RECLAIM_WAIT: Duration = Duration::from_millis(500);
@@ -39,8 +39,8 @@ pub const MAX_INSTANCES_PER_STORE: usize = 16;
 pub const MAX_TABLES_PER_STORE: usize = 16;
 pub const MAX_MEMORIES_PER_STORE: usize = 16;
 
-/// Something that can give guest memory back on demand: the actor host,
-/// by hibernating idle actors (least recently used first).
+/// Something that can give guest memory back on demand: a layer above
+/// that keeps idle instances (it lets the least recently used go).
 pub trait Reclaim: Send + Sync {
     /// Starts freeing at least `bytes` of guest memory if it can; returns
     /// the bytes it expects to free.
@@ -95,7 +95,7 @@ impl MemoryBudget {
             .is_ok()
     }
 
-    /// Reserves `bytes`, hibernating idle actors and waiting up to
+    /// Reserves `bytes`, asking the reclaimer for room and waiting up to
     /// [`RECLAIM_WAIT`] for memory to come back if they do not fit now.
     pub async fn reserve(&self, bytes: u64) -> bool {
         if self.try_reserve(bytes) {

@@ -40,43 +40,23 @@ struct AppLabels {
     app: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TurnLabels {
-    class: String,
-    turn: &'static str,
-    result: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ActorEventLabels {
-    class: String,
-    event: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ClassLabels {
-    class: String,
-}
-
 /// Latency buckets from 50 µs to ~13 s, doubling: fine enough to see the
 /// sub-millisecond p99 Weir aims for, wide enough to see deadlines.
-fn latency_buckets() -> impl Iterator<Item = f64> {
+pub fn latency_buckets() -> impl Iterator<Item = f64> {
     exponential_buckets(0.000_05, 2.0, 19)
 }
 
 /// The registry of one Weir process.
 pub struct Metrics {
-    registry: Registry,
+    /// Behind a lock only so that the layers above can add their own
+    /// families at start ([`Metrics::register`]); recording never locks.
+    registry: std::sync::Mutex<Registry>,
     events: Family<OutcomeLabels, Counter>,
     generations: Family<GenerationLabels, Counter>,
     outbound: Family<OutboundLabels, Counter>,
     queue_depth: Family<AppLabels, Gauge>,
     event_seconds: Family<AppLabels, Histogram>,
     wasm_seconds: Family<AppLabels, Histogram>,
-    actor_turns: Family<TurnLabels, Counter>,
-    actor_events: Family<ActorEventLabels, Counter>,
-    actor_turn_seconds: Family<ClassLabels, Histogram>,
-    actors_in_memory: Gauge,
     guest_memory: Gauge,
     guest_memory_budget: Gauge,
     guest_memory_refusals: Counter,
@@ -131,32 +111,6 @@ impl Metrics {
             "Wasm entry to response headers, per event",
             wasm_seconds.clone(),
         );
-        let actor_turns = Family::<TurnLabels, Counter>::default();
-        let actor_events = Family::<ActorEventLabels, Counter>::default();
-        let actor_turn_seconds = Family::<ClassLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(latency_buckets())
-        });
-        let actors_in_memory = Gauge::default();
-        registry.register(
-            "actor_turns",
-            "Actor turns by class, kind (request, alarm) and result (ok, failed)",
-            actor_turns.clone(),
-        );
-        registry.register(
-            "actor_events",
-            "Actor wakes, hibernations, overloaded refusals and dropped alarms, by class",
-            actor_events.clone(),
-        );
-        registry.register(
-            "actor_turn_duration_seconds",
-            "Call arrival to end of turn, queueing included, per request turn",
-            actor_turn_seconds.clone(),
-        );
-        registry.register(
-            "actors_in_memory",
-            "Actors in memory (not hibernated)",
-            actors_in_memory.clone(),
-        );
         let guest_memory = Gauge::default();
         let guest_memory_budget = Gauge::default();
         let guest_memory_refusals = Counter::default();
@@ -181,11 +135,7 @@ impl Metrics {
             guest_memory_refusals,
             budget: std::sync::OnceLock::new(),
             refusals_seen: AtomicU64::new(0),
-            actor_turns,
-            actor_events,
-            actor_turn_seconds,
-            actors_in_memory,
-            registry,
+            registry: std::sync::Mutex::new(registry),
             events,
             generations,
             outbound,
@@ -243,44 +193,18 @@ impl Metrics {
         }
     }
 
-    /// The handles one actor class records into.
-    pub fn for_actor_class(&self, class: &str) -> ActorClassMetrics {
-        let turn = |turn: &'static str, result: &'static str| {
-            self.actor_turns
-                .get_or_create(&TurnLabels {
-                    class: class.to_string(),
-                    turn,
-                    result,
-                })
-                .clone()
-        };
-        let event = |event: &'static str| {
-            self.actor_events
-                .get_or_create(&ActorEventLabels {
-                    class: class.to_string(),
-                    event,
-                })
-                .clone()
-        };
-        ActorClassMetrics {
-            inner: Arc::new(ActorClassInner {
-                request_ok: turn("request", "ok"),
-                request_failed: turn("request", "failed"),
-                alarm_ok: turn("alarm", "ok"),
-                alarm_failed: turn("alarm", "failed"),
-                wakes: event("wake"),
-                hibernations: event("hibernation"),
-                overloaded: event("overloaded"),
-                alarms_dropped: event("alarm_dropped"),
-                turn_seconds: self
-                    .actor_turn_seconds
-                    .get_or_create(&ClassLabels {
-                        class: class.to_string(),
-                    })
-                    .clone(),
-                in_memory: self.actors_in_memory.clone(),
-            }),
-        }
+    /// Adds a metric family of a layer above (registered at start, under
+    /// the `weir_` prefix).
+    pub fn register(
+        &self,
+        name: &str,
+        help: &str,
+        metric: impl prometheus_client::registry::Metric,
+    ) {
+        self.registry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .register(name, help, metric);
     }
 
     /// Reports the guest memory budget in every later exposition.
@@ -300,7 +224,8 @@ impl Metrics {
         }
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
         out
     }
 }
@@ -382,59 +307,5 @@ impl AppMetrics {
 
     pub fn counts(&self) -> &GenerationCounts {
         &self.inner.counts
-    }
-}
-
-struct ActorClassInner {
-    request_ok: Counter,
-    request_failed: Counter,
-    alarm_ok: Counter,
-    alarm_failed: Counter,
-    wakes: Counter,
-    hibernations: Counter,
-    overloaded: Counter,
-    alarms_dropped: Counter,
-    turn_seconds: Histogram,
-    in_memory: Gauge,
-}
-
-/// What one actor class records: turns, wakes, hibernations, refusals.
-#[derive(Clone)]
-pub struct ActorClassMetrics {
-    inner: Arc<ActorClassInner>,
-}
-
-impl ActorClassMetrics {
-    /// A request turn ended (`seconds` from the call's arrival).
-    pub fn request_turn(&self, ok: bool, seconds: f64) {
-        let i = &self.inner;
-        if ok { &i.request_ok } else { &i.request_failed }.inc();
-        i.turn_seconds.observe(seconds);
-    }
-
-    pub fn alarm_turn(&self, ok: bool) {
-        let i = &self.inner;
-        if ok { &i.alarm_ok } else { &i.alarm_failed }.inc();
-    }
-
-    pub fn woke(&self) {
-        self.inner.wakes.inc();
-    }
-
-    pub fn hibernated(&self) {
-        self.inner.hibernations.inc();
-    }
-
-    pub fn overloaded(&self) {
-        self.inner.overloaded.inc();
-    }
-
-    pub fn alarm_dropped(&self) {
-        self.inner.alarms_dropped.inc();
-    }
-
-    /// Actors in memory across every class.
-    pub fn set_in_memory(&self, n: usize) {
-        self.inner.in_memory.set(n as i64);
     }
 }

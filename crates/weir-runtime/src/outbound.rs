@@ -16,11 +16,12 @@
 //!   may ask for shorter timeouts, never longer ones;
 //! - redirects are never followed on the guest's behalf: the guest gets the
 //!   redirect response itself;
-//! - a request to the actor domain (`*.actor.internal`) never reaches the
-//!   network: it is a call to an actor, made through [`ActorCalls`], and
-//!   is an operation of the caller's scope like any other;
-//! - in an actor's turn, nothing leaves (no request, no actor call) before
-//!   the writes that came before it are durable (the output gate).
+//! - a request to an internal domain ([`crate::extension::InternalRouter`])
+//!   never reaches the network: it is answered in-process, and is an
+//!   operation of the caller's scope like any other;
+//! - nothing leaves a generation that has an output gate (no request, no
+//!   internal call) before the gate lets it
+//!   ([`crate::extension::OutputGate`]).
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -36,7 +37,7 @@ use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
-use crate::actor_host::TurnGate;
+use crate::extension::{InternalRouter, InternalRoutes, OutputGate};
 use crate::limits::Limits;
 use crate::metrics::AppMetrics;
 use crate::scope::{EventScope, Operation};
@@ -211,36 +212,6 @@ impl OutboundRules {
     }
 }
 
-/// Where requests to the actor domain go. Implemented by the actor host;
-/// this crate only routes to it.
-pub trait ActorCalls: Send + Sync + 'static {
-    /// True when `host` is in the actor domain (valid address or not).
-    fn handles(&self, host: &str) -> bool;
-
-    /// Runs one call as a turn of the addressed actor. Failures come back
-    /// as Weir's JSON error responses, never as transport errors.
-    fn call(
-        self: Arc<Self>,
-        request: http::Request<Bytes>,
-    ) -> Pin<Box<dyn Future<Output = http::Response<Bytes>> + Send>>;
-}
-
-/// A late-bound link to the actor host: apps are loaded before the actor
-/// host that routes between them exists.
-#[derive(Clone, Default)]
-pub struct ActorLink(Arc<std::sync::OnceLock<std::sync::Weak<dyn ActorCalls>>>);
-
-impl ActorLink {
-    /// Connects the link; later calls are ignored.
-    pub fn connect(&self, calls: &Arc<dyn ActorCalls>) {
-        let _ = self.0.set(Arc::downgrade(calls));
-    }
-
-    fn get(&self) -> Option<Arc<dyn ActorCalls>> {
-        self.0.get().and_then(std::sync::Weak::upgrade)
-    }
-}
-
 /// The per-generation outbound policy handed to `wasmtime-wasi-http`.
 pub struct OutboundPolicy {
     rules: Arc<OutboundRules>,
@@ -251,10 +222,10 @@ pub struct OutboundPolicy {
     metrics: AppMetrics,
     /// The scope of the event running now; none between events.
     pub(crate) scope: Option<Arc<EventScope>>,
-    actors: ActorLink,
+    routes: InternalRoutes,
     max_call_body_bytes: u64,
-    /// In an actor's generation: the gate its turn's writes pass first.
-    pub(crate) gate: Option<Arc<TurnGate>>,
+    /// Passed before anything leaves, when the generation has one.
+    pub(crate) output_gate: Option<Arc<dyn OutputGate>>,
 }
 
 impl OutboundPolicy {
@@ -262,12 +233,12 @@ impl OutboundPolicy {
         rules: Arc<OutboundRules>,
         limits: &Limits,
         metrics: AppMetrics,
-        actors: ActorLink,
+        routes: InternalRoutes,
     ) -> Self {
         OutboundPolicy {
-            actors,
+            routes,
             max_call_body_bytes: limits.max_request_body_bytes,
-            gate: None,
+            output_gate: None,
             rules,
             chunk_bytes: limits.max_response_chunk_bytes,
             connect_timeout: limits.outbound_connect_timeout,
@@ -307,12 +278,8 @@ impl WasiHttpHooks for OutboundPolicy {
         options: Option<RequestOptions>,
         _fut: IoFuture,
     ) -> SendFuture {
-        let actors = self.actors.get();
-        let to_actor = match (&actors, request.uri().host()) {
-            (Some(actors), Some(host)) => actors.handles(host),
-            _ => false,
-        };
-        if !to_actor && !self.rules.allows(request.uri()) {
+        let internal = request.uri().host().and_then(|host| self.routes.find(host));
+        if internal.is_none() && !self.rules.allows(request.uri()) {
             self.metrics.outbound_denied();
             return refused(Error::HttpRequestDenied);
         }
@@ -326,17 +293,16 @@ impl WasiHttpHooks for OutboundPolicy {
                 return refused(Error::InternalError(Some(e.to_string())));
             }
         };
-        // The output gate: what the turn wrote before this request is
-        // durable before the request leaves.
-        if let Some(gate) = &self.gate
+        // The output gate: nothing leaves before the gate lets it.
+        if let Some(gate) = &self.output_gate
             && let Err(why) = gate.flush()
         {
             return refused(Error::InternalError(Some(format!(
-                "storage_commit_failed: {why}"
+                "output_gate_refused: {why}"
             ))));
         }
-        if let (true, Some(actors)) = (to_actor, actors) {
-            return call_actor(actors, request, op, self.max_call_body_bytes);
+        if let Some(router) = internal {
+            return call_internal(router, request, op, self.max_call_body_bytes);
         }
         let options = self.bounded(options);
         let max_bytes = self.max_response_bytes;
@@ -440,10 +406,10 @@ async fn pin_destination(
     Ok(request)
 }
 
-/// Calls an actor: reads the request body (bounded like a client's), runs
-/// the call, and hands the guest the actor's whole response.
-fn call_actor(
-    actors: Arc<dyn ActorCalls>,
+/// An internal call: reads the request body (bounded like a client's),
+/// has the router answer, and hands the guest the whole response.
+fn call_internal(
+    router: Arc<dyn InternalRouter>,
     request: http::Request<WasiBody>,
     mut op: Operation,
     max_body_bytes: u64,
@@ -456,7 +422,7 @@ fn call_actor(
                 .await
                 .map_err(|e| Error::InternalError(Some(format!("request body: {e}"))))?
                 .to_bytes();
-            let response = actors.call(http::Request::from_parts(parts, body)).await;
+            let response = router.call(http::Request::from_parts(parts, body)).await;
             let response = response.map(|b| {
                 http_body_util::Full::new(b)
                     .map_err(|never| match never {})

@@ -227,43 +227,44 @@ fn micros(d: Duration) -> u64 {
     d.as_micros() as u64
 }
 
+/// The fields every receipt has, whatever kind of call it tells of.
+#[derive(Serialize)]
+pub struct Terminal<'a> {
+    pub outcome: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Waiting before the call began (for a lane, for a keyed instance).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queued_us: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wasm_us: Option<u64>,
+    pub total_us: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub operations: usize,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub operations_refused: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<&'a str>,
+}
+
 /// One receipt as a JSON log line, in the shape of Weir's other log lines.
 #[derive(Serialize)]
-struct Line<'a> {
+struct Line<'a, K: Serialize> {
     timestamp: String,
     level: &'static str,
     target: &'static str,
-    fields: LineFields<'a>,
+    fields: LineFields<'a, K>,
 }
 
 #[derive(Serialize)]
-struct LineFields<'a> {
+struct LineFields<'a, K: Serialize> {
     message: &'static str,
-    app: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lane: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    generation: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    admission: Option<u64>,
-    outcome: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<&'static str>,
-    status: u16,
-    bytes_in: u64,
-    bytes_out: u64,
-    memory_bytes: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    queued_us: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    wasm_us: Option<u64>,
-    total_us: u64,
-    #[serde(skip_serializing_if = "is_zero")]
-    operations: usize,
-    #[serde(skip_serializing_if = "is_zero")]
-    operations_refused: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    detail: Option<&'a str>,
+    #[serde(flatten)]
+    kind: &'a K,
+    #[serde(flatten)]
+    terminal: &'a Terminal<'a>,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -273,6 +274,61 @@ fn is_zero(n: &usize) -> bool {
 thread_local! {
     /// Each thread encodes receipts into its own reused buffer.
     static LINE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Writes one receipt to `sink`: the one encoder of every kind of call.
+/// `kind` holds what only that kind has (an app's lane and generation, or
+/// what a layer above adds: see [`crate::extension`]); `ended` is when the
+/// call ended.
+pub fn write_receipt<K: Serialize>(
+    sink: &dyn ReceiptSink,
+    target: &'static str,
+    message: &'static str,
+    ended: SystemTime,
+    kind: &K,
+    terminal: &Terminal<'_>,
+) {
+    let line = Line {
+        timestamp: humantime::format_rfc3339_micros(ended).to_string(),
+        // Every kind alike: a call that failed is a warning.
+        level: if terminal.error.is_some() {
+            "WARN"
+        } else {
+            "INFO"
+        },
+        target,
+        fields: LineFields {
+            message,
+            kind,
+            terminal,
+        },
+    };
+    LINE.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        buf.clear();
+        if serde_json::to_writer(&mut *buf, &line).is_ok() {
+            buf.push(b'\n');
+            sink.write_line(&buf);
+        }
+    });
+}
+
+/// The log target of worker event receipts.
+pub const WORKER_TARGET: &str = "weir::receipt";
+
+/// What only a worker event's receipt has.
+#[derive(Serialize)]
+struct WorkerFields<'a> {
+    app: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lane: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    generation: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admission: Option<u64>,
+    bytes_in: u64,
+    bytes_out: u64,
+    memory_bytes: usize,
 }
 
 impl Drop for PendingReceipt {
@@ -291,22 +347,24 @@ impl Drop for PendingReceipt {
             .metrics
             .event(outcome, total.as_secs_f64(), wasm.map(|w| w.as_secs_f64()));
         let Some(sink) = &self.book.sink else { return };
-        let line = Line {
-            timestamp: humantime::format_rfc3339_micros(SystemTime::now()).to_string(),
-            level: "INFO",
-            target: "weir::receipt",
-            fields: LineFields {
-                message: "receipt",
+        write_receipt(
+            sink.as_ref(),
+            WORKER_TARGET,
+            "receipt",
+            SystemTime::now(),
+            &WorkerFields {
                 app: &self.book.app,
                 lane: f.lane,
                 generation: f.generation,
                 admission: f.admission,
-                outcome: outcome.as_str(),
-                error: f.error.map(|e| e.as_str()),
-                status: f.status,
                 bytes_in: self.bytes_in.load(Ordering::Relaxed),
                 bytes_out: self.bytes_out.load(Ordering::Relaxed),
                 memory_bytes: f.memory_bytes,
+            },
+            &Terminal {
+                outcome: outcome.as_str(),
+                error: f.error.map(|e| e.as_str()),
+                status: Some(f.status),
                 queued_us: f.admitted_at.map(|a| micros(a - self.arrived)),
                 wasm_us: wasm.map(micros),
                 total_us: micros(total),
@@ -314,14 +372,6 @@ impl Drop for PendingReceipt {
                 operations_refused: f.operations_refused,
                 detail: f.detail.as_deref(),
             },
-        };
-        LINE.with(|buf| {
-            let mut buf = buf.borrow_mut();
-            buf.clear();
-            if serde_json::to_writer(&mut *buf, &line).is_ok() {
-                buf.push(b'\n');
-                sink.write_line(&buf);
-            }
-        });
+        );
     }
 }

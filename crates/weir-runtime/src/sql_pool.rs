@@ -4,7 +4,7 @@
 //! Invariant owned here: such work never runs on the async executor's
 //! threads. It runs on `sql_threads` threads of its own, so statements
 //! that run until their deadline on every one of them still leave every
-//! async worker free — other workers, actors whose data is not involved
+//! async worker free — other events, calls whose data is not involved
 //! and the admin address keep answering. Work queued behind them waits;
 //! a call whose event ends meanwhile is skipped by its own stop check.
 

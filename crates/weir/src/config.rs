@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use weir_build::BuildRequest;
-use weir_runtime::Limits;
 use weir_runtime::outbound::{HostPattern, OutboundRules};
+use weir_server::ServerLimits;
 use weir_store::Durability;
 
 /// A mistake in how Weir was invoked or configured; exits with code 2.
@@ -73,7 +73,7 @@ pub struct Config {
     pub listen: Option<SocketAddr>,
     pub admin: Option<SocketAddr>,
     pub receipt_headers: bool,
-    pub limits: Limits,
+    pub limits: ServerLimits,
     pub outbound: OutboundRules,
     pub data_dir: PathBuf,
     pub kv_stores: Vec<String>,
@@ -121,7 +121,7 @@ impl Config {
             }
             None => (File::default(), None),
         };
-        let mut limits = Limits::default();
+        let mut limits = ServerLimits::default();
         for (name, value) in &parsed.limits {
             let value = match value {
                 toml::Value::Integer(i) => i.to_string(),
@@ -321,6 +321,8 @@ mod properties {
             "event_limit_ms",
             "memory_limit_bytes",
             "max_total_guest_memory_bytes",
+            "actor_max_queued",
+            "actor_idle_ms",
         ]);
         let value = proptest::sample::select(vec![
             "1",
@@ -365,7 +367,7 @@ mod properties {
             std::fs::write(&app, b"").unwrap();
             let resolved = Config::resolve(Some(&file), Some(&app), Overrides::default());
             if let Ok(config) = resolved {
-                for spec in weir_runtime::limits::SPECS {
+                for spec in ServerLimits::specs() {
                     let v = config.limits.get(spec.name).unwrap();
                     prop_assert!((spec.min..=spec.max).contains(&v));
                 }

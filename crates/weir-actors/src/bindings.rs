@@ -1,36 +1,31 @@
-//! The host side of `weir:actor` (storage, timers, identity) and the turn
-//! gate that every one of an actor's effects passes through.
+//! The host side of `weir:actor` — storage, timers, identity — for the
+//! generations of actor classes, added to every app's linker through the
+//! runtime's extension point ([`ActorInterfaces`]).
 //!
 //! Invariants owned here:
-//! - an actor's storage calls, SQL and timer changes all run in the one
-//!   transaction of the current turn ([`TurnGate`]); nothing commits until
-//!   the turn ends or the guest calls `sync`;
-//! - the output gate: before anything the turn produced leaves the actor —
-//!   an outbound request, a call to another actor — the writes that came
-//!   before it are made durable ([`TurnGate::flush`]). A flush or commit that
-//!   fails poisons the turn: the turn runner resets the actor instead of
-//!   answering, and the caller gets `storage_commit_failed`;
+//! - every call runs against the seat's turn gate as an operation of the
+//!   turn's scope (counted in receipts, refused once the scope closes);
 //! - a worker (a generation without a seat) gets `not-an-actor` from every
-//!   call and touches no database.
-//!
-//! Calls on one key (`get`, `put`, `delete`), timers and identity run on
-//! the turn's own thread: one actor's SQLite is only ever used by its one
-//! running turn, each is one bounded B-tree step, and a hand-off to another
-//! thread would cost more than the call. Calls whose cost grows with the
-//! data — SQL, lists, multi-key calls, `delete-all` — run on the SQL pool,
-//! never on an async worker, and every statement of a turn stops at the
-//! turn's deadline or abandonment ([`TurnGate::begin`]).
+//!   call and touches no database;
+//! - calls on one key (`get`, `put`, `delete`), timers and identity run on
+//!   the turn's own thread: one actor's SQLite is only ever used by its one
+//!   running turn, each is one bounded B-tree step, and a hand-off to
+//!   another thread would cost more than the call. Calls whose cost grows
+//!   with the data — SQL, lists, multi-key calls, `delete-all` — run on the
+//!   SQL pool, never on an async worker.
 
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
 
 use wasmtime::component::{HasData, Linker};
-use weir_store::actor::{ActorDb, ActorStoreError, ListOptions, PID_STRIDE};
+use weir_runtime::extension::HostInterfaces;
+use weir_runtime::generation::GenerationState;
+use weir_runtime::scope::EventScope;
+use weir_runtime::sql_pool::SqlPool;
+use weir_store::actor::{ActorStoreError, ListOptions, PID_STRIDE};
 use weir_store::sql::{StatementResult, Value};
 
-use crate::scope::EventScope;
-use crate::sql_pool::SqlPool;
-use weir_store::confinement::StopCheck;
+use crate::gate::{GateError, TurnGate};
+use crate::timers::now_ms;
 
 mod generated {
     wasmtime::component::bindgen!({
@@ -61,148 +56,6 @@ pub struct ActorIdentity {
     pub incarnation: u64,
 }
 
-struct GateState {
-    db: ActorDb,
-    /// The turn has writes not yet committed.
-    dirty: bool,
-    /// Why a commit of this turn failed; the turn must not answer.
-    failed: Option<String>,
-    /// The guest scheduled or cancelled a timer since this was last read.
-    timers_changed: bool,
-}
-
-/// One actor's database and the state of its current turn.
-pub struct TurnGate {
-    state: Mutex<GateState>,
-}
-
-/// Milliseconds since the Unix epoch: the clock timers are kept in.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
-impl TurnGate {
-    pub fn new(db: ActorDb) -> Arc<TurnGate> {
-        Arc::new(TurnGate {
-            state: Mutex::new(GateState {
-                db,
-                dirty: false,
-                failed: None,
-                timers_changed: false,
-            }),
-        })
-    }
-
-    fn lock(&self) -> MutexGuard<'_, GateState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Runs `f` on the database outside of any turn bookkeeping (reads,
-    /// and the runner's own begin/commit).
-    pub fn with_db<T>(&self, f: impl FnOnce(&mut ActorDb) -> T) -> T {
-        f(&mut self.lock().db)
-    }
-
-    /// Starts a turn whose statements stop when `stop` says so.
-    pub fn begin(&self, stop: StopCheck) -> Result<(), ActorStoreError> {
-        let mut s = self.lock();
-        s.dirty = false;
-        s.failed = None;
-        s.db.watch(Some(stop));
-        s.db.begin_turn()
-    }
-
-    /// Ends the turn: commits its writes, or says why they were not.
-    pub fn commit(&self) -> Result<(), String> {
-        let mut s = self.lock();
-        // Weir's own commit is never cut by the turn's deadline.
-        s.db.watch(None);
-        if let Some(why) = s.failed.take() {
-            let _ = s.db.rollback_turn();
-            return Err(why);
-        }
-        s.dirty = false;
-        s.db.commit_turn().map_err(|e| e.to_string())
-    }
-
-    /// Drops the turn's writes.
-    pub fn rollback(&self) {
-        let mut s = self.lock();
-        s.db.watch(None);
-        s.dirty = false;
-        let _ = s.db.rollback_turn();
-    }
-
-    /// The output gate: makes the turn's writes so far durable before
-    /// anything leaves. A failure poisons the turn.
-    pub fn flush(&self) -> Result<(), String> {
-        let mut s = self.lock();
-        if let Some(why) = &s.failed {
-            return Err(why.clone());
-        }
-        if !s.dirty {
-            return Ok(());
-        }
-        match s.db.sync() {
-            Ok(()) => {
-                s.dirty = false;
-                Ok(())
-            }
-            Err(e) => {
-                let why = e.to_string();
-                s.failed = Some(why.clone());
-                Err(why)
-            }
-        }
-    }
-
-    /// True (once) when the guest changed its timers since the last call:
-    /// the timer index then needs the actor's new earliest deadline.
-    pub fn take_timers_changed(&self) -> bool {
-        std::mem::take(&mut self.lock().timers_changed)
-    }
-
-    /// Why this turn may not answer, if it may not.
-    pub fn failure(&self) -> Option<String> {
-        self.lock().failed.clone()
-    }
-
-    fn read<T>(
-        &self,
-        f: impl FnOnce(&ActorDb) -> Result<T, ActorStoreError>,
-    ) -> Result<T, types::Error> {
-        let s = self.lock();
-        if let Some(why) = &s.failed {
-            return Err(types::Error::CommitFailed(why.clone()));
-        }
-        f(&s.db).map_err(to_guest_error)
-    }
-
-    fn write_timers<T>(
-        &self,
-        f: impl FnOnce(&mut ActorDb) -> Result<T, ActorStoreError>,
-    ) -> Result<T, types::Error> {
-        self.lock().timers_changed = true;
-        self.write(f)
-    }
-
-    fn write<T>(
-        &self,
-        f: impl FnOnce(&mut ActorDb) -> Result<T, ActorStoreError>,
-    ) -> Result<T, types::Error> {
-        let mut s = self.lock();
-        if let Some(why) = &s.failed {
-            return Err(types::Error::CommitFailed(why.clone()));
-        }
-        let result = f(&mut s.db).map_err(to_guest_error);
-        s.dirty = true;
-        result
-    }
-}
-
 /// An actor's place in a generation: its identity and its gate.
 #[derive(Clone)]
 pub struct ActorSeat {
@@ -212,7 +65,11 @@ pub struct ActorSeat {
     pub has_alarm: bool,
 }
 
-fn to_guest_error(e: ActorStoreError) -> types::Error {
+fn to_guest_error(e: GateError) -> types::Error {
+    let e = match e {
+        GateError::Poisoned(why) => return types::Error::CommitFailed(why),
+        GateError::Store(e) => e,
+    };
     match e {
         ActorStoreError::EntryTooLarge { .. } => types::Error::EntryTooLarge(e.to_string()),
         ActorStoreError::Refused(m) => types::Error::Refused(m),
@@ -268,7 +125,7 @@ type GuestResult<T> = wasmtime::Result<Result<T, types::Error>>;
 impl ActorView<'_> {
     /// Runs one call against the seat's gate as an operation of the turn's
     /// scope (so receipts count it and a closed scope refuses it).
-    fn call<T>(&self, f: impl FnOnce(&TurnGate) -> Result<T, types::Error>) -> GuestResult<T> {
+    fn call<T>(&self, f: impl FnOnce(&TurnGate) -> Result<T, GateError>) -> GuestResult<T> {
         let Some(seat) = self.seat else {
             return Ok(Err(types::Error::NotAnActor));
         };
@@ -277,14 +134,14 @@ impl ActorView<'_> {
             Some(Err(e)) => return Ok(Err(types::Error::Failed(e.to_string()))),
             None => return Ok(Err(types::Error::Failed("event_scope_closed".into()))),
         };
-        Ok(f(&seat.gate))
+        Ok(f(&seat.gate).map_err(to_guest_error))
     }
 
     /// [`ActorView::call`] for a call whose cost grows with the data: it
     /// runs on the SQL pool, holding its operation until it ends.
     async fn pooled<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&TurnGate) -> Result<T, types::Error> + Send + 'static,
+        f: impl FnOnce(&TurnGate) -> Result<T, GateError> + Send + 'static,
     ) -> GuestResult<T> {
         let Some(seat) = self.seat else {
             return Ok(Err(types::Error::NotAnActor));
@@ -299,7 +156,7 @@ impl ActorView<'_> {
             .pool
             .run(move || {
                 let _op = op;
-                f(&gate)
+                f(&gate).map_err(to_guest_error)
             })
             .await
             .unwrap_or_else(|e| Err(types::Error::Failed(e.to_string()))))
@@ -369,7 +226,7 @@ impl storage::Host for ActorView<'_> {
     }
 
     fn sync(&mut self) -> GuestResult<()> {
-        self.call(|g| g.flush().map_err(types::Error::CommitFailed))
+        self.call(|g| g.flush().map_err(GateError::Poisoned))
     }
 }
 
@@ -432,14 +289,25 @@ impl HasData for HasActor {
     type Data<'a> = ActorView<'a>;
 }
 
-/// Adds `weir:actor` (storage, timers, identity) to a linker.
-pub fn add_to_linker<T: Send + 'static>(
-    linker: &mut Linker<T>,
-    view: fn(&mut T) -> ActorView<'_>,
-) -> wasmtime::Result<()> {
-    types::add_to_linker::<_, HasActor>(linker, view)?;
-    storage::add_to_linker::<_, HasActor>(linker, view)?;
-    timers::add_to_linker::<_, HasActor>(linker, view)?;
-    identity::add_to_linker::<_, HasActor>(linker, view)?;
-    Ok(())
+/// What the `weir:actor` host functions see of a generation: its seat
+/// (none in a worker's), the turn's scope and the SQL pool.
+fn view(state: &mut GenerationState) -> ActorView<'_> {
+    ActorView {
+        seat: state.extension::<ActorSeat>(),
+        scope: state.scope(),
+        pool: state.pool(),
+    }
+}
+
+/// `weir:actor` (storage, timers, identity), for every app's linker.
+pub struct ActorInterfaces;
+
+impl HostInterfaces for ActorInterfaces {
+    fn add_to_linker(&self, linker: &mut Linker<GenerationState>) -> wasmtime::Result<()> {
+        types::add_to_linker::<_, HasActor>(linker, view)?;
+        storage::add_to_linker::<_, HasActor>(linker, view)?;
+        timers::add_to_linker::<_, HasActor>(linker, view)?;
+        identity::add_to_linker::<_, HasActor>(linker, view)?;
+        Ok(())
+    }
 }

@@ -1,0 +1,102 @@
+//! The errors Weir answers for actor calls, each with one stable code and
+//! status, answered the same way as the runtime's (`WeirError`).
+//!
+//! Invariant owned here: no actor code is also a runtime code; the README's
+//! error table lists both.
+
+use weir_runtime::{ErrorCode, WeirError};
+
+/// A failure of an actor call that Weir answers itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActorErrorCode {
+    /// 503: `actor_max_queued` calls already wait for that actor.
+    Overloaded,
+    /// 503: the actor's turn could not be committed; the actor was reset and
+    /// none of the turn's writes are visible.
+    StorageCommitFailed,
+    /// 404: no actor class of that name is declared.
+    ClassUnknown,
+    /// 400: the host is in the actor domain but is not a valid actor address.
+    AddressInvalid,
+}
+
+impl ActorErrorCode {
+    pub const ALL: &'static [ActorErrorCode] = &[
+        ActorErrorCode::Overloaded,
+        ActorErrorCode::StorageCommitFailed,
+        ActorErrorCode::ClassUnknown,
+        ActorErrorCode::AddressInvalid,
+    ];
+}
+
+impl WeirError for ActorErrorCode {
+    fn as_str(self) -> &'static str {
+        match self {
+            ActorErrorCode::Overloaded => "actor_overloaded",
+            ActorErrorCode::StorageCommitFailed => "storage_commit_failed",
+            ActorErrorCode::ClassUnknown => "actor_class_unknown",
+            ActorErrorCode::AddressInvalid => "actor_address_invalid",
+        }
+    }
+
+    fn status(self) -> u16 {
+        match self {
+            ActorErrorCode::Overloaded | ActorErrorCode::StorageCommitFailed => 503,
+            ActorErrorCode::ClassUnknown => 404,
+            ActorErrorCode::AddressInvalid => 400,
+        }
+    }
+}
+
+/// What a turn failed with: one of the runtime's codes (a trap, a deadline,
+/// memory) or an actor's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TurnError {
+    Runtime(ErrorCode),
+    Actor(ActorErrorCode),
+}
+
+impl From<ErrorCode> for TurnError {
+    fn from(code: ErrorCode) -> Self {
+        TurnError::Runtime(code)
+    }
+}
+
+impl From<ActorErrorCode> for TurnError {
+    fn from(code: ActorErrorCode) -> Self {
+        TurnError::Actor(code)
+    }
+}
+
+impl WeirError for TurnError {
+    fn as_str(self) -> &'static str {
+        match self {
+            TurnError::Runtime(c) => WeirError::as_str(c),
+            TurnError::Actor(c) => c.as_str(),
+        }
+    }
+
+    fn status(self) -> u16 {
+        match self {
+            TurnError::Runtime(c) => WeirError::status(c),
+            TurnError::Actor(c) => c.status(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actor_codes_are_their_own() {
+        for code in ActorErrorCode::ALL {
+            assert!(
+                ErrorCode::ALL.iter().all(|r| r.as_str() != code.as_str()),
+                "{code:?}"
+            );
+            let v: serde_json::Value = serde_json::from_str(&code.body()).unwrap();
+            assert_eq!(v["error"], code.as_str());
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! The turn gate: one actor's database and the state of its current turn,
+//! which every one of the actor's effects passes through.
+//!
+//! Invariants owned here:
+//! - an actor's storage calls, SQL and timer changes all run in the one
+//!   transaction of the current turn; nothing commits until the turn ends
+//!   or the guest calls `sync`;
+//! - the output gate: before anything the turn produced leaves the actor —
+//!   an outbound request, a call to another actor — the writes that came
+//!   before it are made durable ([`TurnGate::flush`], the runtime's
+//!   [`OutputGate`]). A flush or commit that fails poisons the turn: the
+//!   turn resets the actor instead of answering, and the caller gets
+//!   `storage_commit_failed`;
+//! - every statement of a turn stops at the turn's deadline or abandonment
+//!   ([`TurnGate::begin`]), and Weir's own commit and rollback are never
+//!   cut by it.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use weir_runtime::extension::OutputGate;
+use weir_store::actor::{ActorDb, ActorStoreError};
+use weir_store::confinement::StopCheck;
+
+/// Why a storage call of the turn failed.
+pub enum GateError {
+    /// An earlier commit of the turn failed: nothing more of it may run.
+    Poisoned(String),
+    /// The store refused or failed the call.
+    Store(ActorStoreError),
+}
+
+struct GateState {
+    db: ActorDb,
+    /// The turn has writes not yet committed.
+    dirty: bool,
+    /// Why a commit of this turn failed; the turn must not answer.
+    failed: Option<String>,
+    /// The guest scheduled or cancelled a timer since this was last read.
+    timers_changed: bool,
+}
+
+/// One actor's database and the state of its current turn.
+pub struct TurnGate {
+    state: Mutex<GateState>,
+}
+
+impl TurnGate {
+    pub fn new(db: ActorDb) -> Arc<TurnGate> {
+        Arc::new(TurnGate {
+            state: Mutex::new(GateState {
+                db,
+                dirty: false,
+                failed: None,
+                timers_changed: false,
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the database outside of any turn bookkeeping (reads,
+    /// and the runner's own begin/commit).
+    pub fn with_db<T>(&self, f: impl FnOnce(&mut ActorDb) -> T) -> T {
+        f(&mut self.lock().db)
+    }
+
+    /// Starts a turn whose statements stop when `stop` says so.
+    pub fn begin(&self, stop: StopCheck) -> Result<(), ActorStoreError> {
+        let mut s = self.lock();
+        s.dirty = false;
+        s.failed = None;
+        s.db.watch(Some(stop));
+        s.db.begin_turn()
+    }
+
+    /// Ends the turn: commits its writes, or says why they were not.
+    pub fn commit(&self) -> Result<(), String> {
+        let mut s = self.lock();
+        // Weir's own commit is never cut by the turn's deadline.
+        s.db.watch(None);
+        if let Some(why) = s.failed.take() {
+            let _ = s.db.rollback_turn();
+            return Err(why);
+        }
+        s.dirty = false;
+        s.db.commit_turn().map_err(|e| e.to_string())
+    }
+
+    /// Drops the turn's writes.
+    pub fn rollback(&self) {
+        let mut s = self.lock();
+        s.db.watch(None);
+        s.dirty = false;
+        let _ = s.db.rollback_turn();
+    }
+
+    /// The output gate: makes the turn's writes so far durable before
+    /// anything leaves. A failure poisons the turn.
+    pub fn flush(&self) -> Result<(), String> {
+        let mut s = self.lock();
+        if let Some(why) = &s.failed {
+            return Err(why.clone());
+        }
+        if !s.dirty {
+            return Ok(());
+        }
+        match s.db.sync() {
+            Ok(()) => {
+                s.dirty = false;
+                Ok(())
+            }
+            Err(e) => {
+                let why = e.to_string();
+                s.failed = Some(why.clone());
+                Err(why)
+            }
+        }
+    }
+
+    /// True (once) when the guest changed its timers since the last call:
+    /// the timer index then needs the actor's new earliest deadline.
+    pub fn take_timers_changed(&self) -> bool {
+        std::mem::take(&mut self.lock().timers_changed)
+    }
+
+    /// Why this turn may not answer, if it may not.
+    pub fn failure(&self) -> Option<String> {
+        self.lock().failed.clone()
+    }
+
+    /// A read of the turn, unless the turn is poisoned.
+    pub(crate) fn read<T>(
+        &self,
+        f: impl FnOnce(&ActorDb) -> Result<T, ActorStoreError>,
+    ) -> Result<T, GateError> {
+        let s = self.lock();
+        if let Some(why) = &s.failed {
+            return Err(GateError::Poisoned(why.clone()));
+        }
+        f(&s.db).map_err(GateError::Store)
+    }
+
+    /// A write that changes the actor's timers.
+    pub(crate) fn write_timers<T>(
+        &self,
+        f: impl FnOnce(&mut ActorDb) -> Result<T, ActorStoreError>,
+    ) -> Result<T, GateError> {
+        self.lock().timers_changed = true;
+        self.write(f)
+    }
+
+    /// A write of the turn, unless the turn is poisoned; the turn is dirty
+    /// from then on, so the next flush commits it.
+    pub(crate) fn write<T>(
+        &self,
+        f: impl FnOnce(&mut ActorDb) -> Result<T, ActorStoreError>,
+    ) -> Result<T, GateError> {
+        let mut s = self.lock();
+        if let Some(why) = &s.failed {
+            return Err(GateError::Poisoned(why.clone()));
+        }
+        let result = f(&mut s.db).map_err(GateError::Store);
+        s.dirty = true;
+        result
+    }
+}
+
+impl OutputGate for TurnGate {
+    fn flush(&self) -> Result<(), String> {
+        TurnGate::flush(self)
+    }
+}

@@ -1,0 +1,57 @@
+//! The limits of actor classes, declared once like the runtime's
+//! (`weir_runtime::limit_table!`) and set from the same `[limits]` table.
+
+use std::time::Duration;
+
+use weir_runtime::limit_table;
+use weir_runtime::limits::{MAX_DURATION_MS, MAX_QUEUED};
+
+/// Events that may wait for one actor: an actor runs one turn at a time, so
+/// a hot actor's queue is its latency; 128 turns of ~100 µs is ~13 ms of
+/// waiting, past which refusing fast (503 `actor_overloaded`) serves
+/// callers better than queueing.
+pub const DEFAULT_ACTOR_MAX_QUEUED: u64 = 128;
+
+limit_table! {
+    /// The limits of the actor classes of a server.
+    pub struct ActorLimits {
+        actor_idle: Duration = "actor_idle_ms" {
+            default: 10_000, range: 1, MAX_DURATION_MS, unit: Millis,
+            meaning: "an actor with no event in flight and no timer due is hibernated after this long",
+        },
+        actor_max_queued: usize = "actor_max_queued" {
+            default: DEFAULT_ACTOR_MAX_QUEUED, range: 1, MAX_QUEUED, unit: Count,
+            meaning: "events waiting for one actor's turn; more are refused with actor_overloaded",
+        },
+        max_live_actors: usize = "max_live_actors" {
+            default: 100_000, range: 16, 10_000_000, unit: Count,
+            meaning: "actors in memory at once (also bounded by the open-file limit: 2 files each); beyond it the least recently used idle ones hibernate",
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_readme_table_says_what_the_code_does() {
+        let readme = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+        )
+        .unwrap();
+        let wrong = weir_runtime::limits::readme_disagreements(ActorLimits::SPECS, &readme);
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
+
+    #[test]
+    fn names_do_not_collide_with_the_runtimes() {
+        for spec in ActorLimits::SPECS {
+            assert!(
+                weir_runtime::limits::spec(spec.name).is_err(),
+                "{}",
+                spec.name
+            );
+        }
+    }
+}

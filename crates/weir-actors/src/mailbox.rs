@@ -1,0 +1,175 @@
+//! The mailbox: calls to an actor, queued in arrival order and run one turn
+//! after another.
+//!
+//! Invariants owned here:
+//! - an actor runs one turn at a time, in arrival order; at most
+//!   `actor_max_queued` callers wait, and one more is refused at once with
+//!   `actor_overloaded`;
+//! - a turn, once started, runs to its end on its own task: a caller that
+//!   leaves does not cut a turn short (its writes commit or roll back as a
+//!   whole), and a caller that left before its turn began never enters Wasm.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+use weir_runtime::ErrorCode;
+use weir_runtime::error_code::error_response;
+use weir_runtime::extension::InternalRouter;
+
+use crate::address::ActorAddress;
+use crate::error_code::{ActorErrorCode, TurnError};
+use crate::host::{ActorHost, Cell, Claim};
+use crate::receipts::{TurnKind, TurnNotes};
+use crate::turn::request_turn;
+
+/// The calls of one actor waiting for their turns, and whether a runner
+/// task is taking them.
+#[derive(Default)]
+pub(crate) struct Inbox {
+    pub(crate) calls: std::collections::VecDeque<QueuedCall>,
+    running: bool,
+}
+
+/// A call waiting for its turn; its claim keeps the actor in memory.
+pub(crate) struct QueuedCall {
+    request: http::Request<Bytes>,
+    pub(crate) reply: oneshot::Sender<http::Response<Bytes>>,
+    arrived: Instant,
+    claim: Claim,
+}
+
+impl ActorHost {
+    /// Runs a call to an actor and returns its response (or Weir's error).
+    pub async fn call_actor(
+        self: &Arc<Self>,
+        request: http::Request<Bytes>,
+    ) -> http::Response<Bytes> {
+        // The whole authority, so that a port or user information makes
+        // the address invalid rather than being dropped.
+        let host = request
+            .uri()
+            .authority()
+            .map(|a| a.as_str().to_string())
+            .or_else(|| {
+                request
+                    .headers()
+                    .get(http::header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .map(str::to_string)
+            })
+            .unwrap_or_default();
+        let address = match ActorAddress::from_host(&host) {
+            Ok(address) => address,
+            Err(_) => return error_response(ActorErrorCode::AddressInvalid),
+        };
+        self.call_address(address, request).await
+    }
+
+    /// Runs a call to the actor at `address`.
+    pub async fn call_address(
+        self: &Arc<Self>,
+        address: ActorAddress,
+        request: http::Request<Bytes>,
+    ) -> http::Response<Bytes> {
+        let Ok(class) = self.class(&address.class).cloned() else {
+            return error_response(ActorErrorCode::ClassUnknown);
+        };
+        let claim = match self.claim(&address, &class, Some(class.limits.actor_max_queued)) {
+            Ok(claim) => claim,
+            Err(code) => {
+                if code == TurnError::Actor(ActorErrorCode::Overloaded) {
+                    self.counters.overloaded.fetch_add(1, Ordering::Relaxed);
+                    class.actor_metrics.overloaded();
+                }
+                return error_response(code);
+            }
+        };
+        let (reply, rx) = oneshot::channel();
+        let cell = claim.cell.clone();
+        let start_runner = {
+            let mut inbox = cell.inbox.lock().unwrap_or_else(|p| p.into_inner());
+            inbox.calls.push_back(QueuedCall {
+                request,
+                reply,
+                arrived: Instant::now(),
+                claim,
+            });
+            !std::mem::replace(&mut inbox.running, true)
+        };
+        if start_runner {
+            tokio::spawn(self.clone().run_calls(cell));
+        }
+        rx.await
+            .unwrap_or_else(|_| error_response(ErrorCode::HostUnavailable))
+    }
+
+    /// Runs an actor's queued calls, one turn after another, on one task:
+    /// the next turn starts as soon as the last one ends, with no hand-off
+    /// between tasks. Turns run here, not on the callers' tasks, so a
+    /// caller that goes away does not cut one short; a caller that left
+    /// before its turn began is skipped. Between turns the actor is
+    /// released, so due timers and operators get their turn in order.
+    async fn run_calls(self: Arc<Self>, cell: Arc<Cell>) {
+        loop {
+            let mut live = cell.live.lock().await;
+            let call = {
+                let mut inbox = cell.inbox.lock().unwrap_or_else(|p| p.into_inner());
+                match inbox.calls.pop_front() {
+                    Some(call) => call,
+                    None => {
+                        inbox.running = false;
+                        return;
+                    }
+                }
+            };
+            let QueuedCall {
+                request,
+                reply,
+                arrived,
+                claim,
+            } = call;
+            if reply.is_closed() {
+                continue; // the caller left before its turn: never run it
+            }
+            let queued = arrived.elapsed();
+            let (response, report) = request_turn(&self.context(&cell), &mut live, request).await;
+            self.after_turn(&cell, &live, false);
+            self.counters.turns.fetch_add(1, Ordering::Relaxed);
+            let status = response.status().as_u16();
+            // The receipt's end is taken while the turn is still held, so
+            // its time span never overlaps the next turn's.
+            let ended = Instant::now();
+            let _ = reply.send(response);
+            drop(live);
+            self.receipt(
+                &cell,
+                TurnKind::Request,
+                &report,
+                TurnNotes {
+                    status: Some(status),
+                    queued: Some(queued),
+                    ..Default::default()
+                },
+                arrived,
+                ended,
+            );
+            drop(claim);
+        }
+    }
+}
+
+impl InternalRouter for ActorHost {
+    fn handles(&self, host: &str) -> bool {
+        ActorAddress::is_actor_host(host)
+    }
+
+    fn call(
+        self: Arc<Self>,
+        request: http::Request<Bytes>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = http::Response<Bytes>> + Send>> {
+        Box::pin(async move { self.call_actor(request).await })
+    }
+}

@@ -1,0 +1,291 @@
+//! The operators' view: what `/actors` and `weir actors` show and do —
+//! the classes and counters, every actor (live or hibernated), one actor's
+//! timers and entries, and deletion.
+//!
+//! Invariant owned here: an operator reads and deletes between turns. An
+//! inspection or a deletion claims the actor like a caller and waits for
+//! its turn, so it sees exactly what is committed and never interleaves
+//! with a turn.
+
+use std::sync::atomic::Ordering;
+
+use serde::Serialize;
+use weir_store::actor::ActorDb;
+
+use crate::address::{ActorAddress, AddressError};
+use crate::directory::Unreadable;
+use crate::host::ActorHost;
+
+/// Most entries an inspection dumps; a larger actor is paged with `start`.
+pub const MAX_INSPECT_ENTRIES: u32 = 1_000;
+
+/// Why an operator's request about an actor failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("no actor class `{0}` is declared")]
+    UnknownClass(String),
+    #[error(transparent)]
+    Address(#[from] AddressError),
+    #[error("actor {0} does not exist")]
+    NotFound(ActorAddress),
+    #[error("{0}")]
+    Storage(String),
+}
+
+/// One actor as operators see it.
+#[derive(Debug, Serialize)]
+pub struct ActorSummary {
+    pub class: String,
+    pub name: String,
+    /// In memory now (instance and database open), or hibernated.
+    pub live: bool,
+    /// Callers queued for a turn that still want it (a caller that left
+    /// stays queued, but is skipped when its turn comes).
+    pub waiting: usize,
+    pub storage_bytes: u64,
+    /// Earliest timer, ms since the Unix epoch.
+    pub next_timer_ms: Option<i64>,
+}
+
+/// One actor in detail.
+#[derive(Debug, Serialize)]
+pub struct ActorDetail {
+    #[serde(flatten)]
+    pub summary: ActorSummary,
+    pub incarnation: u64,
+    pub entries: u64,
+    pub timers: Vec<TimerView>,
+    /// Entries (up to [`MAX_INSPECT_ENTRIES`]) when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keys: Option<Vec<EntryView>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TimerView {
+    pub reason: String,
+    pub at_ms: i64,
+    pub attempt: u32,
+}
+
+/// An entry: its value as UTF-8 text when it is, else as hex.
+#[derive(Debug, Serialize)]
+pub struct EntryView {
+    pub key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hex: Option<String>,
+    pub bytes: usize,
+}
+
+/// The classes and counters, for `/actors`.
+#[derive(Debug, Serialize)]
+pub struct HostStatus {
+    pub classes: Vec<String>,
+    pub live: usize,
+    /// Actors allowed in memory at once.
+    pub max_live: usize,
+    pub pending_timers: usize,
+    pub turns: u64,
+    pub failed_turns: u64,
+    pub wakes: u64,
+    pub hibernations: u64,
+    pub overloaded: u64,
+    pub alarms: u64,
+    pub alarms_dropped: u64,
+    /// Hibernated actors whose instances are still being freed.
+    pub closing: usize,
+    /// Database files found at start that could not be used (skipped).
+    pub unreadable: Vec<Unreadable>,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn file_size(path: &std::path::Path) -> u64 {
+    let mut total = 0;
+    for suffix in ["", "-wal"] {
+        let file = format!("{}{suffix}", path.display());
+        total += std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+    }
+    total
+}
+
+impl ActorHost {
+    pub fn status(&self) -> HostStatus {
+        let mut classes: Vec<String> = self.classes.keys().cloned().collect();
+        classes.sort();
+        let c = &self.counters;
+        HostStatus {
+            classes,
+            live: self.live_count(),
+            max_live: self.max_live,
+            pending_timers: self.timers.len(),
+            turns: c.turns.load(Ordering::Relaxed),
+            failed_turns: c.failed_turns.load(Ordering::Relaxed),
+            wakes: c.wakes.load(Ordering::Relaxed),
+            hibernations: c.hibernations.load(Ordering::Relaxed),
+            overloaded: c.overloaded.load(Ordering::Relaxed),
+            alarms: c.alarms.load(Ordering::Relaxed),
+            alarms_dropped: c.alarms_dropped.load(Ordering::Relaxed),
+            closing: self.closing.load(Ordering::Acquire),
+            unreadable: self.unreadable.clone(),
+        }
+    }
+
+    fn summary(&self, actor: &ActorAddress) -> ActorSummary {
+        let cell = self.lock_cells().get(actor).cloned();
+        let waiting = cell.as_ref().map_or(0, |c| {
+            let inbox = c.inbox.lock().unwrap_or_else(|p| p.into_inner());
+            inbox.calls.iter().filter(|q| !q.reply.is_closed()).count()
+        });
+        // Live: it has an instance now, or is in a turn (which has one).
+        let live = cell.is_some_and(|c| match c.live.try_lock() {
+            Ok(live) => live.generation.is_some(),
+            Err(_) => true,
+        });
+        ActorSummary {
+            live,
+            waiting,
+            storage_bytes: file_size(&self.directory.path(actor)),
+            next_timer_ms: self.timers.get(actor),
+            class: actor.class.clone(),
+            name: actor.name.clone(),
+        }
+    }
+
+    /// The actors of a class (every class when `None`), live or hibernated.
+    pub fn list(&self, class: Option<&str>) -> Result<Vec<ActorSummary>, AdminError> {
+        let mut classes: Vec<&String> = match class {
+            Some(name) => vec![&self.class(name)?.name],
+            None => self.classes.keys().collect(),
+        };
+        classes.sort();
+        let mut out = Vec::new();
+        for class in classes {
+            for actor in self
+                .directory
+                .list(class)
+                .map_err(|e| AdminError::Storage(e.to_string()))?
+            {
+                out.push(self.summary(&actor));
+            }
+        }
+        Ok(out)
+    }
+
+    /// One actor in detail; with `keys`, its entries from `start` on.
+    /// It waits for the actor's turn like any caller and reads between
+    /// turns — through the actor's own connection when it is live, else by
+    /// opening its database — so it sees exactly what is committed.
+    pub async fn inspect(
+        &self,
+        class: &str,
+        name: &str,
+        keys: bool,
+        start: Option<String>,
+    ) -> Result<ActorDetail, AdminError> {
+        let class = self.class(class)?.clone();
+        let actor = ActorAddress::new(&class.name, name)?;
+        if !self.directory.exists(&actor) {
+            return Err(AdminError::NotFound(actor));
+        }
+        let claim = self.claim_always(&actor, &class);
+        let live = claim.cell.live.lock().await;
+        let is_live = live.generation.is_some();
+        let detail = match &live.gate {
+            Some(gate) => gate.with_db(|db| self.read_detail(&actor, db, keys, start)),
+            None => {
+                let db = self
+                    .directory
+                    .open(&actor)
+                    .map_err(|e| AdminError::Storage(e.to_string()))?;
+                self.read_detail(&actor, &db, keys, start)
+            }
+        };
+        drop(live);
+        drop(claim);
+        let mut detail = detail?;
+        detail.summary.live = is_live;
+        Ok(detail)
+    }
+
+    fn read_detail(
+        &self,
+        actor: &ActorAddress,
+        db: &ActorDb,
+        keys: bool,
+        start: Option<String>,
+    ) -> Result<ActorDetail, AdminError> {
+        let storage = |e: weir_store::actor::ActorStoreError| AdminError::Storage(e.to_string());
+        let timers = db
+            .timers()
+            .map_err(storage)?
+            .into_iter()
+            .map(|t| TimerView {
+                reason: t.reason,
+                at_ms: t.at_ms,
+                attempt: t.attempt,
+            })
+            .collect();
+        let keys = if keys {
+            let entries = db
+                .list(&weir_store::actor::ListOptions {
+                    start,
+                    limit: Some(MAX_INSPECT_ENTRIES),
+                    ..Default::default()
+                })
+                .map_err(storage)?;
+            Some(
+                entries
+                    .into_iter()
+                    .map(|(key, value)| {
+                        let bytes = value.len();
+                        match String::from_utf8(value) {
+                            Ok(text) => EntryView {
+                                key,
+                                text: Some(text),
+                                hex: None,
+                                bytes,
+                            },
+                            Err(e) => EntryView {
+                                key,
+                                text: None,
+                                hex: Some(hex(e.as_bytes())),
+                                bytes,
+                            },
+                        }
+                    })
+                    .collect(),
+            )
+        } else {
+            None
+        };
+        Ok(ActorDetail {
+            incarnation: db.incarnation().map_err(storage)?,
+            entries: db.entry_count().map_err(storage)?,
+            timers,
+            keys,
+            summary: self.summary(actor),
+        })
+    }
+
+    /// Deletes an actor: waits for its turn, drops it from memory, removes
+    /// its database and its timers. True if it existed.
+    pub async fn delete(&self, class: &str, name: &str) -> Result<bool, AdminError> {
+        let class = self.class(class)?.clone();
+        let actor = ActorAddress::new(&class.name, name)?;
+        let claim = self.claim_always(&actor, &class);
+        let mut live = claim.cell.live.lock().await;
+        live.reset();
+        self.timers.set(&actor, None);
+        let existed = self
+            .directory
+            .delete(&actor)
+            .map_err(|e| AdminError::Storage(e.to_string()))?;
+        drop(live);
+        drop(claim);
+        Ok(existed)
+    }
+}

@@ -1,0 +1,80 @@
+//! Extension points: how the layers above the runtime — keyed actors today,
+//! resident processes and sockets next — plug into it without the runtime
+//! knowing them.
+//!
+//! Invariant owned here: the runtime runs a guest call the same way
+//! whoever asked for it. A layer above adds what it needs only through
+//! these four doors:
+//! - [`HostInterfaces`]: more host functions in an app's linker;
+//! - [`Extras`]: its own per-generation data (reached again with
+//!   [`crate::generation::GenerationState::extension`]) and an
+//!   [`OutputGate`] that every outbound request of the generation passes
+//!   first;
+//! - [`InternalRouter`] (joined through [`InternalRoutes`]): a domain of
+//!   outbound hosts that never reaches the network, answered in-process.
+
+use std::any::Any;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock, Weak};
+
+use bytes::Bytes;
+use wasmtime::component::Linker;
+
+use crate::generation::GenerationState;
+
+/// Host functions a layer adds to every app's linker.
+pub trait HostInterfaces: Send + Sync {
+    fn add_to_linker(&self, linker: &mut Linker<GenerationState>) -> wasmtime::Result<()>;
+}
+
+/// Called before anything a generation produced leaves it (an outbound
+/// request, an internal call): a layer that buffers effects makes them
+/// durable here. An error refuses the request.
+pub trait OutputGate: Send + Sync {
+    fn flush(&self) -> Result<(), String>;
+}
+
+/// What a layer attaches to one generation when it instantiates it.
+#[derive(Default)]
+pub struct Extras {
+    /// The layer's own per-generation data.
+    pub data: Option<Box<dyn Any + Send>>,
+    /// Passed before every outbound request of the generation.
+    pub output_gate: Option<Arc<dyn OutputGate>>,
+}
+
+/// A domain of hosts answered in-process: requests to it never reach the
+/// network and need no allow-list entry. Failures come back as Weir's JSON
+/// error responses, never as transport errors.
+pub trait InternalRouter: Send + Sync + 'static {
+    /// True when `host` is in this router's domain (valid or not).
+    fn handles(&self, host: &str) -> bool;
+
+    /// Answers one request.
+    fn call(
+        self: Arc<Self>,
+        request: http::Request<Bytes>,
+    ) -> Pin<Box<dyn Future<Output = http::Response<Bytes>> + Send>>;
+}
+
+/// The internal routers an app's guests can reach, bound after the apps
+/// are loaded: the routers themselves run apps (an actor calls actors), so
+/// they exist only once the apps do.
+#[derive(Clone, Default)]
+pub struct InternalRoutes(Arc<OnceLock<Vec<Weak<dyn InternalRouter>>>>);
+
+impl InternalRoutes {
+    /// Binds the routers; later calls are ignored.
+    pub fn connect(&self, routers: &[Arc<dyn InternalRouter>]) {
+        let _ = self.0.set(routers.iter().map(Arc::downgrade).collect());
+    }
+
+    /// The router whose domain `host` is in, if any.
+    pub fn find(&self, host: &str) -> Option<Arc<dyn InternalRouter>> {
+        self.0
+            .get()?
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|r| r.handles(host))
+    }
+}
