@@ -112,10 +112,7 @@ impl AppCode {
                 path: shown.to_string(),
             });
         }
-        let budget = engine.budget().clone();
-        let engine = engine.engine().clone();
-        let component = Component::from_binary(&engine, bytes).map_err(|e| {
-            let mut reason = format!("{e:#}");
+        let component = engine.compile(bytes).map_err(|mut reason| {
             if reason.contains("memory") {
                 reason.push_str(&format!(
                     " (memory_limit_bytes is {})",
@@ -127,6 +124,8 @@ impl AppCode {
                 reason,
             }
         })?;
+        let budget = engine.budget().clone();
+        let engine = engine.engine().clone();
         let link = |e: wasmtime::Error| LoadError::Link {
             path: shown.to_string(),
             reason: format!("{e:#}"),

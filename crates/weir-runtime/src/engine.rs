@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use wasmtime::{Config, InstanceAllocationStrategy, PoolingAllocationConfig};
 
+use crate::compiled_code::CodeCache;
 use crate::memory_budget::{MAX_TABLE_ELEMENTS, MemoryBudget};
 
 /// How often the engine's epoch advances. A spinning guest is interrupted at
@@ -54,7 +55,7 @@ pub enum EngineError {
 }
 
 /// Sizing the engine needs up front (the pooling allocator reserves slots).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineSizing {
     /// Total lanes across every app this engine will run.
     pub lanes: u32,
@@ -62,10 +63,52 @@ pub struct EngineSizing {
     pub memory_limit_bytes: u64,
 }
 
+/// Which engine configuration: everything the code an engine compiles
+/// depends on, so that a compiler process can build the same engine from
+/// it ([`EngineKind::to_arg`], [`EngineKind::parse`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineKind {
+    /// Lanes of apps: instance slots reserved up front ([`WeirEngine::new`]).
+    Pooled(EngineSizing),
+    /// Many mostly idle keyed instances ([`WeirEngine::on_demand`]).
+    OnDemand { memory_limit_bytes: u64 },
+}
+
+impl EngineKind {
+    /// The kind as one command-line word.
+    pub fn to_arg(&self) -> String {
+        match self {
+            EngineKind::Pooled(s) => format!("pooled:{}:{}", s.lanes, s.memory_limit_bytes),
+            EngineKind::OnDemand { memory_limit_bytes } => {
+                format!("on-demand:{memory_limit_bytes}")
+            }
+        }
+    }
+
+    /// The kind [`EngineKind::to_arg`] wrote.
+    pub fn parse(arg: &str) -> Option<EngineKind> {
+        let mut parts = arg.split(':');
+        let kind = match (parts.next()?, parts.next(), parts.next()) {
+            ("pooled", Some(lanes), Some(memory)) => EngineKind::Pooled(EngineSizing {
+                lanes: lanes.parse().ok()?,
+                memory_limit_bytes: memory.parse().ok()?,
+            }),
+            ("on-demand", Some(memory), None) => EngineKind::OnDemand {
+                memory_limit_bytes: memory.parse().ok()?,
+            },
+            _ => return None,
+        };
+        parts.next().is_none().then_some(kind)
+    }
+}
+
 /// The shared engine plus its ticker; dropping it stops the ticker.
 pub struct WeirEngine {
     engine: wasmtime::Engine,
+    kind: EngineKind,
     budget: Arc<MemoryBudget>,
+    /// Where this engine's compiled code comes from.
+    code: Arc<CodeCache>,
     stop: Arc<AtomicBool>,
     ticker: Option<JoinHandle<()>>,
 }
@@ -92,7 +135,7 @@ impl WeirEngine {
         pool.linear_memory_keep_resident(KEEP_RESIDENT_BYTES);
         pool.table_keep_resident(KEEP_RESIDENT_BYTES);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        Self::with_config(&config, budget)
+        Self::with_config(&config, EngineKind::Pooled(sizing), budget)
     }
 
     /// An engine for many, mostly idle instances (the keyed instances of
@@ -114,10 +157,25 @@ impl WeirEngine {
         config.memory_guard_size(ON_DEMAND_GUARD_BYTES);
         config.memory_reservation_for_growth(0);
         config.allocation_strategy(InstanceAllocationStrategy::OnDemand);
-        Self::with_config(&config, budget)
+        let kind = EngineKind::OnDemand { memory_limit_bytes };
+        Self::with_config(&config, kind, budget)
     }
 
-    fn with_config(config: &Config, budget: Arc<MemoryBudget>) -> Result<Self, EngineError> {
+    /// The engine of `kind`.
+    pub fn of_kind(kind: EngineKind, budget: Arc<MemoryBudget>) -> Result<Self, EngineError> {
+        match kind {
+            EngineKind::Pooled(sizing) => Self::new(sizing, budget),
+            EngineKind::OnDemand { memory_limit_bytes } => {
+                Self::on_demand(memory_limit_bytes, budget)
+            }
+        }
+    }
+
+    fn with_config(
+        config: &Config,
+        kind: EngineKind,
+        budget: Arc<MemoryBudget>,
+    ) -> Result<Self, EngineError> {
         let engine =
             wasmtime::Engine::new(config).map_err(|e| EngineError::Config(format!("{e:#}")))?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -136,7 +194,9 @@ impl WeirEngine {
         };
         Ok(WeirEngine {
             engine,
+            kind,
             budget,
+            code: Arc::new(CodeCache::in_process()),
             stop,
             ticker: Some(ticker),
         })
@@ -148,6 +208,21 @@ impl WeirEngine {
 
     pub fn budget(&self) -> &Arc<MemoryBudget> {
         &self.budget
+    }
+
+    pub fn kind(&self) -> EngineKind {
+        self.kind
+    }
+
+    /// Takes this engine's compiled code from `code` from now on.
+    pub fn set_code_cache(&mut self, code: Arc<CodeCache>) {
+        self.code = code;
+    }
+
+    /// The component `bytes` compiled for this engine (see
+    /// [`crate::compiled_code`]).
+    pub fn compile(&self, bytes: &[u8]) -> Result<wasmtime::component::Component, String> {
+        self.code.component(self, bytes)
     }
 }
 

@@ -8,6 +8,7 @@
 
 pub mod admission;
 pub mod app;
+pub mod compiled_code;
 pub mod engine;
 pub mod error_code;
 pub mod event;

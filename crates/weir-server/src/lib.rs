@@ -13,7 +13,9 @@
 //! - the layers above the runtime are joined only through its extension
 //!   points: the actors' host interfaces in every linker, their internal
 //!   router bound once the apps exist, their idle instances as the
-//!   budget's reclaimer.
+//!   budget's reclaimer;
+//! - components are compiled by `config.compiler` into the data dir's code
+//!   cache, and the cache keeps only what this server loaded.
 
 pub mod limits;
 
@@ -24,6 +26,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use weir_actors::{ActorClass, ActorDirectory, ActorHost, ActorInterfaces, ActorMetrics};
 use weir_http::{ActorRoute, AdminState, ServeOptions};
+use weir_runtime::compiled_code::{CodeCache, Compiler};
 use weir_runtime::engine::EngineError;
 use weir_runtime::extension::{HostInterfaces, InternalRouter, InternalRoutes};
 use weir_runtime::memory_budget::{MemoryBudget, Reclaim};
@@ -47,6 +50,10 @@ pub const SQLITE_SOFT_HEAP_BYTES: u64 = 512 << 20;
 /// SQL cannot get near it: values are bounded by `SQLITE_LIMIT_LENGTH`,
 /// results by `max_sql_result_bytes`, page caches per connection.
 pub const SQLITE_HARD_HEAP_BYTES: u64 = 2 << 30;
+
+/// The data dir's subdirectory of compiled code (see
+/// [`weir_runtime::compiled_code`]).
+pub const CODE_DIR: &str = "code";
 
 /// Where `weir serve` listens unless told otherwise.
 pub const DEFAULT_LISTEN: SocketAddr =
@@ -72,6 +79,8 @@ pub struct ServerConfig {
     pub actor_routes: Vec<(String, String)>,
     /// Where receipts go, if anywhere.
     pub receipts: Option<Arc<dyn ReceiptSink>>,
+    /// What compiles components that are not in the data dir's code cache.
+    pub compiler: Compiler,
 }
 
 impl ServerConfig {
@@ -92,6 +101,7 @@ impl ServerConfig {
             actors: Vec::new(),
             actor_routes: Vec::new(),
             receipts: None,
+            compiler: Compiler::InProcess,
         }
     }
 }
@@ -114,6 +124,11 @@ pub enum ServerError {
     Stores { dir: PathBuf, source: StoreError },
     #[error(transparent)]
     Load(#[from] LoadError),
+    #[error("cannot use the code cache {dir}: {source}")]
+    CodeCache {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
     #[error("actor class `{class}`: {source}")]
     ActorClass { class: String, source: LoadError },
     #[error("cannot index actors under {dir}: {source}")]
@@ -165,13 +180,21 @@ impl Server {
         let budget = MemoryBudget::new(limits.total_guest_memory());
         let pool = Arc::new(SqlPool::new(limits.sql_threads)?);
         weir_store::confinement::bound_sqlite_heap(SQLITE_SOFT_HEAP_BYTES, SQLITE_HARD_HEAP_BYTES);
-        let engine = WeirEngine::new(
+        let code_dir = config.data_dir.join(CODE_DIR);
+        let code_cache = CodeCache::new(&code_dir, config.compiler.clone())
+            .map(Arc::new)
+            .map_err(|source| ServerError::CodeCache {
+                dir: code_dir.clone(),
+                source,
+            })?;
+        let mut engine = WeirEngine::new(
             EngineSizing {
                 lanes: limits.max_concurrent as u32,
                 memory_limit_bytes: limits.memory_limit_bytes,
             },
             budget.clone(),
         )?;
+        engine.set_code_cache(code_cache.clone());
         let stores_error = |source| ServerError::Stores {
             dir: config.data_dir.clone(),
             source,
@@ -205,7 +228,8 @@ impl Server {
         let actors = if has_actors {
             // Actor classes run on an engine of their own: many mostly idle
             // instances, allocated on demand and freed when they hibernate.
-            let engine = WeirEngine::on_demand(limits.memory_limit_bytes, budget.clone())?;
+            let mut engine = WeirEngine::on_demand(limits.memory_limit_bytes, budget.clone())?;
+            engine.set_code_cache(code_cache.clone());
             let actor_metrics = ActorMetrics::register(&metrics);
             let mut classes = Vec::new();
             for (class, path) in &config.actors {
@@ -253,6 +277,14 @@ impl Server {
             config.receipts.clone(),
         );
         let app = App::start(name, code, receipts, &config.app.display().to_string()).await?;
+        // Everything this server runs is loaded: older artifacts go.
+        match code_cache.prune() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(removed = n, "pruned compiled code no longer served"),
+            Err(e) => {
+                tracing::warn!(dir = %code_dir.display(), error = %e, "cannot prune the code cache")
+            }
+        }
         let admin = admin_listener.map(|listener| {
             let state = Arc::new(AdminState {
                 apps: vec![app.clone()],

@@ -13,6 +13,10 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use weir_build::BuildRequest;
+use weir_runtime::WeirEngine;
+use weir_runtime::compiled_code::{self, Compiler};
+use weir_runtime::engine::EngineKind;
+use weir_runtime::memory_budget::MemoryBudget;
 use weir_server::{DEFAULT_LISTEN, Server, ServerConfig};
 
 use crate::config::{Config, Overrides, UsageError};
@@ -40,6 +44,20 @@ enum Command {
     /// List, inspect or delete the actors of a running server (through its
     /// admin address).
     Actors(actors_cli::ActorsArgs),
+    /// Compile a component read from stdin into a code-cache artifact
+    /// (what `weir serve` runs so that it never compiles in-process).
+    #[command(name = "compile-artifact", hide = true)]
+    CompileArtifact(CompileArgs),
+}
+
+#[derive(clap::Args)]
+struct CompileArgs {
+    /// The engine to compile for, as `weir serve` names it.
+    #[arg(long)]
+    engine: String,
+    /// Where the artifact goes.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -120,6 +138,16 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Build(args) => build(args),
         Command::Actors(args) => actors_cli::run(args),
+        Command::CompileArtifact(args) => {
+            // Its stderr is the reason `weir serve` gives, so no prefix.
+            return match compile_artifact(args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("{e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
     };
     logging::flush();
     match result {
@@ -151,6 +179,19 @@ fn build(args: BuildArgs) -> anyhow::Result<()> {
     })?;
     eprintln!("weir: built {}", out.display());
     Ok(())
+}
+
+/// The compiler process of `weir serve`: one component on stdin, one
+/// artifact out, for an engine configured exactly as the server's.
+fn compile_artifact(args: CompileArgs) -> anyhow::Result<()> {
+    let kind = EngineKind::parse(&args.engine)
+        .ok_or_else(|| UsageError(format!("unknown engine `{}`", args.engine)))?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes)
+        .context("cannot read the component from stdin")?;
+    // The budget bounds instances, and the compiler makes none.
+    let engine = WeirEngine::of_kind(kind, MemoryBudget::new(u64::MAX))?;
+    compiled_code::compile_to(engine.engine(), &bytes, &args.out).map_err(anyhow::Error::msg)
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -189,6 +230,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         actors,
         actor_routes: config.actor_routes,
         receipts: logging::receipt_sink(),
+        compiler: Compiler::Process {
+            program: std::env::current_exe().context("cannot find the weir executable")?,
+            args: vec!["compile-artifact".into()],
+        },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

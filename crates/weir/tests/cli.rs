@@ -342,3 +342,51 @@ async fn a_lane_that_cannot_instantiate_is_unavailable_and_the_others_serve() {
         .await
         .assert_weir_error(502, "invalid_response");
 }
+
+#[tokio::test]
+async fn compiled_code_is_cached_in_the_data_dir_reused_repaired_and_pruned() {
+    let data = common::fresh_data_dir();
+    let data_arg = data.to_str().unwrap().to_string();
+    let code = data.join("code");
+    let artifacts = || {
+        let mut found: Vec<_> = std::fs::read_dir(&code)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        found.sort();
+        found
+    };
+    let serve_once = |app: std::path::PathBuf| {
+        let data_arg = data_arg.clone();
+        async move {
+            let weir = Weir::start(&app, &["--data-dir", &data_arg]);
+            assert_eq!(weir.get("/hello").await.status, 200);
+        }
+    };
+    serve_once(probe()).await;
+    let first = artifacts();
+    assert_eq!(first.len(), 1, "one artifact for one component: {first:?}");
+    let compiled = std::fs::read(&first[0]).unwrap();
+    let written = std::fs::metadata(&first[0]).unwrap().modified().unwrap();
+
+    // A restart loads the artifact instead of compiling again.
+    serve_once(probe()).await;
+    assert_eq!(artifacts(), first);
+    assert_eq!(
+        std::fs::metadata(&first[0]).unwrap().modified().unwrap(),
+        written,
+        "the artifact was not written again"
+    );
+
+    // A damaged artifact is compiled again, and the app serves.
+    std::fs::write(&first[0], b"not machine code").unwrap();
+    serve_once(probe()).await;
+    assert_eq!(artifacts(), first);
+    assert_eq!(std::fs::read(&first[0]).unwrap(), compiled);
+
+    // Serving another component prunes the artifact no longer served.
+    serve_once(common::guest("hostile")).await;
+    let second = artifacts();
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_ne!(second, first);
+}

@@ -1,0 +1,298 @@
+//! Compiled code: where the machine code of a component comes from.
+//!
+//! Invariants owned here:
+//! - with a compiler process configured, the serving process never runs the
+//!   compiler. Compiling untrusted Wasm is the most memory- and CPU-hungry
+//!   thing Weir does with a guest's bytes: in a process of its own, its
+//!   peak memory is given back when that process exits, a compiler that
+//!   crashes or runs past [`COMPILE_TIME_LIMIT`] is a refused load rather
+//!   than a dead or stalled server, and the server's idle footprint holds
+//!   only the code it runs (an idle `weir serve` of the hello guest: 15 MiB
+//!   instead of 26 MiB, see `bench/RESULTS.md`);
+//! - an artifact is named by the SHA-256 of the component's bytes and the
+//!   engine's compatibility hash, and is written to a temporary file that is
+//!   renamed into place: a reader finds a whole artifact for exactly these
+//!   bytes and this engine, or none. One that does not load (damaged, or
+//!   from another build) is compiled again, once;
+//! - the cache holds what the current server loaded: [`CodeCache::prune`]
+//!   removes every other artifact after start, so it cannot grow with
+//!   every version ever served.
+//!
+//! Artifacts are machine code that is mapped and run without further
+//! checks: the cache directory must be writable by the operator only (it
+//! lives in the data dir, which guests cannot name).
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::hash::{Hash, Hasher};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::Component;
+
+use crate::engine::{EngineKind, WeirEngine};
+
+/// Longest a compiler process may run before its component is refused.
+/// Cranelift compiles the guests in this repository in well under a second
+/// and a 20 MB component in tens of seconds on 2 cores; a component that
+/// takes ten minutes is treated as an attack on the compiler, not as code.
+pub const COMPILE_TIME_LIMIT: Duration = Duration::from_secs(600);
+
+/// How often a waiting server looks at its compiler process.
+const COMPILER_POLL: Duration = Duration::from_millis(5);
+
+/// Most bytes of a failed compiler's stderr kept for the error: enough for
+/// any compiler message, bounded whatever the process prints.
+pub const MAX_COMPILER_MESSAGE_BYTES: usize = 16 << 10;
+
+/// The file name ending of an artifact.
+const ARTIFACT_EXTENSION: &str = "cwasm";
+
+/// How a component's machine code is produced when it is not cached.
+#[derive(Clone, Debug)]
+pub enum Compiler {
+    /// In this process (tests, tools, a server without a data dir).
+    InProcess,
+    /// By running `program args… --engine KIND --out FILE` with the
+    /// component on stdin; the program calls [`compile_to`]. `weir`
+    /// runs itself with its hidden `compile-artifact` command.
+    Process {
+        program: PathBuf,
+        args: Vec<OsString>,
+    },
+}
+
+/// The compiled-code cache of one server.
+pub struct CodeCache {
+    dir: Option<PathBuf>,
+    compiler: Compiler,
+    /// Artifacts this server loaded: what [`CodeCache::prune`] keeps.
+    used: Mutex<HashSet<PathBuf>>,
+}
+
+impl CodeCache {
+    /// No cache: every component is compiled in this process, every time.
+    pub fn in_process() -> CodeCache {
+        CodeCache {
+            dir: None,
+            compiler: Compiler::InProcess,
+            used: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// A cache in `dir` (created if missing), filled by `compiler`.
+    pub fn new(dir: &Path, compiler: Compiler) -> std::io::Result<CodeCache> {
+        std::fs::create_dir_all(dir)?;
+        Ok(CodeCache {
+            dir: Some(dir.to_path_buf()),
+            compiler,
+            used: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// `bytes` compiled for `engine`: from the cache, or compiled into it.
+    pub fn component(&self, engine: &WeirEngine, bytes: &[u8]) -> Result<Component, String> {
+        let Some(dir) = &self.dir else {
+            return Component::from_binary(engine.engine(), bytes).map_err(|e| format!("{e:#}"));
+        };
+        let path = dir.join(format!(
+            "{}.{ARTIFACT_EXTENSION}",
+            artifact_key(engine.engine(), bytes)
+        ));
+        let fresh = !path.exists();
+        if fresh {
+            self.compile(engine, bytes, &path)?;
+        }
+        let loaded = match load(engine, &path) {
+            Ok(component) => component,
+            Err(refused) if fresh => {
+                // Compiled just now: the component itself is refused (it
+                // does not fit this engine's limits), not the artifact.
+                let _ = std::fs::remove_file(&path);
+                return Err(refused);
+            }
+            Err(first) => {
+                tracing::warn!(artifact = %path.display(), error = %first, "compiled artifact does not load; compiling again");
+                self.compile(engine, bytes, &path)?;
+                load(engine, &path)?
+            }
+        };
+        self.used
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(path);
+        Ok(loaded)
+    }
+
+    fn compile(&self, engine: &WeirEngine, bytes: &[u8], path: &Path) -> Result<(), String> {
+        match &self.compiler {
+            Compiler::InProcess => compile_to(engine.engine(), bytes, path),
+            Compiler::Process { program, args } => {
+                run_compiler(program, args, engine.kind(), bytes, path)
+            }
+        }
+    }
+
+    /// Removes every artifact this server did not load; returns how many.
+    pub fn prune(&self) -> std::io::Result<usize> {
+        let Some(dir) = &self.dir else { return Ok(0) };
+        let used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        let mut removed = 0;
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            if !used.contains(&path) {
+                std::fs::remove_file(&path)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+fn load(engine: &WeirEngine, path: &Path) -> Result<Component, String> {
+    // SAFETY: the artifact was written by `compile_to` for an engine with
+    // this engine's compatibility hash (its name says so, and wasmtime
+    // checks the header again), in a directory only the operator can write.
+    unsafe { Component::deserialize_file(engine.engine(), path) }.map_err(|e| format!("{e:#}"))
+}
+
+/// The artifact name of `bytes` for `engine`.
+pub fn artifact_key(engine: &wasmtime::Engine, bytes: &[u8]) -> String {
+    let content = Sha256::digest(bytes);
+    let mut compat = Sha256Hasher(Sha256::new());
+    engine.precompile_compatibility_hash().hash(&mut compat);
+    let compat = compat.0.finalize();
+    format!("{}-{}", hex(&content), hex(&compat[..8]))
+}
+
+/// A `Hasher` whose output does not depend on the process: the
+/// compatibility hash must name the same engine in every process.
+struct Sha256Hasher(Sha256);
+
+impl Hasher for Sha256Hasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    fn finish(&self) -> u64 {
+        let digest = self.0.clone().finalize();
+        u64::from_le_bytes(digest[..8].try_into().expect("a digest has 8 bytes"))
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Compiles `bytes` for `engine` and writes the artifact to `out`, whole or
+/// not at all. The compiler process's whole job.
+pub fn compile_to(engine: &wasmtime::Engine, bytes: &[u8], out: &Path) -> Result<(), String> {
+    let artifact = engine
+        .precompile_component(bytes)
+        .map_err(|e| format!("{e:#}"))?;
+    let partial = out.with_extension(format!("{ARTIFACT_EXTENSION}.partial"));
+    let write = || -> std::io::Result<()> {
+        let mut file = std::fs::File::create(&partial)?;
+        file.write_all(&artifact)?;
+        file.sync_all()?;
+        std::fs::rename(&partial, out)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&partial);
+        format!("cannot write {}: {e}", out.display())
+    })
+}
+
+fn run_compiler(
+    program: &Path,
+    args: &[OsString],
+    kind: EngineKind,
+    bytes: &[u8],
+    out: &Path,
+) -> Result<(), String> {
+    let mut child = Command::new(program)
+        .args(args)
+        .arg("--engine")
+        .arg(kind.to_arg())
+        .arg("--out")
+        .arg(out)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start the compiler {}: {e}", program.display()))?;
+    let stderr = child.stderr.take().map(|stderr| {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            let _ = stderr
+                .take(MAX_COMPILER_MESSAGE_BYTES as u64)
+                .read_to_end(&mut text);
+            String::from_utf8_lossy(&text).trim().to_string()
+        })
+    });
+    if let Some(mut stdin) = child.stdin.take() {
+        // A compiler that exits early closes the pipe; its status says why.
+        let _ = stdin.write_all(bytes);
+    }
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() >= COMPILE_TIME_LIMIT => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "compiling took longer than {} s",
+                    COMPILE_TIME_LIMIT.as_secs()
+                ));
+            }
+            Ok(None) => std::thread::sleep(COMPILER_POLL),
+            Err(e) => return Err(format!("cannot wait for the compiler: {e}")),
+        }
+    };
+    let message = stderr.and_then(|t| t.join().ok()).unwrap_or_default();
+    if status.success() {
+        return Ok(());
+    }
+    let _ = std::fs::remove_file(out);
+    Err(if message.is_empty() {
+        format!("the compiler process failed ({status})")
+    } else {
+        message
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::EngineSizing;
+
+    #[test]
+    fn engine_kinds_survive_the_command_line() {
+        for kind in [
+            EngineKind::Pooled(EngineSizing {
+                lanes: 32,
+                memory_limit_bytes: 128 << 20,
+            }),
+            EngineKind::OnDemand {
+                memory_limit_bytes: 1 << 20,
+            },
+        ] {
+            assert_eq!(EngineKind::parse(&kind.to_arg()), Some(kind));
+        }
+        for bad in [
+            "",
+            "pooled",
+            "pooled:1",
+            "pooled:1:2:3",
+            "on-demand:x",
+            "mmap:1",
+        ] {
+            assert_eq!(EngineKind::parse(bad), None, "{bad}");
+        }
+    }
+}
