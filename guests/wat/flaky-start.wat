@@ -3,10 +3,14 @@
 ;; Its core module has a start function that reads the wall clock and traps
 ;; when the time, in Unix seconds, is in [FAIL_FROM, FAIL_UNTIL): every
 ;; instance created in that window fails to instantiate, every instance
-;; created outside it works. The tests replace the two placeholders and use
-;; it to make a lane's fresh instantiation fail from outside while other
-;; lanes keep their live generations. Its handler sets no response, so each
-;; request it serves is answered 502 `invalid_response` by Weir.
+;; created outside it works. Before that check, the start function spins
+;; for START_MS milliseconds of wall-clock time. The tests replace the
+;; placeholders and use it to make a lane's fresh instantiation fail (or
+;; hang) from outside while other lanes keep their live generations, and
+;; as the small guest of the in-process tests. Its handler spins for HOLD_MS
+;; milliseconds of wall-clock time (so that concurrent requests occupy
+;; different lanes) and sets no response, so each request it serves is
+;; answered 502 `invalid_response` by Weir.
 (component
   (import "wasi:clocks/wall-clock@0.2.0" (instance $clock
     (type $datetime (record (field "seconds" u64) (field "nanoseconds" u32)))
@@ -35,13 +39,30 @@
     (import "host" "drop-outparam" (func $drop_outparam (param i32)))
     (import "host" "memory" (memory 1))
     (func $start
+      (local $until i64)
+      (local.set $until (i64.add (call $now_ms) (i64.const START_MS)))
+      (block $started
+        (loop $spin
+          (br_if $started (i64.ge_u (call $now_ms) (local.get $until)))
+          (br $spin)))
       (call $now (i32.const 0))
       (if (i32.and
             (i64.ge_u (i64.load (i32.const 0)) (i64.const FAIL_FROM))
             (i64.lt_u (i64.load (i32.const 0)) (i64.const FAIL_UNTIL)))
         (then unreachable)))
     (start $start)
+    (func $now_ms (result i64)
+      (call $now (i32.const 0))
+      (i64.add
+        (i64.mul (i64.load (i32.const 0)) (i64.const 1000))
+        (i64.div_u (i64.extend_i32_u (i32.load (i32.const 8))) (i64.const 1000000))))
     (func (export "handle") (param i32 i32)
+      (local $until i64)
+      (local.set $until (i64.add (call $now_ms) (i64.const HOLD_MS)))
+      (block $held
+        (loop $spin
+          (br_if $held (i64.ge_u (call $now_ms) (local.get $until)))
+          (br $spin)))
       (call $drop_request (local.get 0))
       (call $drop_outparam (local.get 1))))
   (core instance $host

@@ -3,8 +3,10 @@
 //! Invariant owned here: a component that cannot be compiled, does not
 //! export `wasi:http/incoming-handler`, or imports something Weir does not
 //! provide is refused when the app is loaded — with the reason — never at
-//! the first request. Every lane of a loaded app also instantiated once
-//! before the app is offered to clients.
+//! the first request. One generation is instantiated before the app is
+//! offered to clients, so an app that cannot start is refused at once; the
+//! other lanes make their first generation when they are first admitted
+//! (an idle app costs one instance, not `max_concurrent`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -176,7 +178,8 @@ pub struct App {
 }
 
 impl App {
-    /// Loads the app and instantiates a first generation on every lane.
+    /// Loads the app and instantiates the first generation of lane 0; the
+    /// other lanes wait, without one, until they are needed.
     pub async fn start(
         name: String,
         code: AppCode,
@@ -195,23 +198,34 @@ impl App {
             next_admission: AtomicU64::new(1),
             code,
         });
-        for id in 0..lanes {
-            let generation = app
-                .instantiate()
-                .await
-                .map_err(|source| LoadError::Instantiate {
-                    path: shown.to_string(),
-                    source,
-                })?;
-            app.board.set_idle(id, generation.number);
+        let first = app
+            .instantiate()
+            .await
+            .map_err(|source| LoadError::Instantiate {
+                path: shown.to_string(),
+                source,
+            })?;
+        // Idle lanes are taken last-in first-out: lane 0, released last, is
+        // admitted first, and a lane without a generation only when every
+        // lane with one is busy.
+        for id in (1..lanes).rev() {
+            app.board.set_idle(id, 0);
             app.admission.release(
                 &app,
                 Lane {
                     id,
-                    generation: Some(generation),
+                    generation: None,
                 },
             );
         }
+        app.board.set_idle(0, first.number);
+        app.admission.release(
+            &app,
+            Lane {
+                id: 0,
+                generation: Some(first),
+            },
+        );
         Ok(app)
     }
 

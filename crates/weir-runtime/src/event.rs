@@ -13,10 +13,12 @@
 //!   response length over the limit drops the generation at once; a failure
 //!   after headers is reported to the transport as a failed session, never
 //!   as a clean end of body;
-//! - a lane is released only with a live generation in it: a retired or
-//!   abandoned generation is replaced first, and a lane whose replacement
-//!   cannot be instantiated stays out of admission (unavailable) until one
-//!   can.
+//! - a lane is released with a live generation in it, or with none before
+//!   its first event: a retired or abandoned generation is replaced first,
+//!   and a lane whose generation cannot be instantiated (its first, or a
+//!   replacement) stays out of admission (unavailable) until one can; the
+//!   event that found it so is answered `host_unavailable` without
+//!   entering Wasm.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -152,17 +154,30 @@ async fn run_event(
     let Some(app) = guard.app() else { return };
     let limits = &app.code.limits;
     let lane_id = guard.lane().id;
-    let Some(mut generation) = guard.lane().generation.take() else {
-        // Unreachable by construction (lanes are released only with a live
-        // generation), but a lane without one must not be used.
-        let _ = reply_tx.send(Reply::Failure(ErrorCode::HostUnavailable));
-        receipt.fail(Outcome::Capacity, Some(ErrorCode::HostUnavailable), None);
-        let fresh = renew(&app, lane_id).await;
-        guard.lane().generation = Some(fresh);
-        return;
+    app.board.set_busy(lane_id);
+    let mut generation = match guard.lane().generation.take() {
+        Some(generation) => generation,
+        // The lane's first event: its generation is made now.
+        None => match app.instantiate().await {
+            Ok(generation) => generation,
+            Err(e) => {
+                let mut reply_tx = Some(reply_tx);
+                fail_event(
+                    &receipt,
+                    &mut reply_tx,
+                    Outcome::Capacity,
+                    ErrorCode::HostUnavailable,
+                    Some(e.to_string()),
+                );
+                drop(receipt);
+                let fresh = renew(&app, lane_id).await;
+                app.board.set_idle(lane_id, fresh.number);
+                guard.lane().generation = Some(fresh);
+                return;
+            }
+        },
     };
     generation.admitted += 1;
-    app.board.set_busy(lane_id);
 
     let (out_tx, mut out_rx) = oneshot::channel();
     let handles = {

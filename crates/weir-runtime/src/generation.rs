@@ -198,12 +198,29 @@ impl Generation {
             reason: format!("{e:#}"),
             over_budget: false,
         };
-        let instance = match code.pre.instance_pre().instantiate_async(&mut store).await {
-            Ok(instance) => instance,
-            Err(e) => {
+        // A start function is guest code: it runs under the same bound as
+        // a handler, so a guest that spins while it starts cannot hold a
+        // lane (or the server's start) forever.
+        let limit = code.limits.event_limit;
+        let started =
+            tokio::time::timeout(limit, code.pre.instance_pre().instantiate_async(&mut store))
+                .await;
+        let instance = match started {
+            Ok(Ok(instance)) => instance,
+            Ok(Err(e)) => {
                 return Err(InstantiateError {
                     over_budget: store.data().memory.over_budget,
                     ..fail(e)
+                });
+            }
+            Err(_) => {
+                return Err(InstantiateError {
+                    number,
+                    reason: format!(
+                        "its start did not finish within event_limit_ms ({} ms)",
+                        limit.as_millis()
+                    ),
+                    over_budget: false,
                 });
             }
         };

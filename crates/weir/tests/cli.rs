@@ -173,12 +173,17 @@ async fn admin_endpoints_report_lanes_generations_and_metrics() {
     let status = weir.status().await;
     let app = &status["apps"][0];
     assert_eq!(app["healthy"], true);
-    assert_eq!(app["generations"]["created"], 3);
+    // Lane 0 ran both events (the trap abandoned generation 1 for 2);
+    // lane 1 was never needed, so it has no generation yet.
+    assert_eq!(app["generations"]["created"], 2);
     assert_eq!(app["generations"]["abandoned"], 1);
-    for lane in app["lanes"].as_array().unwrap() {
-        assert_eq!(lane["state"], "idle");
-        assert!(lane["generation"].as_u64().unwrap() >= 1);
-    }
+    let lanes: Vec<_> = app["lanes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["state"].clone(), l["generation"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(lanes, [("idle".into(), 2), ("idle".into(), 0)], "{status}");
     let metrics = weir.admin_get("/metrics").await.text();
     assert!(
         metrics.contains("weir_events_total{app=\"probe\",outcome=\"ok\"} 1"),
@@ -273,6 +278,76 @@ async fn serving_a_guest_crate_directory_builds_it_first() {
     assert_eq!(resp.text(), "hello from weir\n");
 }
 
+/// `guests/wat/flaky-start.wat` whose instantiation fails in
+/// [fail_from, fail_until) (Unix seconds) and whose handler holds its lane
+/// for half a second.
+fn flaky_start(name: &str, fail_from: u64, fail_until: u64) -> std::path::PathBuf {
+    let wat = std::fs::read_to_string(root().join("guests/wat/flaky-start.wat"))
+        .unwrap()
+        .replace("FAIL_FROM", &fail_from.to_string())
+        .replace("FAIL_UNTIL", &fail_until.to_string())
+        .replace("HOLD_MS", "500")
+        .replace("START_MS", "0");
+    let path = tempdir(name).join("flaky.wasm");
+    std::fs::write(&path, wat::parse_str(&wat).unwrap()).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn a_lane_whose_first_generation_cannot_be_made_answers_503_host_unavailable() {
+    let fail_from = unix_now() + 3;
+    let fail_until = fail_from + 3;
+    let path = flaky_start("flaky-cold", fail_from, fail_until);
+    let weir = Weir::start(
+        &path,
+        &[
+            "--limit",
+            "max_concurrent=2",
+            "--limit",
+            "retirement_admission_limit=1",
+        ],
+    );
+    // Only lane 0 was instantiated at start.
+    let status = weir.status().await;
+    let generations: Vec<_> = status["apps"][0]["lanes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["state"].clone(), l["generation"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        generations,
+        [("idle".into(), 1), ("idle".into(), 0)],
+        "{status}"
+    );
+    assert_eq!(status["apps"][0]["generations"]["created"], 1);
+    while unix_now() < fail_from {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Lane 0 serves, retires its generation and cannot replace it.
+    weir.get("/")
+        .await
+        .assert_weir_error(502, "invalid_response");
+    weir.wait_health(503).await;
+    // Lane 1 is needed for the first time, and its generation cannot be made.
+    weir.get("/")
+        .await
+        .assert_weir_error(503, "host_unavailable");
+    let receipt = weir
+        .receipt_where(|r| r["error"] == "host_unavailable")
+        .await;
+    assert_eq!(receipt["lane"], 1, "{receipt}");
+    assert!(receipt["generation"].is_null(), "no guest ran: {receipt}");
+    // Both lanes come back by themselves once instantiation works again.
+    while unix_now() < fail_until {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    weir.wait_health(200).await;
+    weir.get("/")
+        .await
+        .assert_weir_error(502, "invalid_response");
+}
+
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -286,13 +361,7 @@ async fn a_lane_that_cannot_instantiate_is_unavailable_and_the_others_serve() {
     // lane to start first, even on a loaded machine) and works outside that.
     let fail_from = unix_now() + 5;
     let fail_until = fail_from + 3;
-    let wat = std::fs::read_to_string(root().join("guests/wat/flaky-start.wat"))
-        .unwrap()
-        .replace("FAIL_FROM", &fail_from.to_string())
-        .replace("FAIL_UNTIL", &fail_until.to_string());
-    let dir = tempdir("flaky");
-    let path = dir.join("flaky.wasm");
-    std::fs::write(&path, wat::parse_str(&wat).unwrap()).unwrap();
+    let path = flaky_start("flaky", fail_from, fail_until);
     let weir = Weir::start(
         &path,
         &[
@@ -303,6 +372,17 @@ async fn a_lane_that_cannot_instantiate_is_unavailable_and_the_others_serve() {
         ],
     );
     assert_eq!(weir.admin_get("/healthz").await.status, 200);
+    // Lanes get their first generation when first needed: three requests
+    // at once (each holds its lane for half a second) give every lane a
+    // live one before the window opens.
+    let (a, b, c) = tokio::join!(weir.get("/"), weir.get("/"), weir.get("/"));
+    for warm in [a, b, c] {
+        warm.assert_weir_error(502, "invalid_response");
+    }
+    let status = weir.status().await;
+    for lane in status["apps"][0]["lanes"].as_array().unwrap() {
+        assert!(lane["generation"].as_u64().unwrap() >= 1, "{status}");
+    }
     while unix_now() < fail_from {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
