@@ -17,8 +17,8 @@
 use std::sync::Arc;
 
 use wasmtime::component::{HasData, Linker};
-use weir_runtime::extension::HostInterfaces;
-use weir_runtime::generation::GenerationState;
+use weir_runtime::code::HostInterfaces;
+use weir_runtime::guest_state::GenerationState;
 use weir_runtime::scope::EventScope;
 use weir_runtime::sql_pool::SqlPool;
 use weir_store::actor::{ActorStoreError, ListOptions, PID_STRIDE};

@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::Body;
 use http_body_util::BodyExt;
 use weir_runtime::ErrorCode;
-use weir_runtime::receipt::Outcome;
+use weir_runtime::outcome::Outcome;
 
 /// Why a body could not be read.
 #[derive(Debug, PartialEq, Eq)]

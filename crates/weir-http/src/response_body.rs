@@ -20,7 +20,8 @@ use tokio::sync::oneshot;
 use weir_runtime::ErrorCode;
 use weir_runtime::event::GuestBody;
 use weir_runtime::event::{CancelHandle, SessionEnd};
-use weir_runtime::receipt::{Outcome, Receipt};
+use weir_runtime::outcome::Outcome;
+use weir_runtime::receipt::Receipt;
 
 /// Why a response body was cut off.
 #[derive(Debug, thiserror::Error)]

@@ -34,7 +34,8 @@ use weir_actors::{ActorAddress, ActorErrorCode, ActorHost};
 use weir_runtime::error_code::error_response;
 use weir_runtime::event::{self, Dispatch, GuestBody, Reply, SessionEnd, settled};
 use weir_runtime::invocation::declared_length;
-use weir_runtime::receipt::{Outcome, Receipt};
+use weir_runtime::outcome::Outcome;
+use weir_runtime::receipt::Receipt;
 use weir_runtime::{App, ErrorCode, Limits};
 
 use crate::head::head_bytes;
@@ -430,11 +431,7 @@ async fn handle(
         return refuse(&receipt, Outcome::Limit, code);
     }
 
-    let mut guard = match app
-        .admission
-        .admit(&app, arrived + limits.event_limit)
-        .await
-    {
+    let mut guard = match app.admission.admit(arrived + limits.event_limit).await {
         Ok(guard) => guard,
         Err(code) => return refuse(&receipt, Outcome::Capacity, code),
     };
@@ -453,7 +450,7 @@ async fn handle(
         mut reply,
         cancel,
         mut task,
-    } = event::dispatch(guard, request, receipt.clone());
+    } = event::dispatch(app.clone(), guard, request, receipt.clone());
     // Whatever of the event is left after the reply runs on as its own task
     // when `task` drops at the end of this function.
     match task.until_reply(&mut reply).await {

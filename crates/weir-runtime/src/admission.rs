@@ -17,13 +17,14 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 
-use crate::app::App;
 use crate::error_code::ErrorCode;
 use crate::lane::Lane;
+use crate::metrics::AppMetrics;
 
-/// A lane reserved for one event. Dropping it returns the lane to the app.
+/// A lane reserved for one event. Dropping it returns the lane to its
+/// admission (if the app is still served).
 pub struct LaneGuard {
-    app: Weak<App>,
+    admission: Weak<Admission>,
     lane: Option<Lane>,
 }
 
@@ -33,16 +34,12 @@ impl LaneGuard {
             .as_mut()
             .expect("a guard holds its lane until dropped")
     }
-
-    pub fn app(&self) -> Option<Arc<App>> {
-        self.app.upgrade()
-    }
 }
 
 impl Drop for LaneGuard {
     fn drop(&mut self) {
-        if let (Some(lane), Some(app)) = (self.lane.take(), self.app.upgrade()) {
-            app.admission.release(&app, lane);
+        if let (Some(lane), Some(admission)) = (self.lane.take(), self.admission.upgrade()) {
+            admission.release(lane);
         }
     }
 }
@@ -62,6 +59,8 @@ struct State {
 pub struct Admission {
     state: Mutex<State>,
     max_queued: usize,
+    /// Where the queue depth is reported.
+    metrics: AppMetrics,
 }
 
 /// Removes a waiter from the queue if its request goes away first.
@@ -78,15 +77,16 @@ impl Drop for WaiterEntry<'_> {
 }
 
 impl Admission {
-    pub fn new(max_queued: usize) -> Self {
-        Admission {
+    pub fn new(max_queued: usize, metrics: AppMetrics) -> Arc<Self> {
+        Arc::new(Admission {
             state: Mutex::new(State {
                 idle: Vec::new(),
                 waiters: VecDeque::new(),
                 next_waiter: 0,
             }),
             max_queued,
-        }
+            metrics,
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -100,12 +100,12 @@ impl Admission {
 
     /// Reserves a lane: at once if one is idle, else by waiting in the queue
     /// until `deadline`. A full queue refuses at once.
-    pub async fn admit(&self, app: &Arc<App>, deadline: Instant) -> Result<LaneGuard, ErrorCode> {
+    pub async fn admit(self: &Arc<Self>, deadline: Instant) -> Result<LaneGuard, ErrorCode> {
         let (rx, id) = {
             let mut state = self.lock();
             if let Some(lane) = state.idle.pop() {
                 return Ok(LaneGuard {
-                    app: Arc::downgrade(app),
+                    admission: Arc::downgrade(self),
                     lane: Some(lane),
                 });
             }
@@ -118,14 +118,14 @@ impl Admission {
             state.waiters.push_back(Waiter { id, tx });
             (rx, id)
         };
-        app.metrics.set_queue_depth(self.queue_depth());
+        self.metrics.set_queue_depth(self.queue_depth());
         let entry = WaiterEntry {
             admission: self,
             id,
         };
         let result = tokio::time::timeout_at(deadline.into(), rx).await;
         drop(entry);
-        app.metrics.set_queue_depth(self.queue_depth());
+        self.metrics.set_queue_depth(self.queue_depth());
         match result {
             Ok(Ok(guard)) => Ok(guard),
             // The sender is only dropped by `release` after a failed send,
@@ -136,12 +136,12 @@ impl Admission {
     }
 
     /// Hands a lane to the first live waiter, or back to the idle set.
-    pub fn release(&self, app: &Arc<App>, lane: Lane) {
+    pub fn release(self: &Arc<Self>, lane: Lane) {
         let mut lane = lane;
         let mut state = self.lock();
         while let Some(waiter) = state.waiters.pop_front() {
             let guard = LaneGuard {
-                app: Arc::downgrade(app),
+                admission: Arc::downgrade(self),
                 lane: Some(lane),
             };
             match waiter.tx.send(guard) {

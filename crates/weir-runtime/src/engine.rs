@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use wasmtime::{Config, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use crate::compiled_code::CodeCache;
 use crate::memory_budget::{MAX_TABLE_ELEMENTS, MemoryBudget};
 
 /// How often the engine's epoch advances. A spinning guest is interrupted at
@@ -107,8 +106,6 @@ pub struct WeirEngine {
     engine: wasmtime::Engine,
     kind: EngineKind,
     budget: Arc<MemoryBudget>,
-    /// Where this engine's compiled code comes from.
-    code: Arc<CodeCache>,
     stop: Arc<AtomicBool>,
     ticker: Option<JoinHandle<()>>,
 }
@@ -196,7 +193,6 @@ impl WeirEngine {
             engine,
             kind,
             budget,
-            code: Arc::new(CodeCache::in_process()),
             stop,
             ticker: Some(ticker),
         })
@@ -212,17 +208,6 @@ impl WeirEngine {
 
     pub fn kind(&self) -> EngineKind {
         self.kind
-    }
-
-    /// Takes this engine's compiled code from `code` from now on.
-    pub fn set_code_cache(&mut self, code: Arc<CodeCache>) {
-        self.code = code;
-    }
-
-    /// The component `bytes` compiled for this engine (see
-    /// [`crate::compiled_code`]).
-    pub fn compile(&self, bytes: &[u8]) -> Result<wasmtime::component::Component, String> {
-        self.code.component(self, bytes)
     }
 }
 

@@ -37,7 +37,8 @@ use crate::app::App;
 use crate::error_code::ErrorCode;
 use crate::generation::Generation;
 use crate::invocation::{self, Flow, GuestResponse, Hooks, Timing, declared_length};
-use crate::receipt::{Outcome, Receipt};
+use crate::outcome::Outcome;
+use crate::receipt::Receipt;
 use crate::scope::EventScope;
 
 /// First wait before retrying a lane whose fresh instantiation failed.
@@ -130,7 +131,12 @@ pub type GuestBody = HyperOutgoingBody;
 pub type EventRequest = http::Request<Full<Bytes>>;
 
 /// Starts the event on the lane held by `guard`.
-pub fn dispatch(guard: LaneGuard, request: EventRequest, receipt: Receipt) -> Dispatch {
+pub fn dispatch(
+    app: Arc<App>,
+    guard: LaneGuard,
+    request: EventRequest,
+    receipt: Receipt,
+) -> Dispatch {
     let (reply_tx, reply) = oneshot::channel();
     let (cancel_tx, cancel_rx) = oneshot::channel();
     Dispatch {
@@ -138,20 +144,20 @@ pub fn dispatch(guard: LaneGuard, request: EventRequest, receipt: Receipt) -> Di
         cancel: CancelHandle { _tx: cancel_tx },
         task: EventTask {
             future: Some(Box::pin(run_event(
-                guard, request, receipt, reply_tx, cancel_rx,
+                app, guard, request, receipt, reply_tx, cancel_rx,
             ))),
         },
     }
 }
 
 async fn run_event(
+    app: Arc<App>,
     mut guard: LaneGuard,
     request: EventRequest,
     receipt: Receipt,
     reply_tx: oneshot::Sender<Reply>,
     mut cancel_rx: oneshot::Receiver<()>,
 ) {
-    let Some(app) = guard.app() else { return };
     let limits = &app.code.limits;
     let lane_id = guard.lane().id;
     app.board.set_busy(lane_id);

@@ -5,9 +5,11 @@
 //! Invariant owned here: the runtime runs a guest call the same way
 //! whoever asked for it. A layer above adds what it needs only through
 //! these four doors:
-//! - [`HostInterfaces`]: more host functions in an app's linker;
+//! - [`crate::code::HostInterfaces`]: more host functions in an app's
+//!   linker (declared with the linker it extends, so that this module
+//!   depends on nothing else in the runtime);
 //! - [`Extras`]: its own per-generation data (reached again with
-//!   [`crate::generation::GenerationState::extension`]) and an
+//!   [`crate::guest_state::GenerationState::extension`]) and an
 //!   [`OutputGate`] that every outbound request of the generation passes
 //!   first;
 //! - [`InternalRouter`] (joined through [`InternalRoutes`]): a domain of
@@ -18,14 +20,6 @@ use std::pin::Pin;
 use std::sync::{Arc, OnceLock, Weak};
 
 use bytes::Bytes;
-use wasmtime::component::Linker;
-
-use crate::generation::GenerationState;
-
-/// Host functions a layer adds to every app's linker.
-pub trait HostInterfaces: Send + Sync {
-    fn add_to_linker(&self, linker: &mut Linker<GenerationState>) -> wasmtime::Result<()>;
-}
 
 /// Called before anything a generation produced leaves it (an outbound
 /// request, an internal call): a layer that buffers effects makes them

@@ -10,125 +10,18 @@ use std::time::Instant;
 
 use wasmtime::component::{Instance, ResourceTable};
 use wasmtime::{Store, UpdateDeadline};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi::WasiCtx;
+use wasmtime_wasi_http::WasiHttpCtx;
 use wasmtime_wasi_http::p2::bindings::Proxy;
-use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use std::sync::Arc;
-
-use weir_store::KvStores;
-use weir_store::sql::SqlDatabases;
-
-use crate::app::AppCode;
+use crate::code::AppCode;
+pub use crate::code::InstantiateError;
 use crate::extension::Extras;
 use crate::guest_output::GuestOutput;
-use crate::keyvalue::KeyValueView;
+use crate::guest_state::GenerationState;
 use crate::memory_budget::MemoryLimiter;
 use crate::metrics::AppMetrics;
 use crate::outbound::OutboundPolicy;
-use crate::scope::EventScope;
-use crate::sql::SqlView;
-use crate::sql_pool::SqlPool;
-
-/// Everything a generation's store holds for its guest.
-pub struct GenerationState {
-    wasi: WasiCtx,
-    table: ResourceTable,
-    http: WasiHttpCtx,
-    pub(crate) outbound: OutboundPolicy,
-    kv: Arc<KvStores>,
-    sql: Arc<SqlDatabases>,
-    pool: Arc<SqlPool>,
-    max_result_bytes: usize,
-    pub(crate) memory: MemoryLimiter,
-    /// The guest's output budget (shared by its stdout and stderr).
-    output: GuestOutput,
-    /// A layer's own data for this generation ([`Extras::data`]).
-    extension: Option<Box<dyn std::any::Any + Send>>,
-}
-
-impl WasiView for GenerationState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
-}
-
-impl GenerationState {
-    /// What `wasi:keyvalue` calls see: the app's stores and the event's scope.
-    pub(crate) fn keyvalue(&mut self) -> KeyValueView<'_> {
-        KeyValueView {
-            table: &mut self.table,
-            stores: &self.kv,
-            scope: self.outbound.scope.as_ref(),
-            pool: &self.pool,
-            max_result_bytes: self.max_result_bytes,
-        }
-    }
-}
-
-impl GenerationState {
-    /// What `weir:sql` calls see: the app's databases and the event's scope.
-    pub(crate) fn sql(&mut self) -> SqlView<'_> {
-        SqlView {
-            databases: &self.sql,
-            scope: self.outbound.scope.as_ref(),
-            pool: &self.pool,
-            max_result_bytes: self.max_result_bytes,
-        }
-    }
-}
-
-impl GenerationState {
-    /// The data a layer attached to this generation, if it is a `T`.
-    pub fn extension<T: 'static>(&self) -> Option<&T> {
-        self.extension.as_ref()?.downcast_ref()
-    }
-
-    /// The scope of the event running now, if any: host functions register
-    /// their operations in it.
-    pub fn scope(&self) -> Option<&Arc<EventScope>> {
-        self.outbound.scope.as_ref()
-    }
-
-    /// The threads that run storage work, off the async workers.
-    pub fn pool(&self) -> &Arc<SqlPool> {
-        &self.pool
-    }
-
-    /// Sets (or clears) the scope of the event or turn running now.
-    /// A new scope is a new event: the guest's output budget starts over.
-    pub fn set_scope(&mut self, scope: Option<Arc<EventScope>>) {
-        if scope.is_some() {
-            self.output.reset();
-        }
-        self.outbound.scope = scope;
-    }
-
-    /// Why the guest was refused memory, if it was: past its own limit,
-    /// or past the total budget.
-    pub fn memory_refusal(&self) -> Option<crate::ErrorCode> {
-        if self.memory.over_budget {
-            Some(crate::ErrorCode::MemoryBudgetExceeded)
-        } else if self.memory.exceeded {
-            Some(crate::ErrorCode::MemoryLimitExceeded)
-        } else {
-            None
-        }
-    }
-}
-
-impl WasiHttpView for GenerationState {
-    fn http(&mut self) -> WasiHttpCtxView<'_> {
-        WasiHttpCtxView {
-            hooks: &mut self.outbound,
-            table: &mut self.table,
-            ctx: &mut self.http,
-        }
-    }
-}
 
 /// One live instance of an app.
 pub struct Generation {
@@ -140,16 +33,6 @@ pub struct Generation {
     /// Events admitted to this generation so far.
     pub admitted: u32,
     pub created: Instant,
-}
-
-/// Why a fresh generation could not be created.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot instantiate generation {number}: {reason}")]
-pub struct InstantiateError {
-    pub number: u64,
-    pub reason: String,
-    /// Its memory did not fit in the total guest memory budget.
-    pub over_budget: bool,
 }
 
 impl Generation {

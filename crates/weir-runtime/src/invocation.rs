@@ -29,8 +29,8 @@ use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode as WasiErrorCode;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 use crate::error_code::ErrorCode;
-use crate::generation::GenerationState;
-use crate::receipt::Outcome;
+use crate::guest_state::GenerationState;
+use crate::outcome::Outcome;
 use crate::scope::EventScope;
 
 /// Longest trap message kept in a receipt; wasmtime's backtraces can be

@@ -1,13 +1,58 @@
 //! Weir's runtime: the engine, apps, lanes, generations, admission,
-//! deadlines and receipts of the design's runtime contract.
+//! deadlines and receipts of the design's runtime contract, and the
+//! extension points the layers above (keyed actors today) plug into. It
+//! never touches a socket (the HTTP transport is `weir-http`) and knows no
+//! layer above it by name.
 //!
-//! Data flows one way: a request is admitted to a lane ([`admission`]), runs
-//! on the lane's generation ([`event`], [`generation`]), and ends with one
-//! receipt ([`receipt`]). The HTTP transport lives in `weir-http`; this
-//! crate never touches a socket.
+//! # The look-alike types
+//!
+//! Several types here name "a running guest" at different scales. From
+//! the longest-lived to the shortest:
+//!
+//! - [`AppCode`] ([`code`]): one component, compiled ([`compiled_code`])
+//!   and linked once. Every instance of an app, or of an actor class, is
+//!   made from it. It holds no guest state.
+//! - [`App`] ([`app`]): a served app — its code, its lanes, its admission
+//!   queue, its counters. Lives as long as the server serves it.
+//! - [`lane::Lane`] ([`lane`], [`admission`]): a slot that runs one event
+//!   at a time. An app has `max_concurrent` of them; a lane is held by
+//!   exactly one owner (the idle set, a waiter, or an event) and carries
+//!   its generation from event to event.
+//! - [`generation::Generation`] ([`generation`]): one wasmtime `Store` and
+//!   one instance, numbered per app. Its [`guest_state::GenerationState`]
+//!   ([`guest_state`]) is everything the guest can reach. It serves up to
+//!   `retirement_admission_limit` events and is then retired, or is
+//!   abandoned at once when an event fails. Keyed instances of the layers
+//!   above are generations too, held by their own cells instead of lanes.
+//! - An invocation ([`invocation::run`]): one guest call on one generation
+//!   under one deadline, ending in one [`invocation::Ending`]. A worker
+//!   event ([`event`]) is an invocation plus lane policy (admission,
+//!   streaming, renewal); an actor turn (in `weir-actors`) is an
+//!   invocation plus transaction policy.
+//! - [`scope::EventScope`] ([`scope`]): the host operations one invocation
+//!   started, bounded by `max_operations`, fenced and drained when the
+//!   invocation ends.
+//! - [`receipt::Receipt`] ([`receipt`]): the one record every event ends
+//!   with, in one encoding for every kind of call ([`receipt::write_receipt`]).
+//!
+//! Two names belong to the layer above and appear here only as what they
+//! are built from: an actor's *turn* is an invocation, and its *cell* is
+//! where the actor's one generation lives between turns.
+//!
+//! # How the modules depend on each other
+//!
+//! One way, with no circles: [`outcome`], [`error_code`], [`limits`],
+//! [`scope`] and [`extension`] depend on nothing else here; [`metrics`] on
+//! [`outcome`] and [`memory_budget`]; [`receipt`] on [`metrics`]; [`guest_state`] on the host
+//! interfaces ([`outbound`], [`keyvalue`], [`sql`]); [`code`] on
+//! [`guest_state`] and [`compiled_code`]; [`generation`] on [`code`];
+//! [`lane`] on [`generation`]; [`admission`] on [`lane`]; [`app`] on all of
+//! those; [`invocation`] runs a call on a [`guest_state`]'s store, and
+//! [`event`] puts it together for an [`app`].
 
 pub mod admission;
 pub mod app;
+pub mod code;
 pub mod compiled_code;
 pub mod engine;
 pub mod error_code;
@@ -15,6 +60,7 @@ pub mod event;
 pub mod extension;
 pub mod generation;
 pub mod guest_output;
+pub mod guest_state;
 pub mod invocation;
 pub mod keyvalue;
 pub mod lane;
@@ -22,12 +68,14 @@ pub mod limits;
 pub mod memory_budget;
 pub mod metrics;
 pub mod outbound;
+pub mod outcome;
 pub mod receipt;
 pub mod scope;
 pub mod sql;
 pub mod sql_pool;
 
-pub use app::{App, AppCode, LoadError, Stores};
+pub use app::App;
+pub use code::{AppCode, LoadError, Stores};
 pub use engine::{EngineSizing, WeirEngine};
 pub use error_code::{ErrorCode, WeirError};
 pub use limits::{LimitError, Limits};

@@ -20,46 +20,7 @@ use serde::Serialize;
 
 use crate::error_code::ErrorCode;
 use crate::metrics::AppMetrics;
-
-/// How an event ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// The guest answered and the response was delivered in full.
-    Ok,
-    /// The guest trapped.
-    Trap,
-    /// An event or session deadline passed.
-    Deadline,
-    /// The client left before the response was delivered.
-    Cancelled,
-    /// No lane or queue place was available.
-    Capacity,
-    /// A transport or memory limit was hit.
-    Limit,
-}
-
-impl Outcome {
-    pub const ALL: &'static [Outcome] = &[
-        Outcome::Ok,
-        Outcome::Trap,
-        Outcome::Deadline,
-        Outcome::Cancelled,
-        Outcome::Capacity,
-        Outcome::Limit,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Ok => "ok",
-            Outcome::Trap => "trap",
-            Outcome::Deadline => "deadline",
-            Outcome::Cancelled => "cancelled",
-            Outcome::Capacity => "capacity",
-            Outcome::Limit => "limit",
-        }
-    }
-}
+use crate::outcome::Outcome;
 
 /// The fields of a receipt that are set as the event goes.
 #[derive(Debug, Default)]

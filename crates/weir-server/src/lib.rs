@@ -26,9 +26,10 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use weir_actors::{ActorClass, ActorDirectory, ActorHost, ActorInterfaces, ActorMetrics};
 use weir_http::{ActorRoute, AdminState, ServeOptions};
+use weir_runtime::code::HostInterfaces;
 use weir_runtime::compiled_code::{CodeCache, Compiler};
 use weir_runtime::engine::EngineError;
-use weir_runtime::extension::{HostInterfaces, InternalRouter, InternalRoutes};
+use weir_runtime::extension::{InternalRouter, InternalRoutes};
 use weir_runtime::memory_budget::{MemoryBudget, Reclaim};
 use weir_runtime::metrics::Metrics;
 use weir_runtime::outbound::OutboundRules;
@@ -187,14 +188,13 @@ impl Server {
                 dir: code_dir.clone(),
                 source,
             })?;
-        let mut engine = WeirEngine::new(
+        let engine = WeirEngine::new(
             EngineSizing {
                 lanes: limits.max_concurrent as u32,
                 memory_limit_bytes: limits.memory_limit_bytes,
             },
             budget.clone(),
         )?;
-        engine.set_code_cache(code_cache.clone());
         let stores_error = |source| ServerError::Stores {
             dir: config.data_dir.clone(),
             source,
@@ -217,6 +217,7 @@ impl Server {
         };
         let code = AppCode::load(
             &engine,
+            &code_cache,
             &config.app,
             limits.clone(),
             config.outbound.clone(),
@@ -228,13 +229,13 @@ impl Server {
         let actors = if has_actors {
             // Actor classes run on an engine of their own: many mostly idle
             // instances, allocated on demand and freed when they hibernate.
-            let mut engine = WeirEngine::on_demand(limits.memory_limit_bytes, budget.clone())?;
-            engine.set_code_cache(code_cache.clone());
+            let engine = WeirEngine::on_demand(limits.memory_limit_bytes, budget.clone())?;
             let actor_metrics = ActorMetrics::register(&metrics);
             let mut classes = Vec::new();
             for (class, path) in &config.actors {
                 let code = AppCode::load(
                     &engine,
+                    &code_cache,
                     path,
                     limits.clone(),
                     config.outbound.clone(),

@@ -79,10 +79,22 @@ async fn trap_abandons_the_generation_and_other_lanes_finish() {
     assert_eq!(receipt["error"], "instance_abandoned");
     let status = weir.status().await;
     assert_eq!(status["apps"][0]["generations"]["abandoned"], 1);
-    // The next request succeeds on a fresh generation of that lane.
+    // The trapped lane gets a fresh generation, and the app serves on.
+    let trapped = receipt["generation"].as_u64().unwrap();
+    let lane = receipt["lane"].as_u64().unwrap() as usize;
+    let fresh = common::wait_for("a fresh generation on the trapped lane", || async {
+        let status = weir.status().await;
+        let l = &status["apps"][0]["lanes"][lane];
+        match l["generation"].as_u64() {
+            Some(g) if g > trapped && l["state"] == "idle" => Ok(g),
+            _ => Err(l.to_string()),
+        }
+    })
+    .await;
+    assert!(fresh > trapped);
     let after = weir.get("/counter").await;
     assert_eq!(after.status, 200);
-    assert!(after.generation() > receipt["generation"].as_u64().unwrap());
+    assert_ne!(after.generation(), trapped);
 }
 
 #[tokio::test]

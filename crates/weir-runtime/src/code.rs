@@ -1,0 +1,182 @@
+//! App code: one component, compiled and linked once, that every
+//! generation of an app (or every keyed instance of a class) is made from.
+//!
+//! Invariant owned here: a component that cannot be compiled, does not
+//! export `wasi:http/incoming-handler`, or imports something Weir does not
+//! provide is refused when it is loaded — with the reason — never at the
+//! first request. The host interfaces a guest can import are exactly those
+//! linked here: WASI, `wasi:http`, `wasi:keyvalue`, `weir:sql`, and what
+//! the layers above add through [`HostInterfaces`].
+
+use std::path::Path;
+use std::sync::Arc;
+
+use wasmtime::component::{Component, Linker};
+use wasmtime_wasi_http::p2::bindings::ProxyPre;
+use weir_store::KvStores;
+use weir_store::sql::SqlDatabases;
+
+use crate::compiled_code::CodeCache;
+use crate::engine::WeirEngine;
+use crate::extension::InternalRoutes;
+use crate::guest_state::GenerationState;
+use crate::limits::Limits;
+use crate::memory_budget::MemoryBudget;
+use crate::outbound::OutboundRules;
+use crate::sql_pool::SqlPool;
+
+/// Why a fresh generation could not be created.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot instantiate generation {number}: {reason}")]
+pub struct InstantiateError {
+    pub number: u64,
+    pub reason: String,
+    /// Its memory did not fit in the total guest memory budget.
+    pub over_budget: bool,
+}
+
+/// A layer's host functions, added to the linker of every app and class
+/// (the `weir:actor` interfaces, for example). One of the extension points
+/// of [`crate::extension`].
+pub trait HostInterfaces: Send + Sync {
+    fn add_to_linker(&self, linker: &mut Linker<GenerationState>) -> wasmtime::Result<()>;
+}
+
+/// Why an app could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path} is a core Wasm module, not a component; build it for wasm32-wasip2")]
+    NotAComponent { path: String },
+    #[error("{path} does not compile: {reason}")]
+    Compile { path: String, reason: String },
+    #[error("{path} cannot be linked: {reason}")]
+    Link { path: String, reason: String },
+    #[error("{path} does not export wasi:http/incoming-handler: {reason}")]
+    NotAProxy { path: String, reason: String },
+    #[error("{path}: {source}")]
+    Instantiate {
+        path: String,
+        source: InstantiateError,
+    },
+}
+
+/// The storage an app's guests may use, the threads their storage calls
+/// run on, the internal domains they may call, and the host interfaces the
+/// layers above add.
+#[derive(Clone)]
+pub struct Stores {
+    pub kv: Arc<KvStores>,
+    pub sql: Arc<SqlDatabases>,
+    pub pool: Arc<SqlPool>,
+    pub routes: InternalRoutes,
+    pub interfaces: Vec<Arc<dyn HostInterfaces>>,
+}
+
+/// What every generation of an app is made from: compiled once, shared.
+pub struct AppCode {
+    engine: wasmtime::Engine,
+    pub(crate) pre: ProxyPre<GenerationState>,
+    pub limits: Limits,
+    pub outbound: Arc<OutboundRules>,
+    pub kv: Arc<KvStores>,
+    pub sql: Arc<SqlDatabases>,
+    pub pool: Arc<SqlPool>,
+    /// The guest memory budget every instance reserves from.
+    pub budget: Arc<MemoryBudget>,
+    pub routes: InternalRoutes,
+    /// The compiled component, for a layer's own exports.
+    pub component: Component,
+}
+
+impl AppCode {
+    pub fn engine(&self) -> &wasmtime::Engine {
+        &self.engine
+    }
+
+    /// Compiles and links a component file.
+    pub fn load(
+        engine: &WeirEngine,
+        cache: &CodeCache,
+        path: &Path,
+        limits: Limits,
+        outbound: OutboundRules,
+        stores: Stores,
+    ) -> Result<AppCode, LoadError> {
+        let shown = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        Self::from_bytes(engine, cache, &shown, &bytes, limits, outbound, stores)
+    }
+
+    /// Compiles (or takes from `cache`) and links a component's bytes.
+    pub fn from_bytes(
+        engine: &WeirEngine,
+        cache: &CodeCache,
+        shown: &str,
+        bytes: &[u8],
+        limits: Limits,
+        outbound: OutboundRules,
+        stores: Stores,
+    ) -> Result<AppCode, LoadError> {
+        if is_core_module(bytes) {
+            return Err(LoadError::NotAComponent {
+                path: shown.to_string(),
+            });
+        }
+        let component = cache.component(engine, bytes).map_err(|mut reason| {
+            if reason.contains("memory") {
+                reason.push_str(&format!(
+                    " (memory_limit_bytes is {})",
+                    limits.memory_limit_bytes
+                ));
+            }
+            LoadError::Compile {
+                path: shown.to_string(),
+                reason,
+            }
+        })?;
+        let budget = engine.budget().clone();
+        let engine = engine.engine().clone();
+        let link = |e: wasmtime::Error| LoadError::Link {
+            path: shown.to_string(),
+            reason: format!("{e:#}"),
+        };
+        let mut linker: Linker<GenerationState> = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(link)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(link)?;
+        crate::keyvalue::add_to_linker(&mut linker, GenerationState::keyvalue).map_err(link)?;
+        crate::sql::add_to_linker(&mut linker, GenerationState::sql).map_err(link)?;
+        for interfaces in &stores.interfaces {
+            interfaces.add_to_linker(&mut linker).map_err(link)?;
+        }
+        let instance_pre = linker.instantiate_pre(&component).map_err(link)?;
+        let pre = ProxyPre::new(instance_pre).map_err(|e| LoadError::NotAProxy {
+            path: shown.to_string(),
+            reason: format!("{e:#}"),
+        })?;
+        Ok(AppCode {
+            engine,
+            pre,
+            limits,
+            outbound: Arc::new(outbound),
+            kv: stores.kv,
+            sql: stores.sql,
+            pool: stores.pool,
+            budget,
+            routes: stores.routes,
+            component: component.clone(),
+        })
+    }
+}
+
+/// True when the bytes are a core module (version 1) rather than a component.
+fn is_core_module(bytes: &[u8]) -> bool {
+    bytes.len() >= 8 && bytes[0..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0]
+}

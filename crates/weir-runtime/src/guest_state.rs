@@ -1,0 +1,123 @@
+//! The guest's state: what a generation's `Store` holds for its guest, and
+//! the views host functions get of it.
+//!
+//! Invariant owned here: a host function reaches only what this state
+//! hands it — the app's stores, the current event's scope, the storage
+//! threads and the guest's output budget — and every one of those views
+//! carries the scope, so nothing a guest starts escapes its event.
+
+use std::sync::Arc;
+
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+use weir_store::KvStores;
+use weir_store::sql::SqlDatabases;
+
+use crate::guest_output::GuestOutput;
+use crate::keyvalue::KeyValueView;
+use crate::memory_budget::MemoryLimiter;
+use crate::outbound::OutboundPolicy;
+use crate::scope::EventScope;
+use crate::sql::SqlView;
+use crate::sql_pool::SqlPool;
+
+/// Everything a generation's store holds for its guest.
+pub struct GenerationState {
+    pub(crate) wasi: WasiCtx,
+    pub(crate) table: ResourceTable,
+    pub(crate) http: WasiHttpCtx,
+    pub(crate) outbound: OutboundPolicy,
+    pub(crate) kv: Arc<KvStores>,
+    pub(crate) sql: Arc<SqlDatabases>,
+    pub(crate) pool: Arc<SqlPool>,
+    pub(crate) max_result_bytes: usize,
+    pub(crate) memory: MemoryLimiter,
+    /// The guest's output budget (shared by its stdout and stderr).
+    pub(crate) output: GuestOutput,
+    /// A layer's own data for this generation ([`crate::extension::Extras::data`]).
+    pub(crate) extension: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl WasiView for GenerationState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl GenerationState {
+    /// What `wasi:keyvalue` calls see: the app's stores and the event's scope.
+    pub(crate) fn keyvalue(&mut self) -> KeyValueView<'_> {
+        KeyValueView {
+            table: &mut self.table,
+            stores: &self.kv,
+            scope: self.outbound.scope.as_ref(),
+            pool: &self.pool,
+            max_result_bytes: self.max_result_bytes,
+        }
+    }
+}
+
+impl GenerationState {
+    /// What `weir:sql` calls see: the app's databases and the event's scope.
+    pub(crate) fn sql(&mut self) -> SqlView<'_> {
+        SqlView {
+            databases: &self.sql,
+            scope: self.outbound.scope.as_ref(),
+            pool: &self.pool,
+            max_result_bytes: self.max_result_bytes,
+        }
+    }
+}
+
+impl GenerationState {
+    /// The data a layer attached to this generation, if it is a `T`.
+    pub fn extension<T: 'static>(&self) -> Option<&T> {
+        self.extension.as_ref()?.downcast_ref()
+    }
+
+    /// The scope of the event running now, if any: host functions register
+    /// their operations in it.
+    pub fn scope(&self) -> Option<&Arc<EventScope>> {
+        self.outbound.scope.as_ref()
+    }
+
+    /// The threads that run storage work, off the async workers.
+    pub fn pool(&self) -> &Arc<SqlPool> {
+        &self.pool
+    }
+
+    /// Sets (or clears) the scope of the event or turn running now.
+    /// A new scope is a new event: the guest's output budget starts over.
+    pub fn set_scope(&mut self, scope: Option<Arc<EventScope>>) {
+        if scope.is_some() {
+            self.output.reset();
+        }
+        self.outbound.scope = scope;
+    }
+
+    /// Why the guest was refused memory, if it was: past its own limit,
+    /// or past the total budget.
+    pub fn memory_refusal(&self) -> Option<crate::ErrorCode> {
+        if self.memory.over_budget {
+            Some(crate::ErrorCode::MemoryBudgetExceeded)
+        } else if self.memory.exceeded {
+            Some(crate::ErrorCode::MemoryLimitExceeded)
+        } else {
+            None
+        }
+    }
+}
+
+impl WasiHttpView for GenerationState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            hooks: &mut self.outbound,
+            table: &mut self.table,
+            ctx: &mut self.http,
+        }
+    }
+}
