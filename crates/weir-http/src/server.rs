@@ -476,6 +476,10 @@ async fn handle(
                 });
                 return Response::from_parts(parts, ServeBody::empty());
             }
+            // Most guests write their whole body right after setting the
+            // response: let the event get that far here, so that such a
+            // response goes out whole, with no task or thread hand-off.
+            task.run_until_waiting().await;
             let (body, session) =
                 match finished_body(body, session, limits.max_response_chunk_bytes) {
                     Finished::Complete(bytes) => {

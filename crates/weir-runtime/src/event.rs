@@ -110,6 +110,23 @@ impl EventTask {
         })
         .await
     }
+
+    /// Lets the event run on from where it is until it next waits — one
+    /// poll, so at most one epoch tick of guest code — and says whether it
+    /// has ended. A guest that sets its response and then writes its body
+    /// finishes here, and its response can go out whole. What remains
+    /// runs on as its own task.
+    pub async fn run_until_waiting(&mut self) -> bool {
+        std::future::poll_fn(|cx| {
+            if let Some(future) = self.future.as_mut()
+                && future.as_mut().poll(cx).is_ready()
+            {
+                self.future = None;
+            }
+            std::task::Poll::Ready(self.future.is_none())
+        })
+        .await
+    }
 }
 
 impl Drop for EventTask {
@@ -368,14 +385,18 @@ async fn finish_lane(app: &Arc<App>, mut guard: LaneGuard, generation: Generatio
         guard.lane().generation = Some(generation);
         return;
     }
-    // Give the transport its reply before paying for the old store's
-    // teardown and the new instantiation: the rest runs as its own task.
-    tokio::task::yield_now().await;
-    drop(generation);
-    app.metrics.generation_retired();
-    let fresh = renew(app, lane_id).await;
-    app.board.set_idle(lane_id, fresh.number);
-    guard.lane().generation = Some(fresh);
+    // The old store's teardown (resetting its memory) and the next
+    // instantiation run as a task of their own, never on the way of the
+    // response the transport is sending (the event may be driven inline
+    // by it: see `EventTask`). The lane stays held until they are done.
+    let app = app.clone();
+    tokio::spawn(async move {
+        drop(generation);
+        app.metrics.generation_retired();
+        let fresh = renew(&app, lane_id).await;
+        app.board.set_idle(lane_id, fresh.number);
+        guard.lane().generation = Some(fresh);
+    });
 }
 
 /// Instantiates a fresh generation for a lane, retrying with backoff while
