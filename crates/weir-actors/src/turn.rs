@@ -17,7 +17,9 @@
 //!   counter and bumps it durably before the guest runs (see
 //!   `weir_store::actor`), so two instances never share a number.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -181,14 +183,21 @@ enum BodyFailure {
 
 type Collected = Result<Bytes, BodyFailure>;
 
+/// A response body being collected, or collected.
+enum Body {
+    Collecting(Pin<Box<dyn Future<Output = Collected> + Send>>),
+    Done(Collected),
+}
+
 /// A request turn's part in the invocation machine: the response's head is
-/// kept and its body collected whole (on a task of its own, so a guest
-/// writing a large body is never blocked on it), bounded by
-/// `max_response_body_bytes`; the output gate holds it until the commit.
+/// kept and its body collected whole while the guest writes it (alongside
+/// the call, in the turn's own task, so a guest writing a large body is
+/// never blocked on it), bounded by `max_response_body_bytes`; the output
+/// gate holds it until the commit.
 struct TurnHooks {
     max_body: u64,
     head: Option<http::response::Parts>,
-    body: Option<tokio::task::JoinHandle<Collected>>,
+    body: Option<Body>,
 }
 
 impl Hooks for TurnHooks {
@@ -207,7 +216,7 @@ impl Hooks for TurnHooks {
                 let (parts, guest_body) = response.into_parts();
                 self.head = Some(parts);
                 let max = self.max_body as usize;
-                self.body = Some(tokio::spawn(async move {
+                self.body = Some(Body::Collecting(Box::pin(async move {
                     Limited::new(guest_body, max)
                         .collect()
                         .await
@@ -219,7 +228,7 @@ impl Hooks for TurnHooks {
                                 BodyFailure::Failed(e.to_string())
                             }
                         })
-                }));
+                })));
                 Flow::Continue(None)
             }
             Err(code) => Flow::Stop(
@@ -227,6 +236,17 @@ impl Hooks for TurnHooks {
                 Some(format!("guest answered with an error: {code:?}")),
             ),
         }
+    }
+
+    fn poll_alongside(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(Body::Collecting(body)) = &mut self.body else {
+            // Nothing to collect yet: a response sets it, and the machine
+            // polls again after every response.
+            return Poll::Pending;
+        };
+        let collected = std::task::ready!(body.as_mut().poll(cx));
+        self.body = Some(Body::Done(collected));
+        Poll::Ready(())
     }
 }
 
@@ -306,16 +326,21 @@ pub async fn request_turn(
     // The body, once the guest returned: what it wrote is complete.
     let answer = match (&ending, hooks.head.take(), hooks.body.take()) {
         (Ending::Returned(()), Some(head), Some(body)) => {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, body).await {
-                Ok(Ok(Ok(bytes))) => Ok((head, bytes)),
-                Ok(Ok(Err(BodyFailure::TooLarge))) => Err((ErrorCode::ResponseBodyTooLarge, None)),
-                Ok(Ok(Err(BodyFailure::Failed(e)))) => Err((
+            let collected = match body {
+                Body::Done(collected) => Some(collected),
+                Body::Collecting(rest) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    tokio::time::timeout(left, rest).await.ok()
+                }
+            };
+            match collected {
+                Some(Ok(bytes)) => Ok((head, bytes)),
+                Some(Err(BodyFailure::TooLarge)) => Err((ErrorCode::ResponseBodyTooLarge, None)),
+                Some(Err(BodyFailure::Failed(e))) => Err((
                     ErrorCode::InvalidResponse,
                     Some(format!("response body failed: {e}")),
                 )),
-                Ok(Err(join)) => Err((ErrorCode::InvalidResponse, Some(join.to_string()))),
-                Err(_) => Err((ErrorCode::EventDeadlineExceeded, None)),
+                None => Err((ErrorCode::EventDeadlineExceeded, None)),
             }
         }
         (Ending::Returned(()), _, _) => Err((
@@ -324,10 +349,9 @@ pub async fn request_turn(
         )),
         // A body cut at its bound makes the guest's writes fail: what it
         // does next is not the reason.
-        (_, _, Some(body)) if body.is_finished() => match body.await {
-            Ok(Err(BodyFailure::TooLarge)) => Err((ErrorCode::ResponseBodyTooLarge, None)),
-            _ => Err((ErrorCode::InvalidResponse, None)),
-        },
+        (_, _, Some(Body::Done(Err(BodyFailure::TooLarge)))) => {
+            Err((ErrorCode::ResponseBodyTooLarge, None))
+        }
         _ => Err((ErrorCode::InvalidResponse, None)),
     };
     report.wasm = Some(entered.elapsed());

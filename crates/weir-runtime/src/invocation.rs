@@ -21,6 +21,7 @@
 //!   one teardown settles the scope ([`settle`]).
 
 use std::pin::pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use hyper::Response;
@@ -84,6 +85,14 @@ pub trait Hooks {
 
     /// The caller left (the machine has already aborted the scope's work).
     fn on_cancel(&mut self) {}
+
+    /// Work of the kind's own that must progress while the guest runs — a
+    /// layer that collects the response body while the guest writes it —
+    /// polled in the call's own task (no task or thread hand-off) until it
+    /// is ready. None by default.
+    fn poll_alongside(&mut self, _cx: &mut Context<'_>) -> Poll<()> {
+        Poll::Pending
+    }
 }
 
 /// A call without a response slot (an exported function that returns its
@@ -124,6 +133,7 @@ pub async fn run<T, H: Hooks>(
     scope.set_deadline(deadline);
     let mut responded = response.is_none();
     let mut cancelled = false;
+    let mut alongside_done = false;
     let late = |cancelled: bool, responded: bool| {
         if cancelled {
             Ending::Cancelled
@@ -187,6 +197,9 @@ pub async fn run<T, H: Hooks>(
             }
             _ = tokio::time::sleep_until(deadline.into()) => {
                 return late(cancelled, responded);
+            }
+            _ = std::future::poll_fn(|cx| hooks.poll_alongside(cx)), if !alongside_done => {
+                alongside_done = true;
             }
             _ = async { cancel.as_mut().expect("guarded").await }, if cancel.is_some() && !cancelled => {
                 cancelled = true;
