@@ -105,8 +105,9 @@ impl CodeCache {
         ));
         let fresh = !path.exists();
         if fresh {
-            self.compile(engine, bytes, &path)?;
+            self.compile_logged(engine, bytes, &path)?;
         }
+        let mut compiled_now = fresh;
         let loaded = match load(engine, &path) {
             Ok(component) => component,
             Err(refused) if fresh => {
@@ -117,15 +118,33 @@ impl CodeCache {
             }
             Err(first) => {
                 tracing::warn!(artifact = %path.display(), error = %first, "compiled artifact does not load; compiling again");
-                self.compile(engine, bytes, &path)?;
+                self.compile_logged(engine, bytes, &path)?;
+                compiled_now = true;
                 load(engine, &path)?
             }
         };
+        if !compiled_now {
+            tracing::info!(artifact = %path.display(), "loaded compiled code");
+        }
         self.used
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(path);
         Ok(loaded)
+    }
+
+    /// Compiles into `path`, and says so with the time it took: the one
+    /// slow step of a first start.
+    fn compile_logged(&self, engine: &WeirEngine, bytes: &[u8], path: &Path) -> Result<(), String> {
+        let started = Instant::now();
+        self.compile(engine, bytes, path)?;
+        tracing::info!(
+            artifact = %path.display(),
+            bytes = bytes.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "compiled"
+        );
+        Ok(())
     }
 
     fn compile(&self, engine: &WeirEngine, bytes: &[u8], path: &Path) -> Result<(), String> {

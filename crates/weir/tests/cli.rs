@@ -436,21 +436,31 @@ async fn compiled_code_is_cached_in_the_data_dir_reused_repaired_and_pruned() {
         found.sort();
         found
     };
+    // Serves once; returns what the code cache said it did.
     let serve_once = |app: std::path::PathBuf| {
         let data_arg = data_arg.clone();
         async move {
             let weir = Weir::start(&app, &["--data-dir", &data_arg]);
             assert_eq!(weir.get("/hello").await.status, 200);
+            // Log lines go out in order: once the event's receipt is
+            // there, so is everything logged at start.
+            weir.receipt_where(|_| true).await;
+            let said: Vec<String> = weir
+                .logged("weir_runtime::compiled_code")
+                .iter()
+                .map(|l| l["message"].as_str().unwrap_or_default().to_string())
+                .collect();
+            said
         }
     };
-    serve_once(probe()).await;
+    assert_eq!(serve_once(probe()).await, ["compiled"]);
     let first = artifacts();
     assert_eq!(first.len(), 1, "one artifact for one component: {first:?}");
     let compiled = std::fs::read(&first[0]).unwrap();
     let written = std::fs::metadata(&first[0]).unwrap().modified().unwrap();
 
     // A restart loads the artifact instead of compiling again.
-    serve_once(probe()).await;
+    assert_eq!(serve_once(probe()).await, ["loaded compiled code"]);
     assert_eq!(artifacts(), first);
     assert_eq!(
         std::fs::metadata(&first[0]).unwrap().modified().unwrap(),
@@ -460,12 +470,18 @@ async fn compiled_code_is_cached_in_the_data_dir_reused_repaired_and_pruned() {
 
     // A damaged artifact is compiled again, and the app serves.
     std::fs::write(&first[0], b"not machine code").unwrap();
-    serve_once(probe()).await;
+    assert_eq!(
+        serve_once(probe()).await,
+        [
+            "compiled artifact does not load; compiling again",
+            "compiled"
+        ]
+    );
     assert_eq!(artifacts(), first);
     assert_eq!(std::fs::read(&first[0]).unwrap(), compiled);
 
     // Serving another component prunes the artifact no longer served.
-    serve_once(common::guest("hostile")).await;
+    assert_eq!(serve_once(common::guest("hostile")).await, ["compiled"]);
     let second = artifacts();
     assert_eq!(second.len(), 1, "{second:?}");
     assert_ne!(second, first);

@@ -248,7 +248,7 @@ impl Weir {
 
     /// The fields of every JSON log line of `target` so far, in order, each
     /// with the line's timestamp.
-    fn logged(&self, target: &str) -> Vec<Value> {
+    pub fn logged(&self, target: &str) -> Vec<Value> {
         self.lines
             .lock()
             .unwrap()
