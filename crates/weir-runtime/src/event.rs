@@ -177,30 +177,33 @@ async fn run_event(
 ) {
     let limits = &app.code.limits;
     let lane_id = guard.lane().id;
-    app.board.set_busy(lane_id);
     let mut generation = match guard.lane().generation.take() {
         Some(generation) => generation,
         // The lane's first event: its generation is made now.
-        None => match app.instantiate().await {
-            Ok(generation) => generation,
-            Err(e) => {
-                let mut reply_tx = Some(reply_tx);
-                fail_event(
-                    &receipt,
-                    &mut reply_tx,
-                    Outcome::Capacity,
-                    ErrorCode::HostUnavailable,
-                    Some(e.to_string()),
-                );
-                drop(receipt);
-                let fresh = renew(&app, lane_id).await;
-                app.board.set_idle(lane_id, fresh.number);
-                guard.lane().generation = Some(fresh);
-                return;
+        None => {
+            app.board.set_renewing(lane_id);
+            match app.instantiate().await {
+                Ok(generation) => generation,
+                Err(e) => {
+                    let mut reply_tx = Some(reply_tx);
+                    fail_event(
+                        &receipt,
+                        &mut reply_tx,
+                        Outcome::Capacity,
+                        ErrorCode::HostUnavailable,
+                        Some(e.to_string()),
+                    );
+                    drop(receipt);
+                    let fresh = renew(&app, lane_id).await;
+                    app.board.set_idle(lane_id, fresh.number);
+                    guard.lane().generation = Some(fresh);
+                    return;
+                }
             }
-        },
+        }
     };
     generation.admitted += 1;
+    app.board.set_busy(lane_id, generation.number);
 
     let (out_tx, mut out_rx) = oneshot::channel();
     let handles = {

@@ -77,8 +77,12 @@ impl LaneBoard {
         });
     }
 
-    pub fn set_busy(&self, lane: usize) {
-        self.update(lane, |s| s.state = LaneState::Busy);
+    /// The lane runs an event on `generation`.
+    pub fn set_busy(&self, lane: usize, generation: u64) {
+        self.update(lane, |s| {
+            s.state = LaneState::Busy;
+            s.generation = generation;
+        });
     }
 
     pub fn set_renewing(&self, lane: usize) {

@@ -379,10 +379,21 @@ async fn a_lane_that_cannot_instantiate_is_unavailable_and_the_others_serve() {
     for warm in [a, b, c] {
         warm.assert_weir_error(502, "invalid_response");
     }
-    let status = weir.status().await;
-    for lane in status["apps"][0]["lanes"].as_array().unwrap() {
-        assert!(lane["generation"].as_u64().unwrap() >= 1, "{status}");
-    }
+    // Each answered event retires its generation (the limit is 1); the
+    // replacements are made after the answers, so wait for them.
+    common::wait_for("every lane idle on a live generation", || async {
+        let status = weir.status().await;
+        let lanes = status["apps"][0]["lanes"].as_array().unwrap().clone();
+        let live = lanes
+            .iter()
+            .all(|l| l["state"] == "idle" && l["generation"].as_u64().unwrap() >= 1);
+        if live {
+            Ok(())
+        } else {
+            Err(status.to_string())
+        }
+    })
+    .await;
     while unix_now() < fail_from {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
