@@ -2,6 +2,8 @@
 //! 127.0.0.1:0, and a real HTTP client.
 #![allow(dead_code)]
 
+pub mod actors;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};

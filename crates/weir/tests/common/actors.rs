@@ -1,0 +1,159 @@
+//! Helpers of the actor tests: a server with the `gateway` worker in front
+//! of the `actor-probe` class, and what they read of its actors (alarm
+//! logs, incarnations, residency, process memory).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use serde_json::Value;
+
+use super::{Resp, Weir, guest, wait_for};
+
+pub fn data_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("weir-actors-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+pub fn start(dir: &Path, extra: &[&str]) -> Weir {
+    let actor = format!("probe={}", guest("actor_probe").display());
+    let gateway = guest("gateway");
+    let mut args = vec![
+        gateway.to_str().unwrap(),
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--actor",
+        &actor,
+    ];
+    args.extend_from_slice(extra);
+    Weir::start_with(&args)
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+pub async fn post(weir: &Weir, path: &str, body: Vec<u8>) -> Resp {
+    weir.send(
+        Request::post(path)
+            .body(Full::new(Bytes::from(body)))
+            .unwrap(),
+    )
+    .await
+}
+
+pub async fn incarnation(weir: &Weir, actor: &str) -> u64 {
+    let r = weir.get(&format!("/probe/{actor}/whoami")).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let v = r.json();
+    assert_eq!(
+        v["pid_base"],
+        v["incarnation"].as_u64().unwrap() * 1_000_000
+    );
+    v["incarnation"].as_u64().unwrap()
+}
+
+/// The actor's alarm log, as its handlers wrote it.
+pub async fn alarm_log(weir: &Weir, actor: &str) -> Vec<String> {
+    let r = weir.get(&format!("/probe/{actor}/log")).await;
+    assert_eq!(r.status, 200);
+    serde_json::from_value(r.json()).unwrap()
+}
+
+pub async fn wait_log(weir: &Weir, actor: &str, f: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = alarm_log(weir, actor).await;
+        if f(&log) {
+            return log;
+        }
+        assert!(Instant::now() < deadline, "alarm log stayed {log:?}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+pub async fn inspect(weir: &Weir, actor: &str) -> Value {
+    let r = weir
+        .admin_get(&format!("/actors/probe/{actor}?keys=1"))
+        .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    r.json()
+}
+
+/// Whether `/actors/probe` lists `name` as live.
+pub async fn is_live(weir: &Weir, name: &str) -> bool {
+    let list = weir.admin_get("/actors/probe").await.json();
+    list["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a["name"] == name && a["live"] == true)
+}
+
+/// Waits until `/actors/probe` no longer lists `name` as live.
+pub async fn wait_hibernated(weir: &Weir, name: &str) {
+    wait_for(&format!("{name} to hibernate"), || async {
+        if is_live(weir, name).await {
+            Err("live".to_string())
+        } else {
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// A `/proc/<pid>/status` figure in KiB: `VmRSS` (now) or `VmHWM` (peak).
+pub fn proc_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+pub fn rss_kib(pid: u32) -> u64 {
+    proc_kib(pid, "VmRSS:")
+}
+
+/// Starts the peak (`VmHWM`) over from the current RSS.
+pub fn reset_peak(pid: u32) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+}
+
+/// Waits until every hibernated actor has been closed: evicted instances
+/// are freed on the closer thread, which then trims the heap; `closing`
+/// counts those not yet done.
+pub async fn wait_closed(weir: &Weir) {
+    wait_for("evicted actors to be closed", || async {
+        let status = weir.admin_get("/actors").await.json()["status"].clone();
+        if status["closing"] == 0 {
+            Ok(())
+        } else {
+            Err(status.to_string())
+        }
+    })
+    .await
+}
+
+pub async fn wait_live(weir: &Weir, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = weir.admin_get("/actors").await.json();
+        if status["status"]["live"] == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "live actors stayed at {}",
+            status["status"]["live"]
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
