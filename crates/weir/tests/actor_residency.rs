@@ -14,7 +14,7 @@ use http_body_util::Full;
 use serde_json::Value;
 
 use common::actors::*;
-use common::guest;
+use common::{guest, proc_kib, reset_peak, rss_kib};
 
 #[tokio::test]
 async fn ten_thousand_idle_actors_hibernate_memory_returns_and_each_wakes_with_its_data() {

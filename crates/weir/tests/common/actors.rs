@@ -108,25 +108,6 @@ pub async fn wait_hibernated(weir: &Weir, name: &str) {
     .await
 }
 
-/// A `/proc/<pid>/status` figure in KiB: `VmRSS` (now) or `VmHWM` (peak).
-pub fn proc_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
-pub fn rss_kib(pid: u32) -> u64 {
-    proc_kib(pid, "VmRSS:")
-}
-
-/// Starts the peak (`VmHWM`) over from the current RSS.
-pub fn reset_peak(pid: u32) {
-    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
-}
-
 /// Waits until every hibernated actor has been closed: evicted instances
 /// are freed on the closer thread, which then trims the heap; `closing`
 /// counts those not yet done.

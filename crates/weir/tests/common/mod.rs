@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod actors;
+pub mod hostile;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -640,4 +641,24 @@ impl HoldServer {
 /// The deterministic byte pattern used for body round trips.
 pub fn pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+/// A `kB` field of `/proc/PID/status` (`VmRSS:`, `VmHWM:`).
+/// A `/proc/<pid>/status` figure in KiB: `VmRSS` (now) or `VmHWM` (peak).
+pub fn proc_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+pub fn rss_kib(pid: u32) -> u64 {
+    proc_kib(pid, "VmRSS:")
+}
+
+/// Starts the peak (`VmHWM`) over from the current RSS.
+pub fn reset_peak(pid: u32) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
 }

@@ -1,0 +1,73 @@
+//! Helpers of the hostile-guest tests: a server with the `hostile` guest
+//! as the app and as an actor class, and the calls that drive it.
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use serde_json::{Value, json};
+
+use super::*;
+
+pub fn data_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("weir-hostile-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// The hostile guest as the app and as actor class `hostile` (route `/h`),
+/// next to the `probe` class (route `/p`): the victim.
+pub fn start(dir: &Path, extra: &[&str]) -> Weir {
+    let hostile = guest("hostile");
+    let probe = format!("probe={}", guest("actor_probe").display());
+    let hostile_class = format!("hostile={}", hostile.display());
+    let mut args = vec![
+        hostile.to_str().unwrap(),
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--sql-database",
+        "app",
+        "--kv-store",
+        "main",
+        "--actor",
+        &probe,
+        "--actor",
+        &hostile_class,
+        "--actor-route",
+        "probe=/p",
+        "--actor-route",
+        "hostile=/h",
+    ];
+    args.extend_from_slice(extra);
+    Weir::start_with(&args)
+}
+
+pub async fn post_json(weir: &Weir, path: &str, body: Value) -> Resp {
+    weir.send(
+        Request::post(path)
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap(),
+    )
+    .await
+}
+
+/// One `weir:sql` batch through the hostile worker: the guest's view.
+pub async fn sql(weir: &Weir, statements: &[&str]) -> Value {
+    let r = post_json(
+        weir,
+        "/sql",
+        json!({ "db": "app", "statements": statements }),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    r.json()
+}
+
+/// Statements through `storage.exec` of hostile actor `name`, one per turn
+/// call: the guest's view of each.
+pub async fn exec(weir: &Weir, name: &str, statements: &[&str]) -> Vec<Value> {
+    let r = post_json(weir, &format!("/h/{name}/exec"), json!(statements)).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    r.json().as_array().unwrap().clone()
+}
