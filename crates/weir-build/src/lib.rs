@@ -14,8 +14,9 @@ use serde::Deserialize;
 /// The target guests are built for.
 pub const GUEST_TARGET: &str = "wasm32-wasip2";
 
+use weir_runtime::component_world;
 /// The export every servable component has (any 0.2.x version).
-pub const INCOMING_HANDLER: &str = "wasi:http/incoming-handler";
+pub use weir_runtime::component_world::INCOMING_HANDLER;
 
 /// What to build.
 #[derive(Clone, Debug, Default)]
@@ -218,33 +219,13 @@ pub fn build(request: &BuildRequest) -> Result<PathBuf, BuildError> {
     Ok(to)
 }
 
-/// Checks that `bytes` are a component exporting `wasi:http/incoming-handler`.
+/// Checks that `bytes` are a component Weir serves: one exporting
+/// `wasi:http/incoming-handler@0.2`, judged as `weir serve` judges it.
 pub fn check_proxy(bytes: &[u8]) -> Result<(), String> {
-    if !wasmparser::Parser::is_component(bytes) {
-        return Err("it is a core module, not a component".into());
-    }
-    let mut depth = 0usize;
-    let mut exports = Vec::new();
-    for payload in wasmparser::Parser::new(0).parse_all(bytes) {
-        match payload.map_err(|e| e.to_string())? {
-            wasmparser::Payload::Version { .. } => depth += 1,
-            wasmparser::Payload::End(_) => depth = depth.saturating_sub(1),
-            wasmparser::Payload::ComponentExportSection(reader) if depth == 1 => {
-                for export in reader {
-                    let export = export.map_err(|e| e.to_string())?;
-                    exports.push(export.name.name.to_string());
-                }
-            }
-            _ => {}
-        }
-    }
-    let handler = exports
-        .iter()
-        .any(|name| name.split('@').next() == Some(INCOMING_HANDLER));
-    if handler {
-        Ok(())
-    } else {
-        Err(format!("its exports are [{}]", exports.join(", ")))
+    let world = component_world::served(bytes)?;
+    match world.refusal() {
+        None => Ok(()),
+        Some(why) => Err(why),
     }
 }
 

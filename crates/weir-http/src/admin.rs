@@ -106,6 +106,7 @@ pub fn status_json(state: &AdminState) -> serde_json::Value {
                     "abandoned": counts.abandoned.load(Ordering::Relaxed),
                     "instantiation_failed": counts.instantiation_failed.load(Ordering::Relaxed),
                 },
+                "retirement": app.retirement.status(),
                 "lanes": app.board.snapshot(),
                 "stores": {
                     "kv": stores(app.code.kv.describe()),

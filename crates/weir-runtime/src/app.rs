@@ -16,6 +16,7 @@ use crate::generation::{Generation, InstantiateError};
 use crate::lane::{Lane, LaneBoard};
 use crate::metrics::AppMetrics;
 use crate::receipt::ReceiptBook;
+use crate::retirement::Retirement;
 
 /// A served app: its code, its lanes and its counters.
 pub struct App {
@@ -25,6 +26,8 @@ pub struct App {
     pub board: LaneBoard,
     pub metrics: AppMetrics,
     pub receipts: Arc<ReceiptBook>,
+    /// How many events a generation serves.
+    pub retirement: Retirement,
     next_generation: AtomicU64,
     next_admission: AtomicU64,
 }
@@ -46,6 +49,7 @@ impl App {
             admission: Admission::new(code.limits.max_queued, metrics.clone()),
             board: LaneBoard::new(lanes),
             metrics,
+            retirement: Retirement::new(code.limits.retirement_admission_limit),
             next_generation: AtomicU64::new(1),
             next_admission: AtomicU64::new(1),
             code,

@@ -17,6 +17,7 @@ use weir_store::KvStores;
 use weir_store::sql::SqlDatabases;
 
 use crate::compiled_code::CodeCache;
+use crate::component_world::{self, World};
 use crate::engine::WeirEngine;
 use crate::extension::InternalRoutes;
 use crate::guest_state::GenerationState;
@@ -58,6 +59,10 @@ pub enum LoadError {
     Link { path: String, reason: String },
     #[error("{path} does not export wasi:http/incoming-handler: {reason}")]
     NotAProxy { path: String, reason: String },
+    /// A component Weir can tell it cannot serve from its exports alone
+    /// (a WASI 0.3 handler), refused before it is compiled.
+    #[error("{path} cannot be served: {reason}")]
+    Unservable { path: String, reason: String },
     #[error("{path}: {source}")]
     Instantiate {
         path: String,
@@ -125,10 +130,22 @@ impl AppCode {
         outbound: OutboundRules,
         stores: Stores,
     ) -> Result<AppCode, LoadError> {
-        if is_core_module(bytes) {
-            return Err(LoadError::NotAComponent {
-                path: shown.to_string(),
-            });
+        match component_world::served(bytes) {
+            Ok(World::CoreModule) => {
+                return Err(LoadError::NotAComponent {
+                    path: shown.to_string(),
+                });
+            }
+            Ok(world @ World::Http03 { .. }) => {
+                return Err(LoadError::Unservable {
+                    path: shown.to_string(),
+                    reason: world.refusal().unwrap_or_default(),
+                });
+            }
+            // Other worlds are refused by the linker below, which names
+            // the first import or export that does not fit; bytes that do
+            // not parse are named by the compiler.
+            Ok(_) | Err(_) => {}
         }
         let component = cache.component(engine, bytes).map_err(|mut reason| {
             if reason.contains("memory") {
@@ -174,9 +191,4 @@ impl AppCode {
             component: component.clone(),
         })
     }
-}
-
-/// True when the bytes are a core module (version 1) rather than a component.
-fn is_core_module(bytes: &[u8]) -> bool {
-    bytes.len() >= 8 && bytes[0..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0]
 }

@@ -13,6 +13,10 @@
 //!   response length over the limit drops the generation at once; a failure
 //!   after headers is reported to the transport as a failed session, never
 //!   as a clean end of body;
+//! - after an event its guest returned from, the generation is kept or
+//!   retired as [`crate::retirement`] decides (at its admission limit, or at
+//!   once when the guest answered without a response), and the receipt says
+//!   which;
 //! - a lane is released with a live generation in it, or with none before
 //!   its first event: a retired or abandoned generation is replaced first,
 //!   and a lane whose generation cannot be instantiated (its first, or a
@@ -39,6 +43,7 @@ use crate::generation::Generation;
 use crate::invocation::{self, Flow, GuestResponse, Hooks, Timing, declared_length};
 use crate::outcome::Outcome;
 use crate::receipt::Receipt;
+use crate::retirement::SECOND_EVENT_FAILURES_TO_FALL_BACK;
 use crate::scope::EventScope;
 
 /// First wait before retrying a lane whose fresh instantiation failed.
@@ -237,6 +242,7 @@ async fn run_event(
         reply_tx: Some(reply_tx),
         session_tx: None,
         number,
+        invalid: false,
     };
     let ending = {
         let Generation { store, proxy, .. } = &mut generation;
@@ -259,6 +265,7 @@ async fn run_event(
     let WorkerHooks {
         mut reply_tx,
         mut session_tx,
+        mut invalid,
         ..
     } = hooks;
 
@@ -267,9 +274,23 @@ async fn run_event(
     let Some((outcome, code, detail)) = ending.failure(generation.store.data()) else {
         if reply_tx.is_some() {
             invalid_response(&receipt, &mut reply_tx, None);
+            invalid = true;
         }
         if let Some(tx) = session_tx.take() {
             let _ = tx.send(SessionEnd::Clean);
+        }
+        let (retired, fell_back) = app.retirement.after_event(generation.admitted, invalid);
+        if let Some(why) = retired {
+            receipt.retired(why);
+        }
+        if fell_back {
+            tracing::warn!(
+                app = %app.name,
+                generations = SECOND_EVENT_FAILURES_TO_FALL_BACK,
+                "the guest cannot serve a second event on one instance: generations in a row \
+                 answered invalid_response on their second event, so every generation now \
+                 serves one event (set retirement_admission_limit = 1 to start that way)"
+            );
         }
         receipt.succeed();
         // The event is over: whatever the guest left running stops, and
@@ -282,7 +303,7 @@ async fn run_event(
         } else {
             drop(receipt);
         }
-        finish_lane(&app, guard, generation, true).await;
+        finish_lane(&app, guard, generation, retired.is_none()).await;
         return;
     };
 
@@ -326,6 +347,8 @@ struct WorkerHooks<'a> {
     /// How the session ended, once headers went out.
     session_tx: Option<oneshot::Sender<SessionEnd>>,
     number: u64,
+    /// The guest set an error instead of a response.
+    invalid: bool,
 }
 
 impl Hooks for WorkerHooks<'_> {
@@ -353,6 +376,7 @@ impl Hooks for WorkerHooks<'_> {
             }
             Err(code) => {
                 invalid_response(self.receipt, &mut self.reply_tx, Some(code));
+                self.invalid = true;
                 Flow::Continue(None)
             }
         }
@@ -379,11 +403,11 @@ pub fn settled(end: SessionEnd) -> oneshot::Receiver<SessionEnd> {
     rx
 }
 
-/// Puts a generation that ended its event cleanly back in its lane, or
-/// retires it and renews the lane when it has served its admissions.
-async fn finish_lane(app: &Arc<App>, mut guard: LaneGuard, generation: Generation, clean: bool) {
+/// Puts a generation that ended its event cleanly back in its lane when
+/// `keep` (its retirement said so), or retires it and renews the lane.
+async fn finish_lane(app: &Arc<App>, mut guard: LaneGuard, generation: Generation, keep: bool) {
     let lane_id = guard.lane().id;
-    if clean && generation.admitted < app.code.limits.retirement_admission_limit {
+    if keep {
         app.board.set_idle(lane_id, generation.number);
         guard.lane().generation = Some(generation);
         return;

@@ -46,14 +46,15 @@
 //! [`outcome`] and [`memory_budget`]; [`receipt`] on [`metrics`]; [`guest_state`] on the host
 //! interfaces ([`outbound`], [`keyvalue`], [`sql`]); [`code`] on
 //! [`guest_state`] and [`compiled_code`]; [`generation`] on [`code`];
-//! [`lane`] on [`generation`]; [`admission`] on [`lane`]; [`app`] on all of
-//! those; [`invocation`] runs a call on a [`guest_state`]'s store, and
+//! [`lane`] on [`generation`]; [`admission`] on [`lane`]; [`retirement`]
+//! on nothing; [`app`] on all of those; [`invocation`] runs a call on a [`guest_state`]'s store, and
 //! [`event`] puts it together for an [`app`].
 
 pub mod admission;
 pub mod app;
 pub mod code;
 pub mod compiled_code;
+pub mod component_world;
 pub mod engine;
 pub mod error_code;
 pub mod event;
@@ -70,6 +71,7 @@ pub mod metrics;
 pub mod outbound;
 pub mod outcome;
 pub mod receipt;
+pub mod retirement;
 pub mod scope;
 pub mod sql;
 pub mod sql_pool;

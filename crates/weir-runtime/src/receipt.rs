@@ -21,6 +21,7 @@ use serde::Serialize;
 use crate::error_code::ErrorCode;
 use crate::metrics::AppMetrics;
 use crate::outcome::Outcome;
+use crate::retirement::RetiredBecause;
 
 /// The fields of a receipt that are set as the event goes.
 #[derive(Debug, Default)]
@@ -38,6 +39,7 @@ struct Fields {
     detail: Option<String>,
     operations: usize,
     operations_refused: usize,
+    retired: Option<RetiredBecause>,
 }
 
 /// Where receipt lines go: one complete JSON line (newline included) per
@@ -161,6 +163,11 @@ impl PendingReceipt {
             f.operations = started;
             f.operations_refused = refused;
         });
+    }
+
+    /// Records that the event's generation was retired after it, and why.
+    pub fn retired(&self, why: RetiredBecause) {
+        self.with(|f| f.retired = Some(why));
     }
 
     pub fn memory(&self, bytes: usize) {
@@ -290,6 +297,9 @@ struct WorkerFields<'a> {
     bytes_in: u64,
     bytes_out: u64,
     memory_bytes: usize,
+    /// Why the generation was retired after this event, if it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retired: Option<&'static str>,
 }
 
 impl Drop for PendingReceipt {
@@ -321,6 +331,7 @@ impl Drop for PendingReceipt {
                 bytes_in: self.bytes_in.load(Ordering::Relaxed),
                 bytes_out: self.bytes_out.load(Ordering::Relaxed),
                 memory_bytes: f.memory_bytes,
+                retired: f.retired.map(RetiredBecause::as_str),
             },
             &Terminal {
                 outcome: outcome.as_str(),

@@ -202,8 +202,14 @@ async fn admission_runs_one_event_per_lane_queues_max_queued_and_refuses_the_res
     assert_eq!(weir.app.admission.queue_depth(), 0);
 
     let receipts = weir.receipts.wait_for(3).await;
-    let ran: Vec<_> = receipts.iter().filter(|r| r["generation"] == 1).collect();
-    assert_eq!(ran.len(), 2, "{receipts:?}");
+    // Both admitted events ran in Wasm, one after the other on the one
+    // lane (each on a fresh generation: a guest that sets no response has
+    // its generation retired at once).
+    let ran: Vec<_> = receipts
+        .iter()
+        .filter_map(|r| r["generation"].as_u64())
+        .collect();
+    assert_eq!(ran, [1, 2], "{receipts:?}");
     let refused: Vec<_> = receipts
         .iter()
         .filter(|r| r["error"] == "event_capacity_exceeded")
@@ -215,7 +221,9 @@ async fn admission_runs_one_event_per_lane_queues_max_queued_and_refuses_the_res
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_generation_serves_retirement_admission_limit_events_then_a_fresh_one_takes_over() {
     let dir = scratch("retirement");
-    let app = spinner(&dir, 0, 0);
+    // A guest that answers: the spinner sets no response, and that retires
+    // its generation at once (the next test).
+    let app = guest("hello");
     let (config, receipts) = configure(
         &app,
         &dir.join("data"),
@@ -223,18 +231,64 @@ async fn a_generation_serves_retirement_admission_limit_events_then_a_fresh_one_
     );
     let weir = start(config, receipts).await;
     for _ in 0..5 {
-        assert_eq!(weir.get("/").await, (502, weir_error("invalid_response")));
+        assert_eq!(weir.get("/").await, (200, "hello from weir\n".to_string()));
     }
-    let generations: Vec<_> = weir
-        .receipts
-        .wait_for(5)
-        .await
+    let receipts = weir.receipts.wait_for(5).await;
+    let generations: Vec<_> = receipts
         .iter()
         .map(|r| r["generation"].as_u64().unwrap())
         .collect();
     assert_eq!(generations, [1, 1, 2, 2, 3]);
+    let retired: Vec<_> = receipts.iter().map(|r| r["retired"].as_str()).collect();
+    assert_eq!(
+        retired,
+        [
+            None,
+            Some("admission_limit"),
+            None,
+            Some("admission_limit"),
+            None
+        ]
+    );
     wait_until(|| weir.lane(0) == LaneState::Idle).await;
     assert_eq!(weir.app.board.snapshot()[0].generation, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_that_returns_without_a_response_has_its_generation_retired_at_once() {
+    let dir = scratch("no-response");
+    let app = spinner(&dir, 0, 0);
+    let (config, receipts) = configure(&app, &dir.join("data"), &["max_concurrent=1"]);
+    let weir = start(config, receipts).await;
+    for _ in 0..3 {
+        assert_eq!(weir.get("/").await, (502, weir_error("invalid_response")));
+    }
+    let receipts = weir.receipts.wait_for(3).await;
+    let generations: Vec<_> = receipts
+        .iter()
+        .map(|r| r["generation"].as_u64().unwrap())
+        .collect();
+    assert_eq!(generations, [1, 2, 3], "{receipts:?}");
+    assert!(
+        receipts
+            .iter()
+            .all(|r| r["retired"] == "invalid_response" && r["error"] == "invalid_response"),
+        "{receipts:?}"
+    );
+    // Failures on a first event are not the signature of a guest that
+    // cannot serve a second one: the admission limit stays.
+    let status = weir.app.retirement.status();
+    assert_eq!((status.events_per_generation, status.fallback), (64, false));
+    wait_until(|| weir.lane(0) == LaneState::Idle).await;
+    assert_eq!(weir.app.board.snapshot()[0].generation, 4);
+    assert_eq!(
+        weir.app
+            .metrics
+            .counts()
+            .retired
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
