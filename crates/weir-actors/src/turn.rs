@@ -401,6 +401,12 @@ pub async fn request_turn(
                 // reusable.
                 live.drop_generation();
                 ctx.metrics.generation_abandoned();
+            } else if code == ErrorCode::InvalidResponse && live.generation.is_some() {
+                // It returned without a response: its state is broken as
+                // far as Weir can know, so the next turn gets a fresh
+                // instance (the actor's storage is untouched).
+                live.drop_generation();
+                ctx.metrics.generation_retired();
             }
             report.fail(code, detail);
             (error_response(code), report)

@@ -633,3 +633,28 @@ async fn a_caller_that_leaves_before_its_turn_never_enters_wasm() {
         (&200.into(), &404.into())
     );
 }
+
+#[tokio::test]
+async fn an_actor_that_returns_without_a_response_gets_a_fresh_instance_and_keeps_its_storage() {
+    let dir = data_dir("no-response");
+    let weir = start(&dir, &[]);
+    assert_eq!(weir.get("/probe/n/incr").await.text(), "1");
+    // One instance serves turn after turn: its in-memory counter grows.
+    assert_eq!(weir.get("/probe/n/memory").await.text(), "1");
+    assert_eq!(weir.get("/probe/n/memory").await.text(), "2");
+    weir.get("/probe/n/no-response")
+        .await
+        .assert_weir_error(502, "invalid_response");
+    // The next turn runs on a fresh instance; the database is the same.
+    assert_eq!(weir.get("/probe/n/memory").await.text(), "1");
+    assert_eq!(weir.get("/probe/n/incr").await.text(), "2");
+    let metrics = weir.admin_get("/metrics").await.text();
+    assert!(
+        metrics.contains(r#"weir_generations_total{app="actor:probe",event="retired"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"weir_generations_total{app="actor:probe",event="abandoned"} 0"#),
+        "{metrics}"
+    );
+}

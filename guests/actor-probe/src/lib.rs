@@ -297,6 +297,11 @@ fn handle(request: &IncomingRequest, path: &str) -> Result<(u16, String), Error>
 impl wasi::exports::http::incoming_handler::Guest for Probe {
     fn handle(request: IncomingRequest, out: ResponseOutparam) {
         let path = request.path_with_query().unwrap_or_default();
+        if path == "/no-response" {
+            // Returns without setting a response.
+            drop(out);
+            return;
+        }
         match handle(&request, &path) {
             Ok((200, body)) if body.starts_with('{') || body.starts_with('[') => {
                 json(out, serde_json::from_str(&body).unwrap_or_default())
