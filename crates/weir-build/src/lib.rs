@@ -10,11 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde::Deserialize;
+use weir_runtime::component_world;
 
 /// The target guests are built for.
 pub const GUEST_TARGET: &str = "wasm32-wasip2";
 
-use weir_runtime::component_world;
 /// The export every servable component has (any 0.2.x version).
 pub use weir_runtime::component_world::INCOMING_HANDLER;
 

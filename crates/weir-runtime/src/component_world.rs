@@ -79,24 +79,32 @@ pub fn served(bytes: &[u8]) -> Result<World, String> {
 
 /// The world named by a component's export names.
 fn classify(exports: Vec<String>) -> World {
-    let interface = |name: &str| name.split('@').next().map(str::to_string);
-    let version = |name: &str| name.split_once('@').map(|(_, v)| v.to_string());
-    if exports.iter().any(|name| {
-        interface(name).as_deref() == Some(INCOMING_HANDLER)
-            && version(name).is_none_or(|v| v.starts_with("0.2"))
-    }) {
+    let serves_02 = |name: &String| {
+        let (interface, version) = parts(name);
+        interface == INCOMING_HANDLER && version.is_none_or(|v| v.starts_with("0.2"))
+    };
+    let serves_03 = |name: &&String| {
+        let (interface, version) = parts(name);
+        interface == HANDLER_03
+            || (interface == INCOMING_HANDLER && version.is_some_and(|v| v.starts_with("0.3")))
+    };
+    if exports.iter().any(serves_02) {
         return World::Proxy;
     }
-    if let Some(export) = exports.iter().find(|name| {
-        interface(name).as_deref() == Some(HANDLER_03)
-            || (interface(name).as_deref() == Some(INCOMING_HANDLER)
-                && version(name).is_some_and(|v| v.starts_with("0.3")))
-    }) {
+    if let Some(export) = exports.iter().find(serves_03) {
         return World::Http03 {
             export: export.clone(),
         };
     }
     World::Other { exports }
+}
+
+/// An export name's interface and version (`wasi:http/handler@0.3.0`).
+fn parts(name: &str) -> (&str, Option<&str>) {
+    match name.split_once('@') {
+        Some((interface, version)) => (interface, Some(version)),
+        None => (name, None),
+    }
 }
 
 #[cfg(test)]

@@ -27,8 +27,7 @@ use serde::Serialize;
 pub const SECOND_EVENT_FAILURES_TO_FALL_BACK: u32 = 2;
 
 /// Why a generation was retired after an event that ended without a trap.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RetiredBecause {
     /// It served as many events as the app allows per generation.
     AdmissionLimit,

@@ -53,13 +53,7 @@ async fn assert_hello(weir: &Weir, greeting: &str) {
 /// `set-cookie` lines that stay two lines, in the guest's order.
 async fn assert_echo(weir: &Weir) {
     let body = pattern(300_000);
-    let resp = weir
-        .send(
-            Request::post("/echo")
-                .body(Full::new(Bytes::from(body.clone())))
-                .unwrap(),
-        )
-        .await;
+    let resp = common::actors::post(weir, "/echo", body.clone()).await;
     assert_eq!(resp.status, 200, "{:?}", resp.body);
     assert_eq!(resp.headers["content-type"], "application/octet-stream");
     let cookies: Vec<_> = resp.headers.get_all("set-cookie").iter().collect();
