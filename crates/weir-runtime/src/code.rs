@@ -1,17 +1,20 @@
 //! App code: one component, compiled and linked once, that every
-//! generation of an app (or every keyed instance of a class) is made from.
+//! generation of an app (or every keyed instance of a class, or every run
+//! of a program) is made from.
 //!
 //! Invariant owned here: a component that cannot be compiled, does not
-//! export `wasi:http/incoming-handler`, or imports something Weir does not
-//! provide is refused when it is loaded — with the reason — never at the
-//! first request. The host interfaces a guest can import are exactly those
+//! export what it is entered by ([`Entry`]: `wasi:http/incoming-handler`
+//! for what serves requests, `wasi:cli/run` for a command), or imports
+//! something Weir does not provide is refused when it is loaded — with the
+//! reason — never at the first request or run. The host interfaces a guest can import are exactly those
 //! linked here: WASI, `wasi:http`, `wasi:keyvalue`, `weir:sql`, and what
 //! the layers above add through [`HostInterfaces`].
 
 use std::path::Path;
 use std::sync::Arc;
 
-use wasmtime::component::{Component, Linker};
+use wasmtime::component::{Component, InstancePre, Linker};
+use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 use weir_store::KvStores;
 use weir_store::sql::SqlDatabases;
@@ -59,6 +62,8 @@ pub enum LoadError {
     Link { path: String, reason: String },
     #[error("{path} does not export wasi:http/incoming-handler: {reason}")]
     NotAProxy { path: String, reason: String },
+    #[error("{path} is not a command (it does not export wasi:cli/run): {reason}")]
+    NotACommand { path: String, reason: String },
     /// A component Weir can tell it cannot serve from its exports alone
     /// (a WASI 0.3 handler), refused before it is compiled.
     #[error("{path} cannot be served: {reason}")]
@@ -82,10 +87,45 @@ pub struct Stores {
     pub interfaces: Vec<Arc<dyn HostInterfaces>>,
 }
 
+/// The export a kind of code is entered by: its pre-instantiated form,
+/// and what a component that lacks it is told.
+pub trait Entry: Sized + Send + Sync + 'static {
+    fn new(pre: InstancePre<GenerationState>) -> wasmtime::Result<Self>;
+    fn instance_pre(&self) -> &InstancePre<GenerationState>;
+    fn refusal(path: String, reason: String) -> LoadError;
+}
+
+/// Code that serves requests (`wasi:http/proxy`): apps and actor classes.
+impl Entry for ProxyPre<GenerationState> {
+    fn new(pre: InstancePre<GenerationState>) -> wasmtime::Result<Self> {
+        ProxyPre::new(pre)
+    }
+    fn instance_pre(&self) -> &InstancePre<GenerationState> {
+        ProxyPre::instance_pre(self)
+    }
+    fn refusal(path: String, reason: String) -> LoadError {
+        LoadError::NotAProxy { path, reason }
+    }
+}
+
+/// Code that runs to completion (`wasi:cli/command`): programs.
+impl Entry for CommandPre<GenerationState> {
+    fn new(pre: InstancePre<GenerationState>) -> wasmtime::Result<Self> {
+        CommandPre::new(pre)
+    }
+    fn instance_pre(&self) -> &InstancePre<GenerationState> {
+        CommandPre::instance_pre(self)
+    }
+    fn refusal(path: String, reason: String) -> LoadError {
+        LoadError::NotACommand { path, reason }
+    }
+}
+
 /// What every generation of an app is made from: compiled once, shared.
-pub struct AppCode {
+/// `E` is how it is entered: served (the default) or run as a command.
+pub struct AppCode<E: Entry = ProxyPre<GenerationState>> {
     engine: wasmtime::Engine,
-    pub(crate) pre: ProxyPre<GenerationState>,
+    pub(crate) pre: E,
     pub limits: Limits,
     pub outbound: Arc<OutboundRules>,
     pub kv: Arc<KvStores>,
@@ -98,7 +138,7 @@ pub struct AppCode {
     pub component: Component,
 }
 
-impl AppCode {
+impl<E: Entry> AppCode<E> {
     pub fn engine(&self) -> &wasmtime::Engine {
         &self.engine
     }
@@ -111,7 +151,7 @@ impl AppCode {
         limits: Limits,
         outbound: OutboundRules,
         stores: Stores,
-    ) -> Result<AppCode, LoadError> {
+    ) -> Result<AppCode<E>, LoadError> {
         let shown = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
             path: shown.clone(),
@@ -129,7 +169,7 @@ impl AppCode {
         limits: Limits,
         outbound: OutboundRules,
         stores: Stores,
-    ) -> Result<AppCode, LoadError> {
+    ) -> Result<AppCode<E>, LoadError> {
         match component_world::served(bytes) {
             Ok(World::CoreModule) => {
                 return Err(LoadError::NotAComponent {
@@ -174,10 +214,8 @@ impl AppCode {
             interfaces.add_to_linker(&mut linker).map_err(link)?;
         }
         let instance_pre = linker.instantiate_pre(&component).map_err(link)?;
-        let pre = ProxyPre::new(instance_pre).map_err(|e| LoadError::NotAProxy {
-            path: shown.to_string(),
-            reason: format!("{e:#}"),
-        })?;
+        let pre =
+            E::new(instance_pre).map_err(|e| E::refusal(shown.to_string(), format!("{e:#}")))?;
         Ok(AppCode {
             engine,
             pre,

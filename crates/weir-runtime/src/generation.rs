@@ -6,7 +6,7 @@
 //! once. A generation is never reused after it is dropped, and its number is
 //! never given to another.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use wasmtime::component::{Instance, ResourceTable};
 use wasmtime::{Store, UpdateDeadline};
@@ -14,8 +14,8 @@ use wasmtime_wasi::WasiCtx;
 use wasmtime_wasi_http::WasiHttpCtx;
 use wasmtime_wasi_http::p2::bindings::Proxy;
 
-use crate::code::AppCode;
 pub use crate::code::InstantiateError;
+use crate::code::{AppCode, Entry};
 use crate::extension::Extras;
 use crate::guest_output::GuestOutput;
 use crate::guest_state::GenerationState;
@@ -43,71 +43,22 @@ impl Generation {
         number: u64,
         extras: Extras,
     ) -> Result<Generation, InstantiateError> {
-        let mut outbound = OutboundPolicy::new(
-            code.outbound.clone(),
-            &code.limits,
-            metrics.clone(),
-            code.routes.clone(),
-        );
-        outbound.output_gate = extras.output_gate;
         let (stdout, stderr) = GuestOutput::pair();
-        let state = GenerationState {
-            extension: extras.data,
-            wasi: WasiCtx::builder()
-                .stdout(stdout)
-                .stderr(stderr.clone())
-                .build(),
-            output: stderr,
-            table: ResourceTable::new(),
-            http: WasiHttpCtx::new(),
-            outbound,
-            kv: code.kv.clone(),
-            sql: code.sql.clone(),
-            pool: code.pool.clone(),
-            max_result_bytes: code.limits.max_sql_result_bytes,
-            memory: MemoryLimiter::new(
-                code.limits.memory_limit_bytes as usize,
-                code.budget.clone(),
-            ),
-        };
-        let mut store = Store::new(code.engine(), state);
-        store.limiter_async(|s| &mut s.memory);
-        // Yield to tokio at every epoch tick: a spinning guest then returns
-        // control to the event's own timers, which decide its fate.
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(|_| Ok(UpdateDeadline::Yield(1)));
-        let fail = |e: wasmtime::Error| InstantiateError {
-            number,
-            reason: format!("{e:#}"),
-            over_budget: false,
-        };
+        let wasi = WasiCtx::builder()
+            .stdout(stdout)
+            .stderr(stderr.clone())
+            .build();
+        let mut store = new_store(code, metrics, extras, wasi, stderr);
         // A start function is guest code: it runs under the same bound as
         // a handler, so a guest that spins while it starts cannot hold a
         // lane (or the server's start) forever.
-        let limit = code.limits.event_limit;
-        let started =
-            tokio::time::timeout(limit, code.pre.instance_pre().instantiate_async(&mut store))
-                .await;
-        let instance = match started {
-            Ok(Ok(instance)) => instance,
-            Ok(Err(e)) => {
-                return Err(InstantiateError {
-                    over_budget: store.data().memory.over_budget,
-                    ..fail(e)
-                });
-            }
-            Err(_) => {
-                return Err(InstantiateError {
-                    number,
-                    reason: format!(
-                        "its start did not finish within event_limit_ms ({} ms)",
-                        limit.as_millis()
-                    ),
-                    over_budget: false,
-                });
-            }
-        };
-        let proxy = Proxy::new(&mut store, &instance).map_err(fail)?;
+        let limit = ("event_limit_ms", code.limits.event_limit);
+        let instance = start(code, &mut store, number, limit).await?;
+        let proxy = Proxy::new(&mut store, &instance).map_err(|e| InstantiateError {
+            number,
+            reason: format!("{e:#}"),
+            over_budget: false,
+        })?;
         Ok(Generation {
             instance,
             number,
@@ -121,5 +72,77 @@ impl Generation {
     /// Linear memory the guest has reached, in bytes.
     pub fn memory_bytes(&self) -> usize {
         self.store.data().memory.peak
+    }
+}
+
+/// A fresh store for one instance of `code`: the guest state with `wasi`
+/// as its WASI context and `output` as the output budget each new scope
+/// restarts, the memory limiter, and a yield to tokio at every epoch tick
+/// (a spinning guest then returns control to the call's own timers, which
+/// decide its fate). Every instance Weir makes — a generation, a keyed
+/// instance, a program — gets its store here.
+pub fn new_store<E: Entry>(
+    code: &AppCode<E>,
+    metrics: &AppMetrics,
+    extras: Extras,
+    wasi: WasiCtx,
+    output: GuestOutput,
+) -> Store<GenerationState> {
+    let mut outbound = OutboundPolicy::new(
+        code.outbound.clone(),
+        &code.limits,
+        metrics.clone(),
+        code.routes.clone(),
+    );
+    outbound.output_gate = extras.output_gate;
+    let state = GenerationState {
+        extension: extras.data,
+        wasi,
+        output,
+        table: ResourceTable::new(),
+        http: WasiHttpCtx::new(),
+        outbound,
+        kv: code.kv.clone(),
+        sql: code.sql.clone(),
+        pool: code.pool.clone(),
+        max_result_bytes: code.limits.max_sql_result_bytes,
+        memory: MemoryLimiter::new(code.limits.memory_limit_bytes as usize, code.budget.clone()),
+    };
+    let mut store = Store::new(code.engine(), state);
+    store.limiter_async(|s| &mut s.memory);
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(|_| Ok(UpdateDeadline::Yield(1)));
+    store
+}
+
+/// Instantiates `code` in `store`, running its start functions for at most
+/// `limit` (named as the limit it is): a guest that spins while it starts
+/// is refused, not waited for.
+pub async fn start<E: Entry>(
+    code: &AppCode<E>,
+    store: &mut Store<GenerationState>,
+    number: u64,
+    (limit_name, limit): (&str, Duration),
+) -> Result<Instance, InstantiateError> {
+    let started = tokio::time::timeout(
+        limit,
+        code.pre.instance_pre().instantiate_async(&mut *store),
+    )
+    .await;
+    match started {
+        Ok(Ok(instance)) => Ok(instance),
+        Ok(Err(e)) => Err(InstantiateError {
+            number,
+            reason: format!("{e:#}"),
+            over_budget: store.data().memory.over_budget,
+        }),
+        Err(_) => Err(InstantiateError {
+            number,
+            reason: format!(
+                "its start did not finish within {limit_name} ({} ms)",
+                limit.as_millis()
+            ),
+            over_budget: false,
+        }),
     }
 }

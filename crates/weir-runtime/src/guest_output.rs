@@ -4,12 +4,15 @@
 //! [`MAX_GUEST_OUTPUT_BYTES`] of its guest's output, stdout and stderr
 //! together; the rest is accepted from the guest and dropped. A guest that
 //! prints in a loop cannot fill the operator's logs or disk, and a panic
-//! message (a few hundred bytes) always gets through.
+//! message (a few hundred bytes) always gets through. A program's output
+//! ([`GuestOutput::shared`]) has a budget of its own, past which writes
+//! fail and [`GuestOutput::exceeded`] says so: its output is never more
+//! than the budget, and a cut output never passes for a whole one.
 
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use tokio::io::AsyncWrite;
@@ -19,39 +22,79 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 /// diagnostic, and a bound on what one event adds to Weir's log.
 pub const MAX_GUEST_OUTPUT_BYTES: u64 = 64 << 10;
 
-/// Which of Weir's streams a guest stream goes to.
-#[derive(Clone, Copy)]
-enum Target {
+/// Where a guest stream's bytes go.
+#[derive(Clone)]
+pub enum Sink {
+    /// Weir's own standard output.
     Stdout,
+    /// Weir's own standard error.
     Stderr,
+    /// Kept in memory for the caller (a program's output handed back).
+    Capture(Arc<Mutex<Vec<u8>>>),
 }
 
-/// A guest's stdout or stderr, sharing one budget per generation.
+/// What happens to bytes past the budget.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum PastBudget {
+    /// Accepted from the guest and dropped: a handler's diagnostics are
+    /// not its result, and a chatty handler still answers.
+    Drop,
+    /// Refused: the guest's write fails. A program's output is its result,
+    /// so a cut one must not look whole.
+    Refuse,
+}
+
+/// A guest's stdout or stderr, sharing one budget with its sibling.
 #[derive(Clone)]
 pub struct GuestOutput {
     left: Arc<AtomicU64>,
-    target: Target,
+    budget: u64,
+    exceeded: Arc<AtomicBool>,
+    past: PastBudget,
+    sink: Sink,
 }
 
 impl GuestOutput {
-    /// The stdout and stderr of one generation, with one budget.
+    /// The stdout and stderr of one generation, into Weir's own, with one
+    /// budget of [`MAX_GUEST_OUTPUT_BYTES`] per event; the rest is dropped.
     pub fn pair() -> (GuestOutput, GuestOutput) {
-        let left = Arc::new(AtomicU64::new(MAX_GUEST_OUTPUT_BYTES));
-        (
-            GuestOutput {
-                left: left.clone(),
-                target: Target::Stdout,
-            },
-            GuestOutput {
-                left,
-                target: Target::Stderr,
-            },
+        Self::shared(
+            MAX_GUEST_OUTPUT_BYTES,
+            PastBudget::Drop,
+            Sink::Stdout,
+            Sink::Stderr,
         )
+    }
+
+    /// Two streams into `stdout` and `stderr` with one budget of `budget`
+    /// bytes, and `past` for what comes after it.
+    pub fn shared(
+        budget: u64,
+        past: PastBudget,
+        stdout: Sink,
+        stderr: Sink,
+    ) -> (GuestOutput, GuestOutput) {
+        let left = Arc::new(AtomicU64::new(budget));
+        let exceeded = Arc::new(AtomicBool::new(false));
+        let one = |sink| GuestOutput {
+            left: left.clone(),
+            budget,
+            exceeded: exceeded.clone(),
+            past,
+            sink,
+        };
+        (one(stdout), one(stderr))
     }
 
     /// A new event starts with a full budget.
     pub fn reset(&self) {
-        self.left.store(MAX_GUEST_OUTPUT_BYTES, Ordering::Relaxed);
+        self.left.store(self.budget, Ordering::Relaxed);
+        self.exceeded.store(false, Ordering::Relaxed);
+    }
+
+    /// True once the guest wrote more than the budget.
+    pub fn exceeded(&self) -> bool {
+        self.exceeded.load(Ordering::Relaxed)
     }
 }
 
@@ -63,24 +106,40 @@ impl IsTerminal for GuestOutput {
 
 impl StdoutStream for GuestOutput {
     fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
-        match self.target {
-            Target::Stdout => Box::new(Bounded {
+        let budget = Budget {
+            left: self.left.clone(),
+            exceeded: self.exceeded.clone(),
+            past: self.past,
+        };
+        match &self.sink {
+            Sink::Stdout => Box::new(Bounded {
                 inner: tokio::io::stdout(),
-                left: self.left.clone(),
+                budget,
             }),
-            Target::Stderr => Box::new(Bounded {
+            Sink::Stderr => Box::new(Bounded {
                 inner: tokio::io::stderr(),
-                left: self.left.clone(),
+                budget,
+            }),
+            Sink::Capture(into) => Box::new(Bounded {
+                inner: Captured(into.clone()),
+                budget,
             }),
         }
     }
 }
 
-/// Writes through to `inner` while the budget lasts, then accepts and
-/// drops.
+/// The shared budget as one stream sees it.
+struct Budget {
+    left: Arc<AtomicU64>,
+    exceeded: Arc<AtomicBool>,
+    past: PastBudget,
+}
+
+/// Writes through to `inner` while the budget lasts, then drops or
+/// refuses.
 struct Bounded<W> {
     inner: W,
-    left: Arc<AtomicU64>,
+    budget: Budget,
 }
 
 impl<W: AsyncWrite + Unpin> AsyncWrite for Bounded<W> {
@@ -89,14 +148,22 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Bounded<W> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let left = self.left.load(Ordering::Relaxed) as usize;
-        if left == 0 {
-            return Poll::Ready(Ok(buf.len()));
+        let left = self.budget.left.load(Ordering::Relaxed) as usize;
+        if left == 0 && !buf.is_empty() {
+            self.budget.exceeded.store(true, Ordering::Relaxed);
+            return Poll::Ready(match self.budget.past {
+                PastBudget::Drop => Ok(buf.len()),
+                PastBudget::Refuse => Err(io::Error::new(
+                    io::ErrorKind::StorageFull,
+                    "the output limit is reached",
+                )),
+            });
         }
         let n = left.min(buf.len());
         match Pin::new(&mut self.inner).poll_write(cx, &buf[..n]) {
             Poll::Ready(Ok(written)) => {
                 let _ = self
+                    .budget
                     .left
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
                         Some(l.saturating_sub(written as u64))
@@ -116,21 +183,65 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Bounded<W> {
     }
 }
 
+/// Output kept in memory.
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl AsyncWrite for Captured {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
 
+    fn bounded(left: u64, past: PastBudget) -> Bounded<Vec<u8>> {
+        Bounded {
+            inner: Vec::new(),
+            budget: Budget {
+                left: Arc::new(AtomicU64::new(left)),
+                exceeded: Arc::new(AtomicBool::new(false)),
+                past,
+            },
+        }
+    }
+
     #[tokio::test]
     async fn output_past_the_budget_is_accepted_and_dropped() {
-        let left = Arc::new(AtomicU64::new(10));
-        let mut out = Bounded {
-            inner: Vec::new(),
-            left: left.clone(),
-        };
+        let mut out = bounded(10, PastBudget::Drop);
         out.write_all(b"0123456789abcdef").await.unwrap();
         out.write_all(b"more").await.unwrap();
         assert_eq!(out.inner, b"0123456789");
-        assert_eq!(left.load(Ordering::Relaxed), 0);
+        assert_eq!(out.budget.left.load(Ordering::Relaxed), 0);
+        assert!(out.budget.exceeded.load(Ordering::Relaxed));
+    }
+
+    #[tokio::test]
+    async fn output_past_a_refusing_budget_fails_the_write() {
+        let mut out = bounded(4, PastBudget::Refuse);
+        out.write_all(b"0123").await.unwrap();
+        assert!(!out.budget.exceeded.load(Ordering::Relaxed));
+        let err = out.write_all(b"4").await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull);
+        assert_eq!(out.inner, b"0123");
+        assert!(out.budget.exceeded.load(Ordering::Relaxed));
     }
 }

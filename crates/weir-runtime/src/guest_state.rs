@@ -99,6 +99,11 @@ impl GenerationState {
         self.outbound.scope = scope;
     }
 
+    /// The most linear memory the guest has reached, in bytes.
+    pub fn memory_peak(&self) -> usize {
+        self.memory.peak
+    }
+
     /// Why the guest was refused memory, if it was: past its own limit,
     /// or past the total budget.
     pub fn memory_refusal(&self) -> Option<crate::ErrorCode> {

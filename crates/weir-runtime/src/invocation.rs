@@ -52,6 +52,9 @@ pub enum Ending<T> {
     Returned(T),
     /// The call trapped (the message, truncated).
     Trapped(String),
+    /// The guest ended its instance with `wasi:cli/exit` and this code: a
+    /// command's normal end, a handler's abrupt one.
+    Exited(i32),
     /// The deadline passed first; `after_response` when the guest had set
     /// its response already.
     DeadlinePassed { after_response: bool },
@@ -192,7 +195,10 @@ pub async fn run<T, H: Hooks>(
                 return match result {
                     Ok(_) if Instant::now() >= deadline => late(cancelled, responded),
                     Ok(value) => Ending::Returned(value),
-                    Err(e) => Ending::Trapped(truncate(e.root_cause().to_string())),
+                    Err(e) => match e.downcast_ref::<wasmtime_wasi::I32Exit>() {
+                        Some(exit) => Ending::Exited(exit.0),
+                        None => Ending::Trapped(truncate(e.root_cause().to_string())),
+                    },
                 };
             }
             _ = tokio::time::sleep_until(deadline.into()) => {
@@ -229,6 +235,12 @@ impl<T> Ending<T> {
                     Some(detail.clone()),
                 ),
             },
+            // A handler that exits has ended its instance mid-event.
+            Ending::Exited(code) => (
+                Outcome::Trap,
+                ErrorCode::InstanceAbandoned,
+                Some(format!("the guest exited with code {code}")),
+            ),
             Ending::DeadlinePassed {
                 after_response: false,
             } => (Outcome::Deadline, ErrorCode::EventDeadlineExceeded, None),

@@ -5,6 +5,7 @@
 mod actors_cli;
 mod config;
 mod logging;
+mod programs_cli;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -22,7 +23,7 @@ use weir_server::{DEFAULT_LISTEN, Server, ServerConfig};
 use crate::config::{Config, Overrides, UsageError};
 
 /// Exit code for a usage or configuration error, as clap uses.
-const EXIT_USAGE: u8 = 2;
+pub(crate) const EXIT_USAGE: u8 = 2;
 
 #[derive(Parser)]
 #[command(
@@ -44,6 +45,11 @@ enum Command {
     /// List, inspect or delete the actors of a running server (through its
     /// admin address).
     Actors(actors_cli::ActorsArgs),
+    /// Run a command component (wasi:cli) to completion under Weir's
+    /// limits; exits with its exit code.
+    Run(programs_cli::RunArgs),
+    /// Push, list, remove or sweep the images of a data dir's image store.
+    Images(programs_cli::ImagesArgs),
     /// Compile a component read from stdin into a code-cache artifact
     /// (what `weir serve` runs so that it never compiles in-process).
     #[command(name = "compile-artifact", hide = true)]
@@ -138,6 +144,8 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Build(args) => build(args),
         Command::Actors(args) => actors_cli::run(args),
+        Command::Run(args) => return programs_cli::run(args),
+        Command::Images(args) => programs_cli::images(args),
         Command::CompileArtifact(args) => {
             // Its stderr is the reason `weir serve` gives, so no prefix.
             return match compile_artifact(args) {

@@ -1,0 +1,488 @@
+//! The image store: components kept by the SHA-256 of their bytes, under
+//! the data dir, shared safely by every Weir process that opens it (a
+//! server, `weir run`, `weir images`).
+//!
+//! Invariants owned here:
+//! - a file at a digest's name is a whole image or absent. A push writes a
+//!   temporary file, fsyncs it, renames it into place and fsyncs the
+//!   directory, so an interrupted push (a crash, a full disk, `SIGKILL`)
+//!   never leaves a file at its digest;
+//! - bytes are verified before anyone uses them: [`ImageStore::read`]
+//!   hashes what it read and refuses a corrupt or truncated image as
+//!   `image_corrupt`, naming the digest;
+//! - an image is rooted before its first byte is read ([`ImageStore::root`]),
+//!   and a rooted image is never removed. A root is a shared `flock` on the
+//!   image file itself, so it holds across processes and ends when its
+//!   holder does, however it ends. Removal takes the exclusive lock without
+//!   waiting, so a root is never waited out: the image is simply spared;
+//! - the sweep removes exactly the images that nothing roots and that the
+//!   caller does not declare: no TTL, no guess. Half-written pushes whose
+//!   writer is gone (their lock is free) go too, and so does the compiled
+//!   code of every image removed.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+use sha2::{Digest as _, Sha256};
+
+use crate::error_code::ProgramErrorCode;
+
+/// The file name ending of a stored image.
+const IMAGE_EXTENSION: &str = "wasm";
+
+/// The prefix of a push in progress (a dot file: never listed as an image).
+const PARTIAL_PREFIX: &str = ".partial-";
+
+/// The data dir's subdirectory that holds the image store.
+pub const IMAGES_DIR: &str = "images";
+
+/// The subdirectory of the image store where compiled code is cached.
+pub const COMPILED_DIR: &str = "compiled";
+
+/// The SHA-256 of an image's bytes. Written `sha256:<64 hex digits>`; the
+/// bare hex is accepted too.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest([u8; 32]);
+
+impl Digest {
+    /// The digest of `bytes`.
+    pub fn of(bytes: &[u8]) -> Digest {
+        Digest(Sha256::digest(bytes).into())
+    }
+
+    /// The 64 hex digits.
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sha256:{}", self.hex())
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl Serialize for Digest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl FromStr for Digest {
+    type Err = ImageError;
+
+    fn from_str(s: &str) -> Result<Digest, ImageError> {
+        let hex = s.strip_prefix("sha256:").unwrap_or(s);
+        let invalid = || ImageError::InvalidDigest(s.chars().take(80).collect());
+        if hex.len() != 64 {
+            return Err(invalid());
+        }
+        let mut bytes = [0u8; 32];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            let pair = hex.get(2 * i..2 * i + 2).ok_or_else(invalid)?;
+            // Upper-case hex would name the same bytes under a second file
+            // name: only the canonical spelling is accepted.
+            if pair.bytes().any(|c| c.is_ascii_uppercase()) {
+                return Err(invalid());
+            }
+            *byte = u8::from_str_radix(pair, 16).map_err(|_| invalid())?;
+        }
+        Ok(Digest(bytes))
+    }
+}
+
+/// Why the store refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("`{0}` is not an image digest (sha256:<64 lower-case hex digits>)")]
+    InvalidDigest(String),
+    #[error("no image {0} in the store")]
+    NotFound(Digest),
+    #[error("image {digest} is corrupt: {why}; push it again")]
+    Corrupt { digest: Digest, why: String },
+    #[error("the image is {bytes} bytes; max_image_bytes is {limit}")]
+    TooLarge { bytes: u64, limit: u64 },
+    #[error("image {0} is in use (a run or process holds it)")]
+    InUse(Digest),
+    #[error("the image store {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl ImageError {
+    /// The error code callers and operators see.
+    pub fn code(&self) -> ProgramErrorCode {
+        match self {
+            ImageError::InvalidDigest(_) => ProgramErrorCode::ImageDigestInvalid,
+            ImageError::NotFound(_) => ProgramErrorCode::ImageNotFound,
+            ImageError::Corrupt { .. } => ProgramErrorCode::ImageCorrupt,
+            ImageError::TooLarge { .. } => ProgramErrorCode::ImageTooLarge,
+            ImageError::InUse(_) => ProgramErrorCode::ImageInUse,
+            ImageError::Io { .. } => ProgramErrorCode::ImageStoreFailed,
+        }
+    }
+}
+
+/// One stored image, as `list` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ImageInfo {
+    pub digest: Digest,
+    pub bytes: u64,
+    /// Held by a run or a process right now.
+    pub rooted: bool,
+}
+
+/// What a sweep did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SweepReport {
+    /// Images removed.
+    pub removed: Vec<Digest>,
+    /// Images kept because something roots them.
+    pub rooted: Vec<Digest>,
+    /// Images kept because the caller declares them.
+    pub declared: Vec<Digest>,
+    /// Abandoned half-written pushes removed.
+    pub partials_removed: usize,
+    /// Bytes given back.
+    pub bytes_freed: u64,
+}
+
+/// An image held against removal: while it lives, no sweep or `rm` of any
+/// process removes the image. Its bytes are read through it.
+pub struct Root {
+    digest: Digest,
+    file: File,
+}
+
+impl Root {
+    pub fn digest(&self) -> Digest {
+        self.digest
+    }
+}
+
+/// The image store of one data dir.
+pub struct ImageStore {
+    dir: PathBuf,
+    max_image_bytes: u64,
+}
+
+/// Numbers this process's pushes, so two at once never share a file.
+static PUSHES: AtomicU64 = AtomicU64::new(0);
+
+impl ImageStore {
+    /// Opens (creating if needed) the store in `dir`.
+    pub fn open(dir: &Path, max_image_bytes: u64) -> Result<ImageStore, ImageError> {
+        std::fs::create_dir_all(dir.join(COMPILED_DIR)).map_err(|source| ImageError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        Ok(ImageStore {
+            dir: dir.to_path_buf(),
+            max_image_bytes,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where compiled code of these images is cached.
+    pub fn compiled_dir(&self) -> PathBuf {
+        self.dir.join(COMPILED_DIR)
+    }
+
+    fn io(&self, source: std::io::Error) -> ImageError {
+        ImageError::Io {
+            path: self.dir.clone(),
+            source,
+        }
+    }
+
+    fn path_of(&self, digest: &Digest) -> PathBuf {
+        self.dir.join(format!("{}.{IMAGE_EXTENSION}", digest.hex()))
+    }
+
+    /// Stores `bytes` (already stored: nothing is written) and roots the
+    /// image for the caller. The root is taken on the file that was
+    /// renamed into place, before the rename, so not even a sweep between
+    /// the rename and the return can remove it.
+    pub fn push(&self, bytes: &[u8]) -> Result<(Root, bool), ImageError> {
+        if bytes.len() as u64 > self.max_image_bytes {
+            return Err(ImageError::TooLarge {
+                bytes: bytes.len() as u64,
+                limit: self.max_image_bytes,
+            });
+        }
+        let digest = Digest::of(bytes);
+        match self.root(&digest) {
+            Ok(root) => return Ok((root, false)),
+            Err(ImageError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let partial = self.dir.join(format!(
+            "{PARTIAL_PREFIX}{}-{}-{}",
+            digest.hex(),
+            std::process::id(),
+            PUSHES.fetch_add(1, Ordering::Relaxed)
+        ));
+        let write = || -> std::io::Result<File> {
+            let mut file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&partial)?;
+            // Locked while written: a sweep spares a push in progress.
+            file.lock_shared()?;
+            file.write_all(bytes)?;
+            file.sync_all()?;
+            std::fs::rename(&partial, self.path_of(&digest))?;
+            File::open(&self.dir)?.sync_all()?;
+            Ok(file)
+        };
+        match write() {
+            Ok(file) => Ok((Root { digest, file }, true)),
+            Err(source) => {
+                let _ = std::fs::remove_file(&partial);
+                Err(self.io(source))
+            }
+        }
+    }
+
+    /// Roots a stored image: from now until the root is dropped, nothing
+    /// removes it.
+    pub fn root(&self, digest: &Digest) -> Result<Root, ImageError> {
+        let path = self.path_of(digest);
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ImageError::NotFound(*digest));
+            }
+            Err(e) => return Err(self.io(e)),
+        };
+        file.lock_shared().map_err(|e| self.io(e))?;
+        // A remover may have unlinked the file between the open and the
+        // lock: a root on an unlinked file roots nothing.
+        let linked = file.metadata().map_err(|e| self.io(e))?.nlink() > 0;
+        if !linked {
+            return Err(ImageError::NotFound(*digest));
+        }
+        Ok(Root {
+            digest: *digest,
+            file,
+        })
+    }
+
+    /// The image's bytes, verified against its digest.
+    pub fn read(&self, root: &mut Root) -> Result<Vec<u8>, ImageError> {
+        let mut bytes = Vec::new();
+        (&root.file)
+            .seek(SeekFrom::Start(0))
+            .map_err(|e| self.io(e))?;
+        (&root.file)
+            .take(self.max_image_bytes + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| self.io(e))?;
+        let digest = root.digest;
+        if bytes.len() as u64 > self.max_image_bytes {
+            return Err(ImageError::Corrupt {
+                digest,
+                why: format!(
+                    "it is longer than max_image_bytes ({})",
+                    self.max_image_bytes
+                ),
+            });
+        }
+        let found = Digest::of(&bytes);
+        if found != digest {
+            return Err(ImageError::Corrupt {
+                digest,
+                why: format!("its {} bytes hash to {found}", bytes.len()),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Every stored image, by digest.
+    pub fn list(&self) -> Result<Vec<ImageInfo>, ImageError> {
+        let mut images = Vec::new();
+        for (digest, path) in self.images()? {
+            let Ok(file) = File::open(&path) else {
+                continue;
+            };
+            let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
+            images.push(ImageInfo {
+                digest,
+                bytes,
+                rooted: held(&file),
+            });
+        }
+        images.sort_by_key(|i| i.digest);
+        Ok(images)
+    }
+
+    /// Removes one image unless something roots it. False when it was not
+    /// there.
+    pub fn remove(&self, digest: &Digest) -> Result<bool, ImageError> {
+        match self.remove_unrooted(digest, &self.path_of(digest))? {
+            Removal::Removed(_) => Ok(true),
+            Removal::Absent => Ok(false),
+            Removal::Rooted => Err(ImageError::InUse(*digest)),
+        }
+    }
+
+    /// Removes every image that nothing roots and `declared` does not name,
+    /// and every abandoned push.
+    pub fn sweep(&self, declared: &HashSet<Digest>) -> Result<SweepReport, ImageError> {
+        let mut report = SweepReport::default();
+        for (digest, path) in self.images()? {
+            if declared.contains(&digest) {
+                report.declared.push(digest);
+                continue;
+            }
+            match self.remove_unrooted(&digest, &path)? {
+                Removal::Removed(bytes) => {
+                    report.removed.push(digest);
+                    report.bytes_freed += bytes;
+                }
+                Removal::Rooted => report.rooted.push(digest),
+                Removal::Absent => {}
+            }
+        }
+        let entries = std::fs::read_dir(&self.dir).map_err(|e| self.io(e))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            if !name.to_string_lossy().starts_with(PARTIAL_PREFIX) {
+                continue;
+            }
+            let Ok(file) = File::open(entry.path()) else {
+                continue;
+            };
+            if file.try_lock().is_ok() {
+                let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
+                if std::fs::remove_file(entry.path()).is_ok() {
+                    report.partials_removed += 1;
+                    report.bytes_freed += bytes;
+                }
+            }
+        }
+        report.removed.sort();
+        report.rooted.sort();
+        report.declared.sort();
+        Ok(report)
+    }
+
+    fn remove_unrooted(&self, digest: &Digest, path: &Path) -> Result<Removal, ImageError> {
+        let file = match File::open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Removal::Absent),
+            Err(e) => return Err(self.io(e)),
+        };
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Ok(Removal::Rooted),
+            Err(TryLockError::Error(e)) => return Err(self.io(e)),
+        }
+        let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Removal::Absent),
+            Err(e) => return Err(self.io(e)),
+        }
+        self.remove_compiled(digest);
+        Ok(Removal::Removed(bytes))
+    }
+
+    /// Removes the compiled code of an image (its artifacts are named by
+    /// the image's hex digest first: see `weir_runtime::compiled_code`).
+    fn remove_compiled(&self, digest: &Digest) {
+        let prefix = format!("{}-", digest.hex());
+        let Ok(entries) = std::fs::read_dir(self.compiled_dir()) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+
+    /// The stored images' digests and paths.
+    fn images(&self) -> Result<Vec<(Digest, PathBuf)>, ImageError> {
+        let entries = std::fs::read_dir(&self.dir).map_err(|e| self.io(e))?;
+        Ok(entries
+            .flatten()
+            .filter_map(|entry| {
+                let name = entry.file_name();
+                let stem = name
+                    .to_str()?
+                    .strip_suffix(&format!(".{IMAGE_EXTENSION}"))?;
+                Some((stem.parse().ok()?, entry.path()))
+            })
+            .collect())
+    }
+}
+
+enum Removal {
+    Removed(u64),
+    Rooted,
+    Absent,
+}
+
+/// True when some root holds `file`'s image (its exclusive lock is taken).
+fn held(file: &File) -> bool {
+    match file.try_lock() {
+        Ok(()) => {
+            let _ = file.unlock();
+            false
+        }
+        Err(_) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn a_digest_reads_back_as_written(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let digest = Digest::of(&bytes);
+            prop_assert_eq!(digest.to_string().parse::<Digest>().unwrap(), digest);
+            prop_assert_eq!(digest.hex().parse::<Digest>().unwrap(), digest);
+        }
+
+        #[test]
+        fn anything_else_is_not_a_digest(s in "\\PC{0,80}") {
+            prop_assume!(!(s.len() == 64 || s.len() == 71));
+            prop_assert!(s.parse::<Digest>().is_err());
+        }
+    }
+
+    #[test]
+    fn one_image_has_one_spelling() {
+        let digest = Digest::of(b"x");
+        assert!(digest.hex().to_uppercase().parse::<Digest>().is_err());
+        assert!(
+            format!("sha512:{}", digest.hex())
+                .parse::<Digest>()
+                .is_err()
+        );
+        assert!(format!("{}0", digest.hex()).parse::<Digest>().is_err());
+    }
+}

@@ -1,0 +1,62 @@
+//! The limits of programs, declared once like the runtime's
+//! (`weir_runtime::limit_table!`) and set from the same `[limits]` table
+//! and `--limit NAME=VALUE`. A program's linear memory is bounded by the
+//! runtime's `memory_limit_bytes`.
+
+use std::time::Duration;
+
+use weir_runtime::limit_table;
+use weir_runtime::limits::MAX_DURATION_MS;
+
+/// Largest image the store takes: the biggest real components we know of
+/// (an interpreter with its standard library, componentize-py's ~40 MB) fit
+/// four times over, and a push is held in memory while it is verified.
+pub const MAX_IMAGE_BYTES: u64 = 1 << 30;
+
+/// Most output a run may be allowed: it is held in memory when a caller
+/// captures it.
+pub const MAX_RUN_OUTPUT_BYTES: u64 = 1 << 30;
+
+limit_table! {
+    /// The limits of the programs a server or `weir run` runs.
+    pub struct ProgramLimits {
+        run_time_limit: Duration = "run_time_limit_ms" {
+            default: 60_000, range: 1, MAX_DURATION_MS, unit: Millis,
+            meaning: "a one-shot run, from entry to exit; past it the run is stopped with run_time_limit_exceeded",
+        },
+        max_run_output_bytes: u64 = "max_run_output_bytes" {
+            default: 16 << 20, range: 0, MAX_RUN_OUTPUT_BYTES, unit: Bytes,
+            meaning: "stdout and stderr of one run together; a write past it fails and the run ends with run_output_too_large",
+        },
+        max_image_bytes: u64 = "max_image_bytes" {
+            default: 256 << 20, range: 1024, MAX_IMAGE_BYTES, unit: Bytes,
+            meaning: "one image (a component) in the image store",
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_readme_table_says_what_the_code_does() {
+        let readme = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+        )
+        .unwrap();
+        let wrong = weir_runtime::limits::readme_disagreements(ProgramLimits::SPECS, &readme);
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
+
+    #[test]
+    fn names_do_not_collide_with_the_runtimes() {
+        for spec in ProgramLimits::SPECS {
+            assert!(
+                weir_runtime::limits::spec(spec.name).is_err(),
+                "{}",
+                spec.name
+            );
+        }
+    }
+}

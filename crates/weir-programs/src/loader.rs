@@ -1,0 +1,132 @@
+//! From a name to a program ready to run: a component file is pushed into
+//! the image store, a digest is looked up in it; either way the image is
+//! rooted, its bytes are verified, and its code is compiled once per
+//! digest (cached beside the images) and linked as a command.
+//!
+//! Invariant owned here: every program runs from a rooted, verified image.
+//! There is no path from a file to a run that skips the digest check, so a
+//! run of a digest always runs exactly the bytes that digest names.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use weir_runtime::compiled_code::{CodeCache, Compiler};
+use weir_runtime::outbound::OutboundRules;
+use weir_runtime::sql_pool::SqlPool;
+use weir_runtime::{LoadError, Stores, WeirEngine};
+
+use crate::image_store::{Digest, ImageError, ImageStore, Root};
+use crate::one_shot::{CommandCode, Program, RunLimits};
+
+/// Threads for the storage calls of programs. Commands are given no
+/// stores today, so one thread only answers their refusals.
+const PROGRAM_STORAGE_THREADS: usize = 1;
+
+/// Why a program could not be made ready.
+#[derive(Debug, thiserror::Error)]
+pub enum ProgramLoadError {
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("cannot start the programs' storage threads: {0}")]
+    Pool(String),
+}
+
+/// Makes programs ready: the image store, the engine they run on and
+/// their compiled code.
+pub struct Loader {
+    pub images: ImageStore,
+    engine: WeirEngine,
+    cache: CodeCache,
+    limits: RunLimits,
+    outbound: OutboundRules,
+    stores: Stores,
+}
+
+impl Loader {
+    /// A loader over `images`, compiling with `compiler` for `engine`.
+    pub fn new(
+        images: ImageStore,
+        engine: WeirEngine,
+        compiler: Compiler,
+        limits: RunLimits,
+        outbound: OutboundRules,
+    ) -> Result<Loader, ProgramLoadError> {
+        let cache =
+            CodeCache::new(&images.compiled_dir(), compiler).map_err(|source| ImageError::Io {
+                path: images.compiled_dir(),
+                source,
+            })?;
+        let pool = SqlPool::new(PROGRAM_STORAGE_THREADS)
+            .map_err(|e| ProgramLoadError::Pool(e.to_string()))?;
+        Ok(Loader {
+            images,
+            engine,
+            cache,
+            limits,
+            outbound,
+            stores: Stores {
+                kv: Default::default(),
+                sql: Default::default(),
+                pool: Arc::new(pool),
+                routes: Default::default(),
+                interfaces: Vec::new(),
+            },
+        })
+    }
+
+    pub fn limits(&self) -> &RunLimits {
+        &self.limits
+    }
+
+    /// Roots what `name` names: a digest in the store, or a component file,
+    /// which is pushed first (a file already stored is not written again).
+    pub fn root(&self, name: &str) -> Result<Root, ProgramLoadError> {
+        if let Ok(digest) = name.parse::<Digest>()
+            && !Path::new(name).exists()
+        {
+            return Ok(self.images.root(&digest)?);
+        }
+        let limit = self.images_limit();
+        let read = |source| ProgramLoadError::Read {
+            path: name.to_string(),
+            source,
+        };
+        let size = std::fs::metadata(name).map_err(read)?.len();
+        if size > limit {
+            return Err(ImageError::TooLarge { bytes: size, limit }.into());
+        }
+        let bytes = std::fs::read(name).map_err(read)?;
+        Ok(self.images.push(&bytes)?.0)
+    }
+
+    fn images_limit(&self) -> u64 {
+        self.limits.programs.max_image_bytes
+    }
+
+    /// The rooted image as a program called `name`: verified, compiled (or
+    /// taken from the cache) and linked as a command.
+    pub fn load(&self, root: &mut Root, name: &str) -> Result<Program, ProgramLoadError> {
+        let bytes = self.images.read(root)?;
+        let code = CommandCode::from_bytes(
+            &self.engine,
+            &self.cache,
+            name,
+            &bytes,
+            self.limits.runtime.clone(),
+            self.outbound.clone(),
+            self.stores.clone(),
+        )?;
+        Ok(Program {
+            name: name.to_string(),
+            image: root.digest(),
+            code,
+        })
+    }
+}

@@ -1,0 +1,270 @@
+//! `weir run` and `weir images push|list|rm|sweep`: programs and the image
+//! store of a data dir, used directly (the store is safe to share with a
+//! running server: see `weir_programs::image_store`).
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Mutex;
+
+use anyhow::Context;
+use weir_programs::image_store::IMAGES_DIR;
+use weir_programs::loader::{Loader, ProgramLoadError};
+use weir_programs::one_shot::{self, Output, RunEnd, Stdin};
+use weir_programs::{Digest, ImageStore, RunLimits, RunSpec};
+use weir_runtime::compiled_code::Compiler;
+use weir_runtime::memory_budget::MemoryBudget;
+use weir_runtime::outbound::{HostPattern, OutboundRules};
+use weir_runtime::receipt::ReceiptSink;
+use weir_runtime::{WeirEngine, WeirError};
+
+use crate::config::UsageError;
+
+/// The exit status of a program that could not be made ready (not found,
+/// corrupt, not a command): 126, the shell's "cannot execute".
+const EXIT_NOT_RUNNABLE: u8 = 126;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// A command component (.wasm) or the digest of a stored image
+    /// (sha256:…); a file is stored in the image store first.
+    program: String,
+    /// The program's arguments (after `--`).
+    #[arg(last = true)]
+    args: Vec<String>,
+    /// NAME=VALUE in the program's environment; repeatable. Nothing else
+    /// of Weir's environment reaches it.
+    #[arg(long = "env", value_name = "NAME=VALUE", action = clap::ArgAction::Append)]
+    env: Vec<String>,
+    /// NAME=VALUE; repeatable (run_time_limit_ms, max_run_output_bytes,
+    /// memory_limit_bytes, …).
+    #[arg(long = "limit", value_name = "NAME=VALUE", action = clap::ArgAction::Append)]
+    limits: Vec<String>,
+    /// Let the program reach scheme://host[:port] over HTTP; repeatable.
+    #[arg(long = "allow-outbound", value_name = "PATTERN", action = clap::ArgAction::Append)]
+    allow_outbound: Vec<String>,
+    /// Where the image store is; default ./.weir.
+    #[arg(long, value_name = "DIR", default_value = ".weir")]
+    data_dir: PathBuf,
+    /// Print the run's receipt (one JSON line) to stderr at the end.
+    #[arg(long)]
+    receipt: bool,
+}
+
+#[derive(clap::Args)]
+pub struct ImagesArgs {
+    /// The data dir whose image store to use.
+    #[arg(long, value_name = "DIR", global = true, default_value = ".weir")]
+    data_dir: PathBuf,
+    #[command(subcommand)]
+    command: ImagesCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum ImagesCommand {
+    /// Store components; prints each one's digest.
+    Push { files: Vec<PathBuf> },
+    /// Stored images: digest, bytes, and whether a run or process holds it.
+    List {
+        /// One JSON document instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove images by digest (refused while something holds one).
+    Rm { digests: Vec<String> },
+    /// Remove every image nothing holds, except those named with --keep.
+    Sweep {
+        /// A digest to keep; repeatable.
+        #[arg(long = "keep", value_name = "DIGEST")]
+        keep: Vec<String>,
+    },
+}
+
+/// Receipt lines to Weir's stderr, after the program's own output.
+struct StderrReceipts(Mutex<()>);
+
+impl ReceiptSink for StderrReceipts {
+    fn write_line(&self, line: &[u8]) {
+        let _held = self.0.lock();
+        let _ = std::io::stderr().write_all(line);
+    }
+}
+
+fn open_store(data_dir: &Path, limits: &RunLimits) -> anyhow::Result<ImageStore> {
+    Ok(ImageStore::open(
+        &data_dir.join(IMAGES_DIR),
+        limits.programs.max_image_bytes,
+    )?)
+}
+
+/// `weir run`: exits with the program's exit code.
+pub fn run(args: RunArgs) -> ExitCode {
+    match prepare_and_run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            if let Some(usage) = e.downcast_ref::<UsageError>() {
+                eprintln!("weir: {usage}");
+                return ExitCode::from(crate::EXIT_USAGE);
+            }
+            if let Some(load) = e.downcast_ref::<ProgramLoadError>() {
+                eprintln!("weir: {}: {load}", load_code(load));
+                return ExitCode::from(EXIT_NOT_RUNNABLE);
+            }
+            eprintln!("weir: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_code(e: &ProgramLoadError) -> &'static str {
+    match e {
+        ProgramLoadError::Image(e) => e.code().as_str(),
+        ProgramLoadError::Load(weir_runtime::LoadError::NotACommand { .. }) => {
+            weir_programs::ProgramErrorCode::NotACommand.as_str()
+        }
+        ProgramLoadError::Read { .. } => "program_unreadable",
+        ProgramLoadError::Load(_) | ProgramLoadError::Pool(_) => "program_refused",
+    }
+}
+
+fn prepare_and_run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let mut limits = RunLimits::default();
+    for assignment in &args.limits {
+        limits
+            .apply(assignment)
+            .map_err(|e| UsageError(e.to_string()))?;
+    }
+    let env = args
+        .env
+        .iter()
+        .map(|pair| {
+            pair.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| UsageError(format!("--env `{pair}` is not of the form NAME=VALUE")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let patterns = args
+        .allow_outbound
+        .iter()
+        .map(|p| {
+            p.parse::<HostPattern>()
+                .map_err(|e| UsageError(format!("--allow-outbound `{p}`: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let budget = MemoryBudget::new(limits.runtime.total_guest_memory());
+    let engine = WeirEngine::on_demand(limits.runtime.memory_limit_bytes, budget)?;
+    let images = open_store(&args.data_dir, &limits)?;
+    let loader = Loader::new(
+        images,
+        engine,
+        Compiler::InProcess,
+        limits.clone(),
+        OutboundRules::new(patterns),
+    )?;
+    let mut root = loader.root(&args.program)?;
+    let name = Path::new(&args.program)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| args.program.clone());
+    let program = loader.load(&mut root, &name)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let metrics = weir_runtime::metrics::Metrics::new().for_app("run");
+    let receipts = StderrReceipts(Mutex::new(()));
+    let report = runtime.block_on(one_shot::run(
+        &program,
+        RunSpec {
+            args: args.args,
+            env,
+            stdin: Stdin::Inherit,
+            output: Output::Inherit,
+        },
+        &limits,
+        &metrics,
+        args.receipt.then_some(&receipts as &dyn ReceiptSink),
+    ));
+    // The program may still be blocked reading Weir's stdin on a worker
+    // thread: do not wait for it.
+    runtime.shutdown_background();
+    drop(root);
+    if let RunEnd::Failed { error, detail, .. } = &report.end {
+        match detail {
+            Some(detail) => eprintln!("weir: {error}: {detail}"),
+            None => eprintln!("weir: {error}"),
+        }
+    }
+    Ok(ExitCode::from(report.end.exit_code().clamp(0, 255) as u8))
+}
+
+/// `weir images …`.
+pub fn images(args: ImagesArgs) -> anyhow::Result<()> {
+    let limits = RunLimits::default();
+    let store = open_store(&args.data_dir, &limits)?;
+    let parse = |d: &String| d.parse::<Digest>().map_err(|e| UsageError(e.to_string()));
+    match args.command {
+        ImagesCommand::Push { files } => {
+            if files.is_empty() {
+                return Err(UsageError("name at least one component to push".into()).into());
+            }
+            for file in files {
+                let bytes = std::fs::read(&file)
+                    .with_context(|| format!("cannot read {}", file.display()))?;
+                let (root, new) = store.push(&bytes)?;
+                println!(
+                    "{}  {}  {}",
+                    root.digest(),
+                    if new { "stored" } else { "already stored" },
+                    file.display()
+                );
+            }
+        }
+        ImagesCommand::List { json } => {
+            let images = store.list()?;
+            if json {
+                println!("{}", serde_json::json!({ "images": images }));
+            } else {
+                for image in images {
+                    println!(
+                        "{}  {:>12}  {}",
+                        image.digest,
+                        image.bytes,
+                        if image.rooted { "in use" } else { "" }
+                    );
+                }
+            }
+        }
+        ImagesCommand::Rm { digests } => {
+            for digest in digests.iter().map(parse) {
+                let digest = digest?;
+                if store.remove(&digest)? {
+                    println!("{digest}  removed");
+                } else {
+                    println!("{digest}  not stored");
+                }
+            }
+        }
+        ImagesCommand::Sweep { keep } => {
+            let keep = keep.iter().map(parse).collect::<Result<HashSet<_>, _>>()?;
+            let report = store.sweep(&keep)?;
+            for digest in &report.removed {
+                println!("{digest}  removed");
+            }
+            for digest in &report.rooted {
+                println!("{digest}  kept (in use)");
+            }
+            for digest in &report.declared {
+                println!("{digest}  kept (--keep)");
+            }
+            eprintln!(
+                "weir: swept {} images and {} unfinished pushes, {} bytes freed",
+                report.removed.len(),
+                report.partials_removed,
+                report.bytes_freed
+            );
+        }
+    }
+    Ok(())
+}
