@@ -1,11 +1,13 @@
 //! The admin endpoints: `/healthz`, `/status` (JSON), `/metrics`
-//! (Prometheus text) and the operators' view of actors (`/actors…`).
+//! (Prometheus text), the operators' view of actors (`/actors…`) and the
+//! image store (`/images…`, in [`crate::admin_images`]).
 //!
 //! Invariants owned here: the admin listener is separate from the app's, so
 //! an app at capacity can still be observed. `/healthz`, `/status` and
 //! `/metrics` are open (monitoring reads them); everything under `/actors`
-//! — actor names, key dumps, deletion — answers only a request that bears
-//! the admin token (`Authorization: Bearer <token>`), and 401 otherwise.
+//! and `/images` — actor names, key dumps, deletion, images — answers only
+//! a request that bears the admin token (`Authorization: Bearer <token>`),
+//! and 401 otherwise.
 //! `DELETE /actors/<class>/<name>` waits for the actor's turn like any
 //! caller.
 
@@ -22,6 +24,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
 use tokio::net::TcpListener;
 use weir_actors::{ActorHost, AdminError};
+use weir_programs::ImageStore;
 use weir_runtime::App;
 use weir_runtime::metrics::Metrics;
 
@@ -32,7 +35,9 @@ pub struct AdminState {
     pub apps: Vec<Arc<App>>,
     pub metrics: Arc<Metrics>,
     pub actors: Option<Arc<ActorHost>>,
-    /// The bearer token `/actors` requires.
+    /// The data dir's image store.
+    pub images: Option<Arc<ImageStore>>,
+    /// The bearer token `/actors` and `/images` require.
     pub token: String,
 }
 
@@ -72,7 +77,11 @@ pub async fn serve_admin(listener: TcpListener, state: Arc<AdminState>) {
     }
 }
 
-fn respond(status: StatusCode, content_type: &'static str, body: String) -> Response<ServeBody> {
+pub(crate) fn respond(
+    status: StatusCode,
+    content_type: &'static str,
+    body: String,
+) -> Response<ServeBody> {
     let mut response = Response::new(ServeBody::full(Bytes::from(body)));
     *response.status_mut() = status;
     response
@@ -124,7 +133,7 @@ pub fn status_json(state: &AdminState) -> serde_json::Value {
     }
 }
 
-fn json_response<T: serde::Serialize>(value: &T) -> Response<ServeBody> {
+pub(crate) fn json_response<T: serde::Serialize>(value: &T) -> Response<ServeBody> {
     match serde_json::to_string(value) {
         Ok(body) => respond(StatusCode::OK, "application/json", body),
         Err(e) => error(
@@ -135,7 +144,7 @@ fn json_response<T: serde::Serialize>(value: &T) -> Response<ServeBody> {
     }
 }
 
-fn error(status: StatusCode, code: &str, message: &str) -> Response<ServeBody> {
+pub(crate) fn error(status: StatusCode, code: &str, message: &str) -> Response<ServeBody> {
     respond(
         status,
         "application/json",
@@ -201,23 +210,33 @@ async fn actors_route(
     }
 }
 
+/// The rest of `path` after `prefix`, when `path` is `prefix` or under it.
+fn under<'a>(path: &'a str, prefix: &str) -> Option<&'a str> {
+    path.strip_prefix(prefix)
+        .filter(|r| r.is_empty() || r.starts_with('/'))
+}
+
 async fn route(state: &AdminState, req: Request<Incoming>) -> Response<ServeBody> {
     let path = req.uri().path().to_string();
-    if let Some(rest) = path
-        .strip_prefix("/actors")
-        .filter(|r| r.is_empty() || r.starts_with('/'))
-    {
-        if !authorized(&req, &state.token) {
-            let mut response = error(
-                StatusCode::UNAUTHORIZED,
-                "admin_token_required",
-                "send the server's admin token (data dir `admin-token`) as `Authorization: Bearer <token>`",
-            );
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return response;
-        }
+    let guarded = under(&path, "/actors").is_some() || under(&path, "/images").is_some();
+    if guarded && !authorized(&req, &state.token) {
+        let mut response = error(
+            StatusCode::UNAUTHORIZED,
+            "admin_token_required",
+            "send the server's admin token (data dir `admin-token`) as `Authorization: Bearer <token>`",
+        );
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return response;
+    }
+    if let Some(rest) = under(&path, "/images") {
+        return match &state.images {
+            Some(store) => crate::admin_images::route(store, req, rest).await,
+            None => error(StatusCode::NOT_FOUND, "not_found", "no image store"),
+        };
+    }
+    if let Some(rest) = under(&path, "/actors") {
         return match &state.actors {
             Some(host) => actors_route(host, &req, rest).await,
             None => error(

@@ -6,6 +6,7 @@
 //! lives in `weir-runtime`.
 
 pub mod admin;
+pub mod admin_images;
 pub mod head;
 pub mod request_body;
 pub mod response_body;

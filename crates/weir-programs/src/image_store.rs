@@ -201,6 +201,10 @@ impl ImageStore {
         &self.dir
     }
 
+    pub fn max_image_bytes(&self) -> u64 {
+        self.max_image_bytes
+    }
+
     /// Where compiled code of these images is cached.
     pub fn compiled_dir(&self) -> PathBuf {
         self.dir.join(COMPILED_DIR)

@@ -26,6 +26,8 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use weir_actors::{ActorClass, ActorDirectory, ActorHost, ActorInterfaces, ActorMetrics};
 use weir_http::{ActorRoute, AdminState, ServeOptions};
+use weir_programs::ImageStore;
+use weir_programs::image_store::IMAGES_DIR;
 use weir_runtime::code::HostInterfaces;
 use weir_runtime::compiled_code::{CodeCache, Compiler};
 use weir_runtime::engine::EngineError;
@@ -137,6 +139,8 @@ pub enum ServerError {
         dir: PathBuf,
         source: weir_actors::AdminError,
     },
+    #[error(transparent)]
+    Images(#[from] weir_programs::ImageError),
 }
 
 /// A built server: listeners bound, stores open, the app's lanes and the
@@ -286,11 +290,16 @@ impl Server {
                 tracing::warn!(dir = %code_dir.display(), error = %e, "cannot prune the code cache")
             }
         }
+        let images = Arc::new(ImageStore::open(
+            &config.data_dir.join(IMAGES_DIR),
+            config.limits.programs.max_image_bytes,
+        )?);
         let admin = admin_listener.map(|listener| {
             let state = Arc::new(AdminState {
                 apps: vec![app.clone()],
                 metrics: metrics.clone(),
                 actors: actors.clone(),
+                images: Some(images),
                 token,
             });
             (listener, state)

@@ -1,11 +1,12 @@
-//! Every limit a server has, from every layer: the runtime's and the
-//! actors'. One `[limits]` table and one `--limit NAME=VALUE` set them all.
+//! Every limit a server has, from every layer: the runtime's, the
+//! actors' and the programs'. One `[limits]` table and one `--limit NAME=VALUE` set them all.
 //!
 //! Invariant owned here: a flat limit name belongs to exactly one layer's
 //! table (checked by each layer's tests); an unknown name is refused with
 //! every known name listed.
 
 use weir_actors::ActorLimits;
+use weir_programs::ProgramLimits;
 use weir_runtime::Limits;
 use weir_runtime::limits::{LimitError, LimitSpec, LimitTable, known_names, split_assignment};
 
@@ -14,12 +15,16 @@ use weir_runtime::limits::{LimitError, LimitSpec, LimitTable, known_names, split
 pub struct ServerLimits {
     pub runtime: Limits,
     pub actors: ActorLimits,
+    pub programs: ProgramLimits,
 }
 
 impl ServerLimits {
     /// Every limit's spec, the runtime's first.
     pub fn specs() -> impl Iterator<Item = &'static LimitSpec> {
-        Limits::specs().iter().chain(ActorLimits::specs())
+        Limits::specs()
+            .iter()
+            .chain(ActorLimits::specs())
+            .chain(ProgramLimits::specs())
     }
 
     /// Sets one limit by its flat name, checking its range.
@@ -27,13 +32,17 @@ impl ServerLimits {
         if ActorLimits::specs().iter().any(|s| s.name == name) {
             return self.actors.set_limit(name, value);
         }
+        if ProgramLimits::specs().iter().any(|s| s.name == name) {
+            return self.programs.set_limit(name, value);
+        }
         self.runtime.set_limit(name, value).map_err(|e| match e {
             LimitError::Unknown { name, .. } => LimitError::Unknown {
                 name,
                 known: format!(
-                    "{}, {}",
+                    "{}, {}, {}",
                     known_names(Limits::specs()),
-                    known_names(ActorLimits::specs())
+                    known_names(ActorLimits::specs()),
+                    known_names(ProgramLimits::specs())
                 ),
             },
             other => other,
@@ -48,7 +57,10 @@ impl ServerLimits {
 
     /// A limit's value by its flat name, in its spec's unit.
     pub fn get(&self, name: &str) -> Option<u64> {
-        self.runtime.value(name).or_else(|| self.actors.value(name))
+        self.runtime
+            .value(name)
+            .or_else(|| self.actors.value(name))
+            .or_else(|| self.programs.value(name))
     }
 }
 
@@ -61,6 +73,8 @@ mod tests {
         let mut limits = ServerLimits::default();
         limits.apply("actor_max_queued=7").unwrap();
         limits.apply("max_concurrent=3").unwrap();
+        limits.apply("run_time_limit_ms=5").unwrap();
+        assert_eq!(limits.programs.run_time_limit.as_millis(), 5);
         assert_eq!(limits.actors.actor_max_queued, 7);
         assert_eq!(limits.runtime.max_concurrent, 3);
         assert_eq!(limits.get("actor_max_queued"), Some(7));

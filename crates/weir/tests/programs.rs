@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{guest, weir_command};
+use bytes::Bytes;
+use common::{Resp, Weir, guest, send_to, weir_command};
+use http::Request;
+use http_body_util::Full;
 
 /// What a finished `weir` printed and exited with.
 struct Ran {
@@ -546,4 +549,97 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// An admin request with `body`, bearing the token or not.
+async fn admin(weir: &Weir, method: &str, path: &str, body: Vec<u8>, token: bool) -> Resp {
+    let addr = weir.admin.expect("admin listener");
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string());
+    if token {
+        req = req.header(
+            "authorization",
+            format!("Bearer {}", weir.token.as_ref().unwrap()),
+        );
+    }
+    send_to(addr, req.body(Full::new(Bytes::from(body))).unwrap()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_address_pushes_lists_removes_and_sweeps_images_for_the_token_holder_only() {
+    let data = data_dir("admin");
+    let weir = Weir::start(
+        &guest("hello"),
+        &[
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--limit",
+            "max_image_bytes=262144",
+        ],
+    );
+    let bytes = std::fs::read(cmdprobe()).unwrap();
+    let digest = format!("sha256:{}", sha256_hex(&bytes));
+
+    let refused = admin(&weir, "PUT", "/images", bytes.clone(), false).await;
+    assert_eq!(refused.status, 401);
+    assert_eq!(refused.json()["error"], "admin_token_required");
+    assert_eq!(
+        admin(&weir, "GET", "/images", vec![], false).await.status,
+        401
+    );
+    assert!(
+        !data
+            .join("images")
+            .read_dir()
+            .unwrap()
+            .any(|e| { e.unwrap().file_name().to_string_lossy().ends_with(".wasm") })
+    );
+
+    let pushed = admin(&weir, "PUT", "/images", bytes.clone(), true).await;
+    assert_eq!(pushed.status, 201, "{:?}", pushed.body);
+    assert_eq!(pushed.json()["digest"], digest.as_str());
+    assert_eq!(pushed.json()["bytes"], bytes.len());
+    let again = admin(&weir, "PUT", "/images", bytes.clone(), true).await;
+    assert_eq!(
+        (again.status.as_u16(), &again.json()["stored"]),
+        (200, &false.into())
+    );
+
+    let big = admin(&weir, "PUT", "/images", vec![0u8; 300_000], true).await;
+    assert_eq!(big.status, 413);
+    assert_eq!(big.json()["error"], "image_too_large");
+
+    let list = admin(&weir, "GET", "/images", vec![], true).await.json();
+    assert_eq!(list["images"].as_array().unwrap().len(), 1);
+    assert_eq!(list["images"][0]["digest"], digest.as_str());
+    assert_eq!(list["images"][0]["bytes"], bytes.len());
+
+    // The store is shared: `weir run` of what the server stored, while the
+    // server runs.
+    let ran = self::weir(&data, &["run", &digest, "--", "exit", "0"], b"");
+    assert_eq!(
+        (ran.code, ran.out().as_str()),
+        (Some(0), "exiting with 0\n"),
+        "{}",
+        ran.stderr
+    );
+
+    let bad = admin(&weir, "DELETE", "/images/sha256:xyz", vec![], true).await;
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.json()["error"], "image_digest_invalid");
+    let gone = admin(&weir, "DELETE", &format!("/images/{digest}"), vec![], true).await;
+    assert_eq!(gone.json()["deleted"], true, "{:?}", gone.body);
+    let gone = admin(&weir, "DELETE", &format!("/images/{digest}"), vec![], true).await;
+    assert_eq!(gone.json()["deleted"], false);
+
+    admin(&weir, "PUT", "/images", bytes.clone(), true).await;
+    let swept = admin(&weir, "POST", "/images/sweep", vec![], true)
+        .await
+        .json();
+    assert_eq!(swept["removed"][0], digest.as_str(), "{swept}");
+    assert_eq!(swept["bytes_freed"], bytes.len());
+    drop(weir);
+    let _ = std::fs::remove_dir_all(&data);
 }
