@@ -300,6 +300,9 @@ mod tests {
             EngineKind::OnDemand {
                 memory_limit_bytes: 1 << 20,
             },
+            EngineKind::Programs {
+                memory_limit_bytes: 1 << 20,
+            },
         ] {
             assert_eq!(EngineKind::parse(&kind.to_arg()), Some(kind));
         }

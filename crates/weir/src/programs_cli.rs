@@ -153,7 +153,7 @@ fn prepare_and_run(args: RunArgs) -> anyhow::Result<ExitCode> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     let budget = MemoryBudget::new(limits.runtime.total_guest_memory());
-    let engine = WeirEngine::on_demand(limits.runtime.memory_limit_bytes, budget)?;
+    let engine = WeirEngine::for_programs(limits.runtime.memory_limit_bytes, budget)?;
     let images = open_store(&args.data_dir, &limits)?;
     let loader = Loader::new(
         images,
