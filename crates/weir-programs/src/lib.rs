@@ -5,6 +5,8 @@
 //!   verified before use, rooted while used, swept when nothing holds them.
 //! - [`one_shot`]: a command (`wasi:cli/run`) run to completion with its
 //!   arguments, environment, stdin, stdout and stderr, and an exit code.
+//! - [`host`]: `weir:process/programs` for actors: a one-shot run from a
+//!   turn, bounded by the turn.
 //! - [`limits`], [`error_code`]: the programs' own limits and codes, set
 //!   and reported like the runtime's.
 //!
@@ -13,6 +15,7 @@
 //! classifier of how it ended, one receipt encoder.
 
 pub mod error_code;
+pub mod host;
 pub mod image_store;
 pub mod limits;
 pub mod loader;

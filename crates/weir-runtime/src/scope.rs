@@ -91,6 +91,15 @@ impl EventScope {
             .store(u64::try_from(ns).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
+    /// The event's current deadline, if one is set: how long host work on
+    /// its behalf may take at most.
+    pub fn deadline(&self) -> Option<Instant> {
+        match self.deadline_ns.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            ns => Some(self.created + std::time::Duration::from_nanos(ns)),
+        }
+    }
+
     /// True once the event's deadline has passed or the scope is
     /// invalidated: work on the event's behalf must stop.
     pub fn should_stop(&self) -> bool {

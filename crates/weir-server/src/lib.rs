@@ -26,8 +26,9 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use weir_actors::{ActorClass, ActorDirectory, ActorHost, ActorInterfaces, ActorMetrics};
 use weir_http::{ActorRoute, AdminState, ServeOptions};
-use weir_programs::ImageStore;
+use weir_programs::host::{ProgramInterfaces, ProgramsConfig, ProgramsHost};
 use weir_programs::image_store::IMAGES_DIR;
+use weir_programs::{ImageStore, RunLimits};
 use weir_runtime::code::HostInterfaces;
 use weir_runtime::compiled_code::{CodeCache, Compiler};
 use weir_runtime::engine::EngineError;
@@ -57,6 +58,9 @@ pub const SQLITE_HARD_HEAP_BYTES: u64 = 2 << 30;
 /// The data dir's subdirectory of compiled code (see
 /// [`weir_runtime::compiled_code`]).
 pub const CODE_DIR: &str = "code";
+
+/// The app name the metrics of programs run from actors are counted under.
+pub const PROGRAMS_METRICS_APP: &str = "programs";
 
 /// Where `weir serve` listens unless told otherwise.
 pub const DEFAULT_LISTEN: SocketAddr =
@@ -211,7 +215,25 @@ impl Server {
         // In every linker, so that an app that imports `weir:actor` links
         // whether or not it runs as an actor (outside a turn, its calls
         // fail).
-        let interfaces: Vec<Arc<dyn HostInterfaces>> = vec![Arc::new(ActorInterfaces)];
+        let metrics = Arc::new(Metrics::new());
+        // Programs run from actors' turns: on an engine of their own, made
+        // at the first run, from the data dir's image store.
+        let programs = ProgramsHost::new(ProgramsConfig {
+            images_dir: config.data_dir.join(IMAGES_DIR),
+            compiler: config.compiler.clone(),
+            limits: RunLimits {
+                runtime: limits.clone(),
+                programs: config.limits.programs.clone(),
+            },
+            outbound: config.outbound.clone(),
+            budget: budget.clone(),
+            metrics: metrics.for_app(PROGRAMS_METRICS_APP),
+            receipts: config.receipts.clone(),
+        });
+        let interfaces: Vec<Arc<dyn HostInterfaces>> = vec![
+            Arc::new(ActorInterfaces),
+            Arc::new(ProgramInterfaces(programs)),
+        ];
         let stores = Stores {
             kv: Arc::new(kv),
             sql: Arc::new(sql),
@@ -227,7 +249,6 @@ impl Server {
             config.outbound.clone(),
             stores.clone(),
         )?;
-        let metrics = Arc::new(Metrics::new());
         metrics.watch_budget(budget.clone());
         let mut engines = vec![engine];
         let actors = if has_actors {

@@ -643,3 +643,123 @@ async fn the_admin_address_pushes_lists_removes_and_sweeps_images_for_the_token_
     drop(weir);
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// A POST to the server's listen address.
+async fn post(weir: &Weir, path: &str, body: &[u8]) -> Resp {
+    weir.send(
+        Request::post(path)
+            .body(Full::new(Bytes::copy_from_slice(body)))
+            .unwrap(),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actor_runs_a_stored_command_bounded_by_its_turn_and_a_worker_cannot() {
+    let data = data_dir("actor-run");
+    let runner = guest("runner");
+    let runner = runner.to_str().unwrap();
+    let actor = format!("runner={runner}");
+    let weir = Weir::start(
+        Path::new(runner),
+        &[
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--actor",
+            &actor,
+            "--actor-route",
+            "runner=/r",
+            "--limit",
+            "memory_limit_bytes=33554432",
+        ],
+    );
+    let bytes = std::fs::read(cmdprobe()).unwrap();
+    let pushed = admin(&weir, "PUT", "/images", bytes, true).await;
+    let digest = pushed.json()["digest"].as_str().unwrap().to_string();
+
+    let ran = post(
+        &weir,
+        &format!("/r/a/run/{digest}?arg=cat"),
+        b"hello, program",
+    )
+    .await;
+    assert_eq!(ran.status, 200, "{}", ran.text());
+    let body = ran.json();
+    assert_eq!(body["exit_code"], 0);
+    assert_eq!(body["stopped"], serde_json::Value::Null);
+    assert_eq!(body["stdout"], "hello, program");
+    assert_eq!(body["stderr"], "cat: 14 bytes\n");
+
+    let ran = post(
+        &weir,
+        &format!("/r/a/run/{digest}?arg=args&arg=two%20words&env=K=V"),
+        b"",
+    )
+    .await;
+    assert_eq!(
+        ran.json()["stdout"],
+        format!("arg {digest}\narg args\narg two words\nenv K=V\n").as_str(),
+        "argv[0] is the digest; the environment is exactly what the actor gave"
+    );
+
+    // The same component as a worker is no actor: nothing is loaded.
+    let worker = post(&weir, &format!("/run/{digest}?arg=cat"), b"x").await;
+    assert_eq!(worker.status, 400);
+    assert_eq!(worker.json()["error"], "not-an-actor");
+
+    let missing = format!("sha256:{}", "0".repeat(64));
+    let ran = post(&weir, &format!("/r/a/run/{missing}"), b"").await;
+    assert_eq!(ran.status, 404);
+    assert_eq!(
+        ran.json()["message"],
+        format!("image_not_found: no image {missing} in the store").as_str()
+    );
+    let ran = post(&weir, "/r/a/run/not-a-digest", b"").await;
+    assert_eq!(ran.json()["error"], "image");
+    assert!(
+        ran.json()["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("image_digest_invalid: "),
+        "{}",
+        ran.text()
+    );
+    let hello = std::fs::read(guest("hello")).unwrap();
+    let hello = admin(&weir, "PUT", "/images", hello, true).await.json()["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ran = post(&weir, &format!("/r/a/run/{hello}"), b"").await;
+    assert_eq!(ran.status, 422, "{}", ran.text());
+    assert!(
+        ran.json()["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("not_a_command: ")
+    );
+
+    // A memory bomb ends at memory_limit_bytes, inside the turn.
+    let ran = post(&weir, &format!("/r/a/run/{digest}?arg=grow"), b"").await;
+    assert_eq!(ran.status, 200, "{}", ran.text());
+    assert_eq!(ran.json()["exit_code"], 124);
+    assert_eq!(ran.json()["stopped"], "memory_limit_exceeded");
+
+    // A runaway cannot hold its owner past the turn's deadline
+    // (event_limit_ms, 1 s): the turn fails, and the actor's next turn
+    // runs at once.
+    let started = Instant::now();
+    let ran = post(&weir, &format!("/r/a/run/{digest}?arg=spin"), b"").await;
+    ran.assert_weir_error(503, "event_deadline_exceeded");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let count = post(&weir, "/r/a/count", b"").await;
+    assert_eq!(count.status, 200, "{}", count.text());
+    assert_eq!(count.json()["n"], 1);
+
+    let receipt = weir
+        .first_logged("weir::run", |r| r["error"] == "memory_limit_exceeded")
+        .await;
+    assert_eq!(receipt["image"], digest.as_str());
+    assert_eq!(receipt["exit_code"], 124);
+    assert!(receipt["peak_memory_bytes"].as_u64().unwrap() <= 32 << 20);
+    let _ = std::fs::remove_dir_all(&data);
+}

@@ -69,6 +69,13 @@ mod actor_bindings {
     });
 }
 
+mod process_bindings {
+    wit_bindgen::generate!({
+        path: "../../wit/weir-process",
+        world: "weir:process/imports",
+    });
+}
+
 /// The generated export side of `weir:actor/alarm`; used by [`alarms!`].
 #[doc(hidden)]
 pub mod alarm_bindings {
@@ -85,6 +92,24 @@ pub mod alarm_bindings {
 /// (`[keyvalue] stores = [...]`).
 pub mod keyvalue {
     pub use crate::kv_bindings::wasi::keyvalue::{atomics, batch, store};
+}
+
+/// `weir:process`: programs an actor runs.
+pub mod process {
+    pub use crate::process_bindings::weir::process::programs::RunResult;
+    pub use crate::process_bindings::weir::process::types::Error;
+
+    /// Runs the stored command `image` (`sha256:…`) to completion with these
+    /// arguments, environment and stdin; bounded by `run_time_limit_ms` and
+    /// by this turn's deadline.
+    pub fn run(
+        image: &str,
+        args: &[String],
+        env: &[(String, String)],
+        stdin: &[u8],
+    ) -> Result<RunResult, Error> {
+        crate::process_bindings::weir::process::programs::run(image, args, env, stdin)
+    }
 }
 
 /// `weir:sql/batch`: statements run in one transaction against a database

@@ -267,7 +267,7 @@ impl Weir {
     }
 
     /// Waits until a log line of `target` matches, returning its fields.
-    async fn first_logged(&self, target: &str, f: impl Fn(&Value) -> bool) -> Value {
+    pub async fn first_logged(&self, target: &str, f: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(r) = self.logged(target).into_iter().find(|r| f(r)) {

@@ -1,0 +1,212 @@
+//! The host side of `weir:process` for actors: `programs.run` runs a
+//! stored command to completion from an actor's turn. Added to every app's
+//! linker through the runtime's extension point ([`ProgramInterfaces`]).
+//!
+//! Invariants owned here:
+//! - only an actor's turn can run a program (a worker gets `not-an-actor`
+//!   and nothing is loaded), and each run is one operation of the turn's
+//!   scope: counted in its receipt, refused once the scope is closed;
+//! - a run is bounded by `run_time_limit_ms` and by the turn's own
+//!   deadline, whichever comes first: a program never holds its owner's
+//!   turn longer than the turn may last. If the turn ends first (its
+//!   deadline, its caller gone), the run is dropped with it, instance and
+//!   all;
+//! - a program runs from a rooted, verified image on the programs' own
+//!   engine, whose instances reserve from the server's one guest memory
+//!   budget; the engine (and its epoch thread) is made at the first run,
+//!   so a server that runs no program pays nothing for it.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use wasmtime::component::Linker;
+use weir_actors::bindings::ActorSeat;
+use weir_runtime::code::HostInterfaces;
+use weir_runtime::compiled_code::Compiler;
+use weir_runtime::guest_state::GenerationState;
+use weir_runtime::memory_budget::MemoryBudget;
+use weir_runtime::metrics::AppMetrics;
+use weir_runtime::outbound::OutboundRules;
+use weir_runtime::receipt::ReceiptSink;
+use weir_runtime::{LoadError, WeirEngine, WeirError};
+
+use crate::RunSpec;
+use crate::image_store::{Digest, ImageStore};
+use crate::loader::{Loader, ProgramLoadError};
+use crate::one_shot::{self, Output, RunLimits, Stdin};
+
+mod generated {
+    wasmtime::component::bindgen!({
+        path: "../../wit/weir-process",
+        world: "weir:process/imports",
+    });
+}
+
+use generated::weir::process::{programs, types};
+
+/// The interface names, as components import them.
+const TYPES_INTERFACE: &str = "weir:process/types@0.1.0";
+const PROGRAMS_INTERFACE: &str = "weir:process/programs@0.1.0";
+
+/// What the programs of a server are made with.
+pub struct ProgramsConfig {
+    pub images_dir: PathBuf,
+    pub compiler: Compiler,
+    pub limits: RunLimits,
+    pub outbound: OutboundRules,
+    pub budget: Arc<MemoryBudget>,
+    pub metrics: AppMetrics,
+    pub receipts: Option<Arc<dyn ReceiptSink>>,
+}
+
+/// The programs of one server: made ready at the first run.
+pub struct ProgramsHost {
+    config: ProgramsConfig,
+    loader: OnceLock<Result<Arc<Loader>, String>>,
+}
+
+impl ProgramsHost {
+    pub fn new(config: ProgramsConfig) -> Arc<ProgramsHost> {
+        Arc::new(ProgramsHost {
+            config,
+            loader: OnceLock::new(),
+        })
+    }
+
+    fn loader(&self) -> Result<Arc<Loader>, String> {
+        self.loader
+            .get_or_init(|| {
+                let c = &self.config;
+                let images = ImageStore::open(&c.images_dir, c.limits.programs.max_image_bytes)
+                    .map_err(|e| e.to_string())?;
+                let engine =
+                    WeirEngine::for_programs(c.limits.runtime.memory_limit_bytes, c.budget.clone())
+                        .map_err(|e| e.to_string())?;
+                Loader::new(
+                    images,
+                    engine,
+                    c.compiler.clone(),
+                    c.limits.clone(),
+                    c.outbound.clone(),
+                )
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+            })
+            .clone()
+    }
+
+    /// One `programs.run` call of an actor's turn.
+    async fn run(
+        self: Arc<Self>,
+        seat: Option<ActorSeat>,
+        scope: Option<Arc<weir_runtime::scope::EventScope>>,
+        call: RunCall,
+    ) -> Result<programs::RunResult, types::Error> {
+        if seat.is_none() {
+            return Err(types::Error::NotAnActor);
+        }
+        let scope = scope.ok_or_else(|| types::Error::Failed("event_scope_closed".into()))?;
+        let _op = scope
+            .register()
+            .map_err(|e| types::Error::Failed(e.to_string()))?;
+        let digest: Digest = call
+            .image
+            .parse()
+            .map_err(|e: crate::ImageError| types::Error::Image(coded(e.code(), &e)))?;
+        let loader = self.loader().map_err(types::Error::Failed)?;
+        let ready = {
+            let loader = loader.clone();
+            // Loading may compile: never on an async worker.
+            tokio::task::spawn_blocking(move || {
+                let mut root = loader.images.root(&digest)?;
+                let program = loader.load(&mut root, &digest.to_string())?;
+                Ok::<_, ProgramLoadError>((root, program))
+            })
+            .await
+            .map_err(|e| types::Error::Failed(format!("loading the program failed: {e}")))?
+        };
+        let (root, program) = ready.map_err(to_guest_error)?;
+        let mut limits = loader.limits().clone();
+        if let Some(deadline) = scope.deadline() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            limits.programs.run_time_limit = limits.programs.run_time_limit.min(left);
+        }
+        let report = one_shot::run(
+            &program,
+            RunSpec {
+                args: call.args,
+                env: call.env,
+                stdin: Stdin::Bytes(call.stdin),
+                output: Output::Capture,
+            },
+            &limits,
+            &self.config.metrics,
+            self.config.receipts.as_deref(),
+        )
+        .await;
+        drop(root);
+        Ok(programs::RunResult {
+            exit_code: report.end.exit_code(),
+            stopped: report.end.error().map(str::to_string),
+            stdout: report.stdout,
+            stderr: report.stderr,
+        })
+    }
+}
+
+/// `programs.run`'s parameters as the component model lifts them.
+type RunParams = (String, Vec<String>, Vec<(String, String)>, Vec<u8>);
+
+/// The arguments of one `programs.run`.
+struct RunCall {
+    image: String,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    stdin: Vec<u8>,
+}
+
+/// `code: message`, the way guests and operators read Weir's failures.
+fn coded(code: impl WeirError, e: &dyn std::fmt::Display) -> String {
+    format!("{}: {e}", code.as_str())
+}
+
+fn to_guest_error(e: ProgramLoadError) -> types::Error {
+    match &e {
+        ProgramLoadError::Image(image) => types::Error::Image(coded(image.code(), &e)),
+        ProgramLoadError::Load(LoadError::NotACommand { .. }) => {
+            types::Error::NotRunnable(coded(crate::ProgramErrorCode::NotACommand, &e))
+        }
+        ProgramLoadError::Load(_) => types::Error::NotRunnable(e.to_string()),
+        ProgramLoadError::Read { .. } | ProgramLoadError::Pool(_) => {
+            types::Error::Failed(e.to_string())
+        }
+    }
+}
+
+/// `weir:process` (programs), for every app's linker.
+pub struct ProgramInterfaces(pub Arc<ProgramsHost>);
+
+impl HostInterfaces for ProgramInterfaces {
+    fn add_to_linker(&self, linker: &mut Linker<GenerationState>) -> wasmtime::Result<()> {
+        linker.instance(TYPES_INTERFACE)?;
+        let host = self.0.clone();
+        linker.instance(PROGRAMS_INTERFACE)?.func_wrap_async(
+            "run",
+            move |store, (image, args, env, stdin): RunParams| {
+                let data = store.data();
+                let seat = data.extension::<ActorSeat>().cloned();
+                let scope = data.scope().cloned();
+                let host = host.clone();
+                let call = RunCall {
+                    image,
+                    args,
+                    env,
+                    stdin,
+                };
+                Box::new(async move { Ok((host.run(seat, scope, call).await,)) })
+            },
+        )?;
+        Ok(())
+    }
+}
