@@ -169,6 +169,7 @@ impl InternalRouter for ActorHost {
     fn call(
         self: Arc<Self>,
         request: http::Request<Bytes>,
+        _caller: Option<weir_runtime::extension::Caller>,
     ) -> std::pin::Pin<Box<dyn Future<Output = http::Response<Bytes>> + Send>> {
         Box::pin(async move { self.call_actor(request).await })
     }

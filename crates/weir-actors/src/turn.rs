@@ -17,20 +17,16 @@
 //!   counter and bumps it durably before the guest runs (see
 //!   `weir_store::actor`), so two instances never share a number.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use wasmtime::component::{ComponentExportIndex, TypedFunc};
-use wasmtime_wasi_http::WasiHttpView;
-use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
+use weir_runtime::buffered;
 use weir_runtime::error_code::error_response;
 use weir_runtime::extension::Extras;
 use weir_runtime::generation::Generation;
-use weir_runtime::invocation::{self, Ending, Flow, GuestResponse, Hooks, NoResponse, Timing};
+use weir_runtime::invocation::{self, Ending, NoResponse, Timing};
 use weir_runtime::scope::EventScope;
 use weir_runtime::{AppCode, ErrorCode};
 
@@ -144,6 +140,7 @@ async fn wake(
         .next_generation
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let extras = Extras {
+        caller: Some(Arc::new(seat.identity.clone())),
         data: Some(Box::new(seat)),
         output_gate: Some(gate),
     };
@@ -173,81 +170,6 @@ async fn wake(
     live.incarnation = incarnation;
     report.woke = true;
     Ok(())
-}
-
-/// Why an actor's response body could not be collected.
-enum BodyFailure {
-    TooLarge,
-    Failed(String),
-}
-
-type Collected = Result<Bytes, BodyFailure>;
-
-/// A response body being collected, or collected.
-enum Body {
-    Collecting(Pin<Box<dyn Future<Output = Collected> + Send>>),
-    Done(Collected),
-}
-
-/// A request turn's part in the invocation machine: the response's head is
-/// kept and its body collected whole while the guest writes it (alongside
-/// the call, in the turn's own task, so a guest writing a large body is
-/// never blocked on it), bounded by `max_response_body_bytes`; the output
-/// gate holds it until the commit.
-struct TurnHooks {
-    max_body: u64,
-    head: Option<http::response::Parts>,
-    body: Option<Body>,
-}
-
-impl Hooks for TurnHooks {
-    fn judge(
-        &self,
-        response: &hyper::Response<wasmtime_wasi_http::p2::body::HyperOutgoingBody>,
-    ) -> Option<ErrorCode> {
-        invocation::declared_length(response.headers())
-            .is_some_and(|n| n > self.max_body)
-            .then_some(ErrorCode::ResponseBodyTooLarge)
-    }
-
-    fn on_response(&mut self, response: GuestResponse) -> Flow {
-        match response {
-            Ok(response) => {
-                let (parts, guest_body) = response.into_parts();
-                self.head = Some(parts);
-                let max = self.max_body as usize;
-                self.body = Some(Body::Collecting(Box::pin(async move {
-                    Limited::new(guest_body, max)
-                        .collect()
-                        .await
-                        .map(|c| c.to_bytes())
-                        .map_err(|e| {
-                            if e.downcast_ref::<LengthLimitError>().is_some() {
-                                BodyFailure::TooLarge
-                            } else {
-                                BodyFailure::Failed(e.to_string())
-                            }
-                        })
-                })));
-                Flow::Continue(None)
-            }
-            Err(code) => Flow::Stop(
-                ErrorCode::InvalidResponse,
-                Some(format!("guest answered with an error: {code:?}")),
-            ),
-        }
-    }
-
-    fn poll_alongside(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let Some(Body::Collecting(body)) = &mut self.body else {
-            // Nothing to collect yet: a response sets it, and the machine
-            // polls again after every response.
-            return Poll::Pending;
-        };
-        let collected = std::task::ready!(body.as_mut().poll(cx));
-        self.body = Some(Body::Done(collected));
-        Poll::Ready(())
-    }
 }
 
 /// Runs a call as one turn and returns what the caller receives.
@@ -281,92 +203,11 @@ pub async fn request_turn(
     generation.admitted += 1;
     generation.store.data_mut().set_scope(Some(scope.clone()));
 
-    let (parts, body) = request.into_parts();
-    let request = http::Request::from_parts(parts, Full::new(body));
-    let (out_tx, mut out_rx) = tokio::sync::oneshot::channel();
-    let handles = {
-        let mut view = generation.store.data_mut().http();
-        view.new_incoming_request(Scheme::Http, request)
-            .and_then(|req| Ok((req, view.new_response_outparam(out_tx)?)))
-    };
-    let (req, out) = match handles {
-        Ok(handles) => handles,
-        Err(e) => {
-            gate.rollback();
-            generation.store.data_mut().set_scope(None);
-            report.fail(ErrorCode::BadRequest, Some(e.to_string()));
-            return (error_response(ErrorCode::BadRequest), report);
-        }
-    };
-
-    let entered = Instant::now();
-    let mut hooks = TurnHooks {
-        max_body: limits.max_response_body_bytes,
-        head: None,
-        body: None,
-    };
-    let ending = {
-        let Generation { store, proxy, .. } = &mut *generation;
-        let call = proxy
-            .wasi_http_incoming_handler()
-            .call_handle(&mut *store, req, out);
-        invocation::run(
-            call,
-            Some(&mut out_rx),
-            &scope,
-            Timing {
-                deadline,
-                cancellation_limit: limits.cancellation_limit,
-            },
-            None,
-            &mut hooks,
-        )
-        .await
-    };
-    // The body, once the guest returned: what it wrote is complete.
-    let answer = match (&ending, hooks.head.take(), hooks.body.take()) {
-        (Ending::Returned(()), Some(head), Some(body)) => {
-            let collected = match body {
-                Body::Done(collected) => Some(collected),
-                Body::Collecting(rest) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    tokio::time::timeout(left, rest).await.ok()
-                }
-            };
-            match collected {
-                Some(Ok(bytes)) => Ok((head, bytes)),
-                Some(Err(BodyFailure::TooLarge)) => Err((ErrorCode::ResponseBodyTooLarge, None)),
-                Some(Err(BodyFailure::Failed(e))) => Err((
-                    ErrorCode::InvalidResponse,
-                    Some(format!("response body failed: {e}")),
-                )),
-                None => Err((ErrorCode::EventDeadlineExceeded, None)),
-            }
-        }
-        (Ending::Returned(()), _, _) => Err((
-            ErrorCode::InvalidResponse,
-            Some("guest returned without setting a response".into()),
-        )),
-        // A body cut at its bound makes the guest's writes fail: what it
-        // does next is not the reason.
-        (_, _, Some(Body::Done(Err(BodyFailure::TooLarge)))) => {
-            Err((ErrorCode::ResponseBodyTooLarge, None))
-        }
-        _ => Err((ErrorCode::InvalidResponse, None)),
-    };
-    report.wasm = Some(entered.elapsed());
-    let data = generation.store.data_mut();
-    let failure = match (&answer, ending.failure(data)) {
-        (Ok(_), None) => None,
-        (Err((ErrorCode::ResponseBodyTooLarge, detail)), _) => {
-            Some((ErrorCode::ResponseBodyTooLarge, detail.clone()))
-        }
-        (_, Some((_, code, detail))) => Some((code, detail)),
-        (Err((code, detail)), None) => Some((*code, detail.clone())),
-    };
+    let call = buffered::call(generation, &scope, request, limits, deadline).await;
+    report.wasm = Some(call.wasm);
     report.operations = (scope.started(), scope.refused());
-    data.set_scope(None);
-    if !invocation::settle(&scope, failure.is_some(), limits.cleanup_timeout).await {
+    generation.store.data_mut().set_scope(None);
+    if !invocation::settle(&scope, call.failure.is_some(), limits.cleanup_timeout).await {
         // A storage call still holds the actor's database: the turn can
         // neither commit nor wait. The actor is reset; its database
         // closes (rolling the turn back) when that call ends.
@@ -376,14 +217,14 @@ pub async fn request_turn(
         report.fail(ErrorCode::StorageCleanupUnconfirmed, None);
         return (error_response(ErrorCode::StorageCleanupUnconfirmed), report);
     }
-    match (failure, answer) {
-        (None, Ok((head, bytes))) => {
+    match (call.failure, call.answer) {
+        (None, Ok(response)) => {
             // The output gate: the turn's writes are durable before its
             // response leaves.
             match gate.commit() {
                 Ok(()) => {
                     retire_if_done(ctx, live);
-                    (http::Response::from_parts(head, bytes), report)
+                    (response, report)
                 }
                 Err(why) => {
                     live.reset();
@@ -396,7 +237,7 @@ pub async fn request_turn(
         (failure, _) => {
             let (code, detail) = failure.unwrap_or((ErrorCode::InvalidResponse, None));
             gate.rollback();
-            if ending.cut_short() {
+            if call.cut_short {
                 // The guest was stopped mid-call: its instance is not
                 // reusable.
                 live.drop_generation();

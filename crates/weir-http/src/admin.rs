@@ -25,6 +25,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use weir_actors::{ActorHost, AdminError};
 use weir_programs::ImageStore;
+use weir_programs::process_table::ProcessTable;
 use weir_runtime::App;
 use weir_runtime::metrics::Metrics;
 
@@ -37,6 +38,8 @@ pub struct AdminState {
     pub actors: Option<Arc<ActorHost>>,
     /// The data dir's image store.
     pub images: Option<Arc<ImageStore>>,
+    /// The resident processes, for the budgets ledger.
+    pub processes: Option<Arc<ProcessTable>>,
     /// The bearer token `/actors` and `/images` require.
     pub token: String,
 }
@@ -124,13 +127,15 @@ pub fn status_json(state: &AdminState) -> serde_json::Value {
             })
         })
         .collect();
-    match &state.actors {
-        Some(host) => json!({
-            "apps": apps,
-            "actors": { "unreadable": host.status().unreadable },
-        }),
-        None => json!({ "apps": apps }),
+    let mut status = json!({ "apps": apps });
+    if let Some(host) = &state.actors {
+        status["actors"] = json!({ "unreadable": host.status().unreadable });
     }
+    if let Some(table) = &state.processes {
+        let (live, slots) = table.counts();
+        status["processes"] = json!({ "live": live, "slots": slots, "holders": table.ledger() });
+    }
+    status
 }
 
 pub(crate) fn json_response<T: serde::Serialize>(value: &T) -> Response<ServeBody> {

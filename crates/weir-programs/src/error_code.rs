@@ -29,6 +29,14 @@ pub enum ProgramErrorCode {
     RunTimeLimitExceeded,
     /// 502: the run wrote more than `max_run_output_bytes`.
     RunOutputTooLarge,
+    /// 404: no running process with that pid belongs to the caller.
+    ProcessNotFound,
+    /// 410: the process ended (killed, or failed); the body says how.
+    ProcessEnded,
+    /// 503: `MAX_PROCESS_QUEUED` requests already wait for that process.
+    ProcessOverloaded,
+    /// 400: the host is in the process domain but is not `<pid>.process.internal`.
+    ProcessAddressInvalid,
 }
 
 impl ProgramErrorCode {
@@ -43,6 +51,10 @@ impl ProgramErrorCode {
         ProgramErrorCode::RunTrapped,
         ProgramErrorCode::RunTimeLimitExceeded,
         ProgramErrorCode::RunOutputTooLarge,
+        ProgramErrorCode::ProcessNotFound,
+        ProgramErrorCode::ProcessEnded,
+        ProgramErrorCode::ProcessOverloaded,
+        ProgramErrorCode::ProcessAddressInvalid,
     ];
 }
 
@@ -59,6 +71,10 @@ impl WeirError for ProgramErrorCode {
             ProgramErrorCode::RunTrapped => "run_trapped",
             ProgramErrorCode::RunTimeLimitExceeded => "run_time_limit_exceeded",
             ProgramErrorCode::RunOutputTooLarge => "run_output_too_large",
+            ProgramErrorCode::ProcessNotFound => "process_not_found",
+            ProgramErrorCode::ProcessEnded => "process_ended",
+            ProgramErrorCode::ProcessOverloaded => "process_overloaded",
+            ProgramErrorCode::ProcessAddressInvalid => "process_address_invalid",
         }
     }
 
@@ -72,6 +88,10 @@ impl WeirError for ProgramErrorCode {
             ProgramErrorCode::NotACommand => 422,
             ProgramErrorCode::RunTimeLimitExceeded => 504,
             ProgramErrorCode::RunTrapped | ProgramErrorCode::RunOutputTooLarge => 502,
+            ProgramErrorCode::ProcessNotFound => 404,
+            ProgramErrorCode::ProcessEnded => 410,
+            ProgramErrorCode::ProcessOverloaded => 503,
+            ProgramErrorCode::ProcessAddressInvalid => 400,
         }
     }
 }

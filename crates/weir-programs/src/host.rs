@@ -32,9 +32,14 @@ use weir_runtime::receipt::ReceiptSink;
 use weir_runtime::{LoadError, WeirEngine, WeirError};
 
 use crate::RunSpec;
+use wasmtime_wasi_http::p2::bindings::ProxyPre;
+use weir_runtime::scope::EventScope;
+
 use crate::image_store::{Digest, ImageStore};
 use crate::loader::{Loader, ProgramLoadError};
 use crate::one_shot::{self, Output, RunLimits, Stdin};
+use crate::process_table::{Owner, ProcessTable};
+use crate::resident::{Resident, Spawn};
 
 mod generated {
     wasmtime::component::bindgen!({
@@ -43,11 +48,12 @@ mod generated {
     });
 }
 
-use generated::weir::process::{programs, types};
+use generated::weir::process::{processes, programs, types};
 
 /// The interface names, as components import them.
 const TYPES_INTERFACE: &str = "weir:process/types@0.1.0";
 const PROGRAMS_INTERFACE: &str = "weir:process/programs@0.1.0";
+const PROCESSES_INTERFACE: &str = "weir:process/processes@0.1.0";
 
 /// What the programs of a server are made with.
 pub struct ProgramsConfig {
@@ -64,13 +70,20 @@ pub struct ProgramsConfig {
 pub struct ProgramsHost {
     config: ProgramsConfig,
     loader: OnceLock<Result<Arc<Loader>, String>>,
+    /// The resident processes, by owner.
+    pub table: Arc<ProcessTable>,
 }
 
 impl ProgramsHost {
     pub fn new(config: ProgramsConfig) -> Arc<ProgramsHost> {
+        let table = ProcessTable::new(
+            config.limits.programs.max_processes_per_actor,
+            config.limits.programs.max_processes,
+        );
         Arc::new(ProgramsHost {
             config,
             loader: OnceLock::new(),
+            table,
         })
     }
 
@@ -100,7 +113,7 @@ impl ProgramsHost {
     async fn run(
         self: Arc<Self>,
         seat: Option<ActorSeat>,
-        scope: Option<Arc<weir_runtime::scope::EventScope>>,
+        scope: Option<Arc<EventScope>>,
         call: RunCall,
     ) -> Result<programs::RunResult, types::Error> {
         if seat.is_none() {
@@ -155,6 +168,140 @@ impl ProgramsHost {
     }
 }
 
+impl ProgramsHost {
+    /// One `processes.spawn` of an actor's turn.
+    async fn spawn(
+        self: Arc<Self>,
+        seat: Option<ActorSeat>,
+        scope: Option<Arc<EventScope>>,
+        spec: processes::SpawnSpec,
+    ) -> Result<processes::Spawned, types::Error> {
+        let seat = seat.ok_or(types::Error::NotAnActor)?;
+        let scope = scope.ok_or_else(|| types::Error::Failed("event_scope_closed".into()))?;
+        let _op = scope
+            .register()
+            .map_err(|e| types::Error::Failed(e.to_string()))?;
+        let digest: Digest = spec
+            .image
+            .parse()
+            .map_err(|e: crate::ImageError| types::Error::Image(coded(e.code(), &e)))?;
+        let owner = owner_of(&seat);
+        let reservation = self
+            .table
+            .reserve(&owner, seat.identity.incarnation)
+            .map_err(|e| types::Error::Limit(e.to_string()))?;
+        let loader = match self.loader() {
+            Ok(loader) => loader,
+            Err(e) => {
+                self.table.release(&owner, reservation);
+                return Err(types::Error::Failed(e));
+            }
+        };
+        let ready = {
+            let loader = loader.clone();
+            // Loading may compile: never on an async worker.
+            tokio::task::spawn_blocking(move || {
+                let mut root = loader.images.root(&digest)?;
+                let code =
+                    loader.code::<ProxyPre<GenerationState>>(&mut root, &digest.to_string())?;
+                Ok::<_, ProgramLoadError>((root, code))
+            })
+            .await
+        };
+        let (root, code) = match ready {
+            Ok(Ok(ready)) => ready,
+            Ok(Err(e)) => {
+                self.table.release(&owner, reservation);
+                return Err(to_guest_error(e));
+            }
+            Err(e) => {
+                self.table.release(&owner, reservation);
+                return Err(types::Error::Failed(format!(
+                    "loading the program failed: {e}"
+                )));
+            }
+        };
+        let deadline = scope
+            .deadline()
+            .unwrap_or_else(|| Instant::now() + code.limits.event_limit);
+        let (resident, payload) = Resident::spawn(Spawn {
+            owner,
+            reservation,
+            code: Arc::new(code),
+            root,
+            args: spec.args,
+            env: spec.env,
+            start_args: spec.start_args,
+            deadline,
+            table: self.table.clone(),
+            metrics: self.config.metrics.clone(),
+            receipts: self.config.receipts.clone(),
+        })
+        .await
+        .map_err(|e| types::Error::Failed(e.to_string()))?;
+        Ok(processes::Spawned {
+            pid: resident.pid,
+            payload,
+        })
+    }
+
+    /// `processes.kill`: true if it was running; idempotent.
+    async fn kill(
+        self: Arc<Self>,
+        seat: Option<ActorSeat>,
+        pid: u64,
+    ) -> Result<bool, types::Error> {
+        let seat = seat.ok_or(types::Error::NotAnActor)?;
+        match self.table.get(&owner_of(&seat), pid) {
+            Some(resident) => Ok(resident.kill().await),
+            None => Ok(false),
+        }
+    }
+
+    fn status(
+        &self,
+        seat: Option<ActorSeat>,
+        pid: u64,
+    ) -> Result<processes::ProcessInfo, types::Error> {
+        let seat = seat.ok_or(types::Error::NotAnActor)?;
+        let owner = owner_of(&seat);
+        self.table
+            .get(&owner, pid)
+            .map(|r| info(&r))
+            .ok_or(types::Error::NoSuchProcess)
+    }
+
+    fn list(&self, seat: Option<ActorSeat>) -> Result<Vec<processes::ProcessInfo>, types::Error> {
+        let seat = seat.ok_or(types::Error::NotAnActor)?;
+        Ok(self
+            .table
+            .of(&owner_of(&seat))
+            .iter()
+            .map(|r| info(r))
+            .collect())
+    }
+}
+
+fn owner_of(seat: &ActorSeat) -> Owner {
+    Owner {
+        class: seat.identity.class.clone(),
+        name: seat.identity.name.clone(),
+    }
+}
+
+fn info(resident: &Resident) -> processes::ProcessInfo {
+    processes::ProcessInfo {
+        pid: resident.pid,
+        image: resident.image.to_string(),
+        slot: resident.slot,
+        state: match resident.ended() {
+            None => processes::State::Running,
+            Some(why) => processes::State::Ended(why),
+        },
+        requests: resident.requests(),
+    }
+}
+
 /// `programs.run`'s parameters as the component model lifts them.
 type RunParams = (String, Vec<String>, Vec<(String, String)>, Vec<u8>);
 
@@ -184,19 +331,47 @@ fn to_guest_error(e: ProgramLoadError) -> types::Error {
     }
 }
 
-/// `weir:process` (programs), for every app's linker.
+/// Who is calling: the actor's seat (none for a worker) and the scope of
+/// the turn running now.
+fn caller(data: &GenerationState) -> (Option<ActorSeat>, Option<Arc<EventScope>>) {
+    (
+        data.extension::<ActorSeat>().cloned(),
+        data.scope().cloned(),
+    )
+}
+
+/// `weir:process` (programs and processes), for every app's linker.
 pub struct ProgramInterfaces(pub Arc<ProgramsHost>);
 
 impl HostInterfaces for ProgramInterfaces {
     fn add_to_linker(&self, linker: &mut Linker<GenerationState>) -> wasmtime::Result<()> {
         linker.instance(TYPES_INTERFACE)?;
+        let mut processes = linker.instance(PROCESSES_INTERFACE)?;
+        let host = self.0.clone();
+        processes.func_wrap_async("spawn", move |store, (spec,): (processes::SpawnSpec,)| {
+            let (seat, scope) = caller(store.data());
+            let host = host.clone();
+            Box::new(async move { Ok((host.spawn(seat, scope, spec).await,)) })
+        })?;
+        let host = self.0.clone();
+        processes.func_wrap_async("kill", move |store, (pid,): (u64,)| {
+            let (seat, _) = caller(store.data());
+            let host = host.clone();
+            Box::new(async move { Ok((host.kill(seat, pid).await,)) })
+        })?;
+        let host = self.0.clone();
+        processes.func_wrap("status", move |store, (pid,): (u64,)| {
+            Ok((host.status(caller(store.data()).0, pid),))
+        })?;
+        let host = self.0.clone();
+        processes.func_wrap("list", move |store, (): ()| {
+            Ok((host.list(caller(store.data()).0),))
+        })?;
         let host = self.0.clone();
         linker.instance(PROGRAMS_INTERFACE)?.func_wrap_async(
             "run",
             move |store, (image, args, env, stdin): RunParams| {
-                let data = store.data();
-                let seat = data.extension::<ActorSeat>().cloned();
-                let scope = data.scope().cloned();
+                let (seat, scope) = caller(store.data());
                 let host = host.clone();
                 let call = RunCall {
                     image,

@@ -20,6 +20,9 @@ pub mod image_store;
 pub mod limits;
 pub mod loader;
 pub mod one_shot;
+pub mod process_router;
+pub mod process_table;
+pub mod resident;
 
 pub use error_code::ProgramErrorCode;
 pub use image_store::{Digest, ImageError, ImageStore};

@@ -28,6 +28,14 @@ limit_table! {
             default: 16 << 20, range: 0, MAX_RUN_OUTPUT_BYTES, unit: Bytes,
             meaning: "stdout and stderr of one run together; a write past it fails and the run ends with run_output_too_large",
         },
+        max_processes_per_actor: usize = "max_processes_per_actor" {
+            default: 8, range: 1, 1024, unit: Count,
+            meaning: "resident processes one actor may hold at once (slots); a spawn past it is refused naming the holders",
+        },
+        max_processes: usize = "max_processes" {
+            default: 64, range: 1, 65_536, unit: Count,
+            meaning: "resident processes of the whole server at once; a spawn past it is refused naming the top holders",
+        },
         max_image_bytes: u64 = "max_image_bytes" {
             default: 256 << 20, range: 1024, MAX_IMAGE_BYTES, unit: Bytes,
             meaning: "one image (a component) in the image store",

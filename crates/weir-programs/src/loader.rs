@@ -10,13 +10,16 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use wasmtime_wasi::p2::bindings::CommandPre;
+use weir_runtime::code::Entry;
 use weir_runtime::compiled_code::{CodeCache, Compiler};
+use weir_runtime::guest_state::GenerationState;
 use weir_runtime::outbound::OutboundRules;
 use weir_runtime::sql_pool::SqlPool;
-use weir_runtime::{LoadError, Stores, WeirEngine};
+use weir_runtime::{AppCode, LoadError, Stores, WeirEngine};
 
 use crate::image_store::{Digest, ImageError, ImageStore, Root};
-use crate::one_shot::{CommandCode, Program, RunLimits};
+use crate::one_shot::{Program, RunLimits};
 
 /// Threads for the storage calls of programs. Commands are given no
 /// stores today, so one thread only answers their refusals.
@@ -113,8 +116,22 @@ impl Loader {
     /// The rooted image as a program called `name`: verified, compiled (or
     /// taken from the cache) and linked as a command.
     pub fn load(&self, root: &mut Root, name: &str) -> Result<Program, ProgramLoadError> {
+        Ok(Program {
+            name: name.to_string(),
+            image: root.digest(),
+            code: self.code::<CommandPre<GenerationState>>(root, name)?,
+        })
+    }
+
+    /// The rooted image's code, verified, compiled (or taken from the
+    /// cache) and linked to be entered as `E`.
+    pub fn code<E: Entry>(
+        &self,
+        root: &mut Root,
+        name: &str,
+    ) -> Result<AppCode<E>, ProgramLoadError> {
         let bytes = self.images.read(root)?;
-        let code = CommandCode::from_bytes(
+        Ok(AppCode::<E>::from_bytes(
             &self.engine,
             &self.cache,
             name,
@@ -122,11 +139,6 @@ impl Loader {
             self.limits.runtime.clone(),
             self.outbound.clone(),
             self.stores.clone(),
-        )?;
-        Ok(Program {
-            name: name.to_string(),
-            image: root.digest(),
-            code,
-        })
+        )?)
     }
 }

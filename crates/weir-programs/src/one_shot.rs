@@ -383,13 +383,13 @@ fn write_run_receipt(sink: &dyn ReceiptSink, program: &Program, report: &RunRepo
 
 /// A future that adds the time spent in its polls to a counter: the CPU a
 /// run's guest code and host calls took, without a thread clock.
-struct Timed<'a, F> {
+pub(crate) struct Timed<'a, F> {
     inner: Pin<Box<F>>,
     spent: &'a AtomicU64,
 }
 
 impl<'a, F: Future> Timed<'a, F> {
-    fn new(inner: F, spent: &'a AtomicU64) -> Self {
+    pub(crate) fn new(inner: F, spent: &'a AtomicU64) -> Self {
         Timed {
             inner: Box::pin(inner),
             spent,

@@ -28,6 +28,11 @@ pub trait OutputGate: Send + Sync {
     fn flush(&self) -> Result<(), String>;
 }
 
+/// Who a generation is, as the layer that made it names it (an actor's
+/// identity): handed to internal routers with each of its requests, so a
+/// router can answer only the callers it belongs to.
+pub type Caller = Arc<dyn Any + Send + Sync>;
+
 /// What a layer attaches to one generation when it instantiates it.
 #[derive(Default)]
 pub struct Extras {
@@ -35,6 +40,8 @@ pub struct Extras {
     pub data: Option<Box<dyn Any + Send>>,
     /// Passed before every outbound request of the generation.
     pub output_gate: Option<Arc<dyn OutputGate>>,
+    /// Who the generation is, for internal routers (none: a worker).
+    pub caller: Option<Caller>,
 }
 
 /// A domain of hosts answered in-process: requests to it never reach the
@@ -44,10 +51,11 @@ pub trait InternalRouter: Send + Sync + 'static {
     /// True when `host` is in this router's domain (valid or not).
     fn handles(&self, host: &str) -> bool;
 
-    /// Answers one request.
+    /// Answers one request from `caller` (none: a worker).
     fn call(
         self: Arc<Self>,
         request: http::Request<Bytes>,
+        caller: Option<Caller>,
     ) -> Pin<Box<dyn Future<Output = http::Response<Bytes>> + Send>>;
 }
 

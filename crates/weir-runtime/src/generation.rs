@@ -43,11 +43,21 @@ impl Generation {
         number: u64,
         extras: Extras,
     ) -> Result<Generation, InstantiateError> {
+        Self::instantiate_with(code, metrics, number, extras, WasiCtx::builder()).await
+    }
+
+    /// [`Generation::instantiate`] with a WASI context of the caller's
+    /// (a resident program's arguments and environment); its stdout and
+    /// stderr are set here, to Weir's own with the per-event budget.
+    pub async fn instantiate_with(
+        code: &AppCode,
+        metrics: &AppMetrics,
+        number: u64,
+        extras: Extras,
+        mut wasi: wasmtime_wasi::WasiCtxBuilder,
+    ) -> Result<Generation, InstantiateError> {
         let (stdout, stderr) = GuestOutput::pair();
-        let wasi = WasiCtx::builder()
-            .stdout(stdout)
-            .stderr(stderr.clone())
-            .build();
+        let wasi = wasi.stdout(stdout).stderr(stderr.clone()).build();
         let mut store = new_store(code, metrics, extras, wasi, stderr);
         // A start function is guest code: it runs under the same bound as
         // a handler, so a guest that spins while it starts cannot hold a
@@ -95,6 +105,7 @@ pub fn new_store<E: Entry>(
         code.routes.clone(),
     );
     outbound.output_gate = extras.output_gate;
+    outbound.caller = extras.caller;
     let state = GenerationState {
         extension: extras.data,
         wasi,

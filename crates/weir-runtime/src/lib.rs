@@ -52,6 +52,7 @@
 
 pub mod admission;
 pub mod app;
+pub mod buffered;
 pub mod code;
 pub mod compiled_code;
 pub mod component_world;

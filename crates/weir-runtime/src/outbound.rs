@@ -226,6 +226,8 @@ pub struct OutboundPolicy {
     max_call_body_bytes: u64,
     /// Passed before anything leaves, when the generation has one.
     pub(crate) output_gate: Option<Arc<dyn OutputGate>>,
+    /// Who the generation is, for internal routers.
+    pub(crate) caller: Option<crate::extension::Caller>,
 }
 
 impl OutboundPolicy {
@@ -239,6 +241,7 @@ impl OutboundPolicy {
             routes,
             max_call_body_bytes: limits.max_request_body_bytes,
             output_gate: None,
+            caller: None,
             rules,
             chunk_bytes: limits.max_response_chunk_bytes,
             connect_timeout: limits.outbound_connect_timeout,
@@ -302,7 +305,13 @@ impl WasiHttpHooks for OutboundPolicy {
             ))));
         }
         if let Some(router) = internal {
-            return call_internal(router, request, op, self.max_call_body_bytes);
+            return call_internal(
+                router,
+                self.caller.clone(),
+                request,
+                op,
+                self.max_call_body_bytes,
+            );
         }
         let options = self.bounded(options);
         let max_bytes = self.max_response_bytes;
@@ -410,6 +419,7 @@ async fn pin_destination(
 /// has the router answer, and hands the guest the whole response.
 fn call_internal(
     router: Arc<dyn InternalRouter>,
+    caller: Option<crate::extension::Caller>,
     request: http::Request<WasiBody>,
     mut op: Operation,
     max_body_bytes: u64,
@@ -422,7 +432,9 @@ fn call_internal(
                 .await
                 .map_err(|e| Error::InternalError(Some(format!("request body: {e}"))))?
                 .to_bytes();
-            let response = router.call(http::Request::from_parts(parts, body)).await;
+            let response = router
+                .call(http::Request::from_parts(parts, body), caller)
+                .await;
             let response = response.map(|b| {
                 http_body_util::Full::new(b)
                     .map_err(|never| match never {})

@@ -28,6 +28,7 @@ use weir_actors::{ActorClass, ActorDirectory, ActorHost, ActorInterfaces, ActorM
 use weir_http::{ActorRoute, AdminState, ServeOptions};
 use weir_programs::host::{ProgramInterfaces, ProgramsConfig, ProgramsHost};
 use weir_programs::image_store::IMAGES_DIR;
+use weir_programs::process_router::ProcessRouter;
 use weir_programs::{ImageStore, RunLimits};
 use weir_runtime::code::HostInterfaces;
 use weir_runtime::compiled_code::{CodeCache, Compiler};
@@ -158,6 +159,9 @@ pub struct Server {
     metrics: Arc<Metrics>,
     /// Kept until serving stops: their epoch tickers bound every guest.
     engines: Vec<WeirEngine>,
+    /// The router to resident processes (the runtime holds routers
+    /// weakly).
+    _process_router: Arc<dyn InternalRouter>,
     data_dir: DataDir,
 }
 
@@ -230,9 +234,13 @@ impl Server {
             metrics: metrics.for_app(PROGRAMS_METRICS_APP),
             receipts: config.receipts.clone(),
         });
+        // Owners reach their processes at `<pid>.process.internal`.
+        let process_router: Arc<dyn InternalRouter> = Arc::new(ProcessRouter {
+            table: programs.table.clone(),
+        });
         let interfaces: Vec<Arc<dyn HostInterfaces>> = vec![
             Arc::new(ActorInterfaces),
-            Arc::new(ProgramInterfaces(programs)),
+            Arc::new(ProgramInterfaces(programs.clone())),
         ];
         let stores = Stores {
             kv: Arc::new(kv),
@@ -288,7 +296,7 @@ impl Server {
                     }
                 })?;
             let router: Arc<dyn InternalRouter> = host.clone();
-            stores.routes.connect(&[router]);
+            stores.routes.connect(&[router, process_router.clone()]);
             let reclaim: Arc<dyn Reclaim> = host.clone();
             budget.set_reclaimer(&reclaim);
             host.start();
@@ -321,6 +329,7 @@ impl Server {
                 metrics: metrics.clone(),
                 actors: actors.clone(),
                 images: Some(images),
+                processes: Some(programs.table.clone()),
                 token,
             });
             (listener, state)
@@ -345,6 +354,7 @@ impl Server {
             options,
             metrics,
             engines,
+            _process_router: process_router,
             data_dir,
         })
     }

@@ -1,14 +1,20 @@
-//! An actor that runs stored commands: `POST /run/<digest>?arg=A&arg=B&env=K=V`
-//! runs the image with those arguments and environment and the request body
-//! as its stdin, and answers `{exit_code, stopped, stdout, stderr}` (output
-//! as text, lossy). A failed call answers its error's status and
-//! `{error, message}`. `POST /count` counts in the actor's storage (to show
-//! the actor's own work goes on around its runs).
+//! An actor that runs programs, for the tests:
+//!
+//! | path | behaviour |
+//! |---|---|
+//! | `POST /run/<digest>?arg=A&env=K=V` | runs the command with the body as stdin: `{exit_code, stopped, stdout, stderr}` |
+//! | `POST /spawn/<digest>?arg=A&env=K=V&start=S` | spawns a resident process: `{pid, payload}` |
+//! | `ANY /proc/<pid>/<path>` | forwards the request (method, path, headers, body) to `<pid>.process.internal` and answers with its response as it came |
+//! | `POST /kill/<pid>` | `{killed}` |
+//! | `GET /status/<pid>`, `GET /list` | the process(es): `{pid, image, slot, state, requests}` |
+//! | `POST /count` | counts in the actor's storage |
+//!
+//! A failed call answers its error's status and `{error, message}`.
 
 use wasi::http::types::{IncomingRequest, ResponseOutparam};
 use weir_guest::actor::storage;
-use weir_guest::http::{read_body, respond};
-use weir_guest::process::{self, Error};
+use weir_guest::http::{read_body, respond, send_with_headers};
+use weir_guest::process::{self, processes, Error, ProcessInfo, SpawnSpec, State};
 
 struct Runner;
 
@@ -36,13 +42,144 @@ fn failure(e: Error) -> (u16, serde_json::Value) {
         Error::NotAnActor => (400, "not-an-actor", String::new()),
         Error::Failed(m) => (500, "failed", m),
     };
-    (status, serde_json::json!({ "error": kind, "message": message }))
+    (
+        status,
+        serde_json::json!({ "error": kind, "message": message }),
+    )
+}
+
+fn info(p: &ProcessInfo) -> serde_json::Value {
+    serde_json::json!({
+        "pid": p.pid,
+        "image": p.image,
+        "slot": p.slot,
+        "state": match &p.state {
+            State::Running => "running".to_string(),
+            State::Ended(why) => format!("ended: {why}"),
+        },
+        "requests": p.requests,
+    })
+}
+
+fn args_and_env(query: &str) -> (Vec<String>, Vec<(String, String)>, Vec<u8>) {
+    let mut args = Vec::new();
+    let mut env = Vec::new();
+    let mut start = Vec::new();
+    for (k, v) in query.split('&').filter_map(|p| p.split_once('=')) {
+        match k {
+            "arg" => args.push(decode(v)),
+            "env" => {
+                let v = decode(v);
+                if let Some((name, value)) = v.split_once('=') {
+                    env.push((name.to_string(), value.to_string()));
+                }
+            }
+            "start" => start = decode(v).into_bytes(),
+            _ => {}
+        }
+    }
+    (args, env, start)
+}
+
+fn answer(out: ResponseOutparam, result: Result<serde_json::Value, Error>) {
+    match result {
+        Ok(value) => json(out, 200, value),
+        Err(e) => {
+            let (status, body) = failure(e);
+            json(out, status, body)
+        }
+    }
+}
+
+/// Forwards the request to the process and answers with its response.
+fn forward(request: &IncomingRequest, out: ResponseOutparam, pid: &str, rest: &str) {
+    let method = match request.method() {
+        wasi::http::types::Method::Get => "GET".to_string(),
+        wasi::http::types::Method::Post => "POST".to_string(),
+        wasi::http::types::Method::Put => "PUT".to_string(),
+        wasi::http::types::Method::Delete => "DELETE".to_string(),
+        wasi::http::types::Method::Patch => "PATCH".to_string(),
+        other => format!("{other:?}"),
+    };
+    let headers: Vec<(String, Vec<u8>)> = request
+        .headers()
+        .entries()
+        .into_iter()
+        .filter(|(k, _)| k != "host")
+        .collect();
+    let body = read_body(request, MAX_BODY);
+    match send_with_headers(
+        &method,
+        &format!("{pid}.process.internal"),
+        rest,
+        &headers,
+        &body,
+    ) {
+        Ok(reply) => {
+            let headers: Vec<(&str, &[u8])> = reply
+                .headers
+                .iter()
+                .filter(|(k, _)| k != "content-length" && k != "transfer-encoding")
+                .map(|(k, v)| (k.as_str(), v.as_slice()))
+                .collect();
+            respond(out, reply.status, &headers, &reply.body);
+        }
+        Err(e) => json(
+            out,
+            502,
+            serde_json::json!({ "error": "forward", "message": e }),
+        ),
+    }
 }
 
 impl wasi::exports::http::incoming_handler::Guest for Runner {
     fn handle(request: IncomingRequest, out: ResponseOutparam) {
         let path = request.path_with_query().unwrap_or_default();
         let (route, query) = path.split_once('?').unwrap_or((&path, ""));
+        if let Some(rest) = route.strip_prefix("/proc/") {
+            let (pid, tail) = rest.split_once('/').unwrap_or((rest, ""));
+            let tail = if query.is_empty() {
+                format!("/{tail}")
+            } else {
+                format!("/{tail}?{query}")
+            };
+            return forward(&request, out, pid, &tail);
+        }
+        if let Some(image) = route.strip_prefix("/spawn/") {
+            let (args, env, start_args) = args_and_env(query);
+            let spec = SpawnSpec {
+                image: image.to_string(),
+                args,
+                env,
+                start_args,
+            };
+            return answer(
+                out,
+                processes::spawn(&spec).map(|s| {
+                    serde_json::json!({
+                        "pid": s.pid,
+                        "payload": String::from_utf8_lossy(&s.payload),
+                    })
+                }),
+            );
+        }
+        if let Some(pid) = route.strip_prefix("/kill/") {
+            let pid = pid.parse().unwrap_or(0);
+            return answer(
+                out,
+                processes::kill(pid).map(|k| serde_json::json!({ "killed": k })),
+            );
+        }
+        if let Some(pid) = route.strip_prefix("/status/") {
+            let pid = pid.parse().unwrap_or(0);
+            return answer(out, processes::status(pid).map(|p| info(&p)));
+        }
+        if route == "/list" {
+            return answer(
+                out,
+                processes::list().map(|ps| serde_json::Value::Array(ps.iter().map(info).collect())),
+            );
+        }
         if route == "/count" {
             let n: u64 = storage::get("n").ok().flatten().unwrap_or(0) + 1;
             let _ = storage::put("n", &n);
@@ -51,20 +188,7 @@ impl wasi::exports::http::incoming_handler::Guest for Runner {
         let Some(image) = route.strip_prefix("/run/") else {
             return json(out, 404, serde_json::json!({ "error": "no such path" }));
         };
-        let mut args = Vec::new();
-        let mut env = Vec::new();
-        for (k, v) in query.split('&').filter_map(|p| p.split_once('=')) {
-            match k {
-                "arg" => args.push(decode(v)),
-                "env" => {
-                    let v = decode(v);
-                    if let Some((name, value)) = v.split_once('=') {
-                        env.push((name.to_string(), value.to_string()));
-                    }
-                }
-                _ => {}
-            }
-        }
+        let (args, env, _) = args_and_env(query);
         let stdin = read_body(&request, MAX_BODY);
         match process::run(image, &args, &env, &stdin) {
             Ok(result) => json(

@@ -35,7 +35,11 @@ fn main() {
     }
     let name = std::env::args().nth(1).unwrap_or_else(|| "-".into());
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{lines} {words} {bytes} fnv1a64:{:016x} {name}", hash.0);
+    let _ = writeln!(
+        out,
+        "{lines} {words} {bytes} fnv1a64:{:016x} {name}",
+        hash.0
+    );
 }
 
 /// FNV-1a, 64 bits: a checksum small enough to write here.

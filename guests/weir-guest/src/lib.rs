@@ -94,8 +94,12 @@ pub mod keyvalue {
     pub use crate::kv_bindings::wasi::keyvalue::{atomics, batch, store};
 }
 
-/// `weir:process`: programs an actor runs.
+/// `weir:process`: programs an actor runs, and the resident processes it
+/// owns.
 pub mod process {
+    pub use crate::process_bindings::weir::process::processes::{
+        self, ProcessInfo, SpawnSpec, Spawned, State,
+    };
     pub use crate::process_bindings::weir::process::programs::RunResult;
     pub use crate::process_bindings::weir::process::types::Error;
 
@@ -213,12 +217,29 @@ pub mod http {
     /// Sends `method` `http://authority/path` with `body` and waits for the
     /// whole response, or says why it failed.
     pub fn send(method: &str, authority: &str, path: &str, body: &[u8]) -> Result<Reply, String> {
+        send_with_headers(method, authority, path, &[], body)
+    }
+
+    /// [`send`] with request headers of the caller's (`content-length` is
+    /// set from the body).
+    pub fn send_with_headers(
+        method: &str,
+        authority: &str,
+        path: &str,
+        headers: &[(String, Vec<u8>)],
+        body: &[u8],
+    ) -> Result<Reply, String> {
         use wasi::http::types::{Method, Scheme};
-        let headers = Fields::from_list(&[(
+        let mut list: Vec<(String, Vec<u8>)> = headers
+            .iter()
+            .filter(|(k, _)| !k.eq_ignore_ascii_case("content-length"))
+            .cloned()
+            .collect();
+        list.push((
             "content-length".to_string(),
             body.len().to_string().into_bytes(),
-        )])
-        .map_err(|e| format!("{e:?}"))?;
+        ));
+        let headers = Fields::from_list(&list).map_err(|e| format!("{e:?}"))?;
         let request = wasi::http::types::OutgoingRequest::new(headers);
         let method = match method {
             "GET" => Method::Get,

@@ -1,0 +1,339 @@
+//! The process table: which actor owns which resident process, under which
+//! pid and in which slot, and the budgets that bound them.
+//!
+//! Invariants owned here:
+//! - a pid is `pid_base + n` of its owner's incarnation (`incarnation ×
+//!   PID_STRIDE`, n from 1), never reused within the owner: a pid at or
+//!   below the owner's current base belongs to an earlier incarnation;
+//! - an owner holds at most `max_processes_per_actor` slots and the server
+//!   at most `max_processes`, counting processes still booting. A slot is
+//!   the lowest free number, and it is given back only when its process is
+//!   fully gone (its instance dropped), never during teardown, so two
+//!   processes never share one;
+//! - a refused spawn names the limit and who holds the most (owner, pids,
+//!   bytes), not a bare "limit reached".
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+use weir_store::actor::PID_STRIDE;
+
+use crate::resident::Resident;
+
+/// An actor that owns processes: class and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct Owner {
+    pub class: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.class, self.name)
+    }
+}
+
+/// A pid and slot reserved for a process being spawned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub pid: u64,
+    pub slot: u32,
+}
+
+/// What one owner holds.
+#[derive(Default)]
+struct Owned {
+    /// The incarnation pids are counted in, and the last n given.
+    incarnation: u64,
+    last_n: u64,
+    slots: BTreeSet<u32>,
+    /// Running processes (booting ones hold a slot but are not here yet).
+    running: BTreeMap<u64, Arc<Resident>>,
+    /// The last processes that ended, and how: what a request to one of
+    /// them is told.
+    ended: VecDeque<(u64, String)>,
+    peak: usize,
+}
+
+/// Ended processes an owner's table remembers: enough that a request
+/// racing a kill or a crash is told what happened; bounded, so a spawn loop
+/// cannot grow it.
+pub const ENDED_REMEMBERED: usize = 64;
+
+/// One owner's line in the budgets ledger.
+#[derive(Clone, Debug, Serialize)]
+pub struct Holder {
+    pub owner: Owner,
+    pub pids: Vec<u64>,
+    /// Slots held (booting processes included).
+    pub slots: usize,
+    pub peak: usize,
+    /// Linear memory of its running processes.
+    pub memory_bytes: u64,
+}
+
+/// Why a spawn was refused before anything started.
+#[derive(Debug, thiserror::Error)]
+#[error("{limit} ({value}) reached: {holders}")]
+pub struct LimitRefusal {
+    pub limit: &'static str,
+    pub value: usize,
+    pub holders: String,
+}
+
+/// Every resident process of one server.
+pub struct ProcessTable {
+    owners: Mutex<HashMap<Owner, Owned>>,
+    max_per_owner: usize,
+    max_total: usize,
+}
+
+impl ProcessTable {
+    pub fn new(max_per_owner: usize, max_total: usize) -> Arc<ProcessTable> {
+        Arc::new(ProcessTable {
+            owners: Mutex::new(HashMap::new()),
+            max_per_owner,
+            max_total,
+        })
+    }
+
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<Owner, Owned>> {
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A pid and the lowest free slot for a new process of `owner` in its
+    /// `incarnation`, or the limit that refuses it.
+    pub fn reserve(&self, owner: &Owner, incarnation: u64) -> Result<Reservation, LimitRefusal> {
+        let mut owners = self.owners();
+        let total: usize = owners.values().map(|o| o.slots.len()).sum();
+        if total >= self.max_total {
+            return Err(refusal("max_processes", self.max_total, &owners, None));
+        }
+        let held = owners.get(owner).map_or(0, |o| o.slots.len());
+        if held >= self.max_per_owner {
+            return Err(refusal(
+                "max_processes_per_actor",
+                self.max_per_owner,
+                &owners,
+                Some(owner),
+            ));
+        }
+        let owned = owners.entry(owner.clone()).or_default();
+        if owned.incarnation != incarnation {
+            owned.incarnation = incarnation;
+            owned.last_n = 0;
+        }
+        owned.last_n += 1;
+        let pid = incarnation.saturating_mul(PID_STRIDE) + owned.last_n;
+        let slot = (0..)
+            .find(|s| !owned.slots.contains(s))
+            .expect("a free slot");
+        owned.slots.insert(slot);
+        owned.peak = owned.peak.max(owned.slots.len());
+        Ok(Reservation { pid, slot })
+    }
+
+    /// The reserved process is up.
+    pub fn started(&self, owner: &Owner, resident: Arc<Resident>) {
+        if let Some(owned) = self.owners().get_mut(owner) {
+            owned.running.insert(resident.pid, resident);
+        }
+    }
+
+    /// The process is fully gone (or never started): its slot is free.
+    pub fn release(&self, owner: &Owner, reservation: Reservation) {
+        let mut owners = self.owners();
+        if let Some(owned) = owners.get_mut(owner) {
+            owned.running.remove(&reservation.pid);
+            owned.slots.remove(&reservation.slot);
+        }
+    }
+
+    /// The process is fully gone after running: its slot is free, and how
+    /// it ended is remembered.
+    pub fn ended(&self, owner: &Owner, reservation: Reservation, why: &str) {
+        let mut owners = self.owners();
+        if let Some(owned) = owners.get_mut(owner) {
+            owned.running.remove(&reservation.pid);
+            owned.slots.remove(&reservation.slot);
+            if owned.ended.len() == ENDED_REMEMBERED {
+                owned.ended.pop_front();
+            }
+            owned.ended.push_back((reservation.pid, why.to_string()));
+        }
+    }
+
+    /// How `owner`'s process `pid` ended, if it did recently.
+    pub fn ended_how(&self, owner: &Owner, pid: u64) -> Option<String> {
+        let owners = self.owners();
+        let owned = owners.get(owner)?;
+        owned
+            .ended
+            .iter()
+            .find(|(p, _)| *p == pid)
+            .map(|(_, why)| why.clone())
+    }
+
+    /// `owner`'s running process `pid`.
+    pub fn get(&self, owner: &Owner, pid: u64) -> Option<Arc<Resident>> {
+        self.owners().get(owner)?.running.get(&pid).cloned()
+    }
+
+    /// Any running process `pid`, whoever owns it (for the operators).
+    pub fn find(&self, pid: u64) -> Option<Arc<Resident>> {
+        self.owners()
+            .values()
+            .find_map(|o| o.running.get(&pid).cloned())
+    }
+
+    /// `owner`'s running processes, by pid.
+    pub fn of(&self, owner: &Owner) -> Vec<Arc<Resident>> {
+        self.owners()
+            .get(owner)
+            .map(|o| o.running.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Every owner that holds a slot, the biggest holder first.
+    pub fn ledger(&self) -> Vec<Holder> {
+        ledger(&self.owners())
+    }
+
+    /// Running processes and held slots, server-wide.
+    pub fn counts(&self) -> (usize, usize) {
+        let owners = self.owners();
+        (
+            owners.values().map(|o| o.running.len()).sum(),
+            owners.values().map(|o| o.slots.len()).sum(),
+        )
+    }
+}
+
+/// Most holders a refusal names.
+const HOLDERS_NAMED: usize = 3;
+
+fn ledger(owners: &HashMap<Owner, Owned>) -> Vec<Holder> {
+    let mut holders: Vec<Holder> = owners
+        .iter()
+        .filter(|(_, o)| !o.slots.is_empty())
+        .map(|(owner, o)| Holder {
+            owner: owner.clone(),
+            pids: o.running.keys().copied().collect(),
+            slots: o.slots.len(),
+            peak: o.peak,
+            memory_bytes: o.running.values().map(|r| r.memory_bytes()).sum(),
+        })
+        .collect();
+    holders.sort_by(|a, b| {
+        (b.slots, b.memory_bytes, &a.owner).cmp(&(a.slots, a.memory_bytes, &b.owner))
+    });
+    holders
+}
+
+fn refusal(
+    limit: &'static str,
+    value: usize,
+    owners: &HashMap<Owner, Owned>,
+    only: Option<&Owner>,
+) -> LimitRefusal {
+    let holders = ledger(owners)
+        .into_iter()
+        .filter(|h| only.is_none_or(|o| &h.owner == o))
+        .take(HOLDERS_NAMED)
+        .map(|h| {
+            let booting = h.slots - h.pids.len();
+            let mut line = format!(
+                "{} holds {} (pids {:?}, {} bytes",
+                h.owner, h.slots, h.pids, h.memory_bytes
+            );
+            if booting > 0 {
+                line.push_str(&format!(", {booting} booting"));
+            }
+            line.push(')');
+            line
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    LimitRefusal {
+        limit,
+        value,
+        holders,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(name: &str) -> Owner {
+        Owner {
+            class: "c".into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn pids_come_from_the_incarnation_and_slots_are_reused_lowest_first() {
+        let table = ProcessTable::new(3, 100);
+        let a = owner("a");
+        let first = table.reserve(&a, 2).unwrap();
+        let second = table.reserve(&a, 2).unwrap();
+        assert_eq!(
+            first,
+            Reservation {
+                pid: 2_000_001,
+                slot: 0
+            }
+        );
+        assert_eq!(
+            second,
+            Reservation {
+                pid: 2_000_002,
+                slot: 1
+            }
+        );
+        table.release(&a, first);
+        let third = table.reserve(&a, 2).unwrap();
+        assert_eq!(
+            third,
+            Reservation {
+                pid: 2_000_003,
+                slot: 0
+            },
+            "pid never reused, slot 0 is"
+        );
+        // A new incarnation counts from its own base.
+        let fourth = table.reserve(&a, 3).unwrap();
+        assert_eq!(
+            fourth,
+            Reservation {
+                pid: 3_000_001,
+                slot: 2
+            }
+        );
+    }
+
+    #[test]
+    fn a_refusal_names_the_limit_and_the_holders() {
+        let table = ProcessTable::new(2, 3);
+        let (a, b) = (owner("a"), owner("b"));
+        table.reserve(&a, 1).unwrap();
+        table.reserve(&a, 1).unwrap();
+        let e = table.reserve(&a, 1).unwrap_err();
+        assert_eq!(e.limit, "max_processes_per_actor");
+        assert_eq!(
+            e.to_string(),
+            "max_processes_per_actor (2) reached: c/a holds 2 (pids [], 0 bytes, 2 booting)"
+        );
+        table.reserve(&b, 1).unwrap();
+        let e = table.reserve(&b, 1).unwrap_err();
+        assert_eq!(e.limit, "max_processes");
+        assert!(
+            e.to_string()
+                .starts_with("max_processes (3) reached: c/a holds 2"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("; c/b holds 1"), "{e}");
+    }
+}

@@ -1,0 +1,396 @@
+//! A resident process: one long-lived instance of a `wasi:http` server,
+//! started once per spawn and kept until it is killed or fails, serving
+//! the requests its owner sends it one at a time, each as a buffered call
+//! on the runtime's invocation machine.
+//!
+//! Invariants owned here:
+//! - `start` (the `weir:process/boot` export, if there is one) runs exactly
+//!   once per spawn, before any request reaches the instance; the instance
+//!   is never retired, so every request after boot sees the same start;
+//! - each request is bounded like a worker event (`event_limit_ms`, the
+//!   response body by `max_response_body_bytes`), at most
+//!   [`MAX_PROCESS_QUEUED`] wait for it, and one that fails by cutting the
+//!   guest short (a trap, its deadline, memory) ends the process: its
+//!   instance holds a half-run call and is not trusted again;
+//! - kill and loss are loud: a request to an ended process, queued or new,
+//!   gets `process_ended` with how it ended, never a hang. Kill is
+//!   idempotent and returns once the process is fully gone; only then is
+//!   its slot given back;
+//! - every process ends with one receipt (pid, owner, image, contract,
+//!   outcome, requests, CPU time, peak memory).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot, watch};
+use wasmtime::component::TypedFunc;
+use weir_runtime::buffered;
+use weir_runtime::error_code::error_response;
+use weir_runtime::generation::Generation;
+use weir_runtime::invocation::{self, Ending, NoResponse, Timing};
+use weir_runtime::metrics::AppMetrics;
+use weir_runtime::receipt::{ReceiptSink, Terminal, write_receipt};
+use weir_runtime::scope::EventScope;
+use weir_runtime::{AppCode, Limits, WeirError};
+
+use crate::error_code::ProgramErrorCode;
+use crate::image_store::{Digest, Root};
+use crate::one_shot::Timed;
+use crate::process_table::{Owner, ProcessTable, Reservation};
+
+/// Requests that may wait for one process: it serves one at a time, so
+/// its queue is its latency; past 64, refusing fast (503
+/// `process_overloaded`) serves the owner better than waiting.
+pub const MAX_PROCESS_QUEUED: usize = 64;
+
+/// The export a booting program may have.
+pub const BOOT_INTERFACE: &str = "weir:process/boot@0.1.0";
+
+/// The log target of process receipts.
+pub const PROCESS_TARGET: &str = "weir::process";
+
+/// `start: func(args: list<u8>) -> result<list<u8>, string>`.
+type StartFunc = TypedFunc<(Vec<u8>,), (Result<Vec<u8>, String>,)>;
+
+/// One request for the process and where its answer goes.
+struct Job {
+    request: http::Request<Bytes>,
+    reply: oneshot::Sender<http::Response<Bytes>>,
+}
+
+/// A running (or just ended) resident process.
+pub struct Resident {
+    pub pid: u64,
+    pub owner: Owner,
+    pub image: Digest,
+    pub slot: u32,
+    requests: AtomicU64,
+    memory: AtomicU64,
+    /// How it ended; none while it runs.
+    ended: Mutex<Option<String>>,
+    jobs: mpsc::Sender<Job>,
+    kill: watch::Sender<bool>,
+    done: watch::Receiver<bool>,
+}
+
+/// Why a spawn failed after its slot was reserved.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("the program could not be instantiated: {0}")]
+    Instantiate(String),
+    #[error("the program's start failed: {0}")]
+    Start(String),
+}
+
+/// Everything a spawn needs.
+pub struct Spawn {
+    pub owner: Owner,
+    pub reservation: Reservation,
+    pub code: Arc<AppCode>,
+    pub root: Root,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub start_args: Vec<u8>,
+    /// The boot must be done by then (the spawning turn's deadline).
+    pub deadline: Instant,
+    pub table: Arc<ProcessTable>,
+    pub metrics: AppMetrics,
+    pub receipts: Option<Arc<dyn ReceiptSink>>,
+}
+
+impl Resident {
+    /// Linear memory the instance has reached, as of its last request.
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory.load(Ordering::Relaxed)
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// How the process ended, or none while it runs.
+    pub fn ended(&self) -> Option<String> {
+        self.ended.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Serves one request from the owner: the process's answer, or Weir's
+    /// error when it cannot (ended, overloaded).
+    pub async fn request(&self, request: http::Request<Bytes>) -> http::Response<Bytes> {
+        let (reply, answer) = oneshot::channel();
+        if let Err(e) = self.jobs.try_send(Job { request, reply }) {
+            return match e {
+                mpsc::error::TrySendError::Full(_) => {
+                    error_response(ProgramErrorCode::ProcessOverloaded)
+                }
+                mpsc::error::TrySendError::Closed(_) => self.ended_response(),
+            };
+        }
+        match answer.await {
+            Ok(response) => response,
+            // The process ended with the request queued or running.
+            Err(_) => self.ended_response(),
+        }
+    }
+
+    fn ended_response(&self) -> http::Response<Bytes> {
+        let why = self.ended().unwrap_or_else(|| "ended".into());
+        crate::process_router::ended_response(self.pid, &why)
+    }
+
+    /// Ends the process; true if it was running. Returns once its instance
+    /// is dropped and its slot is free.
+    pub async fn kill(&self) -> bool {
+        let was_running = self.ended().is_none();
+        let _ = self.kill.send(true);
+        let mut done = self.done.clone();
+        let _ = done.wait_for(|d| *d).await;
+        was_running
+    }
+
+    /// Boots the program and leaves it serving: the process and what its
+    /// `start` returned. On failure the slot is given back before this
+    /// returns.
+    pub async fn spawn(spawn: Spawn) -> Result<(Arc<Resident>, Vec<u8>), SpawnError> {
+        let Spawn {
+            owner,
+            reservation,
+            code,
+            root,
+            args,
+            env,
+            start_args,
+            deadline,
+            table,
+            metrics,
+            receipts,
+        } = spawn;
+        let fail = |e: SpawnError| {
+            table.release(&owner, reservation);
+            Err(e)
+        };
+        let cpu = Arc::new(AtomicU64::new(0));
+        let mut wasi = wasmtime_wasi::WasiCtx::builder();
+        wasi.arg(root.digest().to_string())
+            .args(&args)
+            .envs(&env)
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false);
+        let left = deadline.saturating_duration_since(Instant::now());
+        let made = tokio::time::timeout(
+            left,
+            Timed::new(
+                Generation::instantiate_with(
+                    &code,
+                    &metrics,
+                    reservation.pid,
+                    Default::default(),
+                    wasi,
+                ),
+                &cpu,
+            ),
+        )
+        .await;
+        let mut generation = match made {
+            Ok(Ok(generation)) => generation,
+            Ok(Err(e)) => return fail(SpawnError::Instantiate(e.reason)),
+            Err(_) => {
+                return fail(SpawnError::Instantiate(
+                    "the spawning turn's deadline passed".into(),
+                ));
+            }
+        };
+        let payload = match boot(&code, &mut generation, start_args, deadline, &cpu).await {
+            Ok(payload) => payload,
+            Err(why) => return fail(SpawnError::Start(why)),
+        };
+        let (jobs, queue) = mpsc::channel(MAX_PROCESS_QUEUED);
+        let (kill, killed) = watch::channel(false);
+        let (finished, done) = watch::channel(false);
+        let resident = Arc::new(Resident {
+            pid: reservation.pid,
+            owner: owner.clone(),
+            image: root.digest(),
+            slot: reservation.slot,
+            requests: AtomicU64::new(0),
+            memory: AtomicU64::new(generation.memory_bytes() as u64),
+            ended: Mutex::new(None),
+            jobs,
+            kill,
+            done,
+        });
+        table.started(&owner, resident.clone());
+        let started = Instant::now();
+        let serving = resident.clone();
+        tokio::spawn(async move {
+            let ended = serve(&serving, &mut generation, &code.limits, queue, killed, &cpu).await;
+            *serving.ended.lock().unwrap_or_else(|p| p.into_inner()) = Some(ended.clone());
+            let peak = generation.memory_bytes();
+            // Fully gone first: the instance, then the image's root, and
+            // only then the slot.
+            drop(generation);
+            drop(root);
+            table.ended(&serving.owner, reservation, &ended);
+            if let Some(sink) = &receipts {
+                write_process_receipt(sink.as_ref(), &serving, &ended, &cpu, peak, started);
+            }
+            let _ = finished.send(true);
+        });
+        Ok((resident, payload))
+    }
+}
+
+/// Runs the program's `start`, if it exports one, once.
+async fn boot(
+    code: &AppCode,
+    generation: &mut Generation,
+    args: Vec<u8>,
+    deadline: Instant,
+    cpu: &AtomicU64,
+) -> Result<Vec<u8>, String> {
+    let index = code
+        .component
+        .get_export_index(None, BOOT_INTERFACE)
+        .and_then(|interface| code.component.get_export_index(Some(&interface), "start"));
+    let Some(index) = index else {
+        return Ok(Vec::new());
+    };
+    let start: StartFunc = generation
+        .instance
+        .get_typed_func(&mut generation.store, index)
+        .map_err(|e| format!("its start export: {e:#}"))?;
+    let scope = EventScope::new(code.limits.max_operations);
+    generation.store.data_mut().set_scope(Some(scope.clone()));
+    let ending = invocation::run(
+        Timed::new(start.call_async(&mut generation.store, (args,)), cpu),
+        None,
+        &scope,
+        Timing {
+            deadline,
+            cancellation_limit: code.limits.cancellation_limit,
+        },
+        None,
+        &mut NoResponse,
+    )
+    .await;
+    let failure = ending.failure(generation.store.data());
+    generation.store.data_mut().set_scope(None);
+    invocation::settle(&scope, failure.is_some(), code.limits.cleanup_timeout).await;
+    match (ending, failure) {
+        (Ending::Returned((Ok(payload),)), _) => Ok(payload),
+        (Ending::Returned((Err(message),)), _) => Err(message),
+        (_, Some((_, code, detail))) => Err(match detail {
+            Some(detail) => format!("{}: {detail}", code.as_str()),
+            None => code.as_str().to_string(),
+        }),
+        (_, None) => Err("start did not finish".into()),
+    }
+}
+
+/// Serves requests until the process is killed or fails; returns how it
+/// ended.
+async fn serve(
+    resident: &Resident,
+    generation: &mut Generation,
+    limits: &Limits,
+    mut queue: mpsc::Receiver<Job>,
+    mut killed: watch::Receiver<bool>,
+    cpu: &AtomicU64,
+) -> String {
+    loop {
+        let job = tokio::select! {
+            biased;
+            _ = killed.wait_for(|k| *k) => return "killed".into(),
+            job = queue.recv() => match job {
+                Some(job) => job,
+                None => return "killed".into(),
+            },
+        };
+        let deadline = Instant::now() + limits.event_limit;
+        let scope = EventScope::new(limits.max_operations);
+        scope.set_deadline(deadline);
+        generation.store.data_mut().set_scope(Some(scope.clone()));
+        let call = tokio::select! {
+            biased;
+            _ = killed.wait_for(|k| *k) => return "killed".into(),
+            call = Timed::new(buffered::call(generation, &scope, job.request, limits, deadline), cpu) => call,
+        };
+        generation.store.data_mut().set_scope(None);
+        invocation::settle(&scope, call.failure.is_some(), limits.cleanup_timeout).await;
+        resident.requests.fetch_add(1, Ordering::Relaxed);
+        resident
+            .memory
+            .store(generation.memory_bytes() as u64, Ordering::Relaxed);
+        let failure = call.failure.clone();
+        let _ = job.reply.send(match (call.answer, &failure) {
+            (Ok(response), None) => response,
+            (_, Some((code, _))) => error_response(*code),
+            (Err((code, _)), None) => error_response(code),
+        });
+        if call.cut_short {
+            let (code, detail) =
+                failure.unwrap_or((weir_runtime::ErrorCode::InstanceAbandoned, None));
+            return match detail {
+                Some(detail) => format!("{}: {detail}", code.as_str()),
+                None => code.as_str().to_string(),
+            };
+        }
+    }
+}
+
+/// What only a process receipt has.
+#[derive(Serialize)]
+struct ProcessFields<'a> {
+    pid: u64,
+    class: &'a str,
+    name: &'a str,
+    image: Digest,
+    contract: &'static str,
+    slot: u32,
+    requests: u64,
+    cpu_us: u64,
+    peak_memory_bytes: usize,
+}
+
+fn write_process_receipt(
+    sink: &dyn ReceiptSink,
+    resident: &Resident,
+    ended: &str,
+    cpu: &AtomicU64,
+    peak: usize,
+    started: Instant,
+) {
+    let killed = ended == "killed";
+    let cpu_us = Duration::from_nanos(cpu.load(Ordering::Relaxed)).as_micros() as u64;
+    write_receipt(
+        sink,
+        PROCESS_TARGET,
+        "process",
+        SystemTime::now(),
+        &ProcessFields {
+            pid: resident.pid,
+            class: &resident.owner.class,
+            name: &resident.owner.name,
+            image: resident.image,
+            contract: "boot",
+            slot: resident.slot,
+            requests: resident.requests(),
+            cpu_us,
+            peak_memory_bytes: peak,
+        },
+        &Terminal {
+            outcome: if killed { "killed" } else { "failed" },
+            error: (!killed).then_some(ProgramErrorCode::ProcessEnded.as_str()),
+            status: None,
+            queued_us: None,
+            wasm_us: Some(cpu_us),
+            total_us: started.elapsed().as_micros() as u64,
+            operations: 0,
+            operations_refused: 0,
+            detail: (!killed).then_some(ended),
+        },
+    );
+}

@@ -1,0 +1,405 @@
+//! Resident processes from outside: a real server, the `runner` actor as
+//! owner, and the `resident` server spawned from the image store. Boot
+//! once, requests through the owner intact, only the owner, kill and
+//! failure loud, slots bounded and reused, refusals that name holders.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{Resp, Weir, guest, send_to};
+use http::Request;
+use http_body_util::Full;
+use serde_json::Value;
+
+/// A server whose app and actor class `runner` are the runner guest
+/// (clients reach actor NAME at /r/NAME/…), with `resident` and `cmdprobe`
+/// pushed to its image store.
+struct Owners {
+    weir: Weir,
+    resident: String,
+    cmdprobe: String,
+    data: std::path::PathBuf,
+}
+
+impl Owners {
+    async fn start(name: &str, limits: &[&str]) -> Owners {
+        let data =
+            std::env::temp_dir().join(format!("weir-processes-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&data);
+        let runner = guest("runner");
+        let actor = format!("runner={}", runner.display());
+        let mut args = vec![
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--actor",
+            &actor,
+            "--actor-route",
+            "runner=/r",
+        ];
+        for limit in limits {
+            args.extend(["--limit", limit]);
+        }
+        let weir = Weir::start(&runner, &args);
+        let resident = push(&weir, &guest("resident")).await;
+        let cmdprobe = push(&weir, &guest("cmdprobe")).await;
+        Owners {
+            weir,
+            resident,
+            cmdprobe,
+            data,
+        }
+    }
+
+    async fn call(&self, method: &str, path: &str, body: &[u8]) -> Resp {
+        self.weir
+            .send(
+                Request::builder()
+                    .method(method)
+                    .uri(path)
+                    .body(Full::new(Bytes::copy_from_slice(body)))
+                    .unwrap(),
+            )
+            .await
+    }
+
+    /// Spawns the resident server for actor `owner`: its pid and payload.
+    async fn spawn(&self, owner: &str, query: &str) -> (u64, String) {
+        let spawned = self
+            .call(
+                "POST",
+                &format!("/r/{owner}/spawn/{}?{query}", self.resident),
+                b"",
+            )
+            .await;
+        assert_eq!(spawned.status, 200, "{}", spawned.text());
+        let body = spawned.json();
+        (
+            body["pid"].as_u64().unwrap(),
+            body["payload"].as_str().unwrap().to_string(),
+        )
+    }
+}
+
+impl Drop for Owners {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+async fn push(weir: &Weir, component: &std::path::Path) -> String {
+    let addr = weir.admin.unwrap();
+    let req = Request::put("/images")
+        .header("host", addr.to_string())
+        .header(
+            "authorization",
+            format!("Bearer {}", weir.token.as_ref().unwrap()),
+        )
+        .body(Full::new(Bytes::from(std::fs::read(component).unwrap())))
+        .unwrap();
+    let pushed = send_to(addr, req).await;
+    pushed.json()["digest"].as_str().unwrap().to_string()
+}
+
+fn all(headers: &http::HeaderMap, name: &str) -> Vec<String> {
+    headers
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_boot_process_answers_its_owner_intact_and_started_once_across_twenty_requests() {
+    let o = Owners::start("boot", &[]).await;
+    let (pid, payload) = o
+        .spawn("owner", "start=hello&arg=--port&arg=3000&env=MODE=dev")
+        .await;
+    assert_eq!(
+        pid, 1_000_001,
+        "pid_base + 1 of the owner's first incarnation"
+    );
+    assert_eq!(
+        payload, "booted with hello",
+        "spawn returned once start had"
+    );
+
+    for i in 0..20u32 {
+        let method = ["POST", "PUT", "GET", "DELETE", "PATCH"][i as usize % 5];
+        let body = if method == "GET" {
+            Vec::new()
+        } else {
+            format!("body {i} ").repeat(i as usize + 1).into_bytes()
+        };
+        let status = [200, 201, 204, 400, 418, 500, 203][i as usize % 7];
+        let req = Request::builder()
+            .method(method)
+            .uri(format!("/r/owner/proc/{pid}/echo?status={status}&i={i}"))
+            .header("x-test", format!("value-{i}"))
+            .header("x-multi", "one")
+            .body(Full::new(Bytes::from(body.clone())))
+            .unwrap();
+        let answer = o.weir.send(req).await;
+        assert_eq!(
+            answer.status.as_u16(),
+            status as u16,
+            "{i}: {:?}",
+            answer.body
+        );
+        let h = &answer.headers;
+        assert_eq!(
+            h["x-method"],
+            format!("Method::{}{}", &method[..1], method[1..].to_lowercase()).as_str()
+        );
+        assert_eq!(h["x-path"], format!("/echo?status={status}&i={i}").as_str());
+        assert_eq!(h["x-echo-x-test"], format!("value-{i}").as_str());
+        assert_eq!(h["x-echo-x-multi"], "one");
+        assert_eq!(
+            all(h, "set-cookie"),
+            ["a=1; Path=/", "b=2; Path=/"],
+            "two cookies, in order"
+        );
+        // A 204 carries no body, on this path as on every other.
+        let expected: &[u8] = if status == 204 { b"" } else { &body };
+        assert_eq!(answer.body.as_ref().unwrap().as_ref(), expected, "{i}");
+    }
+    let starts = o
+        .call("GET", &format!("/r/owner/proc/{pid}/starts"), b"")
+        .await
+        .json();
+    assert_eq!(starts["starts"], 1, "start ran once: {starts}");
+    assert_eq!(starts["requests"], 21, "one instance served all of them");
+    assert_eq!(starts["start_args"], "hello");
+    assert_eq!(
+        starts["args"],
+        serde_json::json!([o.resident, "--port", "3000"])
+    );
+    assert_eq!(starts["env"], serde_json::json!([["MODE", "dev"]]));
+
+    let status = o
+        .call("GET", &format!("/r/owner/status/{pid}"), b"")
+        .await
+        .json();
+    assert_eq!(status["state"], "running");
+    assert_eq!(status["slot"], 0);
+    assert_eq!(status["requests"], 21);
+    assert_eq!(status["image"], o.resident.as_str());
+    let ledger = o.weir.status().await["processes"].clone();
+    assert_eq!(ledger["live"], 1, "{ledger}");
+    assert_eq!(ledger["holders"][0]["owner"]["name"], "owner");
+    assert_eq!(ledger["holders"][0]["pids"], serde_json::json!([pid]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_owner_reaches_its_process() {
+    let o = Owners::start("owner-only", &[]).await;
+    let (pid, _) = o.spawn("owner", "").await;
+    assert_eq!(
+        o.call("GET", &format!("/r/owner/proc/{pid}/starts"), b"")
+            .await
+            .status,
+        200
+    );
+    // Another actor of the same class, and a worker: as if no such pid.
+    for path in [
+        format!("/r/other/proc/{pid}/starts"),
+        format!("/proc/{pid}/starts"),
+    ] {
+        let answer = o.call("GET", &path, b"").await;
+        answer.assert_weir_error(404, "process_not_found");
+    }
+    o.call("GET", "/r/owner/proc/99/starts", b"")
+        .await
+        .assert_weir_error(404, "process_not_found");
+    o.call("GET", &format!("/r/owner/proc/0{pid}/starts"), b"")
+        .await
+        .assert_weir_error(400, "process_address_invalid");
+    // The other actor's own view: no process of its.
+    let list = o.call("GET", "/r/other/list", b"").await.json();
+    assert_eq!(list, serde_json::json!([]));
+    let status = o.call("GET", &format!("/r/other/status/{pid}"), b"").await;
+    assert_eq!(status.json()["error"], "no-such-process");
+    let kill = o
+        .call("POST", &format!("/r/other/kill/{pid}"), b"")
+        .await
+        .json();
+    assert_eq!(kill["killed"], false, "another actor cannot kill it");
+    assert_eq!(
+        o.call("GET", &format!("/r/owner/proc/{pid}/starts"), b"")
+            .await
+            .status,
+        200
+    );
+    // A worker cannot spawn.
+    let worker = o.call("POST", &format!("/spawn/{}", o.resident), b"").await;
+    assert_eq!(worker.json()["error"], "not-an-actor");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_is_idempotent_and_an_ended_process_is_loud() {
+    let o = Owners::start("kill", &[]).await;
+    let (pid, _) = o.spawn("owner", "").await;
+    let kill = o
+        .call("POST", &format!("/r/owner/kill/{pid}"), b"")
+        .await
+        .json();
+    assert_eq!(kill["killed"], true);
+    let kill = o
+        .call("POST", &format!("/r/owner/kill/{pid}"), b"")
+        .await
+        .json();
+    assert_eq!(kill["killed"], false, "killing twice is not an error");
+    let gone = o
+        .call("GET", &format!("/r/owner/proc/{pid}/starts"), b"")
+        .await;
+    gone.assert_weir_error(410, "process_ended");
+    assert_eq!(gone.json()["ended"], "killed");
+    assert_eq!(gone.json()["pid"], pid);
+
+    // A trap ends the process: that request fails, the next is told why.
+    let (pid, _) = o.spawn("owner", "").await;
+    o.call("GET", &format!("/r/owner/proc/{pid}/trap"), b"")
+        .await
+        .assert_weir_error(503, "instance_abandoned");
+    let gone = o
+        .call("GET", &format!("/r/owner/proc/{pid}/starts"), b"")
+        .await;
+    gone.assert_weir_error(410, "process_ended");
+    assert!(
+        gone.json()["ended"]
+            .as_str()
+            .unwrap()
+            .starts_with("instance_abandoned: wasm trap"),
+        "{}",
+        gone.text()
+    );
+
+    // A request that spins past event_limit_ms ends it too, not hangs.
+    let (pid, _) = o.spawn("owner", "").await;
+    let started = Instant::now();
+    let spun = o
+        .call("GET", &format!("/r/owner/proc/{pid}/spin"), b"")
+        .await;
+    assert_eq!(spun.status, 503, "{}", spun.text());
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let gone = o
+        .call("GET", &format!("/r/owner/proc/{pid}/starts"), b"")
+        .await;
+    gone.assert_weir_error(410, "process_ended");
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while o.weir.logged("weir::process").len() < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let receipts = o.weir.logged("weir::process");
+    let outcomes: Vec<&str> = receipts
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes.len(), 3, "{receipts:#?}");
+    assert_eq!(outcomes[0], "killed");
+    assert!(outcomes[1..].iter().all(|o| *o == "failed"), "{outcomes:?}");
+    let first = &receipts[0];
+    assert_eq!(first["class"], "runner");
+    assert_eq!(first["name"], "owner");
+    assert_eq!(first["contract"], "boot");
+    assert_eq!(first["image"], o.resident.as_str());
+    assert!(first["peak_memory_bytes"].as_u64().unwrap() > 0);
+    let list = o.call("GET", "/r/owner/list", b"").await.json();
+    assert_eq!(list, serde_json::json!([]), "nothing left running");
+    assert_eq!(o.weir.status().await["processes"]["slots"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_are_bounded_and_reused_lowest_first_and_a_refusal_names_its_holders() {
+    let o = Owners::start("slots", &["max_processes_per_actor=2", "max_processes=3"]).await;
+    let (a, _) = o.spawn("owner", "").await;
+    let (b, _) = o.spawn("owner", "").await;
+    let slot = |pid: u64| {
+        let o = &o;
+        async move {
+            o.call("GET", &format!("/r/owner/status/{pid}"), b"")
+                .await
+                .json()["slot"]
+                .clone()
+        }
+    };
+    assert_eq!((slot(a).await, slot(b).await), (0.into(), 1.into()));
+    let refused = o
+        .call("POST", &format!("/r/owner/spawn/{}", o.resident), b"")
+        .await;
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    let message = refused.json()["message"].as_str().unwrap().to_string();
+    assert!(
+        message.starts_with(&format!(
+            "max_processes_per_actor (2) reached: runner/owner holds 2 (pids [{a}, {b}], "
+        )),
+        "{message}"
+    );
+    // Another owner takes the server's last slot, then the server is full.
+    o.spawn("second", "").await;
+    let refused = o
+        .call("POST", &format!("/r/third/spawn/{}", o.resident), b"")
+        .await;
+    let message = refused.json()["message"].as_str().unwrap().to_string();
+    assert!(
+        message.starts_with("max_processes (3) reached: runner/owner holds 2")
+            && message.contains("; runner/second holds 1"),
+        "{message}"
+    );
+    // The lowest slot comes back after its process is gone; pids never do.
+    o.call("POST", &format!("/r/owner/kill/{a}"), b"").await;
+    let (c, _) = o.spawn("owner", "").await;
+    assert_eq!(c, b + 1);
+    assert_eq!(slot(c).await, 0);
+    // A start that fails gives its slot back.
+    o.call("POST", &format!("/r/owner/kill/{c}"), b"").await;
+    let failed = o
+        .call(
+            "POST",
+            &format!("/r/owner/spawn/{}?start=fail", o.resident),
+            b"",
+        )
+        .await;
+    assert_eq!(failed.status, 500);
+    assert_eq!(
+        failed.json()["message"],
+        "the program's start failed: told to fail"
+    );
+    let (d, _) = o.spawn("owner", "").await;
+    assert_eq!(slot(d).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spawn_of_what_is_not_a_server_or_not_stored_is_refused_and_holds_nothing() {
+    let o = Owners::start("refused", &[]).await;
+    let not_a_server = o
+        .call("POST", &format!("/r/owner/spawn/{}", o.cmdprobe), b"")
+        .await;
+    assert_eq!(not_a_server.status, 422, "{}", not_a_server.text());
+    assert!(
+        not_a_server.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not export wasi:http/incoming-handler"),
+        "{}",
+        not_a_server.text()
+    );
+    let missing = format!("sha256:{}", "1".repeat(64));
+    let refused = o
+        .call("POST", &format!("/r/owner/spawn/{missing}"), b"")
+        .await;
+    assert_eq!(refused.status, 404);
+    assert!(
+        refused.json()["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("image_not_found")
+    );
+    let ledger: Value = o.weir.status().await["processes"].clone();
+    assert_eq!(
+        (ledger["live"].clone(), ledger["slots"].clone()),
+        (0.into(), 0.into())
+    );
+}

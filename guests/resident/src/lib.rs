@@ -1,0 +1,100 @@
+//! A resident server for the tests: it boots once (`start` counts its
+//! evaluations in instance memory) and then serves:
+//!
+//! | path | behaviour |
+//! |---|---|
+//! | `/starts` | `{starts, start_args, requests, args, env}`: how often start ran in this instance, what it was given, requests served |
+//! | `/echo?status=N` | answers N (default 200) with `x-method`, `x-path`, each request header as `x-echo-<name>`, two `set-cookie`s, and the request body |
+//! | `/spin` | never answers |
+//! | `/trap` | traps |
+//!
+//! `start` fails when its argument is `fail`.
+
+use std::cell::{Cell, RefCell};
+
+use wasi::http::types::{IncomingRequest, ResponseOutparam};
+use weir_guest::http::{read_body, respond};
+
+mod boot_bindings {
+    wit_bindgen::generate!({
+        path: "../../wit/weir-process",
+        world: "weir:process/resident",
+    });
+}
+
+thread_local! {
+    static STARTS: Cell<u64> = const { Cell::new(0) };
+    static REQUESTS: Cell<u64> = const { Cell::new(0) };
+    static START_ARGS: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+struct Resident;
+
+impl boot_bindings::exports::weir::process::boot::Guest for Resident {
+    fn start(args: Vec<u8>) -> Result<Vec<u8>, String> {
+        STARTS.with(|s| s.set(s.get() + 1));
+        let args = String::from_utf8_lossy(&args).into_owned();
+        if args == "fail" {
+            return Err("told to fail".into());
+        }
+        START_ARGS.with(|a| *a.borrow_mut() = args.clone());
+        Ok(format!("booted with {args}").into_bytes())
+    }
+}
+
+boot_bindings::export!(Resident with_types_in boot_bindings);
+
+impl wasi::exports::http::incoming_handler::Guest for Resident {
+    fn handle(request: IncomingRequest, out: ResponseOutparam) {
+        REQUESTS.with(|r| r.set(r.get() + 1));
+        let path = request.path_with_query().unwrap_or_default();
+        let (route, query) = path.split_once('?').unwrap_or((&path, ""));
+        match route {
+            "/starts" => {
+                let body = serde_json::json!({
+                    "starts": STARTS.with(Cell::get),
+                    "start_args": START_ARGS.with(|a| a.borrow().clone()),
+                    "requests": REQUESTS.with(Cell::get),
+                    "args": std::env::args().collect::<Vec<_>>(),
+                    "env": std::env::vars().collect::<Vec<_>>(),
+                });
+                respond(
+                    out,
+                    200,
+                    &[("content-type", b"application/json")],
+                    body.to_string().as_bytes(),
+                );
+            }
+            "/echo" => {
+                let status = query
+                    .split('&')
+                    .find_map(|p| p.strip_prefix("status="))
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(200);
+                let method = format!("{:?}", request.method());
+                let mut headers: Vec<(String, Vec<u8>)> = vec![
+                    ("x-method".into(), method.into_bytes()),
+                    ("x-path".into(), path.clone().into_bytes()),
+                    ("set-cookie".into(), b"a=1; Path=/".to_vec()),
+                    ("set-cookie".into(), b"b=2; Path=/".to_vec()),
+                ];
+                for (name, value) in request.headers().entries() {
+                    headers.push((format!("x-echo-{name}"), value));
+                }
+                let body = read_body(&request, 1 << 20);
+                let refs: Vec<(&str, &[u8])> = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_slice()))
+                    .collect();
+                respond(out, status, &refs, &body);
+            }
+            "/spin" => loop {
+                std::hint::black_box(0u64);
+            },
+            "/trap" => panic!("the resident was told to trap"),
+            _ => respond(out, 404, &[], b"no such path"),
+        }
+    }
+}
+
+wasi::http::proxy::export!(Resident);
