@@ -1,13 +1,14 @@
 //! The admin endpoints: `/healthz`, `/status` (JSON), `/metrics`
-//! (Prometheus text), the operators' view of actors (`/actors…`) and the
-//! image store (`/images…`, in [`crate::admin_images`]).
+//! (Prometheus text), the operators' view of actors (`/actors…`), the
+//! image store (`/images…`, in [`crate::admin_images`]) and the resident
+//! processes (`/processes…`, in [`crate::admin_processes`]).
 //!
 //! Invariants owned here: the admin listener is separate from the app's, so
 //! an app at capacity can still be observed. `/healthz`, `/status` and
-//! `/metrics` are open (monitoring reads them); everything under `/actors`
-//! and `/images` — actor names, key dumps, deletion, images — answers only
-//! a request that bears the admin token (`Authorization: Bearer <token>`),
-//! and 401 otherwise.
+//! `/metrics` are open (monitoring reads them); everything under
+//! `/actors`, `/images` and `/processes` — actor names, key dumps,
+//! deletion, images, processes — answers only a request that bears the
+//! admin token (`Authorization: Bearer <token>`), and 401 otherwise.
 //! `DELETE /actors/<class>/<name>` waits for the actor's turn like any
 //! caller.
 
@@ -40,7 +41,7 @@ pub struct AdminState {
     pub images: Option<Arc<ImageStore>>,
     /// The resident processes, for the budgets ledger.
     pub processes: Option<Arc<ProcessTable>>,
-    /// The bearer token `/actors` and `/images` require.
+    /// The bearer token `/actors`, `/images` and `/processes` require.
     pub token: String,
 }
 
@@ -223,7 +224,9 @@ fn under<'a>(path: &'a str, prefix: &str) -> Option<&'a str> {
 
 async fn route(state: &AdminState, req: Request<Incoming>) -> Response<ServeBody> {
     let path = req.uri().path().to_string();
-    let guarded = under(&path, "/actors").is_some() || under(&path, "/images").is_some();
+    let guarded = ["/actors", "/images", "/processes"]
+        .iter()
+        .any(|prefix| under(&path, prefix).is_some());
     if guarded && !authorized(&req, &state.token) {
         let mut response = error(
             StatusCode::UNAUTHORIZED,
@@ -234,6 +237,12 @@ async fn route(state: &AdminState, req: Request<Incoming>) -> Response<ServeBody
             .headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return response;
+    }
+    if let Some(rest) = under(&path, "/processes") {
+        return match &state.processes {
+            Some(table) => crate::admin_processes::route(table, req, rest).await,
+            None => error(StatusCode::NOT_FOUND, "not_found", "no process table"),
+        };
     }
     if let Some(rest) = under(&path, "/images") {
         return match &state.images {

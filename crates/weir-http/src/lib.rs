@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod admin_images;
+pub mod admin_processes;
 pub mod head;
 pub mod request_body;
 pub mod response_body;

@@ -37,6 +37,7 @@ use weir_runtime::scope::EventScope;
 
 use crate::image_store::{Digest, ImageStore};
 use crate::loader::{Loader, ProgramLoadError};
+use crate::metrics::ProgramMetrics;
 use crate::one_shot::{self, Output, RunLimits, Stdin};
 use crate::process_table::{Owner, ProcessTable};
 use crate::resident::{Resident, Spawn};
@@ -63,6 +64,7 @@ pub struct ProgramsConfig {
     pub outbound: OutboundRules,
     pub budget: Arc<MemoryBudget>,
     pub metrics: AppMetrics,
+    pub program_metrics: ProgramMetrics,
     pub receipts: Option<Arc<dyn ReceiptSink>>,
 }
 
@@ -159,6 +161,10 @@ impl ProgramsHost {
         )
         .await;
         drop(root);
+        self.config.program_metrics.ran(match &report.end {
+            crate::RunEnd::Exited(_) => "ok",
+            crate::RunEnd::Failed { outcome, .. } => outcome.as_str(),
+        });
         Ok(programs::RunResult {
             exit_code: report.end.exit_code(),
             stopped: report.end.error().map(str::to_string),
@@ -169,8 +175,23 @@ impl ProgramsHost {
 }
 
 impl ProgramsHost {
-    /// One `processes.spawn` of an actor's turn.
+    /// One `processes.spawn` of an actor's turn, counted by result.
     async fn spawn(
+        self: Arc<Self>,
+        seat: Option<ActorSeat>,
+        scope: Option<Arc<EventScope>>,
+        spec: processes::SpawnSpec,
+    ) -> Result<processes::Spawned, types::Error> {
+        let spawned = self.clone().try_spawn(seat, scope, spec).await;
+        self.config.program_metrics.spawned(match &spawned {
+            Ok(_) => "ok",
+            Err(types::Error::Limit(_)) => "refused",
+            Err(_) => "failed",
+        });
+        spawned
+    }
+
+    async fn try_spawn(
         self: Arc<Self>,
         seat: Option<ActorSeat>,
         scope: Option<Arc<EventScope>>,
@@ -235,6 +256,7 @@ impl ProgramsHost {
             deadline,
             table: self.table.clone(),
             metrics: self.config.metrics.clone(),
+            program_metrics: self.config.program_metrics.clone(),
             receipts: self.config.receipts.clone(),
         })
         .await

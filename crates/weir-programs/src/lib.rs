@@ -19,6 +19,7 @@ pub mod host;
 pub mod image_store;
 pub mod limits;
 pub mod loader;
+pub mod metrics;
 pub mod one_shot;
 pub mod process_router;
 pub mod process_table;

@@ -180,11 +180,15 @@ impl ProcessTable {
         self.owners().get(owner)?.running.get(&pid).cloned()
     }
 
-    /// Any running process `pid`, whoever owns it (for the operators).
-    pub fn find(&self, pid: u64) -> Option<Arc<Resident>> {
-        self.owners()
+    /// Every running process, by owner and pid.
+    pub fn all(&self) -> Vec<Arc<Resident>> {
+        let owners = self.owners();
+        let mut all: Vec<_> = owners
             .values()
-            .find_map(|o| o.running.get(&pid).cloned())
+            .flat_map(|o| o.running.values().cloned())
+            .collect();
+        all.sort_by(|a, b| (&a.owner, a.pid).cmp(&(&b.owner, b.pid)));
+        all
     }
 
     /// `owner`'s running processes, by pid.

@@ -38,6 +38,7 @@ use weir_runtime::{AppCode, Limits, WeirError};
 
 use crate::error_code::ProgramErrorCode;
 use crate::image_store::{Digest, Root};
+use crate::metrics::ProgramMetrics;
 use crate::one_shot::Timed;
 use crate::process_table::{Owner, ProcessTable, Reservation};
 
@@ -98,6 +99,7 @@ pub struct Spawn {
     pub deadline: Instant,
     pub table: Arc<ProcessTable>,
     pub metrics: AppMetrics,
+    pub program_metrics: ProgramMetrics,
     pub receipts: Option<Arc<dyn ReceiptSink>>,
 }
 
@@ -165,6 +167,7 @@ impl Resident {
             deadline,
             table,
             metrics,
+            program_metrics,
             receipts,
         } = spawn;
         let fail = |e: SpawnError| {
@@ -234,6 +237,11 @@ impl Resident {
             drop(generation);
             drop(root);
             table.ended(&serving.owner, reservation, &ended);
+            program_metrics.exited(if ended == "killed" {
+                "killed"
+            } else {
+                "failed"
+            });
             if let Some(sink) = &receipts {
                 write_process_receipt(sink.as_ref(), &serving, &ended, &cpu, peak, started);
             }

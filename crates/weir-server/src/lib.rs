@@ -28,6 +28,7 @@ use weir_actors::{ActorClass, ActorDirectory, ActorHost, ActorInterfaces, ActorM
 use weir_http::{ActorRoute, AdminState, ServeOptions};
 use weir_programs::host::{ProgramInterfaces, ProgramsConfig, ProgramsHost};
 use weir_programs::image_store::IMAGES_DIR;
+use weir_programs::metrics::ProgramMetrics;
 use weir_programs::process_router::ProcessRouter;
 use weir_programs::{ImageStore, RunLimits};
 use weir_runtime::code::HostInterfaces;
@@ -232,6 +233,7 @@ impl Server {
             outbound: config.outbound.clone(),
             budget: budget.clone(),
             metrics: metrics.for_app(PROGRAMS_METRICS_APP),
+            program_metrics: ProgramMetrics::register(&metrics),
             receipts: config.receipts.clone(),
         });
         // Owners reach their processes at `<pid>.process.internal`.

@@ -3,8 +3,10 @@
 //! `weir_server::Server`. Nothing here decides how an event runs.
 
 mod actors_cli;
+mod admin_client;
 mod config;
 mod logging;
+mod processes_cli;
 mod programs_cli;
 
 use std::net::SocketAddr;
@@ -50,6 +52,9 @@ enum Command {
     Run(programs_cli::RunArgs),
     /// Push, list, remove or sweep the images of a data dir's image store.
     Images(programs_cli::ImagesArgs),
+    /// List, inspect or kill the resident processes of a running server
+    /// (through its admin address).
+    Processes(processes_cli::ProcessesArgs),
     /// Compile a component read from stdin into a code-cache artifact
     /// (what `weir serve` runs so that it never compiles in-process).
     #[command(name = "compile-artifact", hide = true)]
@@ -146,6 +151,7 @@ fn main() -> ExitCode {
         Command::Actors(args) => actors_cli::run(args),
         Command::Run(args) => return programs_cli::run(args),
         Command::Images(args) => programs_cli::images(args),
+        Command::Processes(args) => processes_cli::run(args),
         Command::CompileArtifact(args) => {
             // Its stderr is the reason `weir serve` gives, so no prefix.
             return match compile_artifact(args) {

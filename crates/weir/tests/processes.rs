@@ -403,3 +403,90 @@ async fn a_spawn_of_what_is_not_a_server_or_not_stored_is_refused_and_holds_noth
         (0.into(), 0.into())
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_list_inspect_and_kill_processes_and_read_their_metrics() {
+    let o = Owners::start("operators", &[]).await;
+    let (a, _) = o.spawn("one", "").await;
+    let (b, _) = o.spawn("two", "").await;
+    o.call("GET", &format!("/r/one/proc/{a}/starts"), b"").await;
+
+    let admin = o.weir.admin.unwrap();
+    let without = send_to(
+        admin,
+        Request::get("/processes")
+            .header("host", admin.to_string())
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(without.status, 401, "the process list needs the token");
+
+    let list = o.weir.admin_get("/processes").await.json();
+    assert_eq!(list["live"], 2, "{list}");
+    let pids: Vec<u64> = list["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(pids, [a, b], "by owner, then pid");
+    assert_eq!(list["processes"][0]["owner"]["name"], "one");
+    assert_eq!(list["processes"][0]["requests"], 1);
+
+    let one = o
+        .weir
+        .admin_get(&format!("/processes/runner/one/{a}"))
+        .await
+        .json();
+    assert_eq!(one["image"], o.resident.as_str());
+    assert_eq!(one["state"], "running");
+
+    // The CLI: the same endpoints, the token read from the data dir.
+    let cli = |args: &[&str]| {
+        let mut command = common::weir_command();
+        command
+            .arg("processes")
+            .args(["--admin", &admin.to_string(), "--data-dir"])
+            .arg(&o.data)
+            .args(args);
+        command.output().unwrap()
+    };
+    let b_ = b.to_string();
+    let out = cli(&["inspect", "runner", "two", &b_]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["owner"]["name"], "two");
+    let out = cli(&["kill", "runner", "two", &b_]);
+    let killed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(killed["killed"], true);
+    let out = cli(&["kill", "runner", "two", &b_]);
+    let killed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(killed["killed"], false, "idempotent");
+    let out = cli(&["inspect", "runner", "two", &b_]);
+    assert_eq!(out.status.code(), Some(2), "an ended pid is not found");
+    // The other owner's process of the same pid number is untouched.
+    assert_eq!(a, b, "pids are per owner");
+    assert_eq!(
+        o.call("GET", &format!("/r/one/proc/{a}/starts"), b"")
+            .await
+            .status,
+        200
+    );
+    o.call("GET", &format!("/r/two/proc/{b}/starts"), b"")
+        .await
+        .assert_weir_error(410, "process_ended");
+
+    let metrics = o.weir.admin_get("/metrics").await.text();
+    for line in [
+        "weir_processes_live 1",
+        "weir_process_spawns_total{outcome=\"ok\"} 2",
+        "weir_process_exits_total{outcome=\"killed\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    }
+}

@@ -1,0 +1,99 @@
+//! The operators' commands' one way to a running server: through its admin
+//! address, with its admin token (`--token`, `WEIR_ADMIN_TOKEN`, or the
+//! data dir's `admin-token`), printing the JSON answer. `weir actors` and
+//! `weir processes` are its callers; nothing here opens the server's data.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+
+use crate::config::UsageError;
+
+/// Where the server is and how to prove the caller is its operator.
+#[derive(clap::Args)]
+pub struct AdminArgs {
+    /// The server's admin address (`weir serve --admin ADDR`).
+    #[arg(
+        long,
+        value_name = "ADDR",
+        global = true,
+        default_value = "127.0.0.1:9090"
+    )]
+    admin: SocketAddr,
+    /// The server's data dir, where its admin token is (`admin-token`).
+    #[arg(long, value_name = "DIR", global = true, default_value = ".weir")]
+    data_dir: PathBuf,
+    /// The admin token itself (else `WEIR_ADMIN_TOKEN`, else the data dir's).
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        global = true,
+        env = "WEIR_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<String>,
+}
+
+/// Sends `method path` to the admin address and prints the answer; a 400,
+/// 401 or 404 is a usage error (exit 2), another failure exits 1.
+pub fn call(args: &AdminArgs, method: &str, path: &str) -> anyhow::Result<()> {
+    let token = match &args.token {
+        Some(token) => token.clone(),
+        None => weir_store::data_dir::read_admin_token(&args.data_dir).map_err(|e| {
+            UsageError(format!(
+                "no admin token: cannot read {}/{} ({e}); pass --data-dir, --token or WEIR_ADMIN_TOKEN",
+                args.data_dir.display(),
+                weir_store::data_dir::TOKEN_FILE
+            ))
+        })?,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (status, body) = runtime.block_on(request(args.admin, method, path, &token))?;
+    let text = String::from_utf8_lossy(&body);
+    let pretty = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| serde_json::to_string_pretty(&v).ok())
+        .unwrap_or_else(|| text.to_string());
+    if status >= 400 {
+        if status == 404 || status == 400 || status == 401 {
+            return Err(UsageError(pretty).into());
+        }
+        bail!("{status}: {pretty}");
+    }
+    println!("{pretty}");
+    Ok(())
+}
+
+async fn request(
+    admin: SocketAddr,
+    method: &str,
+    path: &str,
+    token: &str,
+) -> anyhow::Result<(u16, Bytes)> {
+    let stream = tokio::net::TcpStream::connect(admin)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot reach the admin address {admin} (is `weir serve --admin {admin}` running?)"
+            )
+        })?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    let request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(http::header::HOST, admin.to_string())
+        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+        .body(Empty::<Bytes>::new())?;
+    let response = sender.send_request(request).await?;
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await?.to_bytes();
+    Ok((status, body))
+}
