@@ -40,7 +40,8 @@ use crate::loader::{Loader, ProgramLoadError};
 use crate::metrics::ProgramMetrics;
 use crate::one_shot::{self, Output, RunLimits, Stdin};
 use crate::process_table::{Owner, ProcessTable};
-use crate::resident::{Resident, Spawn};
+use crate::resident::{Resident, SlotUse, Spawn};
+use crate::storage_slot::{MAX_SLOT_NAME_BYTES, Slots, valid_name as valid_slot_name};
 
 mod generated {
     wasmtime::component::bindgen!({
@@ -59,6 +60,8 @@ const PROCESSES_INTERFACE: &str = "weir:process/processes@0.1.0";
 /// What the programs of a server are made with.
 pub struct ProgramsConfig {
     pub images_dir: PathBuf,
+    /// Where storage slots live (`<data-dir>/slots`).
+    pub slots_dir: PathBuf,
     pub compiler: Compiler,
     pub limits: RunLimits,
     pub outbound: OutboundRules,
@@ -72,6 +75,9 @@ pub struct ProgramsConfig {
 pub struct ProgramsHost {
     config: ProgramsConfig,
     loader: OnceLock<Result<Arc<Loader>, String>>,
+    /// Opened at the first spawn (which is when a crash's leftover
+    /// ephemeral slots are deleted).
+    slots: OnceLock<Result<Arc<Slots>, String>>,
     /// The resident processes, by owner.
     pub table: Arc<ProcessTable>,
 }
@@ -85,6 +91,7 @@ impl ProgramsHost {
         Arc::new(ProgramsHost {
             config,
             loader: OnceLock::new(),
+            slots: OnceLock::new(),
             table,
         })
     }
@@ -109,6 +116,84 @@ impl ProgramsHost {
                 .map_err(|e| e.to_string())
             })
             .clone()
+    }
+
+    fn slots(&self) -> Result<Arc<Slots>, String> {
+        self.slots
+            .get_or_init(|| {
+                Slots::open(&self.config.slots_dir)
+                    .map(Arc::new)
+                    .map_err(|e| format!("cannot open {}: {e}", self.config.slots_dir.display()))
+            })
+            .clone()
+    }
+
+    /// The directory a spawn's storage slot names, made ready (none: no
+    /// slot), or why it cannot have it.
+    fn storage_for(
+        &self,
+        owner: &Owner,
+        pid: u64,
+        slot: Option<&processes::StorageSlot>,
+    ) -> Result<Option<SlotUse>, types::Error> {
+        let Some(slot) = slot else { return Ok(None) };
+        if !valid_slot_name(&slot.name) {
+            return Err(types::Error::Failed(format!(
+                "storage slot name `{}` must be 1-{MAX_SLOT_NAME_BYTES} of a-z, 0-9, `_` and `-`",
+                slot.name.chars().take(80).collect::<String>()
+            )));
+        }
+        if slot.durable
+            && let Some(user) = self.table.of(owner).into_iter().find(|r| {
+                r.storage
+                    .as_ref()
+                    .is_some_and(|s| s.durable && s.name == slot.name)
+            })
+        {
+            return Err(types::Error::Failed(format!(
+                "storage slot `{}` is in use by pid {}",
+                slot.name, user.pid
+            )));
+        }
+        let slots = self.slots().map_err(types::Error::Failed)?;
+        let dir = if slot.durable {
+            slots.durable(owner, &slot.name)
+        } else {
+            slots.ephemeral(owner, pid)
+        };
+        Ok(Some(SlotUse {
+            name: slot.name.clone(),
+            durable: slot.durable,
+            dir,
+        }))
+    }
+
+    /// `processes.remove-storage`: deletes a durable slot no running
+    /// process uses; true if it existed.
+    async fn remove_storage(
+        self: Arc<Self>,
+        seat: Option<ActorSeat>,
+        name: String,
+    ) -> Result<bool, types::Error> {
+        let seat = seat.ok_or(types::Error::NotAnActor)?;
+        let owner = owner_of(&seat);
+        let slot = processes::StorageSlot {
+            name: name.clone(),
+            durable: true,
+        };
+        let dir = match self.storage_for(&owner, 0, Some(&slot))? {
+            Some(slot) => slot.dir,
+            None => return Ok(false),
+        };
+        tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(types::Error::Failed(format!(
+                "cannot remove storage slot `{name}`: {e}"
+            ))),
+        })
+        .await
+        .map_err(|e| types::Error::Failed(e.to_string()))?
     }
 
     /// One `programs.run` call of an actor's turn.
@@ -207,21 +292,25 @@ impl ProgramsHost {
             .parse()
             .map_err(|e: crate::ImageError| types::Error::Image(coded(e.code(), &e)))?;
         let owner = owner_of(&seat);
-        let reservation = self
+        let reserved = self
             .table
-            .reserve(&owner, seat.identity.incarnation)
+            .reserve_guarded(&owner, seat.identity.incarnation)
             .map_err(|e| types::Error::Limit(e.to_string()))?;
-        let loader = match self.loader() {
-            Ok(loader) => loader,
-            Err(e) => {
-                self.table.release(&owner, reservation);
-                return Err(types::Error::Failed(e));
-            }
-        };
+        let pid = reserved.reservation.pid;
+        let storage = self.storage_for(&owner, pid, spec.storage.as_ref())?;
+        let loader = self.loader().map_err(types::Error::Failed)?;
         let ready = {
             let loader = loader.clone();
-            // Loading may compile: never on an async worker.
+            let dir = storage.as_ref().map(|s| s.dir.clone());
+            // Loading may compile, and making the slot is file work:
+            // never on an async worker.
             tokio::task::spawn_blocking(move || {
+                if let Some(dir) = &dir {
+                    std::fs::create_dir_all(dir).map_err(|source| ProgramLoadError::Read {
+                        path: format!("storage slot {}", dir.display()),
+                        source,
+                    })?;
+                }
                 let mut root = loader.images.root(&digest)?;
                 let code =
                     loader.code::<ProxyPre<GenerationState>>(&mut root, &digest.to_string())?;
@@ -231,12 +320,8 @@ impl ProgramsHost {
         };
         let (root, code) = match ready {
             Ok(Ok(ready)) => ready,
-            Ok(Err(e)) => {
-                self.table.release(&owner, reservation);
-                return Err(to_guest_error(e));
-            }
+            Ok(Err(e)) => return Err(to_guest_error(e)),
             Err(e) => {
-                self.table.release(&owner, reservation);
                 return Err(types::Error::Failed(format!(
                     "loading the program failed: {e}"
                 )));
@@ -246,13 +331,13 @@ impl ProgramsHost {
             .deadline()
             .unwrap_or_else(|| Instant::now() + code.limits.event_limit);
         let (resident, payload) = Resident::spawn(Spawn {
-            owner,
-            reservation,
+            reserved,
             code: Arc::new(code),
             root,
             args: spec.args,
             env: spec.env,
             start_args: spec.start_args,
+            storage,
             deadline,
             table: self.table.clone(),
             metrics: self.config.metrics.clone(),
@@ -380,6 +465,12 @@ impl HostInterfaces for ProgramInterfaces {
             let (seat, _) = caller(store.data());
             let host = host.clone();
             Box::new(async move { Ok((host.kill(seat, pid).await,)) })
+        })?;
+        let host = self.0.clone();
+        processes.func_wrap_async("remove-storage", move |store, (name,): (String,)| {
+            let (seat, _) = caller(store.data());
+            let host = host.clone();
+            Box::new(async move { Ok((host.remove_storage(seat, name).await,)) })
         })?;
         let host = self.0.clone();
         processes.func_wrap("status", move |store, (pid,): (u64,)| {

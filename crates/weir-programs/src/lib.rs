@@ -24,6 +24,7 @@ pub mod one_shot;
 pub mod process_router;
 pub mod process_table;
 pub mod resident;
+pub mod storage_slot;
 
 pub use error_code::ProgramErrorCode;
 pub use image_store::{Digest, ImageError, ImageStore};

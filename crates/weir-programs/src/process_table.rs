@@ -41,6 +41,31 @@ pub struct Reservation {
     pub slot: u32,
 }
 
+/// A reservation that gives itself back unless its process started.
+pub struct Reserved {
+    table: Arc<ProcessTable>,
+    pub owner: Owner,
+    pub reservation: Reservation,
+    armed: bool,
+}
+
+impl Reserved {
+    /// The process is up: it holds the slot from now on, until
+    /// [`ProcessTable::ended`].
+    pub fn started(mut self, resident: Arc<Resident>) {
+        self.armed = false;
+        self.table.started(&self.owner, resident);
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        if self.armed {
+            self.table.release(&self.owner, self.reservation);
+        }
+    }
+}
+
 /// What one owner holds.
 #[derive(Default)]
 struct Owned {
@@ -100,6 +125,23 @@ impl ProcessTable {
 
     fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<Owner, Owned>> {
         self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A pid and the lowest free slot for a new process of `owner` in its
+    /// `incarnation`, held until the process starts or the guard drops (a
+    /// spawn that fails, or whose turn ends first, gives them back).
+    pub fn reserve_guarded(
+        self: &Arc<Self>,
+        owner: &Owner,
+        incarnation: u64,
+    ) -> Result<Reserved, LimitRefusal> {
+        let reservation = self.reserve(owner, incarnation)?;
+        Ok(Reserved {
+            table: self.clone(),
+            owner: owner.clone(),
+            reservation,
+            armed: true,
+        })
     }
 
     /// A pid and the lowest free slot for a new process of `owner` in its

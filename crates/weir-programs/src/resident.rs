@@ -40,7 +40,8 @@ use crate::error_code::ProgramErrorCode;
 use crate::image_store::{Digest, Root};
 use crate::metrics::ProgramMetrics;
 use crate::one_shot::Timed;
-use crate::process_table::{Owner, ProcessTable, Reservation};
+use crate::process_table::{Owner, ProcessTable, Reserved};
+use crate::storage_slot::SLOT_GUEST_PATH;
 
 /// Requests that may wait for one process: it serves one at a time, so
 /// its queue is its latency; past 64, refusing fast (503
@@ -62,12 +63,23 @@ struct Job {
     reply: oneshot::Sender<http::Response<Bytes>>,
 }
 
+/// A storage slot a process uses.
+#[derive(Clone, Debug)]
+pub struct SlotUse {
+    pub name: String,
+    pub durable: bool,
+    /// On the host; the process sees it at `/data`.
+    pub dir: std::path::PathBuf,
+}
+
 /// A running (or just ended) resident process.
 pub struct Resident {
     pub pid: u64,
     pub owner: Owner,
     pub image: Digest,
     pub slot: u32,
+    /// Its storage slot, if it has one.
+    pub storage: Option<SlotUse>,
     requests: AtomicU64,
     memory: AtomicU64,
     /// How it ended; none while it runs.
@@ -88,13 +100,15 @@ pub enum SpawnError {
 
 /// Everything a spawn needs.
 pub struct Spawn {
-    pub owner: Owner,
-    pub reservation: Reservation,
+    /// The pid and slot, given back if the spawn does not finish.
+    pub reserved: Reserved,
     pub code: Arc<AppCode>,
     pub root: Root,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     pub start_args: Vec<u8>,
+    /// The directory preopened at `/data`, made ready by the caller.
+    pub storage: Option<SlotUse>,
     /// The boot must be done by then (the spawning turn's deadline).
     pub deadline: Instant,
     pub table: Arc<ProcessTable>,
@@ -157,22 +171,32 @@ impl Resident {
     /// returns.
     pub async fn spawn(spawn: Spawn) -> Result<(Arc<Resident>, Vec<u8>), SpawnError> {
         let Spawn {
-            owner,
-            reservation,
+            reserved,
             code,
             root,
             args,
             env,
             start_args,
+            storage,
             deadline,
             table,
             metrics,
             program_metrics,
             receipts,
         } = spawn;
-        let fail = |e: SpawnError| {
-            table.release(&owner, reservation);
-            Err(e)
+        let (owner, reservation) = (reserved.owner.clone(), reserved.reservation);
+        // Dropping `reserved` on any early return gives the slot back.
+        // An ephemeral slot of a spawn that failed goes before its slot
+        // number is given back (off the async workers: a failed start may
+        // have filled it).
+        let ephemeral = storage
+            .as_ref()
+            .filter(|s| !s.durable)
+            .map(|s| s.dir.clone());
+        let cleanup = || async {
+            if let Some(dir) = ephemeral.clone() {
+                let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+            }
         };
         let cpu = Arc::new(AtomicU64::new(0));
         let mut wasi = wasmtime_wasi::WasiCtx::builder();
@@ -182,6 +206,19 @@ impl Resident {
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false);
+        if let Some(slot) = &storage
+            && let Err(e) = wasi.preopened_dir(
+                &slot.dir,
+                SLOT_GUEST_PATH,
+                wasmtime_wasi::FsPerms::ReadWrite,
+            )
+        {
+            cleanup().await;
+            return Err(SpawnError::Instantiate(format!(
+                "cannot open its storage slot `{}`: {e:#}",
+                slot.name
+            )));
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         let made = tokio::time::timeout(
             left,
@@ -199,16 +236,24 @@ impl Resident {
         .await;
         let mut generation = match made {
             Ok(Ok(generation)) => generation,
-            Ok(Err(e)) => return fail(SpawnError::Instantiate(e.reason)),
+            Ok(Err(e)) => {
+                cleanup().await;
+                return Err(SpawnError::Instantiate(e.reason));
+            }
             Err(_) => {
-                return fail(SpawnError::Instantiate(
+                cleanup().await;
+                return Err(SpawnError::Instantiate(
                     "the spawning turn's deadline passed".into(),
                 ));
             }
         };
         let payload = match boot(&code, &mut generation, start_args, deadline, &cpu).await {
             Ok(payload) => payload,
-            Err(why) => return fail(SpawnError::Start(why)),
+            Err(why) => {
+                drop(generation);
+                cleanup().await;
+                return Err(SpawnError::Start(why));
+            }
         };
         let (jobs, queue) = mpsc::channel(MAX_PROCESS_QUEUED);
         let (kill, killed) = watch::channel(false);
@@ -218,6 +263,7 @@ impl Resident {
             owner: owner.clone(),
             image: root.digest(),
             slot: reservation.slot,
+            storage: storage.clone(),
             requests: AtomicU64::new(0),
             memory: AtomicU64::new(generation.memory_bytes() as u64),
             ended: Mutex::new(None),
@@ -225,7 +271,7 @@ impl Resident {
             kill,
             done,
         });
-        table.started(&owner, resident.clone());
+        reserved.started(resident.clone());
         let started = Instant::now();
         let serving = resident.clone();
         tokio::spawn(async move {
@@ -236,6 +282,10 @@ impl Resident {
             // only then the slot.
             drop(generation);
             drop(root);
+            if let Some(slot) = serving.storage.clone().filter(|s| !s.durable) {
+                let _ =
+                    tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&slot.dir)).await;
+            }
             table.ended(&serving.owner, reservation, &ended);
             program_metrics.exited(if ended == "killed" {
                 "killed"

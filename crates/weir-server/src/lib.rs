@@ -225,6 +225,7 @@ impl Server {
         // at the first run, from the data dir's image store.
         let programs = ProgramsHost::new(ProgramsConfig {
             images_dir: config.data_dir.join(IMAGES_DIR),
+            slots_dir: config.data_dir.join(weir_programs::storage_slot::SLOTS_DIR),
             compiler: config.compiler.clone(),
             limits: RunLimits {
                 runtime: limits.clone(),

@@ -5,6 +5,9 @@
 //! |---|---|
 //! | `/starts` | `{starts, start_args, requests, args, env}`: how often start ran in this instance, what it was given, requests served |
 //! | `/echo?status=N` | answers N (default 200) with `x-method`, `x-path`, each request header as `x-echo-<name>`, two `set-cookie`s, and the request body |
+//! | `PUT /files/<name>` | writes the body to `/data/<name>` (its storage slot) |
+//! | `GET /files/<name>` | the file, or 404 with the error |
+//! | `GET /escape` | tries to leave `/data` (`..`, absolute paths, a symlink out, the host's files): one line per try |
 //! | `/spin` | never answers |
 //! | `/trap` | traps |
 //!
@@ -87,6 +90,56 @@ impl wasi::exports::http::incoming_handler::Guest for Resident {
                     .map(|(k, v)| (k.as_str(), v.as_slice()))
                     .collect();
                 respond(out, status, &refs, &body);
+            }
+            "/escape" => {
+                fn try_read(what: &str, path: &str) -> String {
+                    match std::fs::read(path) {
+                        Ok(b) => format!("{what}: read {} bytes", b.len()),
+                        Err(e) => format!("{what}: {:?}", e.kind()),
+                    }
+                }
+                let mut lines = vec![
+                    try_read("parent", "/data/../../../../etc/passwd"),
+                    try_read("absolute", "/etc/passwd"),
+                    try_read("relative", "../etc/passwd"),
+                ];
+                let data = wasi::filesystem::preopens::get_directories()
+                    .into_iter()
+                    .find(|(_, path)| path == "/data")
+                    .map(|(dir, _)| dir);
+                for (name, target) in [("link-out", "/etc/passwd"), ("link-up", "../../..")] {
+                    let made = data.as_ref().map(|d| d.symlink_at(target, name));
+                    lines.push(format!("symlink {name}: {:?}", made.map(|r| r.is_ok())));
+                }
+                lines.push(try_read("through link-out", "/data/link-out"));
+                lines.push(try_read("through link-up", "/data/link-up/etc/passwd"));
+                lines.push(match std::fs::read_dir("/data/..") {
+                    Ok(entries) => format!("list parent: {} entries", entries.count()),
+                    Err(e) => format!("list parent: {:?}", e.kind()),
+                });
+                lines.push(match std::fs::write("/data/../escaped.txt", b"x") {
+                    Ok(()) => "write parent: written".to_string(),
+                    Err(e) => format!("write parent: {:?}", e.kind()),
+                });
+                let body = lines.join("\n") + "\n";
+                respond(out, 200, &[], body.as_bytes());
+            }
+            other if other.starts_with("/files/") => {
+                let name = &other["/files/".len()..];
+                let path = format!("/data/{name}");
+                let method = request.method();
+                if matches!(method, wasi::http::types::Method::Put) {
+                    let body = read_body(&request, 1 << 20);
+                    match std::fs::write(&path, &body) {
+                        Ok(()) => respond(out, 200, &[], format!("wrote {}", body.len()).as_bytes()),
+                        Err(e) => respond(out, 500, &[], format!("{:?}", e.kind()).as_bytes()),
+                    }
+                } else {
+                    match std::fs::read(&path) {
+                        Ok(bytes) => respond(out, 200, &[], &bytes),
+                        Err(e) => respond(out, 404, &[], format!("{:?}", e.kind()).as_bytes()),
+                    }
+                }
             }
             "/spin" => loop {
                 std::hint::black_box(0u64);

@@ -3,7 +3,8 @@
 //! | path | behaviour |
 //! |---|---|
 //! | `POST /run/<digest>?arg=A&env=K=V` | runs the command with the body as stdin: `{exit_code, stopped, stdout, stderr}` |
-//! | `POST /spawn/<digest>?arg=A&env=K=V&start=S` | spawns a resident process: `{pid, payload}` |
+//! | `POST /spawn/<digest>?arg=A&env=K=V&start=S&slot=N&durable=1` | spawns a resident process (with storage slot N, durable or not): `{pid, payload}` |
+//! | `POST /remove-storage/<name>` | `{removed}` |
 //! | `ANY /proc/<pid>/<path>` | forwards the request (method, path, headers, body) to `<pid>.process.internal` and answers with its response as it came |
 //! | `POST /kill/<pid>` | `{killed}` |
 //! | `GET /status/<pid>`, `GET /list` | the process(es): `{pid, image, slot, state, requests}` |
@@ -14,7 +15,7 @@
 use wasi::http::types::{IncomingRequest, ResponseOutparam};
 use weir_guest::actor::storage;
 use weir_guest::http::{read_body, respond, send_with_headers};
-use weir_guest::process::{self, processes, Error, ProcessInfo, SpawnSpec, State};
+use weir_guest::process::{self, processes, Error, ProcessInfo, SpawnSpec, State, StorageSlot};
 
 struct Runner;
 
@@ -147,11 +148,17 @@ impl wasi::exports::http::incoming_handler::Guest for Runner {
         }
         if let Some(image) = route.strip_prefix("/spawn/") {
             let (args, env, start_args) = args_and_env(query);
+            let pairs: Vec<(&str, &str)> = query.split('&').filter_map(|p| p.split_once('=')).collect();
+            let storage = pairs.iter().find(|(k, _)| *k == "slot").map(|(_, name)| StorageSlot {
+                name: name.to_string(),
+                durable: pairs.iter().any(|(k, v)| *k == "durable" && *v == "1"),
+            });
             let spec = SpawnSpec {
                 image: image.to_string(),
                 args,
                 env,
                 start_args,
+                storage,
             };
             return answer(
                 out,
@@ -173,6 +180,12 @@ impl wasi::exports::http::incoming_handler::Guest for Runner {
         if let Some(pid) = route.strip_prefix("/status/") {
             let pid = pid.parse().unwrap_or(0);
             return answer(out, processes::status(pid).map(|p| info(&p)));
+        }
+        if let Some(name) = route.strip_prefix("/remove-storage/") {
+            return answer(
+                out,
+                processes::remove_storage(name).map(|r| serde_json::json!({ "removed": r })),
+            );
         }
         if route == "/list" {
             return answer(

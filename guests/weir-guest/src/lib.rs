@@ -98,7 +98,7 @@ pub mod keyvalue {
 /// owns.
 pub mod process {
     pub use crate::process_bindings::weir::process::processes::{
-        self, ProcessInfo, SpawnSpec, Spawned, State,
+        self, ProcessInfo, SpawnSpec, Spawned, State, StorageSlot,
     };
     pub use crate::process_bindings::weir::process::programs::RunResult;
     pub use crate::process_bindings::weir::process::types::Error;
