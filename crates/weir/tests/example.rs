@@ -1,7 +1,8 @@
 //! The examples, each served with its own weir.toml: the link shortener
 //! (guests/shortener: SQL for links, key-value counters, outbound HTTP
-//! checks) and the rate limiter (guests/ratelimit: a worker in front of one
-//! durable `bucket` actor per client).
+//! checks), the rate limiter (guests/ratelimit: a worker in front of one
+//! durable `bucket` actor per client) and the durable app (guests/notes-owner
+//! running guests/notes-app as a resident process over a durable slot).
 
 mod common;
 
@@ -159,4 +160,73 @@ async fn the_rate_limiter_keeps_one_bucket_per_client_across_restarts() {
     // Its forget timer is pending, as operators can see.
     let detail = weir.admin_get("/actors/bucket/ada").await.json();
     assert_eq!(detail["timers"][0]["reason"], "forget");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_durable_app_keeps_its_notes_across_sigkill_and_comes_back_under_a_new_pid() {
+    guest("notes_owner");
+    let data = std::env::temp_dir().join(format!("weir-example-notes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let config = root().join("guests/notes-owner/weir.toml");
+    let app = guest("notes_app");
+    // Pushed with the CLI, straight into the data dir's image store.
+    let pushed = common::weir_command()
+        .args(["images", "push", "--data-dir"])
+        .arg(&data)
+        .arg(&app)
+        .output()
+        .unwrap();
+    assert!(pushed.status.success());
+    let digest = String::from_utf8(pushed.stdout).unwrap();
+    let digest = digest.split_whitespace().next().unwrap().to_string();
+    let start = || {
+        Weir::start_with(&[
+            "--config",
+            config.to_str().unwrap(),
+            "--data-dir",
+            data.to_str().unwrap(),
+        ])
+    };
+    let weir = start();
+    let nothing = call(&weir, "GET", "/notes/mine/notes/todo", b"").await;
+    assert_eq!(nothing.status, 503);
+    assert_eq!(
+        nothing.text(),
+        "nothing deployed: POST /deploy/<digest> first\n"
+    );
+    let deployed = call(&weir, "POST", &format!("/notes/mine/deploy/{digest}"), b"").await;
+    assert_eq!(deployed.text(), "deployed as pid 1000001\n");
+    let kept = call(&weir, "PUT", "/notes/mine/notes/todo", b"buy milk").await;
+    assert_eq!(
+        (kept.status.as_u16(), kept.text()),
+        (201, "kept\n".to_string())
+    );
+    call(&weir, "PUT", "/notes/mine/notes/later", b"call home").await;
+    let list = call(&weir, "GET", "/notes/mine/notes", b"").await;
+    assert_eq!(list.text(), "later\ntodo");
+    // Another owner has an app and notes of its own (none deployed yet).
+    let theirs = call(&weir, "GET", "/notes/yours/notes/todo", b"").await;
+    assert_eq!(theirs.status, 503);
+
+    weir.signal("KILL");
+    drop(weir);
+    let weir = start();
+    let read = call(&weir, "GET", "/notes/mine/notes/todo", b"").await;
+    assert_eq!(
+        (read.status.as_u16(), read.text()),
+        (200, "buy milk".to_string())
+    );
+    let status = weir.admin_get("/processes").await.json();
+    let pid = status["processes"][0]["pid"].as_u64().unwrap();
+    assert!(pid > 2_000_000, "a new incarnation's pid: {pid}");
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+async fn call(weir: &Weir, method: &str, path: &str, body: &'static [u8]) -> common::Resp {
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .body(Full::new(Bytes::from_static(body)))
+        .unwrap();
+    weir.send(req).await
 }

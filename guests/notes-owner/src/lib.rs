@@ -1,0 +1,99 @@
+//! The owner of a durable app. `POST /deploy/<digest>` remembers the image
+//! and starts it as a resident process with the durable storage slot
+//! `notes`; every other request is routed to that process as it came. If
+//! the process is gone (killed, failed, or the server restarted), the next
+//! request starts it again over the same slot, so the notes are still
+//! there.
+
+use wasi::http::types::{IncomingRequest, Method, ResponseOutparam};
+use weir_guest::actor::storage;
+use weir_guest::http::{read_body, respond, send_with_headers};
+use weir_guest::process::{processes, SpawnSpec, StorageSlot};
+
+const MAX_BODY: usize = 1 << 20;
+
+struct Owner;
+
+/// Starts the app from `image` over the `notes` slot; remembers its pid.
+fn start(image: &str) -> Result<u64, String> {
+    let spawned = processes::spawn(&SpawnSpec {
+        image: image.to_string(),
+        args: Vec::new(),
+        env: Vec::new(),
+        start_args: Vec::new(),
+        storage: Some(StorageSlot {
+            name: "notes".into(),
+            durable: true,
+        }),
+    })
+    .map_err(|e| format!("{e:?}"))?;
+    storage::put("pid", &spawned.pid).map_err(|e| e.to_string())?;
+    Ok(spawned.pid)
+}
+
+/// The running app's pid, starting it if it is not running.
+fn running() -> Result<u64, String> {
+    if let Some(pid) = storage::get::<u64>("pid").map_err(|e| e.to_string())? {
+        if processes::status(pid).is_ok() {
+            return Ok(pid);
+        }
+    }
+    let image: String = storage::get("image")
+        .map_err(|e| e.to_string())?
+        .ok_or("nothing deployed: POST /deploy/<digest> first")?;
+    start(&image)
+}
+
+fn method_name(method: Method) -> String {
+    match method {
+        Method::Get => "GET".into(),
+        Method::Put => "PUT".into(),
+        Method::Post => "POST".into(),
+        Method::Delete => "DELETE".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+impl wasi::exports::http::incoming_handler::Guest for Owner {
+    fn handle(request: IncomingRequest, out: ResponseOutparam) {
+        let path = request.path_with_query().unwrap_or_default();
+        let text = [("content-type", b"text/plain".as_slice())];
+        if let Some(image) = path.strip_prefix("/deploy/") {
+            let _ = storage::put("image", &image.to_string());
+            if let Some(old) = storage::get::<u64>("pid").ok().flatten() {
+                let _ = processes::kill(old);
+            }
+            return match start(image) {
+                Ok(pid) => respond(out, 200, &text, format!("deployed as pid {pid}\n").as_bytes()),
+                Err(e) => respond(out, 502, &text, format!("{e}\n").as_bytes()),
+            };
+        }
+        let pid = match running() {
+            Ok(pid) => pid,
+            Err(e) => return respond(out, 503, &text, format!("{e}\n").as_bytes()),
+        };
+        let method = method_name(request.method());
+        let headers: Vec<(String, Vec<u8>)> = request
+            .headers()
+            .entries()
+            .into_iter()
+            .filter(|(k, _)| k != "host")
+            .collect();
+        let body = read_body(&request, MAX_BODY);
+        let authority = format!("{pid}.process.internal");
+        match send_with_headers(&method, &authority, &path, &headers, &body) {
+            Ok(reply) => {
+                let headers: Vec<(&str, &[u8])> = reply
+                    .headers
+                    .iter()
+                    .filter(|(k, _)| k != "content-length" && k != "transfer-encoding")
+                    .map(|(k, v)| (k.as_str(), v.as_slice()))
+                    .collect();
+                respond(out, reply.status, &headers, &reply.body);
+            }
+            Err(e) => respond(out, 502, &text, format!("{e}\n").as_bytes()),
+        }
+    }
+}
+
+wasi::http::proxy::export!(Owner);
