@@ -23,6 +23,7 @@ pub struct Unreadable {
 }
 
 /// The on-disk directory of every actor of one Weir data dir.
+#[derive(Clone)]
 pub struct ActorDirectory {
     root: PathBuf,
     durability: Durability,

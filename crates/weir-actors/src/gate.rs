@@ -152,8 +152,9 @@ impl TurnGate {
     }
 
     /// A write of the turn, unless the turn is poisoned; the turn is dirty
-    /// from then on, so the next flush commits it.
-    pub(crate) fn write<T>(
+    /// from then on, so the next flush commits it. (Also how a layer above
+    /// writes its own rows in the turn: the launch journal.)
+    pub fn write<T>(
         &self,
         f: impl FnOnce(&mut ActorDb) -> Result<T, ActorStoreError>,
     ) -> Result<T, GateError> {

@@ -19,6 +19,7 @@ use wasmtime::component::ComponentExportIndex;
 use weir_runtime::metrics::AppMetrics;
 use weir_runtime::receipt::ReceiptSink;
 use weir_runtime::{AppCode, ErrorCode};
+use weir_store::actor::{ActorDb, ActorStoreError};
 
 use crate::address::ActorAddress;
 use crate::bindings::ALARM_INTERFACE;
@@ -69,6 +70,34 @@ impl ActorClass {
     }
 }
 
+/// An actor held between its turns ([`ActorHost::exclusive`]).
+pub struct Exclusive {
+    live: tokio::sync::OwnedMutexGuard<Live>,
+    /// The database, opened for the holder when the actor was hibernated.
+    db: Option<ActorDb>,
+    actor: ActorAddress,
+    directory: ActorDirectory,
+    _claim: Claim,
+}
+
+impl Exclusive {
+    /// Runs `f` on the actor's database. Each statement commits on its own
+    /// unless `f` groups them with `ActorDb::transaction`.
+    pub fn storage<T>(
+        &mut self,
+        f: impl FnOnce(&mut ActorDb) -> Result<T, ActorStoreError>,
+    ) -> Result<T, AdminError> {
+        let storage = |e: ActorStoreError| AdminError::Storage(e.to_string());
+        if let Some(gate) = &self.live.gate {
+            return gate.with_db(f).map_err(storage);
+        }
+        if self.db.is_none() {
+            self.db = Some(self.directory.open(&self.actor).map_err(storage)?);
+        }
+        f(self.db.as_mut().expect("opened above")).map_err(storage)
+    }
+}
+
 /// One actor in memory: its turn lock and what it holds between turns.
 pub(crate) struct Cell {
     pub(crate) address: ActorAddress,
@@ -78,7 +107,7 @@ pub(crate) struct Cell {
     pub(crate) pending: AtomicUsize,
     /// Calls waiting for their turn, in arrival order.
     pub(crate) inbox: Mutex<Inbox>,
-    pub(crate) live: tokio::sync::Mutex<Live>,
+    pub(crate) live: Arc<tokio::sync::Mutex<Live>>,
     /// When the last turn ended, in ms since the host started.
     pub(crate) last_active_ms: AtomicU64,
     /// The host-wide order of its last turn's end: exact where
@@ -118,6 +147,9 @@ pub struct ActorHost {
     turn_order: AtomicU64,
     /// Database files found at start that could not be used: skipped.
     pub(crate) unreadable: Vec<Unreadable>,
+    /// Actors whose launch journal had rows at start: owners of resident
+    /// processes the last run did not see end.
+    journaled: Vec<ActorAddress>,
 }
 
 impl ActorHost {
@@ -146,7 +178,9 @@ impl ActorHost {
             closing,
             turn_order: AtomicU64::new(1),
             unreadable: Vec::new(),
+            journaled: Vec::new(),
         };
+        let mut journaled = Vec::new();
         let mut unreadable = Vec::new();
         for class in host.classes.keys() {
             let (actors, strangers) = host
@@ -158,12 +192,16 @@ impl ActorHost {
                 // No actor runs yet: open each briefly, as its own turn
                 // would. One that cannot be opened is reported and skipped;
                 // the others are served.
-                match host
-                    .directory
-                    .open(&actor)
-                    .and_then(|db| db.next_deadline())
-                {
-                    Ok(next) => host.timers.set(&actor, next),
+                match host.directory.open(&actor).and_then(|db| {
+                    let next = db.next_deadline()?;
+                    Ok((next, !db.journal()?.is_empty()))
+                }) {
+                    Ok((next, has_journal)) => {
+                        host.timers.set(&actor, next);
+                        if has_journal {
+                            journaled.push(actor.clone());
+                        }
+                    }
                     Err(e) => unreadable.push(Unreadable {
                         path: host.directory.path(&actor),
                         error: e.to_string(),
@@ -175,7 +213,32 @@ impl ActorHost {
             tracing::warn!(path = %u.path.display(), error = %u.error, "skipping an actor database that cannot be used");
         }
         host.unreadable = unreadable;
+        host.journaled = journaled;
         Ok(Arc::new(host))
+    }
+
+    /// Actors whose launch journal had rows when this host started.
+    pub fn journaled(&self) -> &[ActorAddress] {
+        &self.journaled
+    }
+
+    /// Holds an actor between its turns: from when this returns until the
+    /// [`Exclusive`] drops, no turn of it runs (its callers wait, as for a
+    /// long turn), and the holder reaches its database. How a layer above
+    /// keeps its own rows (the launch journal) and does work in the actor's
+    /// name that no turn of it may race (recovery after a crash).
+    pub async fn exclusive(&self, class: &str, name: &str) -> Result<Exclusive, AdminError> {
+        let class = self.class(class)?.clone();
+        let actor = ActorAddress::new(&class.name, name)?;
+        let claim = self.claim_always(&actor, &class);
+        let live = claim.cell.live.clone().lock_owned().await;
+        Ok(Exclusive {
+            live,
+            db: None,
+            actor,
+            directory: self.directory.clone(),
+            _claim: claim,
+        })
     }
 
     /// Starts the timer dispatcher and the hibernation sweeper; they stop
@@ -228,7 +291,7 @@ impl ActorHost {
                     class: class.clone(),
                     pending: AtomicUsize::new(0),
                     inbox: Mutex::new(Inbox::default()),
-                    live: tokio::sync::Mutex::new(Live::default()),
+                    live: Arc::new(tokio::sync::Mutex::new(Live::default())),
                     last_active_ms: AtomicU64::new(0),
                     last_turn: AtomicU64::new(0),
                 })

@@ -41,6 +41,7 @@ pub use address::{ActorAddress, AddressError};
 pub use bindings::ActorInterfaces;
 pub use directory::{ActorDirectory, Unreadable};
 pub use error_code::{ActorErrorCode, TurnError};
+pub use host::Exclusive;
 pub use host::{ActorClass, ActorHost};
 pub use limits::ActorLimits;
 pub use metrics::ActorMetrics;

@@ -35,13 +35,16 @@ use crate::RunSpec;
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
 use weir_runtime::scope::EventScope;
 
+use crate::fenced_work::{self, Fence, LaunchSpec, OnCrash};
 use crate::image_store::{Digest, ImageStore};
 use crate::loader::{Loader, ProgramLoadError};
 use crate::metrics::ProgramMetrics;
 use crate::one_shot::{self, Output, RunLimits, Stdin};
+use crate::process_table::Reserved;
 use crate::process_table::{Owner, ProcessTable};
 use crate::resident::{Resident, SlotUse, Spawn};
 use crate::storage_slot::{MAX_SLOT_NAME_BYTES, Slots, valid_name as valid_slot_name};
+use weir_actors::{ActorHost, Exclusive};
 
 mod generated {
     wasmtime::component::bindgen!({
@@ -78,6 +81,8 @@ pub struct ProgramsHost {
     /// Opened at the first spawn (which is when a crash's leftover
     /// ephemeral slots are deleted).
     slots: OnceLock<Result<Arc<Slots>, String>>,
+    /// The launch journal's way to owners outside their turns.
+    fence: Arc<Fence>,
     /// The resident processes, by owner.
     pub table: Arc<ProcessTable>,
 }
@@ -92,6 +97,7 @@ impl ProgramsHost {
             config,
             loader: OnceLock::new(),
             slots: OnceLock::new(),
+            fence: Arc::new(Fence::default()),
             table,
         })
     }
@@ -185,6 +191,19 @@ impl ProgramsHost {
             Some(slot) => slot.dir,
             None => return Ok(false),
         };
+        // Removing a durable app purges its launches from the journal.
+        let durable = Some((name.clone(), true));
+        seat.gate
+            .write(|db| {
+                for row in db.journal()? {
+                    if LaunchSpec::decode(&row.spec).is_some_and(|s| s.storage == durable) {
+                        db.journal_delete(row.pid)?;
+                    }
+                }
+                Ok(())
+            })
+            .map_err(|_| types::Error::Failed("the owner's turn cannot write".into()))?;
+        seat.gate.flush().map_err(types::Error::Failed)?;
         tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
@@ -297,7 +316,62 @@ impl ProgramsHost {
             .reserve_guarded(&owner, seat.identity.incarnation)
             .map_err(|e| types::Error::Limit(e.to_string()))?;
         let pid = reserved.reservation.pid;
-        let storage = self.storage_for(&owner, pid, spec.storage.as_ref())?;
+        let launch = LaunchSpec {
+            image: digest.to_string(),
+            args: spec.args,
+            env: spec.env,
+            start_args: LaunchSpec::hex(&spec.start_args),
+            storage: spec.storage.map(|s| (s.name, s.durable)),
+            on_crash: match spec.on_crash {
+                Some(processes::OnCrash::Report) => OnCrash::Report,
+                _ => OnCrash::RestartOnce,
+            },
+        };
+        // Durable before the program's first instruction; a journal that
+        // cannot be written refuses the spawn, and nothing starts.
+        fenced_work::journal_in_turn(&seat.gate, pid, &launch).map_err(|why| {
+            types::Error::Failed(format!(
+                "the launch journal cannot be written ({why}); nothing was started"
+            ))
+        })?;
+        let deadline = scope
+            .deadline()
+            .unwrap_or_else(|| Instant::now() + self.config.limits.runtime.event_limit);
+        match self.launch(&owner, reserved, &launch, deadline).await {
+            Ok((resident, payload)) => Ok(processes::Spawned {
+                pid: resident.pid,
+                payload,
+            }),
+            Err(e) => {
+                // Nothing is running under that row.
+                let _ = fenced_work::release_in_turn(&seat.gate, pid);
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts the process a launch spec describes, in the reserved slot:
+    /// the one way a process starts, for a spawn and for a re-drive.
+    async fn launch(
+        &self,
+        owner: &Owner,
+        reserved: Reserved,
+        launch: &LaunchSpec,
+        deadline: Instant,
+    ) -> Result<(Arc<Resident>, Vec<u8>), types::Error> {
+        let digest: Digest = launch
+            .image
+            .parse()
+            .map_err(|e: crate::ImageError| types::Error::Image(coded(e.code(), &e)))?;
+        let pid = reserved.reservation.pid;
+        let slot = launch
+            .storage
+            .as_ref()
+            .map(|(name, durable)| processes::StorageSlot {
+                name: name.clone(),
+                durable: *durable,
+            });
+        let storage = self.storage_for(owner, pid, slot.as_ref())?;
         let loader = self.loader().map_err(types::Error::Failed)?;
         let ready = {
             let loader = loader.clone();
@@ -327,29 +401,104 @@ impl ProgramsHost {
                 )));
             }
         };
-        let deadline = scope
-            .deadline()
-            .unwrap_or_else(|| Instant::now() + code.limits.event_limit);
-        let (resident, payload) = Resident::spawn(Spawn {
+        Resident::spawn(Spawn {
             reserved,
             code: Arc::new(code),
             root,
-            args: spec.args,
-            env: spec.env,
-            start_args: spec.start_args,
+            args: launch.args.clone(),
+            env: launch.env.clone(),
+            start_args: launch.start_args(),
             storage,
             deadline,
             table: self.table.clone(),
+            fence: self.fence.clone(),
             metrics: self.config.metrics.clone(),
             program_metrics: self.config.program_metrics.clone(),
             receipts: self.config.receipts.clone(),
         })
         .await
-        .map_err(|e| types::Error::Failed(e.to_string()))?;
-        Ok(processes::Spawned {
-            pid: resident.pid,
-            payload,
-        })
+        .map_err(|e| types::Error::Failed(e.to_string()))
+    }
+
+    /// Recovers the launch journals the last run left: each owner on its
+    /// own, at once, without waiting for a request (see
+    /// [`crate::fenced_work`]). Binds the actor host first, and holds every
+    /// such owner before it returns, so no turn of theirs runs before their
+    /// recovery: call it before serving.
+    pub async fn recover(self: &Arc<Self>, actors: &Arc<ActorHost>) {
+        self.fence.connect(actors);
+        for address in actors.journaled() {
+            let owner = Owner {
+                class: address.class.clone(),
+                name: address.name.clone(),
+            };
+            let held = match actors.exclusive(&owner.class, &owner.name).await {
+                Ok(held) => held,
+                Err(e) => {
+                    tracing::warn!(%owner, error = %e, "cannot recover the launch journal");
+                    continue;
+                }
+            };
+            let host = self.clone();
+            tokio::spawn(async move { host.recover_owner(held, &owner).await });
+        }
+    }
+
+    async fn recover_owner(&self, mut held: Exclusive, owner: &Owner) {
+        let receipt = |old: u64, new: Option<u64>, image: &str, lost: Option<&str>| {
+            if let Some(sink) = &self.config.receipts {
+                fenced_work::write_recovery_receipt(sink.as_ref(), owner, old, new, image, lost);
+            }
+            self.config.program_metrics.recovered(if lost.is_some() {
+                "lost"
+            } else {
+                "recovered"
+            });
+        };
+        let plan = match fenced_work::plan(&mut held) {
+            Ok(plan) => plan,
+            Err(e) => {
+                tracing::warn!(%owner, error = %e, "cannot recover the launch journal");
+                return;
+            }
+        };
+        for (row, why) in &plan.lost {
+            let image = LaunchSpec::decode(&row.spec)
+                .map(|s| s.image)
+                .unwrap_or_default();
+            tracing::warn!(%owner, pid = row.pid, why, "a resident process was lost in a crash");
+            receipt(row.pid, None, &image, Some(why));
+        }
+        for (row, launch) in plan.redrive {
+            let reserved = match self.table.reserve_guarded(owner, plan.incarnation) {
+                Ok(reserved) => reserved,
+                Err(e) => {
+                    let _ = fenced_work::drop_row(&mut held, row.pid);
+                    receipt(row.pid, None, &launch.image, Some(&e.to_string()));
+                    continue;
+                }
+            };
+            let new_pid = reserved.reservation.pid;
+            if let Err(e) = fenced_work::rename(&mut held, &row, new_pid) {
+                receipt(row.pid, None, &launch.image, Some(&e));
+                continue;
+            }
+            let deadline = Instant::now() + self.config.limits.runtime.event_limit;
+            match self.launch(owner, reserved, &launch, deadline).await {
+                Ok((resident, _payload)) => {
+                    if let Err(e) = fenced_work::settled(&mut held, resident.pid, &row.spec) {
+                        tracing::warn!(%owner, pid = resident.pid, error = %e, "cannot settle a re-driven launch");
+                    }
+                    tracing::info!(%owner, old_pid = row.pid, new_pid = resident.pid, "a resident process was started again after a crash");
+                    receipt(row.pid, Some(resident.pid), &launch.image, None);
+                }
+                Err(e) => {
+                    let _ = fenced_work::drop_row(&mut held, new_pid);
+                    let why = format!("its re-drive failed: {e:?}");
+                    receipt(row.pid, None, &launch.image, Some(&why));
+                }
+            }
+        }
     }
 
     /// `processes.kill`: true if it was running; idempotent.
@@ -365,8 +514,8 @@ impl ProgramsHost {
         }
     }
 
-    fn status(
-        &self,
+    async fn status(
+        self: Arc<Self>,
         seat: Option<ActorSeat>,
         pid: u64,
     ) -> Result<processes::ProcessInfo, types::Error> {
@@ -378,14 +527,13 @@ impl ProgramsHost {
             .ok_or(types::Error::NoSuchProcess)
     }
 
-    fn list(&self, seat: Option<ActorSeat>) -> Result<Vec<processes::ProcessInfo>, types::Error> {
+    async fn list(
+        self: Arc<Self>,
+        seat: Option<ActorSeat>,
+    ) -> Result<Vec<processes::ProcessInfo>, types::Error> {
         let seat = seat.ok_or(types::Error::NotAnActor)?;
-        Ok(self
-            .table
-            .of(&owner_of(&seat))
-            .iter()
-            .map(|r| info(r))
-            .collect())
+        let owner = owner_of(&seat);
+        Ok(self.table.of(&owner).iter().map(|r| info(r)).collect())
     }
 }
 
@@ -473,12 +621,16 @@ impl HostInterfaces for ProgramInterfaces {
             Box::new(async move { Ok((host.remove_storage(seat, name).await,)) })
         })?;
         let host = self.0.clone();
-        processes.func_wrap("status", move |store, (pid,): (u64,)| {
-            Ok((host.status(caller(store.data()).0, pid),))
+        processes.func_wrap_async("status", move |store, (pid,): (u64,)| {
+            let (seat, _) = caller(store.data());
+            let host = host.clone();
+            Box::new(async move { Ok((host.status(seat, pid).await,)) })
         })?;
         let host = self.0.clone();
-        processes.func_wrap("list", move |store, (): ()| {
-            Ok((host.list(caller(store.data()).0),))
+        processes.func_wrap_async("list", move |store, (): ()| {
+            let (seat, _) = caller(store.data());
+            let host = host.clone();
+            Box::new(async move { Ok((host.list(seat).await,)) })
         })?;
         let host = self.0.clone();
         linker.instance(PROGRAMS_INTERFACE)?.func_wrap_async(

@@ -15,6 +15,7 @@
 //! classifier of how it ended, one receipt encoder.
 
 pub mod error_code;
+pub mod fenced_work;
 pub mod host;
 pub mod image_store;
 pub mod limits;

@@ -19,6 +19,7 @@ pub struct ProgramMetrics {
     spawns: Family<OutcomeLabels, Counter>,
     exits: Family<OutcomeLabels, Counter>,
     runs: Family<OutcomeLabels, Counter>,
+    recoveries: Family<OutcomeLabels, Counter>,
 }
 
 impl ProgramMetrics {
@@ -45,6 +46,11 @@ impl ProgramMetrics {
             "One-shot runs from actors, by outcome (ok, trap, deadline, limit)",
             m.runs.clone(),
         );
+        metrics.register(
+            "process_recoveries",
+            "Journal rows recovered after a crash, by outcome (recovered, lost)",
+            m.recoveries.clone(),
+        );
         m
     }
 
@@ -66,6 +72,10 @@ impl ProgramMetrics {
     pub fn exited(&self, outcome: &str) {
         self.processes_live.dec();
         Self::count(&self.exits, outcome);
+    }
+
+    pub fn recovered(&self, outcome: &str) {
+        Self::count(&self.recoveries, outcome);
     }
 
     pub fn ran(&self, outcome: &str) {

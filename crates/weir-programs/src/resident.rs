@@ -37,6 +37,7 @@ use weir_runtime::scope::EventScope;
 use weir_runtime::{AppCode, Limits, WeirError};
 
 use crate::error_code::ProgramErrorCode;
+use crate::fenced_work::Fence;
 use crate::image_store::{Digest, Root};
 use crate::metrics::ProgramMetrics;
 use crate::one_shot::Timed;
@@ -82,6 +83,9 @@ pub struct Resident {
     pub storage: Option<SlotUse>,
     requests: AtomicU64,
     memory: AtomicU64,
+    /// Its owner deletes its journal row itself (a kill in the owner's
+    /// turn); otherwise its end does.
+    released_by_owner: std::sync::atomic::AtomicBool,
     /// How it ended; none while it runs.
     ended: Mutex<Option<String>>,
     jobs: mpsc::Sender<Job>,
@@ -112,6 +116,8 @@ pub struct Spawn {
     /// The boot must be done by then (the spawning turn's deadline).
     pub deadline: Instant,
     pub table: Arc<ProcessTable>,
+    /// Deletes the journal row of a process that ended by itself.
+    pub fence: Arc<Fence>,
     pub metrics: AppMetrics,
     pub program_metrics: ProgramMetrics,
     pub receipts: Option<Arc<dyn ReceiptSink>>,
@@ -156,6 +162,11 @@ impl Resident {
         crate::process_router::ended_response(self.pid, &why)
     }
 
+    /// The owner deletes this process's journal row in its own turn.
+    pub fn release_by_owner(&self) {
+        self.released_by_owner.store(true, Ordering::Relaxed);
+    }
+
     /// Ends the process; true if it was running. Returns once its instance
     /// is dropped and its slot is free.
     pub async fn kill(&self) -> bool {
@@ -180,6 +191,7 @@ impl Resident {
             storage,
             deadline,
             table,
+            fence,
             metrics,
             program_metrics,
             receipts,
@@ -266,6 +278,7 @@ impl Resident {
             storage: storage.clone(),
             requests: AtomicU64::new(0),
             memory: AtomicU64::new(generation.memory_bytes() as u64),
+            released_by_owner: std::sync::atomic::AtomicBool::new(false),
             ended: Mutex::new(None),
             jobs,
             kill,
@@ -287,6 +300,9 @@ impl Resident {
                     tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&slot.dir)).await;
             }
             table.ended(&serving.owner, reservation, &ended);
+            if !serving.released_by_owner.load(Ordering::Relaxed) {
+                fence.release_later(&serving.owner, serving.pid);
+            }
             program_metrics.exited(if ended == "killed" {
                 "killed"
             } else {

@@ -303,6 +303,9 @@ impl Server {
             let reclaim: Arc<dyn Reclaim> = host.clone();
             budget.set_reclaimer(&reclaim);
             host.start();
+            // Owners whose processes the last run did not see end get them
+            // back now, without waiting for a request.
+            programs.recover(&host).await;
             Some(host)
         } else {
             None

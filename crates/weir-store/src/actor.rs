@@ -70,13 +70,16 @@ pub const DEFAULT_MAX_RESULT_BYTES: usize = 16 << 20;
 /// Process ids of an incarnation start at incarnation × this stride.
 pub const PID_STRIDE: u64 = 1_000_000;
 
-/// Version of [`SCHEMA`], kept in the database's `user_version`.
-const SCHEMA_VERSION: i64 = 1;
+/// Version of [`SCHEMA`], kept in the database's `user_version`: a database of an
+/// older version gets the tables it lacks at its next open (version 2 added
+/// `_weir_journal`).
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS _weir_kv (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS _weir_timers (reason TEXT PRIMARY KEY, at_ms INTEGER NOT NULL, attempt INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS _weir_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS _weir_journal (pid INTEGER PRIMARY KEY, spec TEXT NOT NULL, attempt INTEGER NOT NULL);
 ";
 
 /// Why an actor storage call failed.
@@ -116,6 +119,17 @@ pub struct ListOptions {
 pub struct DueTimer {
     pub reason: String,
     pub at_ms: i64,
+    pub attempt: u32,
+}
+
+/// A launch journal row: a resident process of this actor that was
+/// started and has not ended (see `weir_programs::fenced_work`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalRow {
+    pub pid: u64,
+    /// The launch spec, as the layer that wrote it encoded it.
+    pub spec: String,
+    /// Re-drives spent on it.
     pub attempt: u32,
 }
 
@@ -272,6 +286,67 @@ impl ActorDb {
             self.commits = 0;
         }
         Ok(())
+    }
+
+    /// Writes (or replaces) the journal row of `pid`.
+    pub fn journal_put(
+        &mut self,
+        pid: u64,
+        spec: &str,
+        attempt: u32,
+    ) -> Result<(), ActorStoreError> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO _weir_journal (pid, spec, attempt) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (pid) DO UPDATE SET spec = excluded.spec, attempt = excluded.attempt",
+            )?
+            .execute(rusqlite::params![pid as i64, spec, attempt])?;
+        Ok(())
+    }
+
+    /// Deletes the journal row of `pid`; true if there was one.
+    pub fn journal_delete(&mut self, pid: u64) -> Result<bool, ActorStoreError> {
+        Ok(self
+            .conn
+            .prepare_cached("DELETE FROM _weir_journal WHERE pid = ?1")?
+            .execute([pid as i64])?
+            > 0)
+    }
+
+    /// Every journal row, by pid.
+    pub fn journal(&self) -> Result<Vec<JournalRow>, ActorStoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT pid, spec, attempt FROM _weir_journal ORDER BY pid")?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(JournalRow {
+                    pid: r.get::<_, i64>(0)? as u64,
+                    spec: r.get(1)?,
+                    attempt: r.get(2)?,
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// Runs `f` as one transaction of its own, committed before this
+    /// returns (for work outside any turn: the launch journal's).
+    pub fn transaction<T>(
+        &mut self,
+        f: impl FnOnce(&mut ActorDb) -> Result<T, ActorStoreError>,
+    ) -> Result<T, ActorStoreError> {
+        self.begin_turn()?;
+        match f(self) {
+            Ok(value) => {
+                self.commit_turn()?;
+                Ok(value)
+            }
+            Err(e) => {
+                let _ = self.rollback_turn();
+                Err(e)
+            }
+        }
     }
 
     /// Starts a turn: everything until [`ActorDb::commit_turn`] or

@@ -557,7 +557,11 @@ async fn a_durable_slot_keeps_its_files_across_kill_and_sigkill_until_its_owner_
     let data = o.data.clone();
     drop(o);
     let o = Owners::start_in(data, &[]).await;
-    let (pid, _) = o.spawn("owner", "slot=app&durable=1").await;
+    // The launch was journaled: the process is back by itself, over the
+    // same slot (tests/fenced_work.rs covers the journal itself).
+    let list = o.call("GET", "/r/owner/list", b"").await.json();
+    let pid = list[0]["pid"].as_u64().unwrap();
+    assert!(pid > 2_000_000, "{list}");
     let read = o
         .call("GET", &format!("/r/owner/proc/{pid}/files/notes.txt"), b"")
         .await;

@@ -1,9 +1,10 @@
 //! The owner of a durable app. `POST /deploy/<digest>` remembers the image
 //! and starts it as a resident process with the durable storage slot
-//! `notes`; every other request is routed to that process as it came. If
-//! the process is gone (killed, failed, or the server restarted), the next
-//! request starts it again over the same slot, so the notes are still
-//! there.
+//! `notes`; every other request is routed to that process as it came.
+//! After a crash of the server, Weir starts the app again by itself (its
+//! launch was journaled) and the owner finds it with `list`; if it is gone
+//! otherwise (killed, failed), the next request starts it again over the
+//! same slot. Either way the notes are still there.
 
 use wasi::http::types::{IncomingRequest, Method, ResponseOutparam};
 use weir_guest::actor::storage;
@@ -25,6 +26,7 @@ fn start(image: &str) -> Result<u64, String> {
             name: "notes".into(),
             durable: true,
         }),
+        on_crash: None,
     })
     .map_err(|e| format!("{e:?}"))?;
     storage::put("pid", &spawned.pid).map_err(|e| e.to_string())?;
@@ -37,6 +39,11 @@ fn running() -> Result<u64, String> {
         if processes::status(pid).is_ok() {
             return Ok(pid);
         }
+    }
+    // After a crash, Weir has started it again under a new pid.
+    if let Some(process) = processes::list().map_err(|e| format!("{e:?}"))?.first() {
+        storage::put("pid", &process.pid).map_err(|e| e.to_string())?;
+        return Ok(process.pid);
     }
     let image: String = storage::get("image")
         .map_err(|e| e.to_string())?

@@ -11,7 +11,10 @@
 //! | `/spin` | never answers |
 //! | `/trap` | traps |
 //!
-//! `start` fails when its argument is `fail`.
+//! `start` fails when its argument is `fail`. With a storage slot, each
+//! start appends a line to `/data/starts.log` (what the crash tests count);
+//! with the argument `slow-redrive`, a start that finds lines there already
+//! (a re-drive) then sleeps 3 s.
 
 use std::cell::{Cell, RefCell};
 
@@ -39,6 +42,15 @@ impl boot_bindings::exports::weir::process::boot::Guest for Resident {
         let args = String::from_utf8_lossy(&args).into_owned();
         if args == "fail" {
             return Err("told to fail".into());
+        }
+        if std::fs::metadata("/data").is_ok() {
+            let before = std::fs::read_to_string("/data/starts.log").unwrap_or_default();
+            let mut log = before.clone();
+            log.push_str("start\n");
+            std::fs::write("/data/starts.log", log).map_err(|e| e.to_string())?;
+            if args == "slow-redrive" && !before.is_empty() {
+                std::thread::sleep(std::time::Duration::from_secs(3));
+            }
         }
         START_ARGS.with(|a| *a.borrow_mut() = args.clone());
         Ok(format!("booted with {args}").into_bytes())

@@ -3,8 +3,9 @@
 //! | path | behaviour |
 //! |---|---|
 //! | `POST /run/<digest>?arg=A&env=K=V` | runs the command with the body as stdin: `{exit_code, stopped, stdout, stderr}` |
-//! | `POST /spawn/<digest>?arg=A&env=K=V&start=S&slot=N&durable=1` | spawns a resident process (with storage slot N, durable or not): `{pid, payload}` |
+//! | `POST /spawn/<digest>?arg=A&env=K=V&start=S&slot=N&durable=1&on_crash=report` | spawns a resident process (with storage slot N, durable or not): `{pid, payload}` |
 //! | `POST /remove-storage/<name>` | `{removed}` |
+//! | `POST /broken-spawn/<digest>` | leaves a deferred foreign key broken in its turn, then spawns (the journal's commit fails) |
 //! | `ANY /proc/<pid>/<path>` | forwards the request (method, path, headers, body) to `<pid>.process.internal` and answers with its response as it came |
 //! | `POST /kill/<pid>` | `{killed}` |
 //! | `GET /status/<pid>`, `GET /list` | the process(es): `{pid, image, slot, state, requests}` |
@@ -146,6 +147,24 @@ impl wasi::exports::http::incoming_handler::Guest for Runner {
             };
             return forward(&request, out, pid, &tail);
         }
+        if let Some(image) = route.strip_prefix("/broken-spawn/") {
+            for sql in [
+                "CREATE TABLE IF NOT EXISTS parent (id INTEGER PRIMARY KEY)",
+                "CREATE TABLE IF NOT EXISTS child (p INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)",
+                "INSERT INTO child (p) VALUES (42)",
+            ] {
+                let _ = storage::exec(sql, &[]);
+            }
+            let spec = SpawnSpec {
+                image: image.to_string(),
+                args: Vec::new(),
+                env: Vec::new(),
+                start_args: Vec::new(),
+                storage: None,
+                on_crash: None,
+            };
+            return answer(out, processes::spawn(&spec).map(|s| serde_json::json!({ "pid": s.pid })));
+        }
         if let Some(image) = route.strip_prefix("/spawn/") {
             let (args, env, start_args) = args_and_env(query);
             let pairs: Vec<(&str, &str)> = query.split('&').filter_map(|p| p.split_once('=')).collect();
@@ -153,12 +172,17 @@ impl wasi::exports::http::incoming_handler::Guest for Runner {
                 name: name.to_string(),
                 durable: pairs.iter().any(|(k, v)| *k == "durable" && *v == "1"),
             });
+            let on_crash = pairs.iter().find(|(k, _)| *k == "on_crash").map(|(_, v)| match *v {
+                "report" => processes::OnCrash::Report,
+                _ => processes::OnCrash::RestartOnce,
+            });
             let spec = SpawnSpec {
                 image: image.to_string(),
                 args,
                 env,
                 start_args,
                 storage,
+                on_crash,
             };
             return answer(
                 out,

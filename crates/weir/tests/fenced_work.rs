@@ -1,0 +1,345 @@
+//! Fenced work from outside: resident processes survive `SIGKILL` of the
+//! server through their owners' launch journals. A durable app comes back
+//! under a new pid with no request arriving; a re-drive cut short by
+//! another `SIGKILL` is abandoned loudly, never run twice; many kill
+//! cycles start the program exactly once per cycle and lose nothing.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{Weir, guest, send_to};
+use http::Request;
+use http_body_util::Full;
+use serde_json::Value;
+
+fn data_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("weir-fenced-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn serve(data: &Path, limits: &[&str]) -> Weir {
+    let runner = guest("runner");
+    let actor = format!("runner={}", runner.display());
+    let mut args = vec![
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--actor",
+        &actor,
+        "--actor-route",
+        "runner=/r",
+    ];
+    for limit in limits {
+        args.extend(["--limit", limit]);
+    }
+    Weir::start(&runner, &args)
+}
+
+fn kill(mut weir: Weir) {
+    weir.signal("KILL");
+    weir.wait_exit(Duration::from_secs(10));
+}
+
+async fn push(weir: &Weir, component: &Path) -> String {
+    let addr = weir.admin.unwrap();
+    let req = Request::put("/images")
+        .header("host", addr.to_string())
+        .header(
+            "authorization",
+            format!("Bearer {}", weir.token.as_ref().unwrap()),
+        )
+        .body(Full::new(Bytes::from(std::fs::read(component).unwrap())))
+        .unwrap();
+    send_to(addr, req).await.json()["digest"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+async fn call(weir: &Weir, method: &str, path: &str, body: &[u8]) -> common::Resp {
+    weir.send(
+        Request::builder()
+            .method(method)
+            .uri(path)
+            .body(Full::new(Bytes::copy_from_slice(body)))
+            .unwrap(),
+    )
+    .await
+}
+
+/// The running processes, as the admin address lists them.
+async fn running(weir: &Weir) -> Vec<Value> {
+    weir.admin_get("/processes").await.json()["processes"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// Waits (at most a minute) until `n` processes run, asking only the admin
+/// address: nothing reaches the app or its owner.
+async fn wait_running(weir: &Weir, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = running(weir).await;
+        if now.len() == n {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} processes did not come up: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The owner's journal rows (pid, attempt), read from its database with
+/// the server stopped.
+fn journal(data: &Path, owner: &str) -> Vec<(u64, u32)> {
+    let db =
+        rusqlite::Connection::open(data.join(format!("actors/runner/{owner}.sqlite3"))).unwrap();
+    let mut stmt = db
+        .prepare("SELECT pid, attempt FROM _weir_journal ORDER BY pid")
+        .unwrap();
+    stmt.query_map([], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// How often the program's `start` ran over the owner's durable slot `app`
+/// (it appends a line each time).
+fn starts(data: &Path) -> usize {
+    let slots = data.join("slots/durable/runner");
+    let Ok(owners) = std::fs::read_dir(&slots) else {
+        return 0;
+    };
+    owners
+        .flatten()
+        .map(|o| o.path().join("app/starts.log"))
+        .filter_map(|log| std::fs::read_to_string(log).ok())
+        .map(|text| text.lines().count())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_sigkill_a_durable_app_is_back_under_a_new_pid_without_a_request() {
+    let data = data_dir("back");
+    let weir = serve(&data, &[]);
+    let image = push(&weir, &guest("resident")).await;
+    let spawned = call(
+        &weir,
+        "POST",
+        &format!("/r/owner/spawn/{image}?slot=app&durable=1"),
+        b"",
+    )
+    .await;
+    let pid = spawned.json()["pid"].as_u64().unwrap();
+    assert_eq!(pid, 1_000_001);
+    call(
+        &weir,
+        "PUT",
+        &format!("/r/owner/proc/{pid}/files/notes.txt"),
+        b"written before the crash",
+    )
+    .await;
+    let reported = call(
+        &weir,
+        "POST",
+        &format!("/r/other/spawn/{image}?on_crash=report"),
+        b"",
+    )
+    .await;
+    assert_eq!(reported.status, 200);
+    kill(weir);
+    assert_eq!(
+        journal(&data, "owner"),
+        [(pid, 0)],
+        "a row for the running process"
+    );
+
+    let weir = serve(&data, &[]);
+    let back = wait_running(&weir, 1).await;
+    let new_pid = back[0]["pid"].as_u64().unwrap();
+    assert!(
+        new_pid > 2_000_000,
+        "a pid of the owner's new incarnation: {new_pid}"
+    );
+    assert_eq!(
+        back[0]["owner"]["name"], "owner",
+        "the report-on-crash one stayed down"
+    );
+    assert_eq!(
+        starts(&data),
+        2,
+        "started once, then once again after the crash"
+    );
+    let lost = weir
+        .first_logged("weir::process", |r| r["outcome"] == "lost")
+        .await;
+    assert_eq!(
+        (lost["name"].as_str(), lost["old_pid"].as_u64()),
+        (Some("other"), Some(1_000_001))
+    );
+    assert_eq!(lost["detail"], "its on_crash is report");
+    let recovered = weir
+        .first_logged("weir::process", |r| r["outcome"] == "recovered")
+        .await;
+    assert_eq!(recovered["old_pid"], pid);
+    assert_eq!(recovered["new_pid"], new_pid);
+
+    // Its slot still holds what it wrote; its owner reaches it.
+    let read = call(
+        &weir,
+        "GET",
+        &format!("/r/owner/proc/{new_pid}/files/notes.txt"),
+        b"",
+    )
+    .await;
+    assert_eq!(read.text(), "written before the crash");
+    kill(weir);
+    assert_eq!(
+        journal(&data, "owner"),
+        [(new_pid, 0)],
+        "the row names the new pid, its re-drive settled"
+    );
+    assert_eq!(journal(&data, "other"), [], "the lost one's row is gone");
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkill_during_the_re_drive_abandons_the_launch_loudly_not_twice() {
+    let data = data_dir("redrive");
+    // The re-drive's start sleeps 3 s: room to kill the server during it.
+    let limits = ["event_limit_ms=10000"];
+    let weir = serve(&data, &limits);
+    let image = push(&weir, &guest("resident")).await;
+    let spawned = call(
+        &weir,
+        "POST",
+        &format!("/r/owner/spawn/{image}?slot=app&durable=1&start=slow-redrive"),
+        b"",
+    )
+    .await;
+    assert_eq!(spawned.status, 200, "{}", spawned.text());
+    kill(weir);
+    assert_eq!(starts(&data), 1);
+
+    let weir = serve(&data, &limits);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while starts(&data) < 2 {
+        assert!(Instant::now() < deadline, "the re-drive did not start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    kill(weir);
+    let rows = journal(&data, "owner");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(
+        rows[0].0 > 2_000_000 && rows[0].1 == 1,
+        "the re-drive was spent before it ran: {rows:?}"
+    );
+
+    let weir = serve(&data, &limits);
+    let lost = weir
+        .first_logged("weir::process", |r| r["outcome"] == "lost")
+        .await;
+    assert_eq!(lost["old_pid"], rows[0].0);
+    assert_eq!(
+        lost["detail"],
+        "it was re-driven once already and did not come back"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(running(&weir).await.len(), 0, "not started again");
+    assert_eq!(starts(&data), 2, "no third start");
+    kill(weir);
+    assert_eq!(journal(&data, "owner"), [], "abandoned, and its row gone");
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_kill_cycles_start_the_program_once_each_and_lose_nothing() {
+    let cycles: usize = std::env::var("WEIR_KILL_CYCLES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(50);
+    let data = data_dir("cycles");
+    let weir = serve(&data, &[]);
+    let image = push(&weir, &guest("resident")).await;
+    let spawned = call(
+        &weir,
+        "POST",
+        &format!("/r/owner/spawn/{image}?slot=app&durable=1"),
+        b"",
+    )
+    .await;
+    assert_eq!(spawned.status, 200);
+    let mut weir = weir;
+    let mut pids = vec![spawned.json()["pid"].as_u64().unwrap()];
+    for cycle in 1..=cycles {
+        kill(weir);
+        weir = serve(&data, &[]);
+        let back = wait_running(&weir, 1).await;
+        let pid = back[0]["pid"].as_u64().unwrap();
+        assert!(
+            pid > *pids.last().unwrap(),
+            "cycle {cycle}: a new pid each time"
+        );
+        pids.push(pid);
+        assert_eq!(
+            starts(&data),
+            cycle + 1,
+            "cycle {cycle}: exactly one start per cycle"
+        );
+    }
+    let last = *pids.last().unwrap();
+    let answer = call(&weir, "GET", &format!("/r/owner/proc/{last}/starts"), b"").await;
+    assert_eq!(answer.json()["starts"], 1, "the last one booted once");
+    kill(weir);
+    assert_eq!(journal(&data, "owner"), [(last, 0)]);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_that_cannot_be_written_refuses_the_spawn_and_nothing_starts() {
+    let data = data_dir("journal-fails");
+    let weir = serve(&data, &[]);
+    let image = push(&weir, &guest("resident")).await;
+    // The owner's turn holds a broken deferred foreign key: the commit that
+    // would make the journal row durable fails.
+    // The spawn is refused with that cause, and since the turn's writes
+    // cannot commit, the turn cannot answer either: the owner is reset.
+    let refused = call(
+        &weir,
+        "POST",
+        &format!("/r/owner/broken-spawn/{image}"),
+        b"",
+    )
+    .await;
+    refused.assert_weir_error(503, "storage_commit_failed");
+    let turn = weir
+        .actor_receipt_where(|r| r["error"] == "storage_commit_failed")
+        .await;
+    assert!(
+        turn["detail"]
+            .as_str()
+            .unwrap()
+            .contains("FOREIGN KEY constraint failed"),
+        "{turn}"
+    );
+    assert_eq!(running(&weir).await.len(), 0, "nothing runs");
+    let status = weir.status().await;
+    assert_eq!(status["processes"]["slots"], 0, "its slot was given back");
+    // The actor itself goes on: its turn was rolled back, not its future.
+    let fresh = call(&weir, "POST", &format!("/r/owner/spawn/{image}"), b"").await;
+    assert_eq!(fresh.status, 200, "{}", fresh.text());
+    kill(weir);
+    let rows = journal(&data, "owner");
+    assert_eq!(
+        rows.len(),
+        1,
+        "only the spawn that started has a row: {rows:?}"
+    );
+    let _ = std::fs::remove_dir_all(&data);
+}
