@@ -71,6 +71,22 @@ impl ActorDirectory {
         self.path(actor).is_file()
     }
 
+    /// The classes that have a directory of databases, in name order.
+    pub fn classes(&self) -> std::io::Result<Vec<String>> {
+        let entries = match std::fs::read_dir(&self.root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut classes: Vec<String> = entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        classes.sort();
+        Ok(classes)
+    }
+
     /// The actors of a class that have a database, in name order.
     pub fn list(&self, class: &str) -> std::io::Result<Vec<ActorAddress>> {
         Ok(self.scan(class)?.0)

@@ -214,6 +214,30 @@ pub fn drop_row(held: &mut Exclusive, pid: u64) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+/// The images every launch journal under `directory` names: what a sweep
+/// must spare while the server is down, so that recovery finds them. An
+/// actor database that cannot be read (a server holds it) is an error.
+pub fn journaled_images(
+    directory: &weir_actors::ActorDirectory,
+) -> Result<std::collections::HashSet<crate::Digest>, String> {
+    let mut images = std::collections::HashSet::new();
+    for class in directory.classes().map_err(|e| e.to_string())? {
+        for actor in directory.list(&class).map_err(|e| e.to_string())? {
+            let rows = directory
+                .open(&actor)
+                .and_then(|db| db.journal())
+                .map_err(|e| format!("cannot read the launch journal of {actor}: {e}"))?;
+            images.extend(rows.iter().filter_map(|row| {
+                LaunchSpec::decode(&row.spec)?
+                    .image
+                    .parse::<crate::Digest>()
+                    .ok()
+            }));
+        }
+    }
+    Ok(images)
+}
+
 /// What only a recovery receipt has.
 #[derive(Serialize)]
 struct RecoveryFields<'a> {

@@ -247,7 +247,17 @@ pub fn images(args: ImagesArgs) -> anyhow::Result<()> {
             }
         }
         ImagesCommand::Sweep { keep } => {
-            let keep = keep.iter().map(parse).collect::<Result<HashSet<_>, _>>()?;
+            let mut keep = keep.iter().map(parse).collect::<Result<HashSet<_>, _>>()?;
+            // Launches a crash left in owners' journals are started again
+            // at the next start: their images stay.
+            let directory = weir_actors::ActorDirectory::new(&args.data_dir, Default::default());
+            let journaled = weir_programs::fenced_work::journaled_images(&directory).map_err(|e| {
+                anyhow::anyhow!(
+                    "{e}; is a server running on {}? Sweep through its admin address (POST /images/sweep) instead",
+                    args.data_dir.display()
+                )
+            })?;
+            keep.extend(journaled.iter().copied());
             let report = store.sweep(&keep)?;
             for digest in &report.removed {
                 println!("{digest}  removed");
@@ -256,7 +266,11 @@ pub fn images(args: ImagesArgs) -> anyhow::Result<()> {
                 println!("{digest}  kept (in use)");
             }
             for digest in &report.declared {
-                println!("{digest}  kept (--keep)");
+                if journaled.contains(digest) {
+                    println!("{digest}  kept (a launch journal names it)");
+                } else {
+                    println!("{digest}  kept (--keep)");
+                }
             }
             eprintln!(
                 "weir: swept {} images and {} unfinished pushes, {} bytes freed",

@@ -343,3 +343,86 @@ async fn a_journal_that_cannot_be_written_refuses_the_spawn_and_nothing_starts()
     );
     let _ = std::fs::remove_dir_all(&data);
 }
+
+fn images(data: &Path, args: &[&str]) -> std::process::Output {
+    common::weir_command()
+        .arg("images")
+        .args(args)
+        .arg("--data-dir")
+        .arg(data)
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
+    let data = data_dir("sweep");
+    let weir = serve(&data, &["event_limit_ms=10000"]);
+    let image = push(&weir, &guest("resident")).await;
+    let orphan = push(&weir, &guest("cmdprobe")).await;
+    // A spawn whose start takes 3 s: swept while it boots.
+    let spawning = {
+        let (addr, path) = (
+            weir.addr,
+            format!("/r/owner/spawn/{image}?slot=app&durable=1&start=slow"),
+        );
+        tokio::spawn(async move {
+            let req = Request::post(path)
+                .header("host", addr.to_string())
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            send_to(addr, req).await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while starts(&data) < 1 {
+        assert!(Instant::now() < deadline, "the start did not begin");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let addr = weir.admin.unwrap();
+    let sweep = Request::post("/images/sweep")
+        .header("host", addr.to_string())
+        .header(
+            "authorization",
+            format!("Bearer {}", weir.token.as_ref().unwrap()),
+        )
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let swept = send_to(addr, sweep).await.json();
+    assert_eq!(swept["removed"], serde_json::json!([orphan]), "{swept}");
+    assert_eq!(
+        swept["rooted"],
+        serde_json::json!([image]),
+        "the booting spawn holds its image"
+    );
+    let spawned = spawning.await.unwrap();
+    assert_eq!(spawned.status, 200, "{}", spawned.text());
+
+    // With the server running, the CLI cannot read the journals: it says
+    // where to sweep instead, and removes nothing.
+    let out = images(&data, &["sweep"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Sweep through its admin address"),
+        "{stderr}"
+    );
+
+    // Down after a crash, the journal names the image: spared for recovery.
+    kill(weir);
+    let out = images(&data, &["sweep"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout,
+        format!("{image}  kept (a launch journal names it)\n")
+    );
+    let weir = serve(&data, &["event_limit_ms=10000"]);
+    assert_eq!(wait_running(&weir, 1).await[0]["image"], image.as_str());
+    kill(weir);
+    let _ = std::fs::remove_dir_all(&data);
+}
