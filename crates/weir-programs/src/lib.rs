@@ -2,13 +2,21 @@
 //! its limits, and the content-addressed store they are kept in.
 //!
 //! - [`image_store`]: components by SHA-256, written whole or not at all,
-//!   verified before use, rooted while used, swept when nothing holds them.
+//!   verified before use, rooted while used, swept when nothing holds them;
+//!   [`loader`]: from a name to a verified, compiled, linked program.
 //! - [`one_shot`]: a command (`wasi:cli/run`) run to completion with its
 //!   arguments, environment, stdin, stdout and stderr, and an exit code.
-//! - [`host`]: `weir:process/programs` for actors: a one-shot run from a
-//!   turn, bounded by the turn.
-//! - [`limits`], [`error_code`]: the programs' own limits and codes, set
-//!   and reported like the runtime's.
+//! - [`host`]: `weir:process` for actors: the programs of a server and a
+//!   one-shot run from a turn, bounded by the turn; [`process_host`]: the
+//!   processes' functions (spawn, kill, status, list, storage).
+//! - Resident processes: [`resident`] (one long-lived instance serving its
+//!   owner), [`process_table`] (owners, pids, slots, budgets),
+//!   [`process_router`] (`<pid>.process.internal`, owner only),
+//!   [`storage_slot`] (the one directory a process may have).
+//! - [`fenced_work`]: the launch journal, and [`recovery`]: re-driving what
+//!   a crash left.
+//! - [`limits`], [`error_code`], [`metrics`]: the programs' own limits,
+//!   codes and metrics, set and reported like the runtime's.
 //!
 //! Programs run on the runtime's invocation machine
 //! (`weir_runtime::invocation`): one call, one deadline, one scope, one
@@ -22,8 +30,10 @@ pub mod limits;
 pub mod loader;
 pub mod metrics;
 pub mod one_shot;
+pub mod process_host;
 pub mod process_router;
 pub mod process_table;
+pub mod recovery;
 pub mod resident;
 pub mod storage_slot;
 

@@ -1,0 +1,95 @@
+//! Recovery after a crash, as the programs see it: every owner whose
+//! launch journal has rows is held and recovered on its own at start (what
+//! is decided, and how durably, is [`crate::fenced_work`]).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use weir_actors::{ActorHost, Exclusive};
+
+use crate::fenced_work::{self, LaunchSpec};
+use crate::host::ProgramsHost;
+use crate::process_table::Owner;
+
+impl ProgramsHost {
+    /// Recovers the launch journals the last run left: each owner on its
+    /// own, at once, without waiting for a request (see
+    /// [`crate::fenced_work`]). Binds the actor host first, and holds every
+    /// such owner before it returns, so no turn of theirs runs before their
+    /// recovery: call it before serving.
+    pub async fn recover(self: &Arc<Self>, actors: &Arc<ActorHost>) {
+        self.fence.connect(actors);
+        for address in actors.journaled() {
+            let owner = Owner {
+                class: address.class.clone(),
+                name: address.name.clone(),
+            };
+            let held = match actors.exclusive(&owner.class, &owner.name).await {
+                Ok(held) => held,
+                Err(e) => {
+                    tracing::warn!(%owner, error = %e, "cannot recover the launch journal");
+                    continue;
+                }
+            };
+            let host = self.clone();
+            tokio::spawn(async move { host.recover_owner(held, &owner).await });
+        }
+    }
+
+    async fn recover_owner(&self, mut held: Exclusive, owner: &Owner) {
+        let receipt = |old: u64, new: Option<u64>, image: &str, lost: Option<&str>| {
+            if let Some(sink) = &self.config.receipts {
+                fenced_work::write_recovery_receipt(sink.as_ref(), owner, old, new, image, lost);
+            }
+            self.config.program_metrics.recovered(if lost.is_some() {
+                "lost"
+            } else {
+                "recovered"
+            });
+        };
+        let plan = match fenced_work::plan(&mut held) {
+            Ok(plan) => plan,
+            Err(e) => {
+                tracing::warn!(%owner, error = %e, "cannot recover the launch journal");
+                return;
+            }
+        };
+        for (row, why) in &plan.lost {
+            let image = LaunchSpec::decode(&row.spec)
+                .map(|s| s.image)
+                .unwrap_or_default();
+            tracing::warn!(%owner, pid = row.pid, why, "a resident process was lost in a crash");
+            receipt(row.pid, None, &image, Some(why));
+        }
+        for (row, launch) in plan.redrive {
+            let reserved = match self.table.reserve_guarded(owner, plan.incarnation) {
+                Ok(reserved) => reserved,
+                Err(e) => {
+                    let _ = fenced_work::drop_row(&mut held, row.pid);
+                    receipt(row.pid, None, &launch.image, Some(&e.to_string()));
+                    continue;
+                }
+            };
+            let new_pid = reserved.reservation.pid;
+            if let Err(e) = fenced_work::rename(&mut held, &row, new_pid) {
+                receipt(row.pid, None, &launch.image, Some(&e));
+                continue;
+            }
+            let deadline = Instant::now() + self.config.limits.runtime.event_limit;
+            match self.launch(owner, reserved, &launch, deadline).await {
+                Ok((resident, _payload)) => {
+                    if let Err(e) = fenced_work::settled(&mut held, resident.pid, &row.spec) {
+                        tracing::warn!(%owner, pid = resident.pid, error = %e, "cannot settle a re-driven launch");
+                    }
+                    tracing::info!(%owner, old_pid = row.pid, new_pid = resident.pid, "a resident process was started again after a crash");
+                    receipt(row.pid, Some(resident.pid), &launch.image, None);
+                }
+                Err(e) => {
+                    let _ = fenced_work::drop_row(&mut held, new_pid);
+                    let why = format!("its re-drive failed: {e:?}");
+                    receipt(row.pid, None, &launch.image, Some(&why));
+                }
+            }
+        }
+    }
+}
