@@ -110,6 +110,16 @@ impl EngineKind {
     }
 }
 
+/// What every engine of Weir has: epoch interruption (every store yields
+/// at each tick), the stack bound, the component model.
+fn base_config() -> Config {
+    let mut config = Config::new();
+    config.epoch_interruption(true);
+    config.max_wasm_stack(MAX_WASM_STACK_BYTES);
+    config.wasm_component_model(true);
+    config
+}
+
 /// The shared engine plus its ticker; dropping it stops the ticker.
 pub struct WeirEngine {
     engine: wasmtime::Engine,
@@ -121,10 +131,7 @@ pub struct WeirEngine {
 
 impl WeirEngine {
     pub fn new(sizing: EngineSizing, budget: Arc<MemoryBudget>) -> Result<Self, EngineError> {
-        let mut config = Config::new();
-        config.epoch_interruption(true);
-        config.max_wasm_stack(MAX_WASM_STACK_BYTES);
-        config.wasm_component_model(true);
+        let mut config = base_config();
 
         let slots = sizing.lanes.saturating_mul(POOL_SLOTS_PER_LANE).max(4);
         let mut pool = PoolingAllocationConfig::default();
@@ -155,10 +162,7 @@ impl WeirEngine {
         memory_limit_bytes: u64,
         budget: Arc<MemoryBudget>,
     ) -> Result<Self, EngineError> {
-        let mut config = Config::new();
-        config.epoch_interruption(true);
-        config.max_wasm_stack(MAX_WASM_STACK_BYTES);
-        config.wasm_component_model(true);
+        let mut config = base_config();
         config.memory_reservation(memory_limit_bytes);
         config.memory_guard_size(ON_DEMAND_GUARD_BYTES);
         config.memory_reservation_for_growth(0);
@@ -178,10 +182,7 @@ impl WeirEngine {
         memory_limit_bytes: u64,
         budget: Arc<MemoryBudget>,
     ) -> Result<Self, EngineError> {
-        let mut config = Config::new();
-        config.epoch_interruption(true);
-        config.max_wasm_stack(MAX_WASM_STACK_BYTES);
-        config.wasm_component_model(true);
+        let mut config = base_config();
         config.allocation_strategy(InstanceAllocationStrategy::OnDemand);
         let kind = EngineKind::Programs { memory_limit_bytes };
         Self::with_config(&config, kind, budget)

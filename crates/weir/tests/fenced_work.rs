@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::programs::{call, push_image, serve_runner};
 use common::{Weir, guest, send_to};
 use http::Request;
 use http_body_util::Full;
@@ -22,20 +23,7 @@ fn data_dir(name: &str) -> PathBuf {
 }
 
 fn serve(data: &Path, limits: &[&str]) -> Weir {
-    let runner = guest("runner");
-    let actor = format!("runner={}", runner.display());
-    let mut args = vec![
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--actor",
-        &actor,
-        "--actor-route",
-        "runner=/r",
-    ];
-    for limit in limits {
-        args.extend(["--limit", limit]);
-    }
-    Weir::start(&runner, &args)
+    serve_runner(data, limits)
 }
 
 fn kill(mut weir: Weir) {
@@ -44,30 +32,7 @@ fn kill(mut weir: Weir) {
 }
 
 async fn push(weir: &Weir, component: &Path) -> String {
-    let addr = weir.admin.unwrap();
-    let req = Request::put("/images")
-        .header("host", addr.to_string())
-        .header(
-            "authorization",
-            format!("Bearer {}", weir.token.as_ref().unwrap()),
-        )
-        .body(Full::new(Bytes::from(std::fs::read(component).unwrap())))
-        .unwrap();
-    send_to(addr, req).await.json()["digest"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
-
-async fn call(weir: &Weir, method: &str, path: &str, body: &[u8]) -> common::Resp {
-    weir.send(
-        Request::builder()
-            .method(method)
-            .uri(path)
-            .body(Full::new(Bytes::copy_from_slice(body)))
-            .unwrap(),
-    )
-    .await
+    push_image(weir, component).await
 }
 
 /// The running processes, as the admin address lists them.

@@ -8,6 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::programs::{call, push_image, serve_runner};
 use common::{Resp, Weir, guest, send_to};
 use http::Request;
 use http_body_util::Full;
@@ -35,20 +36,7 @@ impl Owners {
 
     /// A server on `data` as it is (a restart keeps what is there).
     async fn start_in(data: std::path::PathBuf, limits: &[&str]) -> Owners {
-        let runner = guest("runner");
-        let actor = format!("runner={}", runner.display());
-        let mut args = vec![
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--actor",
-            &actor,
-            "--actor-route",
-            "runner=/r",
-        ];
-        for limit in limits {
-            args.extend(["--limit", limit]);
-        }
-        let weir = Weir::start(&runner, &args);
+        let weir = serve_runner(&data, limits);
         let resident = push(&weir, &guest("resident")).await;
         let cmdprobe = push(&weir, &guest("cmdprobe")).await;
         Owners {
@@ -61,15 +49,7 @@ impl Owners {
     }
 
     async fn call(&self, method: &str, path: &str, body: &[u8]) -> Resp {
-        self.weir
-            .send(
-                Request::builder()
-                    .method(method)
-                    .uri(path)
-                    .body(Full::new(Bytes::copy_from_slice(body)))
-                    .unwrap(),
-            )
-            .await
+        call(&self.weir, method, path, body).await
     }
 
     /// Spawns the resident server for actor `owner`: its pid and payload.
@@ -99,17 +79,7 @@ impl Drop for Owners {
 }
 
 async fn push(weir: &Weir, component: &std::path::Path) -> String {
-    let addr = weir.admin.unwrap();
-    let req = Request::put("/images")
-        .header("host", addr.to_string())
-        .header(
-            "authorization",
-            format!("Bearer {}", weir.token.as_ref().unwrap()),
-        )
-        .body(Full::new(Bytes::from(std::fs::read(component).unwrap())))
-        .unwrap();
-    let pushed = send_to(addr, req).await;
-    pushed.json()["digest"].as_str().unwrap().to_string()
+    push_image(weir, component).await
 }
 
 fn all(headers: &http::HeaderMap, name: &str) -> Vec<String> {

@@ -6,9 +6,9 @@
 //! otherwise (killed, failed), the next request starts it again over the
 //! same slot. Either way the notes are still there.
 
-use wasi::http::types::{IncomingRequest, Method, ResponseOutparam};
+use wasi::http::types::{IncomingRequest, ResponseOutparam};
 use weir_guest::actor::storage;
-use weir_guest::http::{read_body, respond, send_with_headers};
+use weir_guest::http::{forward, respond};
 use weir_guest::process::{processes, SpawnSpec, StorageSlot};
 
 const MAX_BODY: usize = 1 << 20;
@@ -51,16 +51,6 @@ fn running() -> Result<u64, String> {
     start(&image)
 }
 
-fn method_name(method: Method) -> String {
-    match method {
-        Method::Get => "GET".into(),
-        Method::Put => "PUT".into(),
-        Method::Post => "POST".into(),
-        Method::Delete => "DELETE".into(),
-        other => format!("{other:?}"),
-    }
-}
-
 impl wasi::exports::http::incoming_handler::Guest for Owner {
     fn handle(request: IncomingRequest, out: ResponseOutparam) {
         let path = request.path_with_query().unwrap_or_default();
@@ -79,27 +69,7 @@ impl wasi::exports::http::incoming_handler::Guest for Owner {
             Ok(pid) => pid,
             Err(e) => return respond(out, 503, &text, format!("{e}\n").as_bytes()),
         };
-        let method = method_name(request.method());
-        let headers: Vec<(String, Vec<u8>)> = request
-            .headers()
-            .entries()
-            .into_iter()
-            .filter(|(k, _)| k != "host")
-            .collect();
-        let body = read_body(&request, MAX_BODY);
-        let authority = format!("{pid}.process.internal");
-        match send_with_headers(&method, &authority, &path, &headers, &body) {
-            Ok(reply) => {
-                let headers: Vec<(&str, &[u8])> = reply
-                    .headers
-                    .iter()
-                    .filter(|(k, _)| k != "content-length" && k != "transfer-encoding")
-                    .map(|(k, v)| (k.as_str(), v.as_slice()))
-                    .collect();
-                respond(out, reply.status, &headers, &reply.body);
-            }
-            Err(e) => respond(out, 502, &text, format!("{e}\n").as_bytes()),
-        }
+        forward(&request, out, &format!("{pid}.process.internal"), &path, MAX_BODY);
     }
 }
 

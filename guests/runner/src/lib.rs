@@ -15,7 +15,7 @@
 
 use wasi::http::types::{IncomingRequest, ResponseOutparam};
 use weir_guest::actor::storage;
-use weir_guest::http::{read_body, respond, send_with_headers};
+use weir_guest::http::{forward, read_body, respond};
 use weir_guest::process::{self, processes, Error, ProcessInfo, SpawnSpec, State, StorageSlot};
 
 struct Runner;
@@ -93,47 +93,6 @@ fn answer(out: ResponseOutparam, result: Result<serde_json::Value, Error>) {
     }
 }
 
-/// Forwards the request to the process and answers with its response.
-fn forward(request: &IncomingRequest, out: ResponseOutparam, pid: &str, rest: &str) {
-    let method = match request.method() {
-        wasi::http::types::Method::Get => "GET".to_string(),
-        wasi::http::types::Method::Post => "POST".to_string(),
-        wasi::http::types::Method::Put => "PUT".to_string(),
-        wasi::http::types::Method::Delete => "DELETE".to_string(),
-        wasi::http::types::Method::Patch => "PATCH".to_string(),
-        other => format!("{other:?}"),
-    };
-    let headers: Vec<(String, Vec<u8>)> = request
-        .headers()
-        .entries()
-        .into_iter()
-        .filter(|(k, _)| k != "host")
-        .collect();
-    let body = read_body(request, MAX_BODY);
-    match send_with_headers(
-        &method,
-        &format!("{pid}.process.internal"),
-        rest,
-        &headers,
-        &body,
-    ) {
-        Ok(reply) => {
-            let headers: Vec<(&str, &[u8])> = reply
-                .headers
-                .iter()
-                .filter(|(k, _)| k != "content-length" && k != "transfer-encoding")
-                .map(|(k, v)| (k.as_str(), v.as_slice()))
-                .collect();
-            respond(out, reply.status, &headers, &reply.body);
-        }
-        Err(e) => json(
-            out,
-            502,
-            serde_json::json!({ "error": "forward", "message": e }),
-        ),
-    }
-}
-
 impl wasi::exports::http::incoming_handler::Guest for Runner {
     fn handle(request: IncomingRequest, out: ResponseOutparam) {
         let path = request.path_with_query().unwrap_or_default();
@@ -145,7 +104,7 @@ impl wasi::exports::http::incoming_handler::Guest for Runner {
             } else {
                 format!("/{tail}?{query}")
             };
-            return forward(&request, out, pid, &tail);
+            return forward(&request, out, &format!("{pid}.process.internal"), &tail, MAX_BODY);
         }
         if let Some(image) = route.strip_prefix("/broken-spawn/") {
             for sql in [

@@ -297,6 +297,62 @@ pub mod http {
         })
     }
 
+    /// The name of a request's method, as [`send`] takes it.
+    pub fn method_name(method: &wasi::http::types::Method) -> String {
+        use wasi::http::types::Method;
+        match method {
+            Method::Get => "GET".into(),
+            Method::Head => "HEAD".into(),
+            Method::Post => "POST".into(),
+            Method::Put => "PUT".into(),
+            Method::Delete => "DELETE".into(),
+            Method::Connect => "CONNECT".into(),
+            Method::Options => "OPTIONS".into(),
+            Method::Trace => "TRACE".into(),
+            Method::Patch => "PATCH".into(),
+            Method::Other(other) => other.clone(),
+        }
+    }
+
+    /// Passes `request` on to `http://authority/path` (its method, headers
+    /// but `host`, and body up to `max_body` bytes) and answers with the
+    /// response as it came: status, every header (repeated ones too), body.
+    /// How an owner reaches its resident process. A failed send answers
+    /// 502 with the reason.
+    pub fn forward(
+        request: &IncomingRequest,
+        out: ResponseOutparam,
+        authority: &str,
+        path: &str,
+        max_body: usize,
+    ) {
+        let method = method_name(&request.method());
+        let headers: Vec<(String, Vec<u8>)> = request
+            .headers()
+            .entries()
+            .into_iter()
+            .filter(|(k, _)| k != "host")
+            .collect();
+        let body = read_body(request, max_body);
+        match send_with_headers(&method, authority, path, &headers, &body) {
+            Ok(reply) => {
+                let headers: Vec<(&str, &[u8])> = reply
+                    .headers
+                    .iter()
+                    .filter(|(k, _)| k != "content-length" && k != "transfer-encoding")
+                    .map(|(k, v)| (k.as_str(), v.as_slice()))
+                    .collect();
+                respond(out, reply.status, &headers, &reply.body);
+            }
+            Err(e) => respond(
+                out,
+                502,
+                &[("content-type", b"text/plain")],
+                format!("{e}\n").as_bytes(),
+            ),
+        }
+    }
+
     /// Reads a request's whole body, up to `limit` bytes (more is cut off).
     pub fn read_body(request: &IncomingRequest, limit: usize) -> Vec<u8> {
         let body = request.consume().expect("body once");

@@ -4,6 +4,7 @@
 
 pub mod actors;
 pub mod hostile;
+pub mod programs;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
