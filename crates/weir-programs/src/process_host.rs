@@ -184,7 +184,7 @@ impl ProgramsHost {
         let seat = seat.ok_or(types::Error::NotAnActor)?;
         let owner = owner_of(&seat);
         self.table
-            .get(&owner, pid)
+            .recent(&owner, pid)
             .map(|r| info(&r))
             .ok_or(types::Error::NoSuchProcess)
     }

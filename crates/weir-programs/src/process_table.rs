@@ -75,9 +75,9 @@ struct Owned {
     slots: BTreeSet<u32>,
     /// Running processes (booting ones hold a slot but are not here yet).
     running: BTreeMap<u64, Arc<Resident>>,
-    /// The last processes that ended, and how: what a request to one of
-    /// them is told.
-    ended: VecDeque<(u64, String)>,
+    /// The last processes that ended (each says how): what a request to
+    /// one of them is told, and what `status` shows.
+    ended: VecDeque<Arc<Resident>>,
     peak: usize,
 }
 
@@ -197,24 +197,32 @@ impl ProcessTable {
     pub fn ended(&self, owner: &Owner, reservation: Reservation, why: &str) {
         let mut owners = self.owners();
         if let Some(owned) = owners.get_mut(owner) {
-            owned.running.remove(&reservation.pid);
+            let gone = owned.running.remove(&reservation.pid);
             owned.slots.remove(&reservation.slot);
-            if owned.ended.len() == ENDED_REMEMBERED {
-                owned.ended.pop_front();
+            if let Some(gone) = gone {
+                debug_assert_eq!(gone.ended().as_deref(), Some(why));
+                if owned.ended.len() == ENDED_REMEMBERED {
+                    owned.ended.pop_front();
+                }
+                owned.ended.push_back(gone);
             }
-            owned.ended.push_back((reservation.pid, why.to_string()));
         }
     }
 
     /// How `owner`'s process `pid` ended, if it did recently.
     pub fn ended_how(&self, owner: &Owner, pid: u64) -> Option<String> {
+        self.recent(owner, pid)?.ended()
+    }
+
+    /// `owner`'s process `pid`, running or recently ended.
+    pub fn recent(&self, owner: &Owner, pid: u64) -> Option<Arc<Resident>> {
         let owners = self.owners();
         let owned = owners.get(owner)?;
         owned
-            .ended
-            .iter()
-            .find(|(p, _)| *p == pid)
-            .map(|(_, why)| why.clone())
+            .running
+            .get(&pid)
+            .or_else(|| owned.ended.iter().find(|r| r.pid == pid))
+            .cloned()
     }
 
     /// `owner`'s running process `pid`.

@@ -236,6 +236,15 @@ async fn kill_is_idempotent_and_an_ended_process_is_loud() {
     gone.assert_weir_error(410, "process_ended");
     assert_eq!(gone.json()["ended"], "killed");
     assert_eq!(gone.json()["pid"], pid);
+    let status = o
+        .call("GET", &format!("/r/owner/status/{pid}"), b"")
+        .await
+        .json();
+    assert_eq!(
+        status["state"], "ended: killed",
+        "status tells how it ended: {status}"
+    );
+    assert_eq!(status["slot"], 0);
 
     // A trap ends the process: that request fails, the next is told why.
     let (pid, _) = o.spawn("owner", "").await;
@@ -254,6 +263,18 @@ async fn kill_is_idempotent_and_an_ended_process_is_loud() {
         "{}",
         gone.text()
     );
+    let status = o
+        .call("GET", &format!("/r/owner/status/{pid}"), b"")
+        .await
+        .json();
+    assert!(
+        status["state"]
+            .as_str()
+            .unwrap()
+            .starts_with("ended: instance_abandoned: wasm trap"),
+        "{status}"
+    );
+    assert_eq!(status["requests"], 1);
 
     // A request that spins past event_limit_ms ends it too, not hangs.
     let (pid, _) = o.spawn("owner", "").await;
