@@ -1,6 +1,9 @@
-//! Actor storage: the SQLite database of one actor — its key-value entries,
-//! its own SQL tables, its named timers and its incarnation counter — and
-//! the turn transaction that makes a turn's writes all-or-nothing.
+//! Actor storage: the SQLite database of one actor — its key-value entries
+//! ([`crate::entries`]), its own SQL tables, its named timers
+//! ([`crate::timers`]), its launch journal ([`crate::journal`]) and its
+//! incarnation counter — and the turn transaction that makes a turn's writes
+//! all-or-nothing. This module opens the database, keeps its schema, the
+//! incarnation and the turn's transaction, and runs the guest's SQL.
 //!
 //! Invariants owned here:
 //! - every write of a turn happens inside one transaction, committed at the
@@ -25,7 +28,7 @@
 
 use std::path::Path;
 
-use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::confinement::{self, Confinement, ResultBudget, ResultTooLarge, StopCheck};
 use crate::sql::{GuestSqlError, MAX_SQL_VALUE_BYTES, StatementResult, Value};
@@ -70,6 +73,10 @@ pub const DEFAULT_MAX_RESULT_BYTES: usize = 16 << 20;
 /// Process ids of an incarnation start at incarnation × this stride.
 pub const PID_STRIDE: u64 = 1_000_000;
 
+pub use crate::entries::ListOptions;
+pub use crate::journal::JournalRow;
+pub use crate::timers::DueTimer;
+
 /// Version of [`SCHEMA`], kept in the database's `user_version`: a database of an
 /// older version gets the tables it lacks at its next open (version 2 added
 /// `_weir_journal`).
@@ -103,45 +110,15 @@ impl From<rusqlite::Error> for ActorStoreError {
     }
 }
 
-/// Options of [`ActorDb::list`]: a key range (`start` inclusive, `end`
-/// exclusive), a prefix, an order and a count.
-#[derive(Clone, Debug, Default)]
-pub struct ListOptions {
-    pub start: Option<String>,
-    pub end: Option<String>,
-    pub prefix: Option<String>,
-    pub reverse: bool,
-    pub limit: Option<u32>,
-}
-
-/// A timer that is due.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DueTimer {
-    pub reason: String,
-    pub at_ms: i64,
-    pub attempt: u32,
-}
-
-/// A launch journal row: a resident process of this actor that was
-/// started and has not ended (see `weir_programs::fenced_work`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct JournalRow {
-    pub pid: u64,
-    /// The launch spec, as the layer that wrote it encoded it.
-    pub spec: String,
-    /// Re-drives spent on it.
-    pub attempt: u32,
-}
-
 /// The open database of one actor.
 pub struct ActorDb {
-    conn: Connection,
+    pub(crate) conn: Connection,
     /// The authorizer: Weir's statements, or the guest's under its rules.
     confinement: Confinement,
     in_turn: bool,
     /// Commits since the WAL was last checkpointed.
     commits: u32,
-    max_result_bytes: usize,
+    pub(crate) max_result_bytes: usize,
 }
 
 fn guest_error(e: GuestSqlError) -> ActorStoreError {
@@ -288,48 +265,6 @@ impl ActorDb {
         Ok(())
     }
 
-    /// Writes (or replaces) the journal row of `pid`.
-    pub fn journal_put(
-        &mut self,
-        pid: u64,
-        spec: &str,
-        attempt: u32,
-    ) -> Result<(), ActorStoreError> {
-        self.conn
-            .prepare_cached(
-                "INSERT INTO _weir_journal (pid, spec, attempt) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (pid) DO UPDATE SET spec = excluded.spec, attempt = excluded.attempt",
-            )?
-            .execute(rusqlite::params![pid as i64, spec, attempt])?;
-        Ok(())
-    }
-
-    /// Deletes the journal row of `pid`; true if there was one.
-    pub fn journal_delete(&mut self, pid: u64) -> Result<bool, ActorStoreError> {
-        Ok(self
-            .conn
-            .prepare_cached("DELETE FROM _weir_journal WHERE pid = ?1")?
-            .execute([pid as i64])?
-            > 0)
-    }
-
-    /// Every journal row, by pid.
-    pub fn journal(&self) -> Result<Vec<JournalRow>, ActorStoreError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT pid, spec, attempt FROM _weir_journal ORDER BY pid")?;
-        let rows = stmt
-            .query_map([], |r| {
-                Ok(JournalRow {
-                    pid: r.get::<_, i64>(0)? as u64,
-                    spec: r.get(1)?,
-                    attempt: r.get(2)?,
-                })
-            })?
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(rows)
-    }
-
     /// Runs `f` as one transaction of its own, committed before this
     /// returns (for work outside any turn: the launch journal's).
     pub fn transaction<T>(
@@ -395,113 +330,6 @@ impl ActorDb {
         Ok(())
     }
 
-    /// Several values, in order, within the result bound.
-    pub fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, ActorStoreError> {
-        let mut budget = ResultBudget::new(self.max_result_bytes);
-        keys.iter()
-            .map(|k| {
-                let value = self.get(k)?;
-                budget.take(value.as_ref().map_or(0, Vec::len))?;
-                Ok(value)
-            })
-            .collect()
-    }
-
-    pub fn get(&self, key: &str) -> Result<Option<Vec<u8>>, ActorStoreError> {
-        Ok(self
-            .conn
-            .prepare_cached("SELECT value FROM _weir_kv WHERE key = ?1")?
-            .query_row(params![key], |r| r.get(0))
-            .optional()?)
-    }
-
-    fn check_entry(key: &str, value: &[u8]) -> Result<(), ActorStoreError> {
-        let size = key.len() + value.len();
-        if size > MAX_ENTRY_BYTES {
-            return Err(ActorStoreError::EntryTooLarge {
-                key: key.chars().take(64).collect(),
-                size,
-            });
-        }
-        Ok(())
-    }
-
-    pub fn put(&mut self, key: &str, value: &[u8]) -> Result<(), ActorStoreError> {
-        Self::check_entry(key, value)?;
-        self.conn
-            .prepare_cached(
-                "INSERT INTO _weir_kv (key, value) VALUES (?1, ?2)
-                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            )?
-            .execute(params![key, value])?;
-        Ok(())
-    }
-
-    /// Puts every entry, or — if any is too large — none.
-    pub fn put_many(&mut self, entries: &[(String, Vec<u8>)]) -> Result<(), ActorStoreError> {
-        for (k, v) in entries {
-            Self::check_entry(k, v)?;
-        }
-        for (k, v) in entries {
-            self.put(k, v)?;
-        }
-        Ok(())
-    }
-
-    /// Deletes a key; true if it existed.
-    pub fn delete(&mut self, key: &str) -> Result<bool, ActorStoreError> {
-        Ok(self
-            .conn
-            .prepare_cached("DELETE FROM _weir_kv WHERE key = ?1")?
-            .execute(params![key])?
-            > 0)
-    }
-
-    /// Deletes every key and every user table's rows are left alone.
-    pub fn delete_all(&mut self) -> Result<(), ActorStoreError> {
-        self.conn.execute("DELETE FROM _weir_kv", [])?;
-        Ok(())
-    }
-
-    /// Entries in key order (or reverse), within the options' range.
-    pub fn list(&self, options: &ListOptions) -> Result<Vec<(String, Vec<u8>)>, ActorStoreError> {
-        let mut sql = String::from("SELECT key, value FROM _weir_kv WHERE 1");
-        let mut params: Vec<String> = Vec::new();
-        if let Some(start) = &options.start {
-            params.push(start.clone());
-            sql.push_str(&format!(" AND key >= ?{}", params.len()));
-        }
-        if let Some(end) = &options.end {
-            params.push(end.clone());
-            sql.push_str(&format!(" AND key < ?{}", params.len()));
-        }
-        if let Some(prefix) = &options.prefix {
-            params.push(prefix.clone());
-            sql.push_str(&format!(
-                " AND substr(key, 1, length(?{n})) = ?{n}",
-                n = params.len()
-            ));
-        }
-        sql.push_str(if options.reverse {
-            " ORDER BY key DESC"
-        } else {
-            " ORDER BY key"
-        });
-        if let Some(limit) = options.limit {
-            sql.push_str(&format!(" LIMIT {limit}"));
-        }
-        let mut stmt = self.conn.prepare_cached(&sql)?;
-        let mut budget = ResultBudget::new(self.max_result_bytes);
-        let mut rows = stmt.query(params_from_iter(params.iter()))?;
-        let mut out = Vec::new();
-        while let Some(row) = rows.next()? {
-            let (key, value): (String, Vec<u8>) = (row.get(0)?, row.get(1)?);
-            budget.take(key.len() + value.len())?;
-            out.push((key, value));
-        }
-        Ok(out)
-    }
-
     /// Runs one user statement inside the turn.
     pub fn exec(
         &mut self,
@@ -518,83 +346,6 @@ impl ActorDb {
             false,
         )
         .map_err(guest_error)
-    }
-
-    /// Schedules `reason` at `at_ms`, keeping the earlier deadline if one is
-    /// already set.
-    pub fn schedule(&mut self, reason: &str, at_ms: i64) -> Result<(), ActorStoreError> {
-        self.conn
-            .prepare_cached(
-                "INSERT INTO _weir_timers (reason, at_ms) VALUES (?1, ?2)
-                 ON CONFLICT(reason) DO UPDATE SET at_ms = min(at_ms, excluded.at_ms), attempt = 0",
-            )?
-            .execute(params![reason, at_ms])?;
-        Ok(())
-    }
-
-    /// Cancels a reason's timer; true if there was one.
-    pub fn cancel(&mut self, reason: &str) -> Result<bool, ActorStoreError> {
-        Ok(self
-            .conn
-            .prepare_cached("DELETE FROM _weir_timers WHERE reason = ?1")?
-            .execute(params![reason])?
-            > 0)
-    }
-
-    /// Every timer, earliest first.
-    pub fn timers(&self) -> Result<Vec<DueTimer>, ActorStoreError> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT reason, at_ms, attempt FROM _weir_timers ORDER BY at_ms, reason",
-        )?;
-        let rows = stmt
-            .query_map([], |r| {
-                Ok(DueTimer {
-                    reason: r.get(0)?,
-                    at_ms: r.get(1)?,
-                    attempt: r.get(2)?,
-                })
-            })?
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(rows)
-    }
-
-    /// The snapshot of timers due at `now_ms`, taken before any handler
-    /// runs: a reason re-armed for "now" by a handler is not in it.
-    pub fn due(&self, now_ms: i64) -> Result<Vec<DueTimer>, ActorStoreError> {
-        Ok(self
-            .timers()?
-            .into_iter()
-            .filter(|t| t.at_ms <= now_ms)
-            .collect())
-    }
-
-    /// The earliest deadline, for the dispatcher's wake-up.
-    pub fn next_deadline(&self) -> Result<Option<i64>, ActorStoreError> {
-        Ok(self
-            .conn
-            .query_row("SELECT min(at_ms) FROM _weir_timers", [], |r| r.get(0))?)
-    }
-
-    /// Starts the alarm turn of a due reason: the turn consumes the timer,
-    /// so a handler's re-arm is a new timer and a rolled-back turn restores it.
-    pub fn begin_alarm(&mut self, reason: &str) -> Result<(), ActorStoreError> {
-        self.begin_turn()?;
-        self.cancel(reason)?;
-        Ok(())
-    }
-
-    /// After a failed alarm turn (rolled back): retry at `at_ms`, counting
-    /// the attempt.
-    pub fn retry_alarm(
-        &mut self,
-        reason: &str,
-        at_ms: i64,
-        attempt: u32,
-    ) -> Result<(), ActorStoreError> {
-        self.conn
-            .prepare_cached("UPDATE _weir_timers SET at_ms = ?2, attempt = ?3 WHERE reason = ?1")?
-            .execute(params![reason, at_ms, attempt])?;
-        Ok(())
     }
 }
 
@@ -643,65 +394,6 @@ mod tests {
         let db = ActorDb::open(&path, Durability::Process).unwrap();
         assert_eq!(db.get("before").unwrap(), Some(b"1".to_vec()));
         assert_eq!(db.get("after").unwrap(), None);
-    }
-
-    #[test]
-    fn oversized_entries_fail_and_write_nothing() {
-        let (mut db, _) = open("size");
-        let big = vec![0u8; MAX_ENTRY_BYTES];
-        let err = db.put("k", &big).unwrap_err();
-        assert!(err.to_string().contains("2097152"), "{err}");
-        let entries = vec![("ok".to_string(), b"v".to_vec()), ("big".to_string(), big)];
-        assert!(db.put_many(&entries).is_err());
-        assert_eq!(db.get("ok").unwrap(), None, "put_many wrote nothing");
-        let fits = vec![0u8; MAX_ENTRY_BYTES - 1];
-        db.put("k", &fits).unwrap();
-    }
-
-    #[test]
-    fn list_ranges_prefixes_order_and_limits() {
-        let (mut db, _) = open("list");
-        for k in ["a1", "a2", "a3", "b1", "c1"] {
-            db.put(k, k.as_bytes()).unwrap();
-        }
-        fn keys(db: &ActorDb, o: &ListOptions) -> Vec<String> {
-            db.list(o).unwrap().into_iter().map(|(k, _)| k).collect()
-        }
-        assert_eq!(
-            keys(
-                &db,
-                &ListOptions {
-                    prefix: Some("a".into()),
-                    ..Default::default()
-                }
-            ),
-            ["a1", "a2", "a3"]
-        );
-        assert_eq!(
-            keys(
-                &db,
-                &ListOptions {
-                    start: Some("a2".into()),
-                    end: Some("c1".into()),
-                    ..Default::default()
-                }
-            ),
-            ["a2", "a3", "b1"]
-        );
-        assert_eq!(
-            keys(
-                &db,
-                &ListOptions {
-                    reverse: true,
-                    limit: Some(2),
-                    ..Default::default()
-                }
-            ),
-            ["c1", "b1"]
-        );
-        assert!(db.delete("b1").unwrap());
-        db.delete_all().unwrap();
-        assert!(keys(&db, &ListOptions::default()).is_empty());
     }
 
     #[test]
@@ -835,56 +527,6 @@ mod tests {
             .len(),
             2
         );
-    }
-
-    #[test]
-    fn timers_keep_the_earliest_and_alarm_turns_consume_them() {
-        let (mut db, _) = open("timers");
-        db.schedule("flush", 500).unwrap();
-        db.schedule("flush", 300).unwrap();
-        db.schedule("flush", 900).unwrap();
-        db.schedule("gc", 1000).unwrap();
-        assert_eq!(db.next_deadline().unwrap(), Some(300));
-        let due = db.due(600).unwrap();
-        assert_eq!(
-            due,
-            vec![DueTimer {
-                reason: "flush".into(),
-                at_ms: 300,
-                attempt: 0
-            }]
-        );
-
-        // The handler re-arms its own reason for "now": a new timer, not the
-        // consumed one, and not part of the snapshot already taken.
-        db.begin_alarm("flush").unwrap();
-        db.schedule("flush", 600).unwrap();
-        db.commit_turn().unwrap();
-        assert_eq!(db.due(600).unwrap()[0].at_ms, 600);
-
-        // A failed alarm turn leaves its timer for a retry.
-        db.begin_alarm("flush").unwrap();
-        db.rollback_turn().unwrap();
-        db.retry_alarm("flush", 2600, 1).unwrap();
-        let timers = db.timers().unwrap();
-        assert_eq!(
-            timers[0],
-            DueTimer {
-                reason: "gc".into(),
-                at_ms: 1000,
-                attempt: 0
-            }
-        );
-        assert_eq!(
-            timers[1],
-            DueTimer {
-                reason: "flush".into(),
-                at_ms: 2600,
-                attempt: 1
-            }
-        );
-        assert!(db.cancel("gc").unwrap());
-        assert!(!db.cancel("gc").unwrap());
     }
 
     #[test]

@@ -20,7 +20,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 pub mod actor;
 pub mod confinement;
 pub mod data_dir;
+pub mod entries;
+pub mod journal;
 pub mod sql;
+pub mod timers;
 
 /// Keys returned by one `list_keys` page. Large enough that few round trips
 /// are needed, small enough that one page is never a memory problem.
