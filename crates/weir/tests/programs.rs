@@ -1,113 +1,16 @@
-//! Programs from outside: `weir run` of real command components (its
-//! arguments, environment, stdin, output and exit code; each limit
-//! provoked; the doors a command must not open), and the image store
-//! through `weir images` (digests, corrupt and truncated images, roots
-//! that hold across processes, the sweep).
+//! `weir run` from outside: real command components, their arguments,
+//! environment, stdin, output and exit code; each limit provoked; the doors
+//! a command must not open; and `programs.run` from an actor. The image
+//! store is `tests/images.rs`'s.
 
 mod common;
 
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::io::Read;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use common::{Resp, Weir, guest, send_to, weir_command};
-use http::Request;
-use http_body_util::Full;
-
-/// What a finished `weir` printed and exited with.
-struct Ran {
-    code: Option<i32>,
-    stdout: Vec<u8>,
-    stderr: String,
-}
-
-impl Ran {
-    fn out(&self) -> String {
-        String::from_utf8_lossy(&self.stdout).into_owned()
-    }
-}
-
-/// A data dir of its own.
-fn data_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("weir-programs-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
-fn spawn(data: &Path, args: &[&str], stdin: Stdio) -> Child {
-    weir_command()
-        .args(args.first().copied())
-        .arg("--data-dir")
-        .arg(data)
-        .args(&args[1..])
-        .env("WEIR_TEST_SECRET", "host-only")
-        .stdin(stdin)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("weir runs")
-}
-
-/// Runs `weir <args>` (the data dir goes right after the subcommand) with
-/// `input` on its stdin, and waits at most a minute.
-fn weir(data: &Path, args: &[&str], input: &[u8]) -> Ran {
-    let mut child = spawn(data, args, Stdio::piped());
-    let mut stdin = child.stdin.take().expect("piped");
-    let input = input.to_vec();
-    let writer = std::thread::spawn(move || {
-        let _ = stdin.write_all(&input);
-    });
-    let mut stdout = child.stdout.take().expect("piped");
-    let mut stderr = child.stderr.take().expect("piped");
-    let out = std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        let _ = stdout.read_to_end(&mut bytes);
-        bytes
-    });
-    let err = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            panic!("weir {args:?} did not exit within a minute");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let _ = writer.join();
-    Ran {
-        code: status.code(),
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
-    }
-}
-
-fn cmdprobe() -> String {
-    guest("cmdprobe").to_str().unwrap().to_string()
-}
-
-/// The digest `weir images push` printed for `file`.
-fn push(data: &Path, file: &str) -> String {
-    let ran = weir(data, &["images", "push", file], b"");
-    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
-    let out = ran.out();
-    let digest = out.split_whitespace().next().expect("a digest").to_string();
-    assert!(digest.starts_with("sha256:") && digest.len() == 71, "{out}");
-    digest
-}
-
-fn image_file(data: &Path, digest: &str) -> PathBuf {
-    data.join("images")
-        .join(format!("{}.wasm", digest.trim_start_matches("sha256:")))
-}
+use common::programs::{admin, call, cmdprobe, data_dir, serve_runner, weir_in as weir};
+use common::{guest, weir_command};
 
 #[test]
 fn a_command_gets_its_arguments_its_environment_and_nothing_of_weirs() {
@@ -380,83 +283,6 @@ fn a_command_reaches_no_host_file_socket_or_name() {
 }
 
 #[test]
-fn an_image_runs_by_digest_and_a_corrupt_or_truncated_one_is_refused_by_digest() {
-    let data = data_dir("digest");
-    let probe = cmdprobe();
-    let bytes = std::fs::read(&probe).unwrap();
-    let digest = push(&data, &probe);
-    assert_eq!(
-        digest,
-        format!("sha256:{}", sha256_hex(&bytes)),
-        "named by the SHA-256 of its bytes"
-    );
-    let again = weir(&data, &["images", "push", &probe], b"");
-    assert!(again.out().contains("already stored"), "{}", again.out());
-    let ran = weir(&data, &["run", &digest, "--", "exit", "0"], b"");
-    assert_eq!(
-        (ran.code, ran.out().as_str()),
-        (Some(0), "exiting with 0\n")
-    );
-    let compiled = || {
-        std::fs::read_dir(data.join("images/compiled"))
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .file_name()
-                    .to_string_lossy()
-                    .starts_with(digest.trim_start_matches("sha256:"))
-            })
-            .count()
-    };
-    assert_eq!(compiled(), 1, "its compiled code is cached by digest");
-
-    let file = image_file(&data, &digest);
-    let mut flipped = bytes.clone();
-    flipped[bytes.len() / 2] ^= 0x01;
-    std::fs::write(&file, &flipped).unwrap();
-    let ran = weir(&data, &["run", &digest, "--", "exit", "0"], b"");
-    assert_eq!(ran.code, Some(126), "{}", ran.stderr);
-    assert!(
-        ran.stderr.starts_with(&format!(
-            "weir: image_corrupt: image {digest} is corrupt: its {} bytes hash to sha256:",
-            bytes.len()
-        )),
-        "{}",
-        ran.stderr
-    );
-    assert_eq!(ran.stdout, b"", "nothing of it ran");
-
-    std::fs::write(&file, &bytes[..bytes.len() - 1]).unwrap();
-    let ran = weir(&data, &["run", &digest, "--", "exit", "0"], b"");
-    assert_eq!(ran.code, Some(126));
-    assert!(
-        ran.stderr.starts_with(&format!(
-            "weir: image_corrupt: image {digest} is corrupt: its {} bytes hash to",
-            bytes.len() - 1
-        )),
-        "{}",
-        ran.stderr
-    );
-
-    let ran = weir(&data, &["images", "rm", &digest], b"");
-    assert_eq!(
-        (ran.code, ran.out()),
-        (Some(0), format!("{digest}  removed\n"))
-    );
-    assert_eq!(compiled(), 0, "its compiled code went with it");
-    let ran = weir(&data, &["run", &digest], b"");
-    assert_eq!(ran.code, Some(126));
-    assert_eq!(
-        ran.stderr,
-        format!("weir: image_not_found: no image {digest} in the store\n")
-    );
-    let ran = weir(&data, &["run", "sha256:1234"], b"");
-    assert_eq!(ran.code, Some(126), "{}", ran.stderr);
-    let _ = std::fs::remove_dir_all(&data);
-}
-
-#[test]
 fn a_component_that_is_not_a_command_is_refused_before_it_runs() {
     let data = data_dir("notcmd");
     let hello = guest("hello");
@@ -472,213 +298,17 @@ fn a_component_that_is_not_a_command_is_refused_before_it_runs() {
     let _ = std::fs::remove_dir_all(&data);
 }
 
-#[test]
-fn the_sweep_spares_what_a_run_in_another_process_holds_and_removes_orphans() {
-    let data = data_dir("sweep");
-    let held = push(&data, &cmdprobe());
-    let orphan = push(&data, guest("wc").to_str().unwrap());
-    // An abandoned push: a partial file whose writer is gone.
-    let partial = data.join("images/.partial-abandoned");
-    std::fs::write(&partial, b"half an image").unwrap();
-
-    // A run in its own process holds the probe's image while it spins.
-    let mut running = spawn(
-        &data,
-        &[
-            "run",
-            "--limit",
-            "run_time_limit_ms=60000",
-            &held,
-            "--",
-            "spin",
-        ],
-        Stdio::null(),
-    );
-    wait_until("the run holds its image", || {
-        let list = weir(&data, &["images", "list", "--json"], b"");
-        let list: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
-        list["images"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|i| i["digest"] == held.as_str() && i["rooted"] == true)
-    });
-    let ran = weir(&data, &["images", "rm", &held], b"");
-    assert_eq!(ran.code, Some(1));
-    assert_eq!(
-        ran.stderr,
-        format!("weir: image {held} is in use (a run or process holds it)\n")
-    );
-
-    let ran = weir(&data, &["images", "sweep"], b"");
-    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
-    assert_eq!(
-        ran.out(),
-        format!("{orphan}  removed\n{held}  kept (in use)\n")
-    );
-    assert!(
-        ran.stderr
-            .contains("swept 1 images and 1 unfinished pushes")
-    );
-    assert!(image_file(&data, &held).exists());
-    assert!(!image_file(&data, &orphan).exists());
-    assert!(!partial.exists());
-
-    // Its holder gone (killed, not ended: the kernel drops the root).
-    running.kill().unwrap();
-    running.wait().unwrap();
-    let ran = weir(&data, &["images", "sweep", "--keep", &orphan], b"");
-    assert_eq!(ran.out(), format!("{held}  removed\n"));
-    let list = weir(&data, &["images", "list"], b"");
-    assert_eq!(list.out(), "", "the store is empty");
-    let _ = std::fs::remove_dir_all(&data);
-}
-
-/// Polls `check` until it holds, for at most a minute.
-fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !check() {
-        assert!(Instant::now() < deadline, "{what}: not within a minute");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// An admin request with `body`, bearing the token or not.
-async fn admin(weir: &Weir, method: &str, path: &str, body: Vec<u8>, token: bool) -> Resp {
-    let addr = weir.admin.expect("admin listener");
-    let mut req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", addr.to_string());
-    if token {
-        req = req.header(
-            "authorization",
-            format!("Bearer {}", weir.token.as_ref().unwrap()),
-        );
-    }
-    send_to(addr, req.body(Full::new(Bytes::from(body))).unwrap()).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_admin_address_pushes_lists_removes_and_sweeps_images_for_the_token_holder_only() {
-    let data = data_dir("admin");
-    let weir = Weir::start(
-        &guest("hello"),
-        &[
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--limit",
-            "max_image_bytes=262144",
-        ],
-    );
-    let bytes = std::fs::read(cmdprobe()).unwrap();
-    let digest = format!("sha256:{}", sha256_hex(&bytes));
-
-    let refused = admin(&weir, "PUT", "/images", bytes.clone(), false).await;
-    assert_eq!(refused.status, 401);
-    assert_eq!(refused.json()["error"], "admin_token_required");
-    assert_eq!(
-        admin(&weir, "GET", "/images", vec![], false).await.status,
-        401
-    );
-    assert!(
-        !data
-            .join("images")
-            .read_dir()
-            .unwrap()
-            .any(|e| { e.unwrap().file_name().to_string_lossy().ends_with(".wasm") })
-    );
-
-    let pushed = admin(&weir, "PUT", "/images", bytes.clone(), true).await;
-    assert_eq!(pushed.status, 201, "{:?}", pushed.body);
-    assert_eq!(pushed.json()["digest"], digest.as_str());
-    assert_eq!(pushed.json()["bytes"], bytes.len());
-    let again = admin(&weir, "PUT", "/images", bytes.clone(), true).await;
-    assert_eq!(
-        (again.status.as_u16(), &again.json()["stored"]),
-        (200, &false.into())
-    );
-
-    let big = admin(&weir, "PUT", "/images", vec![0u8; 300_000], true).await;
-    assert_eq!(big.status, 413);
-    assert_eq!(big.json()["error"], "image_too_large");
-
-    let list = admin(&weir, "GET", "/images", vec![], true).await.json();
-    assert_eq!(list["images"].as_array().unwrap().len(), 1);
-    assert_eq!(list["images"][0]["digest"], digest.as_str());
-    assert_eq!(list["images"][0]["bytes"], bytes.len());
-
-    // The store is shared: `weir run` of what the server stored, while the
-    // server runs.
-    let ran = self::weir(&data, &["run", &digest, "--", "exit", "0"], b"");
-    assert_eq!(
-        (ran.code, ran.out().as_str()),
-        (Some(0), "exiting with 0\n"),
-        "{}",
-        ran.stderr
-    );
-
-    let bad = admin(&weir, "DELETE", "/images/sha256:xyz", vec![], true).await;
-    assert_eq!(bad.status, 400);
-    assert_eq!(bad.json()["error"], "image_digest_invalid");
-    let gone = admin(&weir, "DELETE", &format!("/images/{digest}"), vec![], true).await;
-    assert_eq!(gone.json()["deleted"], true, "{:?}", gone.body);
-    let gone = admin(&weir, "DELETE", &format!("/images/{digest}"), vec![], true).await;
-    assert_eq!(gone.json()["deleted"], false);
-
-    admin(&weir, "PUT", "/images", bytes.clone(), true).await;
-    let swept = admin(&weir, "POST", "/images/sweep", vec![], true)
-        .await
-        .json();
-    assert_eq!(swept["removed"][0], digest.as_str(), "{swept}");
-    assert_eq!(swept["bytes_freed"], bytes.len());
-    drop(weir);
-    let _ = std::fs::remove_dir_all(&data);
-}
-
-/// A POST to the server's listen address.
-async fn post(weir: &Weir, path: &str, body: &[u8]) -> Resp {
-    weir.send(
-        Request::post(path)
-            .body(Full::new(Bytes::copy_from_slice(body)))
-            .unwrap(),
-    )
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actor_runs_a_stored_command_bounded_by_its_turn_and_a_worker_cannot() {
     let data = data_dir("actor-run");
-    let runner = guest("runner");
-    let runner = runner.to_str().unwrap();
-    let actor = format!("runner={runner}");
-    let weir = Weir::start(
-        Path::new(runner),
-        &[
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--actor",
-            &actor,
-            "--actor-route",
-            "runner=/r",
-            "--limit",
-            "memory_limit_bytes=33554432",
-        ],
-    );
+    let weir = serve_runner(&data, &["memory_limit_bytes=33554432"]);
     let bytes = std::fs::read(cmdprobe()).unwrap();
     let pushed = admin(&weir, "PUT", "/images", bytes, true).await;
     let digest = pushed.json()["digest"].as_str().unwrap().to_string();
 
-    let ran = post(
+    let ran = call(
         &weir,
+        "POST",
         &format!("/r/a/run/{digest}?arg=cat"),
         b"hello, program",
     )
@@ -690,8 +320,9 @@ async fn an_actor_runs_a_stored_command_bounded_by_its_turn_and_a_worker_cannot(
     assert_eq!(body["stdout"], "hello, program");
     assert_eq!(body["stderr"], "cat: 14 bytes\n");
 
-    let ran = post(
+    let ran = call(
         &weir,
+        "POST",
         &format!("/r/a/run/{digest}?arg=args&arg=two%20words&env=K=V"),
         b"",
     )
@@ -703,18 +334,18 @@ async fn an_actor_runs_a_stored_command_bounded_by_its_turn_and_a_worker_cannot(
     );
 
     // The same component as a worker is no actor: nothing is loaded.
-    let worker = post(&weir, &format!("/run/{digest}?arg=cat"), b"x").await;
+    let worker = call(&weir, "POST", &format!("/run/{digest}?arg=cat"), b"x").await;
     assert_eq!(worker.status, 400);
     assert_eq!(worker.json()["error"], "not-an-actor");
 
     let missing = format!("sha256:{}", "0".repeat(64));
-    let ran = post(&weir, &format!("/r/a/run/{missing}"), b"").await;
+    let ran = call(&weir, "POST", &format!("/r/a/run/{missing}"), b"").await;
     assert_eq!(ran.status, 404);
     assert_eq!(
         ran.json()["message"],
         format!("image_not_found: no image {missing} in the store").as_str()
     );
-    let ran = post(&weir, "/r/a/run/not-a-digest", b"").await;
+    let ran = call(&weir, "POST", "/r/a/run/not-a-digest", b"").await;
     assert_eq!(ran.json()["error"], "image");
     assert!(
         ran.json()["message"]
@@ -729,7 +360,7 @@ async fn an_actor_runs_a_stored_command_bounded_by_its_turn_and_a_worker_cannot(
         .as_str()
         .unwrap()
         .to_string();
-    let ran = post(&weir, &format!("/r/a/run/{hello}"), b"").await;
+    let ran = call(&weir, "POST", &format!("/r/a/run/{hello}"), b"").await;
     assert_eq!(ran.status, 422, "{}", ran.text());
     assert!(
         ran.json()["message"]
@@ -739,7 +370,7 @@ async fn an_actor_runs_a_stored_command_bounded_by_its_turn_and_a_worker_cannot(
     );
 
     // A memory bomb ends at memory_limit_bytes, inside the turn.
-    let ran = post(&weir, &format!("/r/a/run/{digest}?arg=grow"), b"").await;
+    let ran = call(&weir, "POST", &format!("/r/a/run/{digest}?arg=grow"), b"").await;
     assert_eq!(ran.status, 200, "{}", ran.text());
     assert_eq!(ran.json()["exit_code"], 124);
     assert_eq!(ran.json()["stopped"], "memory_limit_exceeded");
@@ -748,10 +379,10 @@ async fn an_actor_runs_a_stored_command_bounded_by_its_turn_and_a_worker_cannot(
     // (event_limit_ms, 1 s): the turn fails, and the actor's next turn
     // runs at once.
     let started = Instant::now();
-    let ran = post(&weir, &format!("/r/a/run/{digest}?arg=spin"), b"").await;
+    let ran = call(&weir, "POST", &format!("/r/a/run/{digest}?arg=spin"), b"").await;
     ran.assert_weir_error(503, "event_deadline_exceeded");
     assert!(started.elapsed() < Duration::from_secs(10));
-    let count = post(&weir, "/r/a/count", b"").await;
+    let count = call(&weir, "POST", "/r/a/count", b"").await;
     assert_eq!(count.status, 200, "{}", count.text());
     assert_eq!(count.json()["n"], 1);
 

@@ -93,6 +93,23 @@ pub fn weir_command() -> Command {
     Command::new(env!("CARGO_BIN_EXE_weir"))
 }
 
+/// Waits for `child` to exit, at most `limit`; past it the child is
+/// killed and `None` returned.
+pub fn exit_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Runs `weir` to completion, for commands that must fail at start (a
 /// `serve` gets a fresh data dir unless `args` name one).
 pub fn run_weir(args: &[&str]) -> Exited {
@@ -115,20 +132,11 @@ pub fn run_weir(args: &[&str]) -> Exited {
         let _ = stderr.read_to_string(&mut text);
         text
     });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "weir {args:?} did not exit within a minute:\n{}",
-                reader.join().unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(status) = exit_within(&mut child, Duration::from_secs(60)) else {
+        panic!(
+            "weir {args:?} did not exit within a minute:\n{}",
+            reader.join().unwrap_or_default()
+        );
     };
     Exited {
         code: status.code(),

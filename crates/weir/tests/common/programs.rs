@@ -1,14 +1,18 @@
-//! Helpers of the programs' tests: a server whose app and actor class
-//! `runner` are the runner guest (actor NAME at /r/NAME/…), images pushed
-//! through its admin address, and plain calls.
+//! Helpers of the programs' tests: `weir` commands run to their end on a
+//! data dir of their own, a server whose app and actor class `runner` are
+//! the runner guest (actor NAME at /r/NAME/…), images pushed through the
+//! CLI or the admin address, and plain calls.
 
-use std::path::Path;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 
-use super::{Resp, Weir, guest, send_to};
+use super::{Resp, Weir, exit_within, guest, send_to, weir_command};
 
 /// `weir serve runner.wasm --actor runner=runner.wasm --actor-route
 /// runner=/r` on `data`, with `limits` (`NAME=VALUE`).
@@ -56,4 +60,122 @@ pub async fn call(weir: &Weir, method: &str, path: &str, body: &[u8]) -> Resp {
             .unwrap(),
     )
     .await
+}
+
+/// What a finished `weir` printed and exited with.
+pub struct Ran {
+    pub code: Option<i32>,
+    pub stdout: Vec<u8>,
+    pub stderr: String,
+}
+
+impl Ran {
+    pub fn out(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+}
+
+/// A data dir of its own.
+pub fn data_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("weir-programs-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+pub fn spawn(data: &Path, args: &[&str], stdin: Stdio) -> Child {
+    weir_command()
+        .args(args.first().copied())
+        .arg("--data-dir")
+        .arg(data)
+        .args(&args[1..])
+        .env("WEIR_TEST_SECRET", "host-only")
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("weir runs")
+}
+
+/// Runs `weir <args>` (the data dir goes right after the subcommand) with
+/// `input` on its stdin, and waits at most a minute.
+pub fn weir_in(data: &Path, args: &[&str], input: &[u8]) -> Ran {
+    let mut child = spawn(data, args, Stdio::piped());
+    let mut stdin = child.stdin.take().expect("piped");
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let mut stdout = child.stdout.take().expect("piped");
+    let mut stderr = child.stderr.take().expect("piped");
+    let out = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = stdout.read_to_end(&mut bytes);
+        bytes
+    });
+    let err = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let Some(status) = exit_within(&mut child, Duration::from_secs(60)) else {
+        panic!("weir {args:?} did not exit within a minute");
+    };
+    let _ = writer.join();
+    Ran {
+        code: status.code(),
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+pub fn cmdprobe() -> String {
+    guest("cmdprobe").to_str().unwrap().to_string()
+}
+
+/// The digest `weir images push` printed for `file`.
+pub fn push(data: &Path, file: &str) -> String {
+    let ran = weir_in(data, &["images", "push", file], b"");
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    let out = ran.out();
+    let digest = out.split_whitespace().next().expect("a digest").to_string();
+    assert!(digest.starts_with("sha256:") && digest.len() == 71, "{out}");
+    digest
+}
+
+pub fn image_file(data: &Path, digest: &str) -> PathBuf {
+    data.join("images")
+        .join(format!("{}.wasm", digest.trim_start_matches("sha256:")))
+}
+
+/// Polls `check` until it holds, for at most a minute.
+pub fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check() {
+        assert!(Instant::now() < deadline, "{what}: not within a minute");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// An admin request with `body`, bearing the token or not.
+pub async fn admin(weir: &Weir, method: &str, path: &str, body: Vec<u8>, token: bool) -> Resp {
+    let addr = weir.admin.expect("admin listener");
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string());
+    if token {
+        req = req.header(
+            "authorization",
+            format!("Bearer {}", weir.token.as_ref().unwrap()),
+        );
+    }
+    send_to(addr, req.body(Full::new(Bytes::from(body))).unwrap()).await
 }
