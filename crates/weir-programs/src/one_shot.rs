@@ -31,7 +31,7 @@ use weir_runtime::generation::{new_store, start};
 use weir_runtime::guest_output::{GuestOutput, PastBudget, Sink};
 use weir_runtime::guest_state::GenerationState;
 use weir_runtime::invocation::{self, Ending, NoResponse, Timing};
-use weir_runtime::limits::{LimitError, LimitTable, known_names, split_assignment};
+use weir_runtime::limits::{LimitError, LimitTable, split_assignment, unknown_among};
 use weir_runtime::metrics::AppMetrics;
 use weir_runtime::outcome::Outcome;
 use weir_runtime::receipt::{ReceiptSink, Terminal, write_receipt};
@@ -165,17 +165,9 @@ impl RunLimits {
         if ProgramLimits::specs().iter().any(|s| s.name == name) {
             return self.programs.set_limit(name, value);
         }
-        self.runtime.set_limit(name, value).map_err(|e| match e {
-            LimitError::Unknown { name, .. } => LimitError::Unknown {
-                name,
-                known: format!(
-                    "{}, {}",
-                    known_names(ProgramLimits::specs()),
-                    known_names(Limits::specs())
-                ),
-            },
-            other => other,
-        })
+        self.runtime
+            .set_limit(name, value)
+            .map_err(|e| unknown_among(e, &[ProgramLimits::specs(), Limits::specs()]))
     }
 }
 

@@ -126,6 +126,22 @@ pub fn known_names(specs: &[LimitSpec]) -> String {
     specs.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
 }
 
+/// `e`, with an unknown name's list of known names covering every table of
+/// `tables`: what a reader that sets several tables by flat name says.
+pub fn unknown_among(e: LimitError, tables: &[&[LimitSpec]]) -> LimitError {
+    match e {
+        LimitError::Unknown { name, .. } => LimitError::Unknown {
+            name,
+            known: tables
+                .iter()
+                .map(|specs| known_names(specs))
+                .collect::<Vec<_>>()
+                .join(", "),
+        },
+        other => other,
+    }
+}
+
 /// Splits a `NAME=VALUE` assignment, as given on the command line.
 pub fn split_assignment(assignment: &str) -> Result<(&str, &str), LimitError> {
     assignment

@@ -8,7 +8,7 @@
 use weir_actors::ActorLimits;
 use weir_programs::ProgramLimits;
 use weir_runtime::Limits;
-use weir_runtime::limits::{LimitError, LimitSpec, LimitTable, known_names, split_assignment};
+use weir_runtime::limits::{LimitError, LimitSpec, LimitTable, split_assignment, unknown_among};
 
 /// The limits of every layer of one server.
 #[derive(Clone, Debug, Default)]
@@ -35,17 +35,15 @@ impl ServerLimits {
         if ProgramLimits::specs().iter().any(|s| s.name == name) {
             return self.programs.set_limit(name, value);
         }
-        self.runtime.set_limit(name, value).map_err(|e| match e {
-            LimitError::Unknown { name, .. } => LimitError::Unknown {
-                name,
-                known: format!(
-                    "{}, {}, {}",
-                    known_names(Limits::specs()),
-                    known_names(ActorLimits::specs()),
-                    known_names(ProgramLimits::specs())
-                ),
-            },
-            other => other,
+        self.runtime.set_limit(name, value).map_err(|e| {
+            unknown_among(
+                e,
+                &[
+                    Limits::specs(),
+                    ActorLimits::specs(),
+                    ProgramLimits::specs(),
+                ],
+            )
         })
     }
 

@@ -394,3 +394,30 @@ async fn an_actor_runs_a_stored_command_bounded_by_its_turn_and_a_worker_cannot(
     assert!(receipt["peak_memory_bytes"].as_u64().unwrap() <= 32 << 20);
     let _ = std::fs::remove_dir_all(&data);
 }
+
+#[test]
+fn a_bad_limit_or_env_is_a_usage_error_and_nothing_runs() {
+    let data = data_dir("usage");
+    let probe = cmdprobe();
+    for (args, needle) in [
+        (
+            vec!["run", "--limit", "run_time_limit_ms=0", probe.as_str()],
+            "limit `run_time_limit_ms` must be an integer from 1 to 86400000, got `0`",
+        ),
+        (
+            vec!["run", "--limit", "bogus=1", probe.as_str()],
+            "unknown limit `bogus` (known limits: run_time_limit_ms,",
+        ),
+        (
+            vec!["run", "--env", "NOEQUALS", probe.as_str()],
+            "--env `NOEQUALS` is not of the form NAME=VALUE",
+        ),
+    ] {
+        let ran = weir(&data, &args, b"");
+        assert_eq!(ran.code, Some(2), "{args:?}: {}", ran.stderr);
+        assert!(ran.stderr.contains(needle), "{args:?}: {}", ran.stderr);
+        assert_eq!(ran.stderr.lines().count(), 1, "one line: {}", ran.stderr);
+        assert_eq!(ran.stdout, b"", "nothing ran");
+    }
+    let _ = std::fs::remove_dir_all(&data);
+}
