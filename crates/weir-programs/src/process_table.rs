@@ -146,7 +146,7 @@ impl ProcessTable {
 
     /// A pid and the lowest free slot for a new process of `owner` in its
     /// `incarnation`, or the limit that refuses it.
-    pub fn reserve(&self, owner: &Owner, incarnation: u64) -> Result<Reservation, LimitRefusal> {
+    fn reserve(&self, owner: &Owner, incarnation: u64) -> Result<Reservation, LimitRefusal> {
         let mut owners = self.owners();
         let total: usize = owners.values().map(|o| o.slots.len()).sum();
         if total >= self.max_total {
@@ -177,14 +177,14 @@ impl ProcessTable {
     }
 
     /// The reserved process is up.
-    pub fn started(&self, owner: &Owner, resident: Arc<Resident>) {
+    fn started(&self, owner: &Owner, resident: Arc<Resident>) {
         if let Some(owned) = self.owners().get_mut(owner) {
             owned.running.insert(resident.pid, resident);
         }
     }
 
     /// The process is fully gone (or never started): its slot is free.
-    pub fn release(&self, owner: &Owner, reservation: Reservation) {
+    fn release(&self, owner: &Owner, reservation: Reservation) {
         let mut owners = self.owners();
         if let Some(owned) = owners.get_mut(owner) {
             owned.running.remove(&reservation.pid);
