@@ -398,19 +398,27 @@ async fn serve(
         resident
             .memory
             .store(generation.memory_bytes() as u64, Ordering::Relaxed);
-        let failure = call.failure.clone();
-        let _ = job.reply.send(match (call.answer, &failure) {
+        // A process whose request cut it short has ended before its owner
+        // hears of it: whatever the owner asks next sees it ended.
+        let ended = call.cut_short.then(|| {
+            let (code, detail) = call
+                .failure
+                .clone()
+                .unwrap_or((weir_runtime::ErrorCode::InstanceAbandoned, None));
+            let why = match detail {
+                Some(detail) => format!("{}: {detail}", code.as_str()),
+                None => code.as_str().to_string(),
+            };
+            *resident.ended.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+            why
+        });
+        let _ = job.reply.send(match (call.answer, &call.failure) {
             (Ok(response), None) => response,
             (_, Some((code, _))) => error_response(*code),
             (Err((code, _)), None) => error_response(code),
         });
-        if call.cut_short {
-            let (code, detail) =
-                failure.unwrap_or((weir_runtime::ErrorCode::InstanceAbandoned, None));
-            return match detail {
-                Some(detail) => format!("{}: {detail}", code.as_str()),
-                None => code.as_str().to_string(),
-            };
+        if let Some(why) = ended {
+            return why;
         }
     }
 }

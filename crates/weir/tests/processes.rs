@@ -676,3 +676,37 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_grows_past_its_memory_ends_alone_and_its_neighbours_go_on() {
+    let o = Owners::start("grow", &["memory_limit_bytes=33554432"]).await;
+    let (bomb, _) = o.spawn("owner", "").await;
+    let (neighbour, _) = o.spawn("other", "").await;
+    o.call("GET", &format!("/r/owner/proc/{bomb}/grow"), b"")
+        .await
+        .assert_weir_error(503, "memory_limit_exceeded");
+    let status = o
+        .call("GET", &format!("/r/owner/status/{bomb}"), b"")
+        .await
+        .json();
+    assert!(
+        status["state"]
+            .as_str()
+            .unwrap()
+            .starts_with("ended: memory_limit_exceeded"),
+        "{status}"
+    );
+    let receipt = o
+        .weir
+        .first_logged("weir::process", |r| {
+            r["pid"] == bomb && r["name"] == "owner"
+        })
+        .await;
+    let peak = receipt["peak_memory_bytes"].as_u64().unwrap();
+    assert!(peak <= 32 << 20, "held to memory_limit_bytes: {peak}");
+    let other = o
+        .call("GET", &format!("/r/other/proc/{neighbour}/starts"), b"")
+        .await;
+    assert_eq!(other.status, 200, "the neighbour is untouched");
+    assert_eq!(o.weir.status().await["processes"]["live"], 1);
+}

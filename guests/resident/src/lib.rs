@@ -10,6 +10,7 @@
 //! | `GET /escape` | tries to leave `/data` (`..`, absolute paths, a symlink out, the host's files): one line per try |
 //! | `/spin` | never answers |
 //! | `/trap` | traps |
+//! | `/grow` | allocates 1 MiB after 1 MiB until refused |
 //!
 //! `start` fails when its argument is `fail`. With a storage slot, each
 //! start appends a line to `/data/starts.log` (what the crash tests count);
@@ -157,6 +158,13 @@ impl wasi::exports::http::incoming_handler::Guest for Resident {
                 std::hint::black_box(0u64);
             },
             "/trap" => panic!("the resident was told to trap"),
+            "/grow" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![1u8; 1 << 20]);
+                    std::hint::black_box(&hoard);
+                }
+            }
             _ => respond(out, 404, &[], b"no such path"),
         }
     }
