@@ -241,6 +241,89 @@ impl ActorHost {
         })
     }
 
+    /// Calls `function` of `interface`, an export of the held actor's
+    /// class, as one turn of the actor (woken if it was hibernated): its
+    /// writes commit with it, it leaves a receipt (`turn: "call"`, the
+    /// export as its reason), and it fails like any turn. `Ok(None)` when
+    /// the class does not export it. How a layer above tells an actor what
+    /// it did in its name (recovery's `weir:process/supervisor`).
+    pub async fn call_export<P>(
+        &self,
+        held: &mut Exclusive,
+        (interface, function): (&str, &str),
+        params: P,
+    ) -> Result<Option<()>, String>
+    where
+        P: wasmtime::component::ComponentNamedList
+            + wasmtime::component::Lower
+            + Send
+            + Sync
+            + 'static,
+    {
+        let cell = held._claim.cell.clone();
+        let code = &cell.class.code;
+        let Some(index) = code
+            .component
+            .get_export_index(None, interface)
+            .and_then(|i| code.component.get_export_index(Some(&i), function))
+        else {
+            return Ok(None);
+        };
+        // The holder's own connection goes first: a woken actor opens its
+        // database for itself.
+        held.db = None;
+        let ctx = self.context(&cell);
+        let started = Instant::now();
+        let mut report = crate::turn::TurnReport::default();
+        let live = &mut *held.live;
+        let ended = async {
+            crate::turn::wake(&ctx, live, &mut report).await?;
+            report.incarnation = live.incarnation;
+            let generation = live.generation.as_mut().expect("woken");
+            let func = generation
+                .instance
+                .get_typed_func::<P, (Result<(), String>,)>(&mut generation.store, index)
+                .map_err(|e| format!("{interface}#{function}: {e:#}"))?;
+            let ended = crate::turn::call_turn(
+                &ctx,
+                live,
+                func,
+                params,
+                &mut report,
+                |_| Ok(()),
+                |_, _| Ok(()),
+            )
+            .await;
+            match ended {
+                crate::turn::CallEnd::Done(()) => Ok(Some(())),
+                crate::turn::CallEnd::Failed(why) | crate::turn::CallEnd::CommitFailed(why) => {
+                    Err(why)
+                }
+            }
+        }
+        .await;
+        if let Err(why) = &ended
+            && report.error.is_none()
+        {
+            report.fail(ErrorCode::HostUnavailable, Some(why.clone()));
+        }
+        self.after_turn(&cell, live, false);
+        let reason = format!("{interface}#{function}");
+        let notes = crate::receipts::TurnNotes {
+            reason: Some(&reason),
+            ..Default::default()
+        };
+        self.receipt(
+            &cell,
+            crate::receipts::TurnKind::Call,
+            &report,
+            notes,
+            started,
+            Instant::now(),
+        );
+        ended
+    }
+
     /// Starts the timer dispatcher and the hibernation sweeper; they stop
     /// when the host is dropped.
     pub fn start(self: &Arc<Self>) {

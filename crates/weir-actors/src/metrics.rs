@@ -51,7 +51,7 @@ impl ActorMetrics {
         let actors_in_memory = Gauge::default();
         metrics.register(
             "actor_turns",
-            "Actor turns by class, kind (request, alarm) and result (ok, failed)",
+            "Actor turns by class, kind (request, alarm, call) and result (ok, failed)",
             actor_turns.clone(),
         );
         metrics.register(
@@ -102,6 +102,8 @@ impl ActorMetrics {
                 request_failed: turn("request", "failed"),
                 alarm_ok: turn("alarm", "ok"),
                 alarm_failed: turn("alarm", "failed"),
+                call_ok: turn("call", "ok"),
+                call_failed: turn("call", "failed"),
                 wakes: event("wake"),
                 hibernations: event("hibernation"),
                 overloaded: event("overloaded"),
@@ -123,6 +125,8 @@ struct ActorClassInner {
     request_failed: Counter,
     alarm_ok: Counter,
     alarm_failed: Counter,
+    call_ok: Counter,
+    call_failed: Counter,
     wakes: Counter,
     hibernations: Counter,
     overloaded: Counter,
@@ -148,6 +152,12 @@ impl ActorClassMetrics {
     pub fn alarm_turn(&self, ok: bool) {
         let i = &self.inner;
         if ok { &i.alarm_ok } else { &i.alarm_failed }.inc();
+    }
+
+    /// A turn that called one of the class's exports for a layer above.
+    pub fn call_turn(&self, ok: bool) {
+        let i = &self.inner;
+        if ok { &i.call_ok } else { &i.call_failed }.inc();
     }
 
     pub fn woke(&self) {

@@ -38,6 +38,8 @@ pub(crate) struct Counters {
 pub enum TurnKind {
     Request,
     Alarm,
+    /// A call of one of the class's exports by a layer above.
+    Call,
 }
 
 impl TurnKind {
@@ -45,6 +47,7 @@ impl TurnKind {
         match self {
             TurnKind::Request => "request",
             TurnKind::Alarm => "alarm",
+            TurnKind::Call => "call",
         }
     }
 }
@@ -103,6 +106,7 @@ impl ActorHost {
         match kind {
             TurnKind::Request => metrics.request_turn(ok, (ended - started).as_secs_f64()),
             TurnKind::Alarm => metrics.alarm_turn(ok),
+            TurnKind::Call => metrics.call_turn(ok),
         }
         let Some(sink) = &self.sink else { return };
         write_receipt(

@@ -100,14 +100,14 @@ pub struct TurnReport {
 }
 
 impl TurnReport {
-    fn fail(&mut self, code: impl Into<TurnError>, detail: Option<String>) {
+    pub(crate) fn fail(&mut self, code: impl Into<TurnError>, detail: Option<String>) {
         self.error = Some(code.into());
         self.detail = detail.map(invocation::truncate);
     }
 }
 
 /// Makes sure the actor has an open database and a live generation.
-async fn wake(
+pub(crate) async fn wake(
     ctx: &TurnContext<'_>,
     live: &mut Live,
     report: &mut TurnReport,
@@ -325,7 +325,6 @@ async fn alarm_turn(
     attempt: u32,
     report: &mut TurnReport,
 ) -> AlarmOutcome {
-    let limits = &ctx.code.limits;
     let gate = live.gate.clone().expect("woken");
     let Some(alarm) = live.alarm else {
         // Timers cannot be scheduled without the export; a database made
@@ -336,94 +335,31 @@ async fn alarm_turn(
             why: "the class does not export weir:actor/alarm".into(),
         };
     };
-    let scope = EventScope::new(limits.max_operations);
-    let deadline = Instant::now() + limits.event_limit;
-    scope.set_deadline(deadline);
-    if let Err(e) = gate
-        .begin(scope.stop_check())
-        .and_then(|()| gate.with_db(|db| db.cancel(reason).map(drop)))
-    {
-        live.reset();
-        return AlarmOutcome::CommitFailed(e.to_string());
-    }
-    let generation = live.generation.as_mut().expect("woken");
-    generation.admitted += 1;
-    generation.store.data_mut().set_scope(Some(scope.clone()));
-    let entered = Instant::now();
-    let ending = invocation::run(
-        alarm.call_async(&mut generation.store, (reason.to_string(),)),
-        None,
-        &scope,
-        Timing {
-            deadline,
-            cancellation_limit: limits.cancellation_limit,
+    let ended = call_turn(
+        ctx,
+        live,
+        alarm,
+        (reason.to_string(),),
+        report,
+        // Delivered once: the timer is taken in the turn's own
+        // transaction (a re-arm puts it back).
+        |gate| {
+            gate.with_db(|db| db.cancel(reason).map(drop))
+                .map_err(|e| e.to_string())
         },
-        None,
-        &mut NoResponse,
+        |rearm, gate| match rearm {
+            Some(at) => gate
+                .with_db(|db| db.schedule(reason, i64::try_from(*at).unwrap_or(i64::MAX)))
+                .map_err(|e| e.to_string()),
+            None => Ok(()),
+        },
     )
     .await;
-    report.wasm = Some(entered.elapsed());
-    report.operations = (scope.started(), scope.refused());
-    let data = generation.store.data_mut();
-    let failure = match &ending {
-        Ending::Returned((Ok(_),)) => None,
-        Ending::Returned((Err(message),)) => Some((
-            ErrorCode::InvalidResponse,
-            format!("handler returned an error: {message}"),
-        )),
-        other => other.failure(data).map(|(_, code, detail)| {
-            let why = match code {
-                ErrorCode::EventDeadlineExceeded => {
-                    "the handler did not return within event_limit_ms".to_string()
-                }
-                _ => detail.unwrap_or_default(),
-            };
-            (code, why)
-        }),
+    let why = match ended {
+        CallEnd::Done(rearmed) => return AlarmOutcome::Delivered { rearmed },
+        CallEnd::CommitFailed(why) => return AlarmOutcome::CommitFailed(why),
+        CallEnd::Failed(why) => why,
     };
-    data.set_scope(None);
-    if !invocation::settle(&scope, failure.is_some(), limits.cleanup_timeout).await {
-        // As for a request turn: the actor is reset without touching its
-        // database; the timer stays and is retried.
-        tracing::warn!(actor = %ctx.address, reason, "an alarm turn's host operations outlived cleanup_timeout_ms; resetting the actor");
-        live.reset();
-        ctx.metrics.generation_abandoned();
-        report.fail(ErrorCode::StorageCleanupUnconfirmed, None);
-        return AlarmOutcome::CommitFailed("host operations outlived cleanup_timeout_ms".into());
-    }
-    let Some((code, why)) = failure else {
-        let Ending::Returned((Ok(rearm),)) = ending else {
-            unreachable!("no failure means the handler returned ok")
-        };
-        let scheduled = match rearm {
-            Some(at) => {
-                gate.with_db(|db| db.schedule(reason, i64::try_from(at).unwrap_or(i64::MAX)))
-            }
-            None => Ok(()),
-        };
-        return match scheduled
-            .map_err(|e| e.to_string())
-            .and_then(|()| gate.commit())
-        {
-            Ok(()) => {
-                retire_if_done(ctx, live);
-                AlarmOutcome::Delivered { rearmed: rearm }
-            }
-            Err(why) => {
-                gate.rollback();
-                live.reset();
-                ctx.metrics.generation_abandoned();
-                report.fail(ActorErrorCode::StorageCommitFailed, Some(why.clone()));
-                AlarmOutcome::CommitFailed(why)
-            }
-        };
-    };
-    gate.rollback();
-    if ending.cut_short() {
-        live.drop_generation();
-        ctx.metrics.generation_abandoned();
-    }
-    report.fail(code, Some(why.clone()));
     let attempt = attempt + 1;
     let at = retry_at(now_ms(), attempt);
     let recorded = if attempt > ALARM_MAX_RETRIES {
@@ -445,6 +381,125 @@ async fn alarm_turn(
             attempt,
             retry_at_ms: at,
             why,
+        }
+    }
+}
+
+/// How a call of one of the class's exports ended as a turn.
+pub enum CallEnd<T> {
+    /// It returned `ok`, and the turn committed.
+    Done(T),
+    /// It failed (an `err`, a trap, its deadline, memory): the turn was
+    /// rolled back.
+    Failed(String),
+    /// The turn could not begin or commit, or its host operations outlived
+    /// cleanup: the actor was reset.
+    CommitFailed(String),
+}
+
+/// Runs one call of an export `func` of a woken actor as a turn: `before`
+/// writes in the turn's transaction before the guest runs, `on_ok` after
+/// it returned `ok`; the turn commits only if both succeed.
+pub async fn call_turn<P, T>(
+    ctx: &TurnContext<'_>,
+    live: &mut Live,
+    func: TypedFunc<P, (Result<T, String>,)>,
+    params: P,
+    report: &mut TurnReport,
+    before: impl FnOnce(&TurnGate) -> Result<(), String>,
+    on_ok: impl FnOnce(&T, &TurnGate) -> Result<(), String>,
+) -> CallEnd<T>
+where
+    P: wasmtime::component::ComponentNamedList + wasmtime::component::Lower + Send + Sync + 'static,
+    T: wasmtime::component::Lift + Send + Sync + 'static,
+{
+    let limits = &ctx.code.limits;
+    let gate = live.gate.clone().expect("woken");
+    let scope = EventScope::new(limits.max_operations);
+    let deadline = Instant::now() + limits.event_limit;
+    scope.set_deadline(deadline);
+    if let Err(e) = gate
+        .begin(scope.stop_check())
+        .map_err(|e| e.to_string())
+        .and_then(|()| before(&gate))
+    {
+        live.reset();
+        return CallEnd::CommitFailed(e);
+    }
+    let generation = live.generation.as_mut().expect("woken");
+    generation.admitted += 1;
+    generation.store.data_mut().set_scope(Some(scope.clone()));
+    let entered = Instant::now();
+    let ending = invocation::run(
+        func.call_async(&mut generation.store, params),
+        None,
+        &scope,
+        Timing {
+            deadline,
+            cancellation_limit: limits.cancellation_limit,
+        },
+        None,
+        &mut NoResponse,
+    )
+    .await;
+    report.wasm = Some(entered.elapsed());
+    report.operations = (scope.started(), scope.refused());
+    let data = generation.store.data_mut();
+    let cut_short = ending.cut_short();
+    let result = match ending {
+        Ending::Returned((Ok(value),)) => Ok(value),
+        Ending::Returned((Err(message),)) => Err((
+            ErrorCode::InvalidResponse,
+            format!("handler returned an error: {message}"),
+        )),
+        other => Err(other
+            .failure(data)
+            .map(|(_, code, detail)| {
+                let why = match code {
+                    ErrorCode::EventDeadlineExceeded => {
+                        "the handler did not return within event_limit_ms".to_string()
+                    }
+                    _ => detail.unwrap_or_default(),
+                };
+                (code, why)
+            })
+            .unwrap_or((
+                ErrorCode::InvalidResponse,
+                "the handler did not return".into(),
+            ))),
+    };
+    data.set_scope(None);
+    if !invocation::settle(&scope, result.is_err(), limits.cleanup_timeout).await {
+        // As for a request turn: the actor is reset without touching its
+        // database.
+        tracing::warn!(actor = %ctx.address, "a turn's host operations outlived cleanup_timeout_ms; resetting the actor");
+        live.reset();
+        ctx.metrics.generation_abandoned();
+        report.fail(ErrorCode::StorageCleanupUnconfirmed, None);
+        return CallEnd::CommitFailed("host operations outlived cleanup_timeout_ms".into());
+    }
+    match result {
+        Ok(value) => match on_ok(&value, &gate).and_then(|()| gate.commit()) {
+            Ok(()) => {
+                retire_if_done(ctx, live);
+                CallEnd::Done(value)
+            }
+            Err(why) => {
+                gate.rollback();
+                live.reset();
+                ctx.metrics.generation_abandoned();
+                report.fail(ActorErrorCode::StorageCommitFailed, Some(why.clone()));
+                CallEnd::CommitFailed(why)
+            }
+        },
+        Err((code, why)) => {
+            gate.rollback();
+            if cut_short {
+                live.drop_generation();
+                ctx.metrics.generation_abandoned();
+            }
+            report.fail(code, Some(why.clone()));
+            CallEnd::Failed(why)
         }
     }
 }

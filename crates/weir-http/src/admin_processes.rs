@@ -8,18 +8,18 @@
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::json;
+use weir_programs::process::Process;
 use weir_programs::process_table::{Owner, ProcessTable};
-use weir_programs::resident::Resident;
 
 use crate::admin::{error, json_response};
 use crate::response_body::ServeBody;
 
-fn describe(r: &Resident) -> serde_json::Value {
+fn describe(r: &Process) -> serde_json::Value {
     json!({
         "pid": r.pid,
         "owner": r.owner,
         "image": r.image,
-        "contract": "boot",
+        "contract": r.contract().as_str(),
         "slot": r.slot,
         "requests": r.requests(),
         "memory_bytes": r.memory_bytes(),

@@ -37,6 +37,9 @@ pub enum ProgramErrorCode {
     ProcessOverloaded,
     /// 400: the host is in the process domain but is not `<pid>.process.internal`.
     ProcessAddressInvalid,
+    /// 409: the process is a `lifetime` command: it serves no requests
+    /// (its owner reaches it through its stdin, output and exit).
+    ProcessNotServing,
 }
 
 impl ProgramErrorCode {
@@ -55,6 +58,7 @@ impl ProgramErrorCode {
         ProgramErrorCode::ProcessEnded,
         ProgramErrorCode::ProcessOverloaded,
         ProgramErrorCode::ProcessAddressInvalid,
+        ProgramErrorCode::ProcessNotServing,
     ];
 }
 
@@ -75,6 +79,7 @@ impl WeirError for ProgramErrorCode {
             ProgramErrorCode::ProcessEnded => "process_ended",
             ProgramErrorCode::ProcessOverloaded => "process_overloaded",
             ProgramErrorCode::ProcessAddressInvalid => "process_address_invalid",
+            ProgramErrorCode::ProcessNotServing => "process_not_serving",
         }
     }
 
@@ -92,6 +97,7 @@ impl WeirError for ProgramErrorCode {
             ProgramErrorCode::ProcessEnded => 410,
             ProgramErrorCode::ProcessOverloaded => 503,
             ProgramErrorCode::ProcessAddressInvalid => 400,
+            ProgramErrorCode::ProcessNotServing => 409,
         }
     }
 }

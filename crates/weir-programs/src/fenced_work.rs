@@ -31,8 +31,8 @@ use weir_actors::{ActorHost, Exclusive};
 use weir_runtime::receipt::{ReceiptSink, Terminal, write_receipt};
 use weir_store::actor::{JournalRow, PID_STRIDE};
 
+use crate::process::{Contract, PROCESS_TARGET};
 use crate::process_table::Owner;
-use crate::resident::PROCESS_TARGET;
 
 /// What a process does when the server crashed under it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,12 +45,18 @@ pub enum OnCrash {
 }
 
 /// Everything a re-drive needs, as kept in the journal. Nothing secret is
-/// in it: the environment is what the owner gave the spawn.
+/// in it: the environment is what the owner gave the spawn, and secrets
+/// are kept by name, resolved at every launch.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LaunchSpec {
     pub image: String,
+    #[serde(default)]
+    pub contract: Contract,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// (variable, secret name) pairs.
+    #[serde(default)]
+    pub secret_env: Vec<(String, String)>,
     /// The start arguments, hex.
     pub start_args: String,
     /// The storage slot: name and whether it is durable.

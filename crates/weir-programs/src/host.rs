@@ -42,6 +42,7 @@ use crate::image_store::{Digest, ImageStore};
 use crate::loader::{Loader, ProgramLoadError};
 use crate::metrics::ProgramMetrics;
 use crate::one_shot::{self, Output, RunLimits, Stdin};
+use crate::process_host::OutputRead;
 use crate::process_table::ProcessTable;
 use crate::storage_slot::Slots;
 
@@ -71,7 +72,13 @@ pub struct ProgramsConfig {
     pub metrics: AppMetrics,
     pub program_metrics: ProgramMetrics,
     pub receipts: Option<Arc<dyn ReceiptSink>>,
+    /// Each actor class's secrets, by name, as the server's configuration
+    /// gives them (what `secret-env` names resolve to).
+    pub secrets: Secrets,
 }
+
+/// Secrets by actor class, then by name.
+pub type Secrets = std::collections::HashMap<String, std::collections::HashMap<String, String>>;
 
 /// The programs of one server: made ready at the first run.
 pub struct ProgramsHost {
@@ -199,6 +206,9 @@ impl ProgramsHost {
 /// `programs.run`'s parameters as the component model lifts them.
 type RunParams = (String, Vec<String>, Vec<(String, String)>, Vec<u8>);
 
+/// `processes.read-output`'s parameters.
+type ReadParams = (u64, processes::OutputStream, u64, u32, u32);
+
 /// The arguments of one `programs.run`.
 struct RunCall {
     image: String,
@@ -271,6 +281,40 @@ impl HostInterfaces for ProgramInterfaces {
             let host = host.clone();
             Box::new(async move { Ok((host.list(seat).await,)) })
         })?;
+        let host = self.0.clone();
+        processes.func_wrap_async("wait", move |store, (pid, timeout_ms): (u64, u32)| {
+            let (seat, scope) = caller(store.data());
+            let host = host.clone();
+            Box::new(async move { Ok((host.wait(seat, scope, pid, timeout_ms).await,)) })
+        })?;
+        let host = self.0.clone();
+        processes.func_wrap_async("write-stdin", move |store, (pid, data): (u64, Vec<u8>)| {
+            let (seat, _) = caller(store.data());
+            let host = host.clone();
+            Box::new(async move { Ok((host.write_stdin(seat, pid, data).await,)) })
+        })?;
+        let host = self.0.clone();
+        processes.func_wrap_async("close-stdin", move |store, (pid,): (u64,)| {
+            let (seat, _) = caller(store.data());
+            let host = host.clone();
+            Box::new(async move { Ok((host.close_stdin(seat, pid).await,)) })
+        })?;
+        let host = self.0.clone();
+        processes.func_wrap_async(
+            "read-output",
+            move |store, (pid, which, offset, max_bytes, timeout_ms): ReadParams| {
+                let (seat, scope) = caller(store.data());
+                let host = host.clone();
+                let read = OutputRead {
+                    pid,
+                    which,
+                    offset,
+                    max_bytes,
+                    timeout_ms,
+                };
+                Box::new(async move { Ok((host.read_output(seat, scope, read).await,)) })
+            },
+        )?;
         let host = self.0.clone();
         linker.instance(PROGRAMS_INTERFACE)?.func_wrap_async(
             "run",

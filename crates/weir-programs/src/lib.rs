@@ -9,8 +9,11 @@
 //! - [`host`]: `weir:process` for actors: the programs of a server and a
 //!   one-shot run from a turn, bounded by the turn; [`process_host`]: the
 //!   processes' functions (spawn, kill, status, list, storage).
-//! - Resident processes: [`resident`] (one long-lived instance serving its
-//!   owner), [`process_table`] (owners, pids, slots, budgets),
+//! - Resident processes: [`process`] (what each is, and how each ends),
+//!   [`resident`] (the `boot` contract: one long-lived instance serving its
+//!   owner), [`lifetime`] (the `lifetime` contract: one command held for
+//!   its life, with its stdin, output and exit), [`process_table`]
+//!   (owners, pids, slots, budgets),
 //!   [`process_router`] (`<pid>.process.internal`, owner only),
 //!   [`storage_slot`] (the one directory a process may have).
 //! - [`fenced_work`]: the launch journal, and [`recovery`]: re-driving what
@@ -26,10 +29,12 @@ pub mod error_code;
 pub mod fenced_work;
 pub mod host;
 pub mod image_store;
+pub mod lifetime;
 pub mod limits;
 pub mod loader;
 pub mod metrics;
 pub mod one_shot;
+pub mod process;
 pub mod process_host;
 pub mod process_router;
 pub mod process_table;

@@ -23,6 +23,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
+use wasmtime::Store;
 use wasmtime_wasi::WasiCtx;
 use wasmtime_wasi::p2::bindings::{Command, CommandPre};
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
@@ -212,108 +213,32 @@ pub async fn run(
         Stdin::Bytes(bytes) => wasi.stdin(MemoryInputPipe::new(bytes)),
         Stdin::Inherit => wasi.stdin(std::io::stdin()),
     };
-    let mut store = new_store(
+    let cpu = Arc::new(AtomicU64::new(0));
+    let time_limit = ("run_time_limit_ms", limits.programs.run_time_limit);
+    let (end, peak_memory_bytes) = match Ready::instantiate(
         &program.code,
         metrics,
-        Extras::default(),
         wasi.build(),
-        stderr.clone(),
-    );
-    let cpu = Arc::new(AtomicU64::new(0));
-    let end = 'run: {
-        let entry = Timed::new(
-            start(
-                &program.code,
-                &mut store,
-                0,
-                ("run_time_limit_ms", limits.programs.run_time_limit),
-            ),
-            &cpu,
-        )
-        .await;
-        let instance = match entry {
-            Ok(instance) => instance,
-            Err(e) if e.over_budget || store.data().memory_refusal().is_some() => {
-                let code = store
-                    .data()
-                    .memory_refusal()
-                    .unwrap_or(ErrorCode::MemoryBudgetExceeded);
-                break 'run RunEnd::failed(Outcome::Limit, code, Some(e.reason));
-            }
-            Err(e) if e.reason.contains("run_time_limit_ms") => {
-                break 'run RunEnd::failed(
-                    Outcome::Deadline,
-                    ProgramErrorCode::RunTimeLimitExceeded,
-                    Some(e.reason),
-                );
-            }
-            Err(e) => {
-                break 'run RunEnd::failed(
-                    Outcome::Trap,
-                    ProgramErrorCode::RunTrapped,
-                    Some(e.reason),
-                );
-            }
-        };
-        let command = match Command::new(&mut store, &instance) {
-            Ok(command) => command,
-            Err(e) => {
-                break 'run RunEnd::failed(
-                    Outcome::Trap,
-                    ProgramErrorCode::NotACommand,
-                    Some(format!("{e:#}")),
-                );
-            }
-        };
-        let scope = EventScope::new(limits.runtime.max_operations);
-        store.data_mut().set_scope(Some(scope.clone()));
-        let call = Timed::new(command.wasi_cli_run().call_run(&mut store), &cpu);
-        let timing = Timing {
-            deadline,
-            cancellation_limit: limits.runtime.cancellation_limit,
-        };
-        let ending = invocation::run(call, None, &scope, timing, None, &mut NoResponse).await;
-        let failure = ending.failure(store.data());
-        store.data_mut().set_scope(None);
-        invocation::settle(&scope, failure.is_some(), limits.runtime.cleanup_timeout).await;
-        if stderr.exceeded() {
-            // Whatever the program did after its write failed, its output
-            // is not whole.
-            break 'run RunEnd::failed(
-                Outcome::Limit,
-                ProgramErrorCode::RunOutputTooLarge,
-                Some(format!(
-                    "max_run_output_bytes is {}",
-                    limits.programs.max_run_output_bytes
-                )),
-            );
+        &stderr,
+        time_limit,
+        &cpu,
+    )
+    .await
+    {
+        Ok(mut ready) => {
+            let end = ready
+                .run(
+                    deadline,
+                    time_limit,
+                    &limits.runtime,
+                    limits.programs.max_run_output_bytes,
+                    &cpu,
+                )
+                .await;
+            (end, ready.peak_memory_bytes())
         }
-        match (ending, failure) {
-            (Ending::Returned(Ok(())), _) => RunEnd::Exited(0),
-            (Ending::Returned(Err(())), _) => RunEnd::Exited(1),
-            (Ending::Exited(code), _) => RunEnd::Exited(code),
-            (Ending::DeadlinePassed { .. }, _) => RunEnd::failed(
-                Outcome::Deadline,
-                ProgramErrorCode::RunTimeLimitExceeded,
-                Some(format!(
-                    "run_time_limit_ms is {}",
-                    limits.programs.run_time_limit.as_millis()
-                )),
-            ),
-            (_, Some((Outcome::Limit, code, detail))) => RunEnd::Failed {
-                outcome: Outcome::Limit,
-                error: code.as_str(),
-                detail,
-            },
-            (_, failure) => RunEnd::failed(
-                Outcome::Trap,
-                ProgramErrorCode::RunTrapped,
-                failure.and_then(|(_, _, detail)| detail),
-            ),
-        }
+        Err(failed) => failed,
     };
-    let peak_memory_bytes = store.data().memory_peak();
-    drop(store);
     let take =
         |c: &Arc<Mutex<Vec<u8>>>| std::mem::take(&mut *c.lock().unwrap_or_else(|p| p.into_inner()));
     let report = RunReport {
@@ -328,6 +253,136 @@ pub async fn run(
         write_run_receipt(sink, program, &report);
     }
     report
+}
+
+/// A command instantiated and ready to run: the one way a command is
+/// started and run, for a one-shot and for a `lifetime` process.
+pub(crate) struct Ready {
+    store: Store<GenerationState>,
+    command: Command,
+    /// The output budget, to tell a cut output from a whole one.
+    output: GuestOutput,
+}
+
+impl Ready {
+    /// Instantiates `code` with `wasi` (its stdio and preopens set by the
+    /// caller), its start functions bounded by `start_limit`; or how the
+    /// run ended before it could start, and the memory it had reached.
+    pub(crate) async fn instantiate(
+        code: &CommandCode,
+        metrics: &AppMetrics,
+        wasi: WasiCtx,
+        output: &GuestOutput,
+        start_limit: (&str, Duration),
+        cpu: &AtomicU64,
+    ) -> Result<Ready, (RunEnd, usize)> {
+        let mut store = new_store(code, metrics, Extras::default(), wasi, output.clone());
+        let entry = Timed::new(start(code, &mut store, 0, start_limit), cpu).await;
+        let failed = |store: &Store<GenerationState>, end| (end, store.data().memory_peak());
+        let instance = match entry {
+            Ok(instance) => instance,
+            Err(e) if e.over_budget || store.data().memory_refusal().is_some() => {
+                let code = store
+                    .data()
+                    .memory_refusal()
+                    .unwrap_or(ErrorCode::MemoryBudgetExceeded);
+                return Err(failed(
+                    &store,
+                    RunEnd::failed(Outcome::Limit, code, Some(e.reason)),
+                ));
+            }
+            Err(e) if e.reason.contains(start_limit.0) => {
+                return Err(failed(
+                    &store,
+                    RunEnd::failed(
+                        Outcome::Deadline,
+                        ProgramErrorCode::RunTimeLimitExceeded,
+                        Some(e.reason),
+                    ),
+                ));
+            }
+            Err(e) => {
+                return Err(failed(
+                    &store,
+                    RunEnd::failed(Outcome::Trap, ProgramErrorCode::RunTrapped, Some(e.reason)),
+                ));
+            }
+        };
+        match Command::new(&mut store, &instance) {
+            Ok(command) => Ok(Ready {
+                store,
+                command,
+                output: output.clone(),
+            }),
+            Err(e) => Err(failed(
+                &store,
+                RunEnd::failed(
+                    Outcome::Trap,
+                    ProgramErrorCode::NotACommand,
+                    Some(format!("{e:#}")),
+                ),
+            )),
+        }
+    }
+
+    /// Runs the command's `run` to its end: its exit, a trap, `deadline`
+    /// (reported as `time_limit`), or a limit of `limits`; a run whose
+    /// output went past `max_output` bytes fails whatever it exits with.
+    pub(crate) async fn run(
+        &mut self,
+        deadline: Instant,
+        time_limit: (&str, Duration),
+        limits: &Limits,
+        max_output: u64,
+        cpu: &AtomicU64,
+    ) -> RunEnd {
+        let scope = EventScope::new(limits.max_operations);
+        let store = &mut self.store;
+        store.data_mut().set_scope(Some(scope.clone()));
+        let call = Timed::new(self.command.wasi_cli_run().call_run(&mut *store), cpu);
+        let timing = Timing {
+            deadline,
+            cancellation_limit: limits.cancellation_limit,
+        };
+        let ending = invocation::run(call, None, &scope, timing, None, &mut NoResponse).await;
+        let failure = ending.failure(store.data());
+        store.data_mut().set_scope(None);
+        invocation::settle(&scope, failure.is_some(), limits.cleanup_timeout).await;
+        if self.output.exceeded() {
+            // Whatever the program did after its write failed, its output
+            // is not whole.
+            return RunEnd::failed(
+                Outcome::Limit,
+                ProgramErrorCode::RunOutputTooLarge,
+                Some(format!("max_run_output_bytes is {max_output}")),
+            );
+        }
+        match (ending, failure) {
+            (Ending::Returned(Ok(())), _) => RunEnd::Exited(0),
+            (Ending::Returned(Err(())), _) => RunEnd::Exited(1),
+            (Ending::Exited(code), _) => RunEnd::Exited(code),
+            (Ending::DeadlinePassed { .. }, _) => RunEnd::failed(
+                Outcome::Deadline,
+                ProgramErrorCode::RunTimeLimitExceeded,
+                Some(format!("{} is {}", time_limit.0, time_limit.1.as_millis())),
+            ),
+            (_, Some((Outcome::Limit, code, detail))) => RunEnd::Failed {
+                outcome: Outcome::Limit,
+                error: code.as_str(),
+                detail,
+            },
+            (_, failure) => RunEnd::failed(
+                Outcome::Trap,
+                ProgramErrorCode::RunTrapped,
+                failure.and_then(|(_, _, detail)| detail),
+            ),
+        }
+    }
+
+    /// Linear memory the program reached.
+    pub(crate) fn peak_memory_bytes(&self) -> usize {
+        self.store.data().memory_peak()
+    }
 }
 
 /// What only a run's receipt has.

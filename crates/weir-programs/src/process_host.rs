@@ -5,20 +5,21 @@
 //! one way a process starts, for a spawn and for a re-drive.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use wasmtime_wasi_http::p2::bindings::ProxyPre;
 use weir_actors::bindings::ActorSeat;
-use weir_runtime::guest_state::GenerationState;
 use weir_runtime::scope::EventScope;
 
 use crate::fenced_work::{self, LaunchSpec, OnCrash};
 use crate::host::generated::weir::process::{processes, types};
 use crate::host::{ProgramsHost, coded, to_guest_error};
 use crate::image_store::Digest;
+use crate::lifetime::{self, Console, ConsoleError, Stream};
 use crate::loader::ProgramLoadError;
+use crate::one_shot::CommandCode;
+use crate::process::{Contract, Process, SlotUse, Spawn, SpawnError};
 use crate::process_table::{Owner, Reserved};
-use crate::resident::{Resident, SlotUse, Spawn};
+use crate::resident::{self, ServerCode};
 use crate::storage_slot::{MAX_SLOT_NAME_BYTES, valid_name as valid_slot_name};
 
 impl ProgramsHost {
@@ -59,17 +60,28 @@ impl ProgramsHost {
             .reserve_guarded(&owner, seat.identity.incarnation)
             .map_err(|e| types::Error::Limit(e.to_string()))?;
         let pid = reserved.reservation.pid;
+        let contract = match spec.contract {
+            Some(processes::Contract::Lifetime) => Contract::Lifetime,
+            _ => Contract::Boot,
+        };
         let launch = LaunchSpec {
             image: digest.to_string(),
+            contract,
             args: spec.args,
             env: spec.env,
+            secret_env: spec.secret_env,
             start_args: LaunchSpec::hex(&spec.start_args),
             storage: spec.storage.map(|s| (s.name, s.durable)),
-            on_crash: match spec.on_crash {
-                Some(processes::OnCrash::Report) => OnCrash::Report,
-                _ => OnCrash::RestartOnce,
+            on_crash: match (spec.on_crash, contract) {
+                (Some(processes::OnCrash::Report), _) => OnCrash::Report,
+                (Some(processes::OnCrash::RestartOnce), _) => OnCrash::RestartOnce,
+                (None, Contract::Boot) => OnCrash::RestartOnce,
+                (None, Contract::Lifetime) => OnCrash::Report,
             },
         };
+        // A secret the class does not have refuses the spawn before
+        // anything is journaled.
+        self.secrets_for(&owner, &launch)?;
         // Durable before the program's first instruction; a journal that
         // cannot be written refuses the spawn, and nothing starts.
         fenced_work::journal_in_turn(&seat.gate, pid, &launch).map_err(|why| {
@@ -81,8 +93,8 @@ impl ProgramsHost {
             .deadline()
             .unwrap_or_else(|| Instant::now() + self.config.limits.runtime.event_limit);
         match self.launch(&owner, reserved, &launch, deadline).await {
-            Ok((resident, payload)) => Ok(processes::Spawned {
-                pid: resident.pid,
+            Ok((process, payload)) => Ok(processes::Spawned {
+                pid: process.pid,
                 payload,
             }),
             Err(e) => {
@@ -101,7 +113,7 @@ impl ProgramsHost {
         reserved: Reserved,
         launch: &LaunchSpec,
         deadline: Instant,
-    ) -> Result<(Arc<Resident>, Vec<u8>), types::Error> {
+    ) -> Result<(Arc<Process>, Vec<u8>), types::Error> {
         let digest: Digest = launch
             .image
             .parse()
@@ -115,13 +127,12 @@ impl ProgramsHost {
                 durable: *durable,
             });
         let storage = self.storage_for(owner, pid, slot.as_ref())?;
-        let loader = self.loader().map_err(types::Error::Failed)?;
-        let ready = {
-            let loader = loader.clone();
-            let dir = storage.as_ref().map(|s| s.dir.clone());
-            // Loading may compile, and making the slot is file work:
-            // never on an async worker.
-            tokio::task::spawn_blocking(move || {
+        let mut env = launch.env.clone();
+        env.extend(self.secrets_for(owner, launch)?);
+        let dir = storage.as_ref().map(|s| s.dir.clone());
+        let contract = launch.contract;
+        let (root, code) = self
+            .load_blocking(move |loader| {
                 if let Some(dir) = &dir {
                     std::fs::create_dir_all(dir).map_err(|source| ProgramLoadError::Read {
                         path: format!("storage slot {}", dir.display()),
@@ -129,27 +140,19 @@ impl ProgramsHost {
                     })?;
                 }
                 let mut root = loader.images.root(&digest)?;
-                let code =
-                    loader.code::<ProxyPre<GenerationState>>(&mut root, &digest.to_string())?;
-                Ok::<_, ProgramLoadError>((root, code))
+                let name = digest.to_string();
+                let code = match contract {
+                    Contract::Boot => Code::Server(Arc::new(loader.code(&mut root, &name)?)),
+                    Contract::Lifetime => Code::Command(Arc::new(loader.code(&mut root, &name)?)),
+                };
+                Ok((root, code))
             })
-            .await
-        };
-        let (root, code) = match ready {
-            Ok(Ok(ready)) => ready,
-            Ok(Err(e)) => return Err(to_guest_error(e)),
-            Err(e) => {
-                return Err(types::Error::Failed(format!(
-                    "loading the program failed: {e}"
-                )));
-            }
-        };
-        Resident::spawn(Spawn {
+            .await?;
+        let spawn = Spawn {
             reserved,
-            code: Arc::new(code),
             root,
             args: launch.args.clone(),
-            env: launch.env.clone(),
+            env,
             start_args: launch.start_args(),
             storage,
             deadline,
@@ -158,9 +161,52 @@ impl ProgramsHost {
             metrics: self.config.metrics.clone(),
             program_metrics: self.config.program_metrics.clone(),
             receipts: self.config.receipts.clone(),
+        };
+        let spawned = match code {
+            Code::Server(code) => resident::spawn(spawn, code).await,
+            Code::Command(code) => lifetime::spawn(spawn, code).await.map(|p| (p, Vec::new())),
+        };
+        spawned.map_err(|e| match e {
+            SpawnError::NotRunnable(why) => types::Error::NotRunnable(why),
+            e => types::Error::Failed(e.to_string()),
         })
-        .await
-        .map_err(|e| types::Error::Failed(e.to_string()))
+    }
+
+    /// Runs `f` with the loader off the async workers (loading may
+    /// compile, and it reads files).
+    async fn load_blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&crate::loader::Loader) -> Result<T, ProgramLoadError> + Send + 'static,
+    ) -> Result<T, types::Error> {
+        let loader = self.loader().map_err(types::Error::Failed)?;
+        match tokio::task::spawn_blocking(move || f(&loader)).await {
+            Ok(Ok(loaded)) => Ok(loaded),
+            Ok(Err(e)) => Err(to_guest_error(e)),
+            Err(e) => Err(types::Error::Failed(format!(
+                "loading the program failed: {e}"
+            ))),
+        }
+    }
+
+    /// The values of a launch's secrets, from its owner's class's
+    /// configuration, as environment variables; or which one is missing.
+    pub(crate) fn secrets_for(
+        &self,
+        owner: &Owner,
+        launch: &LaunchSpec,
+    ) -> Result<Vec<(String, String)>, types::Error> {
+        let class = self.config.secrets.get(&owner.class);
+        launch
+            .secret_env
+            .iter()
+            .map(|(variable, name)| match class.and_then(|c| c.get(name)) {
+                Some(value) => Ok((variable.clone(), value.clone())),
+                None => Err(types::Error::Failed(format!(
+                    "secret `{name}` is not configured for actor class `{}`",
+                    owner.class
+                ))),
+            })
+            .collect()
     }
 
     /// `processes.kill`: true if it was running; idempotent.
@@ -170,10 +216,100 @@ impl ProgramsHost {
         pid: u64,
     ) -> Result<bool, types::Error> {
         let seat = seat.ok_or(types::Error::NotAnActor)?;
-        match self.table.get(&owner_of(&seat), pid) {
-            Some(resident) => Ok(resident.kill().await),
-            None => Ok(false),
-        }
+        let Some(process) = self.table.get(&owner_of(&seat), pid) else {
+            return Ok(false);
+        };
+        // Its row goes in this turn: once the owner hears it is killed, no
+        // crash can bring it back.
+        process.release_by_owner();
+        let was_running = process.kill().await;
+        fenced_work::release_in_turn(&seat.gate, pid).map_err(types::Error::Failed)?;
+        Ok(was_running)
+    }
+
+    /// The console of one of the caller's `lifetime` processes, running or
+    /// among its last ended.
+    fn console(
+        &self,
+        seat: Option<ActorSeat>,
+        pid: u64,
+    ) -> Result<(Arc<Process>, Arc<Console>), types::Error> {
+        let seat = seat.ok_or(types::Error::NotAnActor)?;
+        let process = self
+            .table
+            .recent(&owner_of(&seat), pid)
+            .ok_or(types::Error::NoSuchProcess)?;
+        let console = process.console().cloned().ok_or_else(|| {
+            types::Error::WrongContract(format!(
+                "process {pid} is a boot server: reach it at http://{pid}.process.internal/"
+            ))
+        })?;
+        Ok((process, console))
+    }
+
+    /// `processes.wait`: bounded by `timeout-ms` and by the turn.
+    pub(crate) async fn wait(
+        self: Arc<Self>,
+        seat: Option<ActorSeat>,
+        scope: Option<Arc<EventScope>>,
+        pid: u64,
+        timeout_ms: u32,
+    ) -> Result<Option<processes::Exited>, types::Error> {
+        let (_, console) = self.console(seat, pid)?;
+        let timeout = within_turn(scope.as_deref(), timeout_ms);
+        Ok(console.wait(timeout).await.map(|exit| {
+            let (stdout_tail, stderr_tail) = console.tails();
+            processes::Exited {
+                exit_code: exit.exit_code,
+                stopped: exit.stopped,
+                stdout_tail,
+                stderr_tail,
+            }
+        }))
+    }
+
+    pub(crate) async fn write_stdin(
+        self: Arc<Self>,
+        seat: Option<ActorSeat>,
+        pid: u64,
+        data: Vec<u8>,
+    ) -> Result<u32, types::Error> {
+        let (_, console) = self.console(seat, pid)?;
+        console
+            .write_stdin(&data)
+            .map(|n| n as u32)
+            .map_err(console_error)
+    }
+
+    pub(crate) async fn close_stdin(
+        self: Arc<Self>,
+        seat: Option<ActorSeat>,
+        pid: u64,
+    ) -> Result<(), types::Error> {
+        let (_, console) = self.console(seat, pid)?;
+        console.close_stdin().map_err(console_error)
+    }
+
+    pub(crate) async fn read_output(
+        self: Arc<Self>,
+        seat: Option<ActorSeat>,
+        scope: Option<Arc<EventScope>>,
+        read: OutputRead,
+    ) -> Result<processes::OutputChunk, types::Error> {
+        let (_, console) = self.console(seat, read.pid)?;
+        let stream = match read.which {
+            processes::OutputStream::Stdout => Stream::Stdout,
+            processes::OutputStream::Stderr => Stream::Stderr,
+        };
+        let timeout = within_turn(scope.as_deref(), read.timeout_ms);
+        let chunk = console
+            .read(stream, read.offset, read.max_bytes as usize, timeout)
+            .await;
+        Ok(processes::OutputChunk {
+            offset: chunk.offset,
+            data: chunk.data,
+            closed: chunk.closed,
+        })
     }
 
     pub(crate) async fn status(
@@ -286,15 +422,58 @@ fn owner_of(seat: &ActorSeat) -> Owner {
     }
 }
 
-fn info(resident: &Resident) -> processes::ProcessInfo {
+fn info(process: &Process) -> processes::ProcessInfo {
     processes::ProcessInfo {
-        pid: resident.pid,
-        image: resident.image.to_string(),
-        slot: resident.slot,
-        state: match resident.ended() {
+        pid: process.pid,
+        image: process.image.to_string(),
+        contract: match process.contract() {
+            Contract::Boot => processes::Contract::Boot,
+            Contract::Lifetime => processes::Contract::Lifetime,
+        },
+        slot: process.slot,
+        state: match process.ended() {
             None => processes::State::Running,
             Some(why) => processes::State::Ended(why),
         },
-        requests: resident.requests(),
+        requests: process.requests(),
+    }
+}
+
+/// A program's code, by contract.
+enum Code {
+    Server(Arc<ServerCode>),
+    Command(Arc<CommandCode>),
+}
+
+/// The arguments of one `processes.read-output`.
+pub(crate) struct OutputRead {
+    pub pid: u64,
+    pub which: processes::OutputStream,
+    pub offset: u64,
+    pub max_bytes: u32,
+    pub timeout_ms: u32,
+}
+
+/// A wait of `timeout_ms`, cut to what is left of the calling turn (less
+/// a margin, so the call returns before the turn's deadline stops it).
+fn within_turn(scope: Option<&EventScope>, timeout_ms: u32) -> Duration {
+    let asked = Duration::from_millis(u64::from(timeout_ms));
+    match scope.and_then(EventScope::deadline) {
+        Some(deadline) => asked.min(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .saturating_sub(TURN_MARGIN),
+        ),
+        None => asked,
+    }
+}
+
+/// What a wait leaves of its turn: time to answer after it.
+const TURN_MARGIN: Duration = Duration::from_millis(100);
+
+fn console_error(e: ConsoleError) -> types::Error {
+    match e {
+        ConsoleError::Ended(why) => types::Error::Ended(why),
+        e @ ConsoleError::StdinClosed => types::Error::Failed(e.to_string()),
     }
 }

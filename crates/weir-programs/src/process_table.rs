@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 use weir_store::actor::PID_STRIDE;
 
-use crate::resident::Resident;
+use crate::process::Process;
 
 /// An actor that owns processes: class and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -52,7 +52,7 @@ pub struct Reserved {
 impl Reserved {
     /// The process is up: it holds the slot from now on, until
     /// [`ProcessTable::ended`].
-    pub fn started(mut self, resident: Arc<Resident>) {
+    pub fn started(mut self, resident: Arc<Process>) {
         self.armed = false;
         self.table.started(&self.owner, resident);
     }
@@ -74,10 +74,10 @@ struct Owned {
     last_n: u64,
     slots: BTreeSet<u32>,
     /// Running processes (booting ones hold a slot but are not here yet).
-    running: BTreeMap<u64, Arc<Resident>>,
+    running: BTreeMap<u64, Arc<Process>>,
     /// The last processes that ended (each says how): what a request to
     /// one of them is told, and what `status` shows.
-    ended: VecDeque<Arc<Resident>>,
+    ended: VecDeque<Arc<Process>>,
     peak: usize,
 }
 
@@ -177,7 +177,7 @@ impl ProcessTable {
     }
 
     /// The reserved process is up.
-    fn started(&self, owner: &Owner, resident: Arc<Resident>) {
+    fn started(&self, owner: &Owner, resident: Arc<Process>) {
         if let Some(owned) = self.owners().get_mut(owner) {
             owned.running.insert(resident.pid, resident);
         }
@@ -215,7 +215,7 @@ impl ProcessTable {
     }
 
     /// `owner`'s process `pid`, running or recently ended.
-    pub fn recent(&self, owner: &Owner, pid: u64) -> Option<Arc<Resident>> {
+    pub fn recent(&self, owner: &Owner, pid: u64) -> Option<Arc<Process>> {
         let owners = self.owners();
         let owned = owners.get(owner)?;
         owned
@@ -226,12 +226,12 @@ impl ProcessTable {
     }
 
     /// `owner`'s running process `pid`.
-    pub fn get(&self, owner: &Owner, pid: u64) -> Option<Arc<Resident>> {
+    pub fn get(&self, owner: &Owner, pid: u64) -> Option<Arc<Process>> {
         self.owners().get(owner)?.running.get(&pid).cloned()
     }
 
     /// Every running process, by owner and pid.
-    pub fn all(&self) -> Vec<Arc<Resident>> {
+    pub fn all(&self) -> Vec<Arc<Process>> {
         let owners = self.owners();
         let mut all: Vec<_> = owners
             .values()
@@ -242,7 +242,7 @@ impl ProcessTable {
     }
 
     /// `owner`'s running processes, by pid.
-    pub fn of(&self, owner: &Owner) -> Vec<Arc<Resident>> {
+    pub fn of(&self, owner: &Owner) -> Vec<Arc<Process>> {
         self.owners()
             .get(owner)
             .map(|o| o.running.values().cloned().collect())

@@ -5,11 +5,25 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use wasmtime::component::{ComponentType, Lower};
 use weir_actors::{ActorHost, Exclusive};
 
 use crate::fenced_work::{self, LaunchSpec};
 use crate::host::ProgramsHost;
 use crate::process_table::Owner;
+
+/// The export an owner may have to hear what recovery did.
+pub const SUPERVISOR_EXPORT: (&str, &str) = ("weir:process/supervisor@0.1.0", "recovered");
+
+/// `weir:process/supervisor.recovery-outcome`.
+#[derive(ComponentType, Lower, Clone, Debug)]
+#[component(variant)]
+pub enum RecoveryOutcome {
+    #[component(name = "restarted")]
+    Restarted,
+    #[component(name = "lost")]
+    Lost(String),
+}
 
 impl ProgramsHost {
     /// Recovers the launch journals the last run left: each owner on its
@@ -37,7 +51,16 @@ impl ProgramsHost {
     }
 
     async fn recover_owner(&self, mut held: Exclusive, owner: &Owner) {
-        let receipt = |old: u64, new: Option<u64>, image: &str, lost: Option<&str>| {
+        let mut told = Vec::new();
+        let mut receipt = |old: u64, new: Option<u64>, image: &str, lost: Option<&str>| {
+            told.push((
+                old,
+                new,
+                match lost {
+                    Some(why) => RecoveryOutcome::Lost(why.to_string()),
+                    None => RecoveryOutcome::Restarted,
+                },
+            ));
             if let Some(sink) = &self.config.receipts {
                 fenced_work::write_recovery_receipt(sink.as_ref(), owner, old, new, image, lost);
             }
@@ -88,6 +111,24 @@ impl ProgramsHost {
                     let _ = fenced_work::drop_row(&mut held, new_pid);
                     let why = format!("its re-drive failed: {e:?}");
                     receipt(row.pid, None, &launch.image, Some(&why));
+                }
+            }
+        }
+        // The owner hears of each, in its own turns, before any request
+        // reaches it (it is still held).
+        let Some(actors) = self.fence.actors() else {
+            return;
+        };
+        for (old, new, outcome) in told {
+            let told = actors
+                .call_export(&mut held, SUPERVISOR_EXPORT, (old, new, outcome))
+                .await;
+            match told {
+                Ok(Some(())) => {}
+                // The class does not export it: nobody to tell.
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(%owner, old_pid = old, error = %e, "the owner's supervisor.recovered failed");
                 }
             }
         }

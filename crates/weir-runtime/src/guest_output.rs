@@ -29,8 +29,25 @@ pub enum Sink {
     Stdout,
     /// Weir's own standard error.
     Stderr,
-    /// Kept in memory for the caller (a program's output handed back).
-    Capture(Arc<Mutex<Vec<u8>>>),
+    /// Kept in memory for the caller (a program's output handed back, a
+    /// process's tail).
+    Capture(Arc<dyn Keep>),
+}
+
+/// What keeps a captured stream's bytes.
+pub trait Keep: Send + Sync {
+    /// Takes bytes the guest wrote (all of them: what is kept is the
+    /// keeper's to bound).
+    fn keep(&self, bytes: &[u8]);
+}
+
+/// The whole output, for a caller that bounds it with a budget.
+impl Keep for Mutex<Vec<u8>> {
+    fn keep(&self, bytes: &[u8]) {
+        self.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(bytes);
+    }
 }
 
 /// What happens to bytes past the budget.
@@ -184,7 +201,7 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Bounded<W> {
 }
 
 /// Output kept in memory.
-struct Captured(Arc<Mutex<Vec<u8>>>);
+struct Captured(Arc<dyn Keep>);
 
 impl AsyncWrite for Captured {
     fn poll_write(
@@ -192,10 +209,7 @@ impl AsyncWrite for Captured {
         _: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(buf);
+        self.0.keep(buf);
         Poll::Ready(Ok(buf.len()))
     }
 

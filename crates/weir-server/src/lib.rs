@@ -86,6 +86,9 @@ pub struct ServerConfig {
     pub actors: Vec<(String, PathBuf)>,
     /// Classes exposed to clients directly: (path prefix, class).
     pub actor_routes: Vec<(String, String)>,
+    /// Each class's secrets, by name: what a process spawn's `secret-env`
+    /// resolves to, at every launch.
+    pub secrets: weir_programs::host::Secrets,
     /// Where receipts go, if anywhere.
     pub receipts: Option<Arc<dyn ReceiptSink>>,
     /// What compiles components that are not in the data dir's code cache.
@@ -109,6 +112,7 @@ impl ServerConfig {
             durability: Durability::Process,
             actors: Vec::new(),
             actor_routes: Vec::new(),
+            secrets: Default::default(),
             receipts: None,
             compiler: Compiler::InProcess,
         }
@@ -236,6 +240,7 @@ impl Server {
             metrics: metrics.for_app(PROGRAMS_METRICS_APP),
             program_metrics: ProgramMetrics::register(&metrics),
             receipts: config.receipts.clone(),
+            secrets: config.secrets.clone(),
         });
         // Owners reach their processes at `<pid>.process.internal`.
         let process_router: Arc<dyn InternalRouter> = Arc::new(ProcessRouter {

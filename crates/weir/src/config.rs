@@ -46,6 +46,47 @@ struct ActorSection {
     component: PathBuf,
     /// Exposes the class to clients at `<route>/<name>/<path>`.
     route: Option<String>,
+    /// The class's secrets, by name: where each value comes from.
+    #[serde(default)]
+    secrets: std::collections::BTreeMap<String, SecretSource>,
+}
+
+/// Where a secret's value comes from: never the config file itself.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SecretSource {
+    /// An environment variable of the `weir serve` process.
+    env: Option<String>,
+    /// A file (relative to the config file), its content without a
+    /// trailing newline.
+    file: Option<PathBuf>,
+}
+
+impl SecretSource {
+    /// The value now; read at every start, so a restart re-resolves it.
+    fn resolve(&self, class: &str, name: &str, base: Option<&Path>) -> Result<String, UsageError> {
+        let what = format!("secret `{name}` of actor class `{class}`");
+        match (&self.env, &self.file) {
+            (Some(var), None) => std::env::var(var).map_err(|_| {
+                UsageError(format!(
+                    "{what}: the environment variable {var} is not set (or not UTF-8)"
+                ))
+            }),
+            (None, Some(file)) => {
+                let path = match base {
+                    Some(base) if file.is_relative() => base.join(file),
+                    _ => file.clone(),
+                };
+                let text = std::fs::read_to_string(&path).map_err(|e| {
+                    UsageError(format!("{what}: cannot read {}: {e}", path.display()))
+                })?;
+                Ok(text.strip_suffix('\n').unwrap_or(&text).to_string())
+            }
+            _ => Err(UsageError(format!(
+                "{what}: give exactly one of `env = \"VARIABLE\"` or `file = \"PATH\"`"
+            ))),
+        }
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -83,6 +124,8 @@ pub struct Config {
     pub actors: Vec<(String, PathBuf)>,
     /// Classes exposed to clients directly: (path prefix, class).
     pub actor_routes: Vec<(String, String)>,
+    /// Each class's secrets, resolved: class, then name, to value.
+    pub secrets: weir_programs::host::Secrets,
 }
 
 /// What the command line adds to the config file.
@@ -204,6 +247,16 @@ impl Config {
             })?;
             routes.insert(class.trim().to_string(), prefix.trim().to_string());
         }
+        let mut secrets = weir_programs::host::Secrets::new();
+        for (class, section) in &parsed.actors {
+            for (name, source) in &section.secrets {
+                let value = source.resolve(class, name, base.as_deref())?;
+                secrets
+                    .entry(class.clone())
+                    .or_default()
+                    .insert(name.clone(), value);
+            }
+        }
         let mut actors: std::collections::BTreeMap<String, PathBuf> = parsed
             .actors
             .into_iter()
@@ -252,6 +305,7 @@ impl Config {
             actor_routes.push((prefix, class));
         }
         Ok(Config {
+            secrets,
             actor_routes,
             actors: actors.into_iter().collect(),
             sql_databases,

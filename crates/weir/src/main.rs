@@ -243,6 +243,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         durability: config.durability,
         actors,
         actor_routes: config.actor_routes,
+        secrets: config.secrets,
         receipts: logging::receipt_sink(),
         compiler: Compiler::Process {
             program: std::env::current_exe().context("cannot find the weir executable")?,

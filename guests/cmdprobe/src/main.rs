@@ -17,6 +17,29 @@ fn main() {
                 println!("env {k}={v}");
             }
         }
+        // A process's life: counts its start in /data/starts (when it has
+        // a slot), prints its environment, then answers each stdin line
+        // as it comes until stdin ends.
+        "hold" => {
+            if std::path::Path::new("/data").exists() {
+                let mut starts = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open("/data/starts")
+                    .expect("/data/starts");
+                starts.write_all(b"start\n").expect("count the start");
+                starts.sync_all().expect("sync the start");
+            }
+            let mut env: Vec<_> = std::env::vars().collect();
+            env.sort();
+            for (k, v) in env {
+                println!("env {k}={v}");
+            }
+            for line in std::io::stdin().lines() {
+                println!("got {}", line.expect("stdin"));
+            }
+            println!("stdin closed");
+        }
         // stdin back to stdout, then a line to stderr.
         "cat" => {
             let mut input = Vec::new();

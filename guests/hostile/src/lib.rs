@@ -149,10 +149,14 @@ impl wasi::exports::http::incoming_handler::Guest for Hostile {
             }
             "/put-big" => {
                 let n: usize = query(&path, "n").and_then(|v| v.parse().ok()).unwrap_or(1);
-                let bytes: usize = query(&path, "bytes").and_then(|v| v.parse().ok()).unwrap_or(1);
+                let bytes: usize = query(&path, "bytes")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(1);
                 let mut answer = json!({ "put": n });
                 for i in 0..n {
-                    if let Err(e) = weir_guest::actor::storage::put(&format!("big:{i:06}"), &vec![7u8; bytes]) {
+                    if let Err(e) =
+                        weir_guest::actor::storage::put(&format!("big:{i:06}"), &vec![7u8; bytes])
+                    {
                         answer = json!({ "error": format!("{e:?}") });
                         break;
                     }

@@ -2,14 +2,15 @@
 //! and starts it as a resident process with the durable storage slot
 //! `notes`; every other request is routed to that process as it came.
 //! After a crash of the server, Weir starts the app again by itself (its
-//! launch was journaled) and the owner finds it with `list`; if it is gone
+//! launch was journaled) and tells the owner its new pid
+//! (`weir:process/supervisor`) before any request arrives; if it is gone
 //! otherwise (killed, failed), the next request starts it again over the
 //! same slot. Either way the notes are still there.
 
 use wasi::http::types::{IncomingRequest, ResponseOutparam};
 use weir_guest::actor::storage;
 use weir_guest::http::{forward, respond};
-use weir_guest::process::{processes, SpawnSpec, StorageSlot};
+use weir_guest::process::{processes, RecoveryOutcome, SpawnSpec, StorageSlot};
 
 const MAX_BODY: usize = 1 << 20;
 
@@ -19,8 +20,10 @@ struct Owner;
 fn start(image: &str) -> Result<u64, String> {
     let spawned = processes::spawn(&SpawnSpec {
         image: image.to_string(),
+        contract: None,
         args: Vec::new(),
         env: Vec::new(),
+        secret_env: Vec::new(),
         start_args: Vec::new(),
         storage: Some(StorageSlot {
             name: "notes".into(),
@@ -32,6 +35,18 @@ fn start(image: &str) -> Result<u64, String> {
     storage::put("pid", &spawned.pid).map_err(|e| e.to_string())?;
     Ok(spawned.pid)
 }
+
+/// After a crash: the app is back under `new`, or lost (the next request
+/// starts it again).
+fn recovered(_old: u64, new: Option<u64>, outcome: RecoveryOutcome) -> Result<(), String> {
+    match (outcome, new) {
+        (RecoveryOutcome::Restarted, Some(pid)) => storage::put("pid", &pid),
+        _ => storage::delete("pid").map(drop),
+    }
+    .map_err(|e| e.to_string())
+}
+
+weir_guest::supervisor!(recovered);
 
 /// The running app's pid, starting it if it is not running.
 fn running() -> Result<u64, String> {
@@ -61,7 +76,12 @@ impl wasi::exports::http::incoming_handler::Guest for Owner {
                 let _ = processes::kill(old);
             }
             return match start(image) {
-                Ok(pid) => respond(out, 200, &text, format!("deployed as pid {pid}\n").as_bytes()),
+                Ok(pid) => respond(
+                    out,
+                    200,
+                    &text,
+                    format!("deployed as pid {pid}\n").as_bytes(),
+                ),
                 Err(e) => respond(out, 502, &text, format!("{e}\n").as_bytes()),
             };
         }
@@ -69,7 +89,13 @@ impl wasi::exports::http::incoming_handler::Guest for Owner {
             Ok(pid) => pid,
             Err(e) => return respond(out, 503, &text, format!("{e}\n").as_bytes()),
         };
-        forward(&request, out, &format!("{pid}.process.internal"), &path, MAX_BODY);
+        forward(
+            &request,
+            out,
+            &format!("{pid}.process.internal"),
+            &path,
+            MAX_BODY,
+        );
     }
 }
 

@@ -144,7 +144,9 @@ impl wasi::exports::http::incoming_handler::Guest for Resident {
                 if matches!(method, wasi::http::types::Method::Put) {
                     let body = read_body(&request, 1 << 20);
                     match std::fs::write(&path, &body) {
-                        Ok(()) => respond(out, 200, &[], format!("wrote {}", body.len()).as_bytes()),
+                        Ok(()) => {
+                            respond(out, 200, &[], format!("wrote {}", body.len()).as_bytes())
+                        }
                         Err(e) => respond(out, 500, &[], format!("{:?}", e.kind()).as_bytes()),
                     }
                 } else {

@@ -3,7 +3,12 @@
 //! | path | behaviour |
 //! |---|---|
 //! | `POST /run/<digest>?arg=A&env=K=V` | runs the command with the body as stdin: `{exit_code, stopped, stdout, stderr}` |
-//! | `POST /spawn/<digest>?arg=A&env=K=V&start=S&slot=N&durable=1&on_crash=report` | spawns a resident process (with storage slot N, durable or not): `{pid, payload}` |
+//! | `POST /spawn/<digest>?arg=A&env=K=V&secret=K=NAME&start=S&slot=N&durable=1&on_crash=report&contract=lifetime` | spawns a process (with storage slot N, durable or not): `{pid, payload}` |
+//! | `POST /wait/<pid>?timeout=MS` | `{exited: null}` or `{exited: {exit_code, stopped, stdout, stderr}}` |
+//! | `POST /stdin/<pid>` | hands the body to its stdin: `{taken}` |
+//! | `POST /close/<pid>` | closes its stdin: `{closed: true}` |
+//! | `GET /output/<pid>?stream=stderr&offset=N&max=M&timeout=MS` | `{offset, data, bytes, closed}` |
+//! | `GET /recovered` | what `weir:process/supervisor.recovered` told it, in order: `[{old, new, outcome}]` |
 //! | `POST /remove-storage/<name>` | `{removed}` |
 //! | `POST /broken-spawn/<digest>` | leaves a deferred foreign key broken in its turn, then spawns (the journal's commit fails) |
 //! | `ANY /proc/<pid>/<path>` | forwards the request (method, path, headers, body) to `<pid>.process.internal` and answers with its response as it came |
@@ -16,7 +21,10 @@
 use wasi::http::types::{IncomingRequest, ResponseOutparam};
 use weir_guest::actor::storage;
 use weir_guest::http::{forward, read_body, respond};
-use weir_guest::process::{self, processes, Error, ProcessInfo, SpawnSpec, State, StorageSlot};
+use weir_guest::process::{
+    self, processes, Contract, Error, OutputStream, ProcessInfo, RecoveryOutcome, SpawnSpec, State,
+    StorageSlot,
+};
 
 struct Runner;
 
@@ -41,6 +49,8 @@ fn failure(e: Error) -> (u16, serde_json::Value) {
         Error::NotRunnable(m) => (422, "not-runnable", m),
         Error::Limit(m) => (429, "limit", m),
         Error::NoSuchProcess => (404, "no-such-process", String::new()),
+        Error::Ended(m) => (410, "ended", m),
+        Error::WrongContract(m) => (409, "wrong-contract", m),
         Error::NotAnActor => (400, "not-an-actor", String::new()),
         Error::Failed(m) => (500, "failed", m),
     };
@@ -54,6 +64,10 @@ fn info(p: &ProcessInfo) -> serde_json::Value {
     serde_json::json!({
         "pid": p.pid,
         "image": p.image,
+        "contract": match p.contract {
+            Contract::Boot => "boot",
+            Contract::Lifetime => "lifetime",
+        },
         "slot": p.slot,
         "state": match &p.state {
             State::Running => "running".to_string(),
@@ -83,6 +97,42 @@ fn args_and_env(query: &str) -> (Vec<String>, Vec<(String, String)>, Vec<u8>) {
     (args, env, start)
 }
 
+/// The query's `name=` values, decoded.
+fn values<'a>(query: &'a str, name: &'a str) -> impl Iterator<Item = String> + 'a {
+    query
+        .split('&')
+        .filter_map(|p| p.split_once('='))
+        .filter(move |(k, _)| *k == name)
+        .map(|(_, v)| decode(v))
+}
+
+fn number(query: &str, name: &str) -> u64 {
+    values(query, name)
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Recovery's news, kept in order in the actor's storage.
+fn recovered(old: u64, new: Option<u64>, outcome: RecoveryOutcome) -> Result<(), String> {
+    let mut told: Vec<serde_json::Value> = storage::get::<String>("recovered")
+        .map_err(|e| e.to_string())?
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    told.push(serde_json::json!({
+        "old": old,
+        "new": new,
+        "outcome": match outcome {
+            RecoveryOutcome::Restarted => "restarted".to_string(),
+            RecoveryOutcome::Lost(why) => format!("lost: {why}"),
+        },
+    }));
+    storage::put("recovered", &serde_json::Value::Array(told).to_string())
+        .map_err(|e| e.to_string())
+}
+
+weir_guest::supervisor!(recovered);
+
 fn answer(out: ResponseOutparam, result: Result<serde_json::Value, Error>) {
     match result {
         Ok(value) => json(out, 200, value),
@@ -104,7 +154,13 @@ impl wasi::exports::http::incoming_handler::Guest for Runner {
             } else {
                 format!("/{tail}?{query}")
             };
-            return forward(&request, out, &format!("{pid}.process.internal"), &tail, MAX_BODY);
+            return forward(
+                &request,
+                out,
+                &format!("{pid}.process.internal"),
+                &tail,
+                MAX_BODY,
+            );
         }
         if let Some(image) = route.strip_prefix("/broken-spawn/") {
             for sql in [
@@ -116,29 +172,53 @@ impl wasi::exports::http::incoming_handler::Guest for Runner {
             }
             let spec = SpawnSpec {
                 image: image.to_string(),
+                contract: None,
                 args: Vec::new(),
                 env: Vec::new(),
+                secret_env: Vec::new(),
                 start_args: Vec::new(),
                 storage: None,
                 on_crash: None,
             };
-            return answer(out, processes::spawn(&spec).map(|s| serde_json::json!({ "pid": s.pid })));
+            return answer(
+                out,
+                processes::spawn(&spec).map(|s| serde_json::json!({ "pid": s.pid })),
+            );
         }
         if let Some(image) = route.strip_prefix("/spawn/") {
             let (args, env, start_args) = args_and_env(query);
-            let pairs: Vec<(&str, &str)> = query.split('&').filter_map(|p| p.split_once('=')).collect();
-            let storage = pairs.iter().find(|(k, _)| *k == "slot").map(|(_, name)| StorageSlot {
-                name: name.to_string(),
-                durable: pairs.iter().any(|(k, v)| *k == "durable" && *v == "1"),
+            let pairs: Vec<(&str, &str)> =
+                query.split('&').filter_map(|p| p.split_once('=')).collect();
+            let storage = pairs
+                .iter()
+                .find(|(k, _)| *k == "slot")
+                .map(|(_, name)| StorageSlot {
+                    name: name.to_string(),
+                    durable: pairs.iter().any(|(k, v)| *k == "durable" && *v == "1"),
+                });
+            let contract = values(query, "contract").next().map(|c| match c.as_str() {
+                "lifetime" => Contract::Lifetime,
+                _ => Contract::Boot,
             });
-            let on_crash = pairs.iter().find(|(k, _)| *k == "on_crash").map(|(_, v)| match *v {
-                "report" => processes::OnCrash::Report,
-                _ => processes::OnCrash::RestartOnce,
-            });
+            let secret_env = values(query, "secret")
+                .filter_map(|v| {
+                    v.split_once('=')
+                        .map(|(k, n)| (k.to_string(), n.to_string()))
+                })
+                .collect();
+            let on_crash = pairs
+                .iter()
+                .find(|(k, _)| *k == "on_crash")
+                .map(|(_, v)| match *v {
+                    "report" => processes::OnCrash::Report,
+                    _ => processes::OnCrash::RestartOnce,
+                });
             let spec = SpawnSpec {
                 image: image.to_string(),
+                contract,
                 args,
                 env,
+                secret_env,
                 start_args,
                 storage,
                 on_crash,
@@ -168,6 +248,77 @@ impl wasi::exports::http::incoming_handler::Guest for Runner {
             return answer(
                 out,
                 processes::remove_storage(name).map(|r| serde_json::json!({ "removed": r })),
+            );
+        }
+        if let Some(pid) = route.strip_prefix("/wait/") {
+            let pid = pid.parse().unwrap_or(0);
+            let timeout = number(query, "timeout") as u32;
+            return answer(
+                out,
+                processes::wait(pid, timeout).map(|exited| {
+                    serde_json::json!({ "exited": exited.map(|e| serde_json::json!({
+                        "exit_code": e.exit_code,
+                        "stopped": e.stopped,
+                        "stdout": String::from_utf8_lossy(&e.stdout_tail),
+                        "stderr": String::from_utf8_lossy(&e.stderr_tail),
+                    })) })
+                }),
+            );
+        }
+        if let Some(pid) = route.strip_prefix("/stdin/") {
+            let pid = pid.parse().unwrap_or(0);
+            let body = read_body(&request, MAX_BODY);
+            return answer(
+                out,
+                processes::write_stdin(pid, &body).map(|n| serde_json::json!({ "taken": n })),
+            );
+        }
+        if let Some(pid) = route.strip_prefix("/close/") {
+            let pid = pid.parse().unwrap_or(0);
+            return answer(
+                out,
+                processes::close_stdin(pid).map(|()| serde_json::json!({ "closed": true })),
+            );
+        }
+        if let Some(pid) = route.strip_prefix("/output/") {
+            let pid = pid.parse().unwrap_or(0);
+            let which = match values(query, "stream").next().as_deref() {
+                Some("stderr") => OutputStream::Stderr,
+                _ => OutputStream::Stdout,
+            };
+            let max = values(query, "max")
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1 << 20);
+            let read = processes::read_output(
+                pid,
+                which,
+                number(query, "offset"),
+                max,
+                number(query, "timeout") as u32,
+            );
+            return answer(
+                out,
+                read.map(|c| {
+                    serde_json::json!({
+                        "offset": c.offset,
+                        "data": String::from_utf8_lossy(&c.data),
+                        "bytes": c.data.len(),
+                        "closed": c.closed,
+                    })
+                }),
+            );
+        }
+        if route == "/recovered" {
+            let told = storage::get::<String>("recovered")
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| "[]".into());
+            return respond(
+                out,
+                200,
+                &[("content-type", b"application/json")],
+                told.as_bytes(),
             );
         }
         if route == "/list" {

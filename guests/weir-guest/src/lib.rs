@@ -88,6 +88,19 @@ pub mod alarm_bindings {
     });
 }
 
+/// The generated export side of `weir:process/supervisor`; used by
+/// [`supervisor!`].
+#[doc(hidden)]
+pub mod supervisor_bindings {
+    wit_bindgen::generate!({
+        path: "../../wit/weir-process",
+        world: "weir:process/supervised",
+        pub_export_macro: true,
+        export_macro_name: "__weir_export_supervisor",
+        default_bindings_module: "weir_guest::supervisor_bindings",
+    });
+}
+
 /// `wasi:keyvalue` (0.2.0-draft): stores declared in `weir.toml`
 /// (`[keyvalue] stores = [...]`).
 pub mod keyvalue {
@@ -98,10 +111,12 @@ pub mod keyvalue {
 /// owns.
 pub mod process {
     pub use crate::process_bindings::weir::process::processes::{
-        self, ProcessInfo, SpawnSpec, Spawned, State, StorageSlot,
+        self, Contract, Exited, OutputChunk, OutputStream, ProcessInfo, SpawnSpec, Spawned, State,
+        StorageSlot,
     };
     pub use crate::process_bindings::weir::process::programs::RunResult;
     pub use crate::process_bindings::weir::process::types::Error;
+    pub use crate::supervisor_bindings::exports::weir::process::supervisor::RecoveryOutcome;
 
     /// Runs the stored command `image` (`sha256:…`) to completion with these
     /// arguments, environment and stdin; bounded by `run_time_limit_ms` and
@@ -592,6 +607,35 @@ pub mod actor {
 /// Each handler is `fn() -> Result<Option<u64>, String>`: `Ok(Some(t))`
 /// re-arms the reason at `t` (ms since the Unix epoch), `Err` retries it
 /// with backoff.
+/// Exports `weir:process/supervisor`: `$handler(old_pid, new_pid,
+/// outcome)` hears, in a turn of its own after a crash of the server, what
+/// recovery did with each of this actor's processes — before any request
+/// reaches the actor.
+///
+/// ```ignore
+/// weir_guest::supervisor!(recovered);
+/// fn recovered(old: u64, new: Option<u64>, outcome: weir_guest::process::RecoveryOutcome)
+///     -> Result<(), String> { Ok(()) }
+/// ```
+#[macro_export]
+macro_rules! supervisor {
+    ($handler:path) => {
+        struct __WeirSupervisor;
+        impl $crate::supervisor_bindings::exports::weir::process::supervisor::Guest
+            for __WeirSupervisor
+        {
+            fn recovered(
+                old_pid: u64,
+                new_pid: Option<u64>,
+                outcome: $crate::process::RecoveryOutcome,
+            ) -> Result<(), String> {
+                $handler(old_pid, new_pid, outcome)
+            }
+        }
+        $crate::supervisor_bindings::__weir_export_supervisor!(__WeirSupervisor with_types_in $crate::supervisor_bindings);
+    };
+}
+
 #[macro_export]
 macro_rules! alarms {
     ($($reason:literal => $handler:path),* $(,)?) => {
