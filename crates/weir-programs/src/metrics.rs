@@ -38,7 +38,7 @@ impl ProgramMetrics {
         );
         metrics.register(
             "process_exits",
-            "Resident processes ended, by outcome (killed, failed)",
+            "Resident processes ended, by outcome (killed, exited, failed)",
             m.exits.clone(),
         );
         metrics.register(

@@ -347,6 +347,72 @@ pub fn prepare_app(app: &Path) -> anyhow::Result<PathBuf> {
 }
 
 #[cfg(test)]
+mod secrets {
+    use super::*;
+
+    fn resolve(section: &str) -> Result<Config, UsageError> {
+        static CASE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let case = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("weir-secrets-{}-{case}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("app.wasm"), b"").unwrap();
+        std::fs::write(dir.join("key.txt"), "from-a-file\n").unwrap();
+        let file = dir.join("weir.toml");
+        std::fs::write(
+            &file,
+            format!("[actors.c]\ncomponent = \"app.wasm\"\n\n[actors.c.secrets]\n{section}\n"),
+        )
+        .unwrap();
+        let app = dir.join("app.wasm");
+        let resolved = Config::resolve(Some(&file), Some(&app), Overrides::default());
+        let _ = std::fs::remove_dir_all(&dir);
+        resolved
+    }
+
+    #[test]
+    fn a_secret_comes_from_weirs_environment_or_a_file_beside_the_config() {
+        let config = resolve("path = { env = \"PATH\" }\nkey = { file = \"key.txt\" }").unwrap();
+        let class = &config.secrets["c"];
+        assert_eq!(class["path"], std::env::var("PATH").unwrap());
+        assert_eq!(class["key"], "from-a-file", "without its trailing newline");
+    }
+
+    #[test]
+    fn a_secret_that_cannot_be_resolved_is_a_usage_error_naming_it() {
+        let unset = resolve("k = { env = \"WEIR_NO_SUCH_VARIABLE\" }")
+            .err()
+            .unwrap();
+        assert_eq!(
+            unset.0,
+            "secret `k` of actor class `c`: the environment variable WEIR_NO_SUCH_VARIABLE is not set (or not UTF-8)"
+        );
+        let missing = resolve("k = { file = \"nope.txt\" }").err().unwrap();
+        assert!(
+            missing
+                .0
+                .starts_with("secret `k` of actor class `c`: cannot read "),
+            "{}",
+            missing.0
+        );
+        let both = resolve("k = { env = \"PATH\", file = \"key.txt\" }")
+            .err()
+            .unwrap();
+        assert!(
+            both.0
+                .ends_with("give exactly one of `env = \"VARIABLE\"` or `file = \"PATH\"`"),
+            "{}",
+            both.0
+        );
+        let literal = resolve("k = \"in-the-file\"").err().unwrap();
+        assert!(
+            literal.0.contains("config"),
+            "a literal value is refused: {}",
+            literal.0
+        );
+    }
+}
+
+#[cfg(test)]
 mod properties {
     use super::*;
     use proptest::prelude::*;
@@ -366,6 +432,8 @@ mod properties {
             "[sql]",
             "[actors.c]",
             "[actors.Bad_Name]",
+            "[actors.c.secrets]",
+            "token",
             "stores",
             "durability",
             "databases",
@@ -391,6 +459,9 @@ mod properties {
             "\"http://*:*\"",
             "\"fsync\"",
             "{ a = 1 }",
+            "{ env = \"PATH\" }",
+            "{ env = \"WEIR_NO_SUCH_VARIABLE\" }",
+            "{ file = \"missing.txt\" }",
             "1.5",
             "\"\"",
         ]);

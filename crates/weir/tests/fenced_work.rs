@@ -391,3 +391,151 @@ async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
     kill(weir);
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// `weir serve --config` with the runner as app and class `runner` (at
+/// /r), whose secret `token` is read from `token.txt` beside the config.
+fn serve_with_secret(data: &Path) -> Weir {
+    let runner = guest("runner");
+    let config = data.join("weir.toml");
+    std::fs::create_dir_all(data).unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "app = {runner:?}\n\n[actors.runner]\ncomponent = {runner:?}\nroute = \"/r\"\n\n[actors.runner.secrets]\ntoken = {{ file = \"token.txt\" }}\n"
+        ),
+    )
+    .unwrap();
+    Weir::start_with(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ])
+}
+
+/// Reads `owner`'s process `pid`'s stdout until it holds `want` (at most
+/// 30 s).
+async fn output_until(weir: &Weir, owner: &str, pid: u64, want: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let read = call(
+            weir,
+            "GET",
+            &format!("/r/{owner}/output/{pid}?offset=0&timeout=1000"),
+            b"",
+        )
+        .await;
+        let text = read.json()["data"].as_str().unwrap_or_default().to_string();
+        if text.contains(want) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "no `{want}` in {text:?}");
+    }
+}
+
+/// The files under `data` holding `needle`, as bytes anywhere in them.
+fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(files_holding(&path, needle));
+        } else if path.file_name().is_some_and(|n| n != "token.txt")
+            && std::fs::read(&path)
+                .is_ok_and(|bytes| bytes.windows(needle.len()).any(|w| w == needle))
+        {
+            found.push(path);
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifetime_launches_recover_by_their_on_crash_with_secrets_re_resolved_and_owners_told() {
+    let data = data_dir("secrets");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("token.txt"), "first-secret\n").unwrap();
+    let weir = serve_with_secret(&data);
+    let image = push(&weir, &guest("cmdprobe")).await;
+    let spawn = |owner: &'static str, query: &'static str| {
+        let (weir, image) = (&weir, &image);
+        async move {
+            call(
+                weir,
+                "POST",
+                &format!("/r/{owner}/spawn/{image}?contract=lifetime&arg=hold&{query}"),
+                b"",
+            )
+            .await
+        }
+    };
+    let kept = spawn(
+        "owner",
+        "secret=TOKEN=token&on_crash=restart_once&slot=app&durable=1",
+    )
+    .await;
+    assert_eq!(kept.status, 200, "{}", kept.text());
+    let pid = kept.json()["pid"].as_u64().unwrap();
+    output_until(&weir, "owner", pid, "env TOKEN=first-secret\n").await;
+    // A secret the class does not have: refused, and nothing starts.
+    let missing = spawn("owner", "secret=X=missing").await;
+    assert_eq!(missing.status, 500, "{}", missing.text());
+    assert_eq!(
+        missing.json()["message"],
+        "secret `missing` is not configured for actor class `runner`"
+    );
+    // A lifetime launch reports a crash unless it asks for a restart.
+    let reported = spawn("other", "").await;
+    assert_eq!(reported.status, 200, "{}", reported.text());
+    assert_eq!(running(&weir).await.len(), 2);
+    kill(weir);
+    assert_eq!(journal(&data, "owner"), [(pid, 0)]);
+    assert_eq!(journal(&data, "other"), [(1_000_001, 0)]);
+    assert_eq!(
+        files_holding(&data, b"first-secret"),
+        Vec::<PathBuf>::new(),
+        "the secret's value is in no file Weir wrote"
+    );
+    assert_eq!(
+        files_holding(&data, br#"["TOKEN","token"]"#).len(),
+        1,
+        "its name is journaled"
+    );
+
+    // The operator rotates the secret; the re-drive reads it anew.
+    std::fs::write(data.join("token.txt"), "second-secret\n").unwrap();
+    let weir = serve_with_secret(&data);
+    let back = wait_running(&weir, 1).await;
+    let new_pid = back[0]["pid"].as_u64().unwrap();
+    assert_eq!(back[0]["owner"]["name"], "owner");
+    assert_eq!(back[0]["contract"], "lifetime");
+    output_until(&weir, "owner", new_pid, "env TOKEN=second-secret\n").await;
+    let slot_starts = files_holding(&data.join("slots"), b"start\n");
+    assert_eq!(slot_starts.len(), 1, "{slot_starts:?}");
+    assert_eq!(
+        std::fs::read_to_string(&slot_starts[0]).unwrap(),
+        "start\nstart\n",
+        "run once, then once again after the crash"
+    );
+
+    // Each owner heard what recovery did, in a turn of its own.
+    let told = call(&weir, "GET", "/r/owner/recovered", b"").await.json();
+    assert_eq!(
+        told,
+        serde_json::json!([{ "old": pid, "new": new_pid, "outcome": "restarted" }])
+    );
+    let told = call(&weir, "GET", "/r/other/recovered", b"").await.json();
+    assert_eq!(
+        told,
+        serde_json::json!([{ "old": 1_000_001, "new": null, "outcome": "lost: its on_crash is report" }])
+    );
+    let turns = weir.actor_receipts_where(2, |r| r["turn"] == "call").await;
+    for turn in &turns {
+        assert_eq!(turn["reason"], "weir:process/supervisor@0.1.0#recovered");
+        assert_eq!(turn["outcome"], "ok", "{turn}");
+    }
+    kill(weir);
+    assert_eq!(journal(&data, "owner"), [(new_pid, 0)]);
+    assert_eq!(journal(&data, "other"), []);
+    let _ = std::fs::remove_dir_all(&data);
+}
