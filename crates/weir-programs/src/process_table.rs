@@ -96,6 +96,8 @@ pub struct Holder {
     pub peak: usize,
     /// Linear memory of its running processes.
     pub memory_bytes: u64,
+    /// The images its running processes hold rooted.
+    pub images: std::collections::BTreeSet<crate::Digest>,
 }
 
 /// Why a spawn was refused before anything started.
@@ -277,6 +279,7 @@ fn ledger(owners: &HashMap<Owner, Owned>) -> Vec<Holder> {
             slots: o.slots.len(),
             peak: o.peak,
             memory_bytes: o.running.values().map(|r| r.memory_bytes()).sum(),
+            images: o.running.values().map(|r| r.image).collect(),
         })
         .collect();
     holders.sort_by(|a, b| {

@@ -13,7 +13,8 @@ pub struct ProcessesArgs {
 
 #[derive(clap::Subcommand)]
 enum ProcessesCommand {
-    /// Every running process, and per owner its slots, pids and memory.
+    /// Every running process, and per owner its slots, pids, peak, memory
+    /// and the images it holds.
     List,
     /// One process of actor NAME of CLASS: image, slot, requests, memory.
     Inspect {

@@ -169,6 +169,13 @@ async fn a_boot_process_answers_its_owner_intact_and_started_once_across_twenty_
     assert_eq!(ledger["live"], 1, "{ledger}");
     assert_eq!(ledger["holders"][0]["owner"]["name"], "owner");
     assert_eq!(ledger["holders"][0]["pids"], serde_json::json!([pid]));
+    assert_eq!(
+        ledger["holders"][0]["images"],
+        serde_json::json!([o.resident.as_str()]),
+        "the images it holds"
+    );
+    assert_eq!(ledger["holders"][0]["peak"], 1);
+    assert!(ledger["holders"][0]["memory_bytes"].as_u64().unwrap() > 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
