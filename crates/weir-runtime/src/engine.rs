@@ -147,6 +147,10 @@ impl WeirEngine {
         pool.table_elements(MAX_TABLE_ELEMENTS);
         pool.linear_memory_keep_resident(KEEP_RESIDENT_BYTES);
         pool.table_keep_resident(KEEP_RESIDENT_BYTES);
+        // Where the kernel can say which pages a retired instance dirtied
+        // (Linux 6.7+), only those are reset; elsewhere the kept-resident
+        // bytes are reset whole.
+        pool.pagemap_scan(wasmtime::Enabled::Auto);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         Self::with_config(&config, EngineKind::Pooled(sizing), budget)
     }

@@ -30,6 +30,36 @@ async fn retirement_gives_a_fresh_generation_after_64_events() {
     assert_eq!(status["apps"][0]["generations"]["abandoned"], 0);
 }
 
+/// A generation's memory holds nothing of the one before it: not its
+/// stack, not its heap (grown pages), however its memory is reset — the
+/// next generation of the lane reuses the same pooled slot.
+#[tokio::test]
+async fn a_retired_generation_leaves_nothing_in_memory_for_the_next() {
+    let weir = Weir::start(
+        &probe(),
+        &["--limit", "max_concurrent=1", "--receipt-headers"],
+    );
+    let clean = weir.get("/scan").await;
+    assert_eq!(clean.text(), "0", "a fresh instance holds no taint");
+    let generation = clean.generation();
+    assert_eq!(weir.get("/taint?kb=4096").await.status, 200);
+    let tainted: usize = weir.get("/scan").await.text().parse().unwrap();
+    assert!(
+        tainted >= 1024,
+        "the scan sees the heap it tainted (4 MiB = 1024 pages): {tainted}"
+    );
+    for _ in 4..=64 {
+        assert_eq!(weir.get("/counter").await.generation(), generation);
+    }
+    let next = weir.get("/scan").await;
+    assert_eq!(next.generation(), generation + 1, "retired after 64 events");
+    assert_eq!(
+        next.text(),
+        "0",
+        "nothing of the retired generation is left"
+    );
+}
+
 #[tokio::test]
 async fn retirement_limit_is_configurable() {
     let weir = Weir::start(

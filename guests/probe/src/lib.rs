@@ -42,6 +42,9 @@ thread_local! {
 /// Memory grown by `/grow` stays reachable so it is not freed between calls.
 static mut HOARD: Vec<Vec<u8>> = Vec::new();
 
+/// What `/taint` writes and `/scan` looks for.
+const TAINT: u8 = 0xA5;
+
 thread_local! {
     static STASHED: std::cell::RefCell<Option<FutureIncomingResponse>> =
         const { std::cell::RefCell::new(None) };
@@ -308,6 +311,31 @@ impl wasi::exports::http::incoming_handler::Guest for Probe {
                 // SAFETY: the guest is single-threaded; nothing else touches HOARD.
                 unsafe { (*std::ptr::addr_of_mut!(HOARD)).push(block) };
                 simple(out, 200, sum.to_string().as_bytes());
+            }
+            // Leaves a taint for a later instance to look for: a 128 KiB
+            // stack buffer and `kb` KiB of kept heap, every byte TAINT.
+            "/taint" => {
+                let kb = query(&path, "kb").unwrap_or(1024) as usize;
+                let stack = std::hint::black_box([TAINT; 128 << 10]);
+                let heap = std::hint::black_box(vec![TAINT; kb << 10]);
+                // SAFETY: the guest is single-threaded; nothing else touches HOARD.
+                unsafe { (*std::ptr::addr_of_mut!(HOARD)).push(heap) };
+                simple(out, 200, stack.len().to_string().as_bytes());
+            }
+            // Counts the 4 KiB pages of linear memory (all but the first,
+            // which holds address 0) that are TAINT through and through:
+            // what an earlier instance left.
+            "/scan" => {
+                let bytes = core::arch::wasm32::memory_size(0) << 16;
+                let mut tainted = 0usize;
+                for page in (4096..bytes).step_by(4096) {
+                    // SAFETY: every address below memory_size is linear
+                    // memory; it is only read.
+                    let whole = (page..page + 4096)
+                        .all(|a| unsafe { core::ptr::read_volatile(a as *const u8) } == TAINT);
+                    tainted += whole as usize;
+                }
+                simple(out, 200, tainted.to_string().as_bytes());
             }
             "/large" => {
                 let n = query(&path, "bytes").unwrap_or(0) as usize;
