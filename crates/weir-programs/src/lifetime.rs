@@ -230,9 +230,8 @@ pub async fn spawn(spawn: Spawn, code: Arc<CommandCode>) -> Result<Arc<Process>,
         }
     };
     let (process, afterlife) = spawn.process(Door::Console(console.clone()));
-    process
-        .memory
-        .store(ready.peak_memory_bytes() as u64, Ordering::Relaxed);
+    // The ledger sees its memory as it grows, not only at its end.
+    ready.mirror_memory(process.memory.clone());
     let running = process.clone();
     tokio::spawn(async move {
         let mut killed = afterlife.killed.clone();
@@ -266,9 +265,6 @@ pub async fn spawn(spawn: Spawn, code: Arc<CommandCode>) -> Result<Arc<Process>,
         let why = exit.why();
         running.mark_ended(&why);
         let peak_memory_bytes = ready.peak_memory_bytes();
-        running
-            .memory
-            .store(peak_memory_bytes as u64, Ordering::Relaxed);
         // Fully gone first: the instance, then the rest of it.
         drop(ready);
         console.stdin.close();

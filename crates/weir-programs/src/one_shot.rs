@@ -383,6 +383,11 @@ impl Ready {
     pub(crate) fn peak_memory_bytes(&self) -> usize {
         self.store.data().memory_peak()
     }
+
+    /// Keeps the program's peak memory current in `to` while it runs.
+    pub(crate) fn mirror_memory(&mut self, to: Arc<AtomicU64>) {
+        self.store.data_mut().mirror_memory(to);
+    }
 }
 
 /// What only a run's receipt has.

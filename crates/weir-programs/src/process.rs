@@ -148,7 +148,7 @@ impl Spawn {
             slot: reservation.slot,
             storage: self.storage,
             requests: AtomicU64::new(0),
-            memory: AtomicU64::new(0),
+            memory: Arc::new(AtomicU64::new(0)),
             released_by_owner: AtomicBool::new(false),
             ended: Mutex::new(None),
             kill,
@@ -187,7 +187,8 @@ pub struct Process {
     /// Its storage slot, if it has one.
     pub storage: Option<SlotUse>,
     pub(crate) requests: AtomicU64,
-    pub(crate) memory: AtomicU64,
+    /// Linear memory reached (a lifetime command's store keeps it current).
+    pub(crate) memory: Arc<AtomicU64>,
     /// Its owner deletes its journal row itself (a kill in the owner's
     /// turn); otherwise its end does.
     released_by_owner: AtomicBool,

@@ -104,6 +104,16 @@ impl GenerationState {
         self.memory.peak
     }
 
+    /// Keeps the guest's peak linear memory in `to` as well, from now on,
+    /// for readers that cannot reach the store while the guest runs.
+    pub fn mirror_memory(&mut self, to: std::sync::Arc<std::sync::atomic::AtomicU64>) {
+        to.store(
+            self.memory.peak as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.memory.mirror = Some(to);
+    }
+
     /// Why the guest was refused memory, if it was: past its own limit,
     /// or past the total budget.
     pub fn memory_refusal(&self) -> Option<crate::ErrorCode> {

@@ -153,6 +153,9 @@ pub struct MemoryLimiter {
     pub(crate) over_budget: bool,
     /// Largest linear memory this store has reached, for receipts.
     pub(crate) peak: usize,
+    /// Where the peak is also kept for readers outside the store (a
+    /// long-lived process's ledger), if anywhere.
+    pub(crate) mirror: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl MemoryLimiter {
@@ -165,6 +168,7 @@ impl MemoryLimiter {
             exceeded: false,
             over_budget: false,
             peak: 0,
+            mirror: None,
         }
     }
 }
@@ -189,6 +193,9 @@ impl wasmtime::ResourceLimiterAsync for MemoryLimiter {
         self.charged += more;
         self.pending = more;
         self.peak = self.peak.max(desired);
+        if let Some(mirror) = &self.mirror {
+            mirror.store(self.peak as u64, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(true)
     }
 

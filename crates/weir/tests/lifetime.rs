@@ -194,7 +194,18 @@ async fn a_killed_lifetime_process_exits_137_and_its_slot_is_reused_lowest_first
     assert_eq!(again.json()["killed"], false, "kill is idempotent");
     let third = o.spawn("arg=spin").await;
     assert_eq!(slot(third).await, Some(0), "the lowest free slot");
-    for pid in [second, third] {
+    // The ledger sees a command's memory while it runs.
+    let holder = o.spawn("arg=hold&arg=16").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ledger = o.weir.status().await["processes"]["holders"][0].clone();
+        if ledger["memory_bytes"].as_u64().unwrap() >= 16 << 20 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "16 MiB never showed: {ledger}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for pid in [second, third, holder] {
         o.call("POST", &format!("/r/o/kill/{pid}"), b"").await;
     }
     let receipt = o

@@ -18,9 +18,11 @@ fn main() {
             }
         }
         // A process's life: counts its start in /data/starts (when it has
-        // a slot), prints its environment, then answers each stdin line
-        // as it comes until stdin ends.
+        // a slot), holds MB MiB of memory if told, prints its environment,
+        // then answers each stdin line as it comes until stdin ends.
         "hold" => {
+            let mb: usize = args.get(2).and_then(|c| c.parse().ok()).unwrap_or(0);
+            let held = std::hint::black_box(vec![1u8; mb << 20]);
             if std::path::Path::new("/data").exists() {
                 let mut starts = std::fs::OpenOptions::new()
                     .create(true)
@@ -39,6 +41,7 @@ fn main() {
                 println!("got {}", line.expect("stdin"));
             }
             println!("stdin closed");
+            drop(held);
         }
         // stdin back to stdout, then a line to stderr.
         "cat" => {
