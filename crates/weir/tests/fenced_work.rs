@@ -393,7 +393,8 @@ async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
 }
 
 /// `weir serve --config` with the runner as app and class `runner` (at
-/// /r), whose secret `token` is read from `token.txt` beside the config.
+/// /r), whose secret `token` is read from `token.txt` beside the config,
+/// and the same component as class `plain` (at /p), which has no secrets.
 fn serve_with_secret(data: &Path) -> Weir {
     let runner = guest("runner");
     let config = data.join("weir.toml");
@@ -401,7 +402,7 @@ fn serve_with_secret(data: &Path) -> Weir {
     std::fs::write(
         &config,
         format!(
-            "app = {runner:?}\n\n[actors.runner]\ncomponent = {runner:?}\nroute = \"/r\"\n\n[actors.runner.secrets]\ntoken = {{ file = \"token.txt\" }}\n"
+            "app = {runner:?}\n\n[actors.runner]\ncomponent = {runner:?}\nroute = \"/r\"\n\n[actors.runner.secrets]\ntoken = {{ file = \"token.txt\" }}\n\n[actors.plain]\ncomponent = {runner:?}\nroute = \"/p\"\n"
         ),
     )
     .unwrap();
@@ -483,6 +484,19 @@ async fn lifetime_launches_recover_by_their_on_crash_with_secrets_re_resolved_an
     assert_eq!(
         missing.json()["message"],
         "secret `missing` is not configured for actor class `runner`"
+    );
+    // Nor can another class name this class's secret.
+    let foreign = call(
+        &weir,
+        "POST",
+        &format!("/p/x/spawn/{image}?contract=lifetime&arg=hold&secret=TOKEN=token"),
+        b"",
+    )
+    .await;
+    assert_eq!(foreign.status, 500, "{}", foreign.text());
+    assert_eq!(
+        foreign.json()["message"],
+        "secret `token` is not configured for actor class `plain`"
     );
     // A lifetime launch reports a crash unless it asks for a restart.
     let reported = spawn("other", "").await;

@@ -357,3 +357,61 @@ async fn each_contract_keeps_to_its_own_calls() {
     let unknown = o.call("POST", "/r/o/wait/42?timeout=0", b"").await;
     assert_eq!(unknown.status, 404, "{}", unknown.text());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lifetime_process_is_its_owners_alone_and_reaches_nothing_of_the_host() {
+    let o = Owner::start("doors", &[]).await;
+    // Its own doors: the host's files and sockets are not there, not even
+    // a port that is listening.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    for mode in ["files".to_string(), format!("sockets&arg=127.0.0.1:{port}")] {
+        let pid = o.spawn(&format!("arg={mode}")).await;
+        let exited = o.wait(pid, 20_000).await;
+        assert_eq!(exited["exit_code"], 0, "{exited}");
+        let out = exited["stdout"].as_str().unwrap();
+        assert!(!out.is_empty(), "{mode} said nothing");
+        for refused in [
+            ": open",
+            " bytes",
+            "written",
+            "connected",
+            "bound",
+            "resolved",
+        ] {
+            assert!(!out.contains(refused), "{mode}: `{refused}` in {out}");
+        }
+    }
+    assert!(
+        listener.accept().is_err(),
+        "no connection reached the listening port"
+    );
+    // Another actor cannot reach it by its pid: it is told there is none.
+    let pid = o.spawn("arg=hold").await;
+    for (method, path) in [
+        ("POST", format!("/r/intruder/wait/{pid}?timeout=0")),
+        ("POST", format!("/r/intruder/stdin/{pid}")),
+        ("POST", format!("/r/intruder/close/{pid}")),
+        ("GET", format!("/r/intruder/output/{pid}")),
+        ("GET", format!("/r/intruder/status/{pid}")),
+    ] {
+        let refused = o.call(method, &path, b"x").await;
+        assert_eq!(refused.status, 404, "{path}: {}", refused.text());
+        assert_eq!(refused.json()["error"], "no-such-process", "{path}");
+    }
+    let killed = o
+        .call("POST", &format!("/r/intruder/kill/{pid}"), b"")
+        .await;
+    assert_eq!(killed.json()["killed"], false);
+    let status = o
+        .call("GET", &format!("/r/o/status/{pid}"), b"")
+        .await
+        .json();
+    assert_eq!(status["state"], "running", "untouched by the intruder");
+    let fed = o
+        .call("POST", &format!("/r/o/stdin/{pid}"), b"mine\n")
+        .await;
+    assert_eq!(fed.json()["taken"], 5);
+    assert_eq!(o.read_until(pid, 0, "got mine\n").await, "got mine\n");
+}
