@@ -349,7 +349,10 @@ impl AsyncRead for PipeStdin {
             if state.closed {
                 return Poll::Ready(Ok(()));
             }
-            state.waiting.push(cx.waker().clone());
+            // One entry per reader, however often it is polled.
+            if !state.waiting.iter().any(|w| w.will_wake(cx.waker())) {
+                state.waiting.push(cx.waker().clone());
+            }
             return Poll::Pending;
         }
         let n = buf.remaining().min(state.bytes.len());
