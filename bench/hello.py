@@ -7,9 +7,10 @@ instance reuse), plus a plain hyper server as the ceiling; loads each with
 the same wrk settings, one after the other in one run, and prints req/s, p50,
 p99 and the ratios.
 
-Each server is measured --rounds times, the rounds interleaved (server A,
-B, ..., then A, B, ... again) so that drift on a shared machine hits all of
-them alike; the median round is reported.
+Each server is measured --rounds times, the rounds interleaved and every
+other one reversed (A, B, ..., then ..., B, A) so that drift on a shared
+machine and the place in a round hit all of them alike; the median round is
+reported.
 
 Usage: python3 bench/hello.py [--rounds 3] [--duration 10] [--connections 32] [--wasmtime PATH]
        [--baseline OLD_WEIR [--only-weir]]   (an earlier build in the same run, for before/after)
@@ -232,7 +233,12 @@ def main():
 
     rounds = {name: [] for name, _, _ in servers}
     for round_no in range(1, args.rounds + 1):
-        for name, cmd, env in servers:
+        # Every other round runs the servers in reverse order: the first
+        # server of a round was measured faster than its place deserved
+        # (an A/B of one binary against itself favoured whichever ran
+        # first), so each server takes each place equally often.
+        ordered = servers if round_no % 2 == 1 else list(reversed(servers))
+        for name, cmd, env in ordered:
             port = free_port()
             proc = subprocess.Popen(
                 cmd(port),
