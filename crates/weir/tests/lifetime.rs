@@ -9,32 +9,25 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::programs::{call, push_image, serve_runner};
-use common::{Resp, Weir, guest};
+use common::guest;
+use common::programs::{Owners, push_image};
 use serde_json::Value;
 
-struct Owner {
-    weir: Weir,
-    cmdprobe: String,
-    data: std::path::PathBuf,
+/// The processes' test server (see `Owners`), with lifetime calls for
+/// actor `o`.
+struct Owner(Owners);
+
+impl std::ops::Deref for Owner {
+    type Target = Owners;
+
+    fn deref(&self) -> &Owners {
+        &self.0
+    }
 }
 
 impl Owner {
     async fn start(name: &str, limits: &[&str]) -> Owner {
-        let data =
-            std::env::temp_dir().join(format!("weir-lifetime-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&data);
-        let weir = serve_runner(&data, limits);
-        let cmdprobe = push_image(&weir, &guest("cmdprobe")).await;
-        Owner {
-            weir,
-            cmdprobe,
-            data,
-        }
-    }
-
-    async fn call(&self, method: &str, path: &str, body: &[u8]) -> Resp {
-        call(&self.weir, method, path, body).await
+        Owner(Owners::start(&format!("lifetime-{name}"), limits).await)
     }
 
     /// Spawns `cmdprobe <query's args>` as a lifetime process of actor
@@ -85,12 +78,6 @@ impl Owner {
             at += chunk["bytes"].as_u64().unwrap();
         }
         text
-    }
-}
-
-impl Drop for Owner {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.data);
     }
 }
 

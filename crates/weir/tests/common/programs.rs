@@ -179,3 +179,67 @@ pub async fn admin(weir: &Weir, method: &str, path: &str, body: Vec<u8>, token: 
     }
     send_to(addr, req.body(Full::new(Bytes::from(body))).unwrap()).await
 }
+
+/// A server whose app and actor class `runner` are the runner guest
+/// (clients reach actor NAME at /r/NAME/…), with `resident` and `cmdprobe`
+/// pushed to its image store.
+pub struct Owners {
+    pub weir: Weir,
+    pub resident: String,
+    pub cmdprobe: String,
+    pub data: std::path::PathBuf,
+    /// Removes the data dir when dropped (not when a restart follows).
+    pub remove_data: bool,
+}
+
+impl Owners {
+    pub async fn start(name: &str, limits: &[&str]) -> Owners {
+        let data =
+            std::env::temp_dir().join(format!("weir-processes-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&data);
+        Self::start_in(data, limits).await
+    }
+
+    /// A server on `data` as it is (a restart keeps what is there).
+    pub async fn start_in(data: std::path::PathBuf, limits: &[&str]) -> Owners {
+        let weir = serve_runner(&data, limits);
+        let resident = push_image(&weir, &guest("resident")).await;
+        let cmdprobe = push_image(&weir, &guest("cmdprobe")).await;
+        Owners {
+            weir,
+            resident,
+            cmdprobe,
+            data,
+            remove_data: true,
+        }
+    }
+
+    pub async fn call(&self, method: &str, path: &str, body: &[u8]) -> Resp {
+        call(&self.weir, method, path, body).await
+    }
+
+    /// Spawns the resident server for actor `owner`: its pid and payload.
+    pub async fn spawn(&self, owner: &str, query: &str) -> (u64, String) {
+        let spawned = self
+            .call(
+                "POST",
+                &format!("/r/{owner}/spawn/{}?{query}", self.resident),
+                b"",
+            )
+            .await;
+        assert_eq!(spawned.status, 200, "{}", spawned.text());
+        let body = spawned.json();
+        (
+            body["pid"].as_u64().unwrap(),
+            body["payload"].as_str().unwrap().to_string(),
+        )
+    }
+}
+
+impl Drop for Owners {
+    fn drop(&mut self) {
+        if self.remove_data {
+            let _ = std::fs::remove_dir_all(&self.data);
+        }
+    }
+}
