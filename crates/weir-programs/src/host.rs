@@ -150,27 +150,16 @@ impl ProgramsHost {
         if seat.is_none() {
             return Err(types::Error::NotAnActor);
         }
-        let scope = scope.ok_or_else(|| types::Error::Failed("event_scope_closed".into()))?;
-        let _op = scope
-            .register()
-            .map_err(|e| types::Error::Failed(e.to_string()))?;
-        let digest: Digest = call
-            .image
-            .parse()
-            .map_err(|e: crate::ImageError| types::Error::Image(coded(e.code(), &e)))?;
-        let loader = self.loader().map_err(types::Error::Failed)?;
-        let ready = {
-            let loader = loader.clone();
-            // Loading may compile: never on an async worker.
-            tokio::task::spawn_blocking(move || {
+        let (scope, _op) = operation(scope)?;
+        let digest = parse_digest(&call.image)?;
+        let (root, program) = self
+            .load_blocking(move |loader| {
                 let mut root = loader.images.root(&digest)?;
                 let program = loader.load(&mut root, &digest.to_string())?;
-                Ok::<_, ProgramLoadError>((root, program))
+                Ok((root, program))
             })
-            .await
-            .map_err(|e| types::Error::Failed(format!("loading the program failed: {e}")))?
-        };
-        let (root, program) = ready.map_err(to_guest_error)?;
+            .await?;
+        let loader = self.loader().map_err(types::Error::Failed)?;
         let mut limits = loader.limits().clone();
         if let Some(deadline) = scope.deadline() {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -215,6 +204,43 @@ struct RunCall {
     args: Vec<String>,
     env: Vec<(String, String)>,
     stdin: Vec<u8>,
+}
+
+impl ProgramsHost {
+    /// Runs `f` with the loader off the async workers (loading may
+    /// compile, and it reads files).
+    pub(crate) async fn load_blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Loader) -> Result<T, ProgramLoadError> + Send + 'static,
+    ) -> Result<T, types::Error> {
+        let loader = self.loader().map_err(types::Error::Failed)?;
+        match tokio::task::spawn_blocking(move || f(&loader)).await {
+            Ok(Ok(loaded)) => Ok(loaded),
+            Ok(Err(e)) => Err(to_guest_error(e)),
+            Err(e) => Err(types::Error::Failed(format!(
+                "loading the program failed: {e}"
+            ))),
+        }
+    }
+}
+
+/// The turn's scope and one operation registered in it: what every
+/// program call of a turn holds while it runs.
+pub(crate) fn operation(
+    scope: Option<Arc<EventScope>>,
+) -> Result<(Arc<EventScope>, weir_runtime::scope::Operation), types::Error> {
+    let scope = scope.ok_or_else(|| types::Error::Failed("event_scope_closed".into()))?;
+    let op = scope
+        .register()
+        .map_err(|e| types::Error::Failed(e.to_string()))?;
+    Ok((scope, op))
+}
+
+/// An image digest from a guest, or the `image` error naming why not.
+pub(crate) fn parse_digest(image: &str) -> Result<Digest, types::Error> {
+    image
+        .parse()
+        .map_err(|e: crate::ImageError| types::Error::Image(coded(e.code(), &e)))
 }
 
 /// `code: message`, the way guests and operators read Weir's failures.

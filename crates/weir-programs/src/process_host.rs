@@ -12,8 +12,7 @@ use weir_runtime::scope::EventScope;
 
 use crate::fenced_work::{self, LaunchSpec, OnCrash};
 use crate::host::generated::weir::process::{processes, types};
-use crate::host::{ProgramsHost, coded, to_guest_error};
-use crate::image_store::Digest;
+use crate::host::{ProgramsHost, operation, parse_digest};
 use crate::lifetime::{self, Console, ConsoleError, Stream};
 use crate::loader::ProgramLoadError;
 use crate::one_shot::CommandCode;
@@ -46,14 +45,8 @@ impl ProgramsHost {
         spec: processes::SpawnSpec,
     ) -> Result<processes::Spawned, types::Error> {
         let seat = seat.ok_or(types::Error::NotAnActor)?;
-        let scope = scope.ok_or_else(|| types::Error::Failed("event_scope_closed".into()))?;
-        let _op = scope
-            .register()
-            .map_err(|e| types::Error::Failed(e.to_string()))?;
-        let digest: Digest = spec
-            .image
-            .parse()
-            .map_err(|e: crate::ImageError| types::Error::Image(coded(e.code(), &e)))?;
+        let (scope, _op) = operation(scope)?;
+        let digest = parse_digest(&spec.image)?;
         let owner = owner_of(&seat);
         let reserved = self
             .table
@@ -114,10 +107,7 @@ impl ProgramsHost {
         launch: &LaunchSpec,
         deadline: Instant,
     ) -> Result<(Arc<Process>, Vec<u8>), types::Error> {
-        let digest: Digest = launch
-            .image
-            .parse()
-            .map_err(|e: crate::ImageError| types::Error::Image(coded(e.code(), &e)))?;
+        let digest = parse_digest(&launch.image)?;
         let pid = reserved.reservation.pid;
         let slot = launch
             .storage
@@ -170,22 +160,6 @@ impl ProgramsHost {
             SpawnError::NotRunnable(why) => types::Error::NotRunnable(why),
             e => types::Error::Failed(e.to_string()),
         })
-    }
-
-    /// Runs `f` with the loader off the async workers (loading may
-    /// compile, and it reads files).
-    async fn load_blocking<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&crate::loader::Loader) -> Result<T, ProgramLoadError> + Send + 'static,
-    ) -> Result<T, types::Error> {
-        let loader = self.loader().map_err(types::Error::Failed)?;
-        match tokio::task::spawn_blocking(move || f(&loader)).await {
-            Ok(Ok(loaded)) => Ok(loaded),
-            Ok(Err(e)) => Err(to_guest_error(e)),
-            Err(e) => Err(types::Error::Failed(format!(
-                "loading the program failed: {e}"
-            ))),
-        }
     }
 
     /// The values of a launch's secrets, from its owner's class's
