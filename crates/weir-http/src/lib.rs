@@ -12,6 +12,7 @@ pub mod head;
 pub mod request_body;
 pub mod response_body;
 pub mod server;
+pub mod websocket;
 
 pub use admin::{AdminState, serve_admin};
 pub use server::{ActorRoute, ServeOptions, serve};

@@ -192,7 +192,7 @@ impl Body for SessionBody {
                             this.done = true;
                             Poll::Ready(None)
                         }
-                        Ok(SessionEnd::Failed) | Err(_) => this.fail(SessionError::GuestFailed),
+                        Ok(SessionEnd::Failed(_)) | Err(_) => this.fail(SessionError::GuestFailed),
                     };
                 }
             }

@@ -33,6 +33,7 @@ use tokio::sync::oneshot;
 use weir_actors::{ActorAddress, ActorErrorCode, ActorHost};
 use weir_runtime::error_code::error_response;
 use weir_runtime::event::{self, Dispatch, GuestBody, Reply, SessionEnd, settled};
+use weir_runtime::extension::EventOffer;
 use weir_runtime::invocation::declared_length;
 use weir_runtime::outcome::Outcome;
 use weir_runtime::receipt::Receipt;
@@ -41,6 +42,9 @@ use weir_runtime::{App, ErrorCode, Limits};
 use crate::head::head_bytes;
 use crate::request_body::{BodyError, BodyPace, read_body};
 use crate::response_body::{ServeBody, SessionBody};
+use crate::websocket::handshake::{self, Upgrade, WEBSOCKET_VERSION};
+use crate::websocket::worker::{Handoff, UpgradeOffer};
+use crate::websocket::{SocketErrorCode, SocketHub};
 
 /// Header count accepted by the HTTP parser. hyper reserves this many slots
 /// per request, so it is kept modest; a head with more header lines is
@@ -69,6 +73,9 @@ pub struct ServeOptions {
     /// path `/<rest>`, and does not enter the app.
     pub actor_routes: Vec<ActorRoute>,
     pub actors: Option<Arc<ActorHost>>,
+    /// The server's WebSockets; without them an upgrade is plain HTTP to
+    /// the guest.
+    pub sockets: Option<Arc<SocketHub>>,
 }
 
 /// One class exposed at a path prefix.
@@ -127,7 +134,7 @@ pub async fn serve(
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let stopping = tokio::sync::watch::Sender::new(false);
     let mut shutdown = std::pin::pin!(shutdown);
     let options = Arc::new(options);
     let limits = &app.code.limits;
@@ -169,16 +176,36 @@ pub async fn serve(
             let options = options.clone();
             async move { Ok::<_, Infallible>(handle(app, &options, req).await) }
         });
-        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let mut stop = stopping.subscribe();
+        let connection = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
         tokio::spawn(async move {
             let _permit = permit;
-            if let Err(e) = connection.await {
+            let mut connection = std::pin::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                _ = async { let _ = stop.wait_for(|stop| *stop).await; } => {
+                    // No new request on this connection; the one in
+                    // flight finishes.
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = ended {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
     }
     drop(listener);
-    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+    stopping.send_replace(true);
+    // Open sockets close with 1001, so their events end too.
+    if let Some(sockets) = &options.sockets {
+        sockets.shut_down();
+    }
+    // Every connection has ended when each has given its place back.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    if tokio::time::timeout(SHUTDOWN_GRACE, connections.acquire_many(all))
         .await
         .is_err()
     {
@@ -224,6 +251,35 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
+/// Refuses a WebSocket upgrade before admission; an invalid one says
+/// which version Weir speaks (RFC 6455 §4.2.2).
+fn refuse_socket(
+    receipt: &Receipt,
+    outcome: Outcome,
+    code: SocketErrorCode,
+    why: Option<&str>,
+) -> Response<ServeBody> {
+    use weir_runtime::WeirError;
+    receipt.fail(
+        outcome,
+        None,
+        Some(format!(
+            "{}: {}",
+            code.as_str(),
+            why.unwrap_or("max_sockets reached")
+        )),
+    );
+    receipt.status(code.status());
+    let mut response: Response<ServeBody> = error_response(code);
+    if code == SocketErrorCode::InvalidUpgrade {
+        response.headers_mut().insert(
+            header::SEC_WEBSOCKET_VERSION,
+            HeaderValue::from_static(WEBSOCKET_VERSION),
+        );
+    }
+    response
+}
+
 fn refuse(receipt: &Receipt, outcome: Outcome, code: ErrorCode) -> Response<ServeBody> {
     receipt.fail(outcome, Some(code), None);
     receipt.status(code.status());
@@ -250,8 +306,9 @@ fn finished_body(
     match session.try_recv() {
         Ok(SessionEnd::Clean) => {}
         Err(oneshot::error::TryRecvError::Empty) => return Finished::Streaming(body, session),
-        Ok(SessionEnd::Failed) | Err(oneshot::error::TryRecvError::Closed) => {
-            return Finished::Streaming(body, settled(SessionEnd::Failed));
+        Ok(end @ SessionEnd::Failed(_)) => return Finished::Streaming(body, settled(end)),
+        Err(oneshot::error::TryRecvError::Closed) => {
+            return Finished::Streaming(body, settled(SessionEnd::Failed(Outcome::Trap)));
         }
     }
     let mut read = BytesMut::new();
@@ -275,7 +332,7 @@ fn finished_body(
                     return Finished::Streaming(rest.boxed_unsync(), settled(SessionEnd::Clean));
                 }
             },
-            Some(Some(Err(_))) => break SessionEnd::Failed,
+            Some(Some(Err(_))) => break SessionEnd::Failed(Outcome::Trap),
             None => break SessionEnd::Clean,
         }
     };
@@ -431,13 +488,43 @@ async fn handle(
         return refuse(&receipt, Outcome::Limit, code);
     }
 
+    // A WebSocket upgrade is checked, and its place among the server's
+    // sockets taken, before admission: the guest never sees one Weir
+    // refuses.
+    let mut req = req;
+    let offer = match (&options.sockets, handshake::inspect(&req)) {
+        (Some(hub), Upgrade::Valid(handshake)) => match hub.admit() {
+            Ok(permit) => Some(UpgradeOffer::new(
+                handshake,
+                hub.clone(),
+                app.name.clone(),
+                limits.cancellation_limit,
+                hyper::upgrade::on(&mut req),
+                permit,
+            )),
+            Err(code) => return refuse_socket(&receipt, Outcome::Capacity, code, None),
+        },
+        (Some(_), Upgrade::Invalid(why)) => {
+            return refuse_socket(
+                &receipt,
+                Outcome::Limit,
+                SocketErrorCode::InvalidUpgrade,
+                Some(why),
+            );
+        }
+        _ => None,
+    };
+
     let mut guard = match app.admission.admit(arrived + limits.event_limit).await {
         Ok(guard) => guard,
         Err(code) => return refuse(&receipt, Outcome::Capacity, code),
     };
     receipt.admitted(guard.lane().id, app.next_admission_index());
 
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    if let Some(offer) = offer {
+        parts.extensions.insert(EventOffer(Arc::new(offer)));
+    }
     let bytes = match read_request_body(body, limits).await {
         Ok(bytes) => bytes,
         Err(e) => return refuse(&receipt, e.outcome(), e.code()),
@@ -460,6 +547,12 @@ async fn handle(
             generation,
         }) => {
             let (mut parts, body) = response.into_parts();
+            // An accepted WebSocket: the socket holds the event from here.
+            if let Some(handoff) = parts.extensions.remove::<Handoff>() {
+                handoff.give(cancel, session);
+                drop(body);
+                return Response::from_parts(parts, ServeBody::empty());
+            }
             if options.receipt_headers {
                 parts
                     .headers

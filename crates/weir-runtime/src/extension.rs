@@ -80,3 +80,53 @@ impl InternalRoutes {
             .find(|r| r.handles(host))
     }
 }
+
+/// What an event's caller offers the host interfaces for that event alone,
+/// beside the request the guest sees (the transport's WebSocket upgrade).
+/// It rides in the request's extensions and is taken out before the guest
+/// sees the request; a host interface claims it with
+/// [`crate::guest_state::GenerationState::take_offer`].
+#[derive(Clone)]
+pub struct EventOffer(pub Arc<dyn Any + Send + Sync>);
+
+/// Marks a response a host interface set in its guest's stead that takes
+/// the connection over (a WebSocket's 101). A guest cannot mark one, so an
+/// informational status without the mark is the guest's own, and refused.
+#[derive(Clone, Copy, Debug)]
+pub struct Takeover;
+
+/// The response a guest writes, or an error in its place.
+pub type AnswerResult = Result<
+    http::Response<wasmtime_wasi_http::p2::body::HyperOutgoingBody>,
+    wasmtime_wasi_http::p2::bindings::http::types::ErrorCode,
+>;
+
+/// The one place an offered event's response goes: the guest's
+/// `response-outparam` and the host interface that claimed the offer both
+/// write here, and the first one wins.
+#[derive(Clone)]
+pub struct Answer(Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<AnswerResult>>>>);
+
+impl Answer {
+    pub fn new(to: tokio::sync::oneshot::Sender<AnswerResult>) -> Self {
+        Answer(Arc::new(std::sync::Mutex::new(Some(to))))
+    }
+
+    /// Sets the event's response; false when it was already set.
+    pub fn set(&self, response: AnswerResult) -> bool {
+        let taken = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match taken {
+            Some(to) => {
+                let _ = to.send(response);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// An offer claimed by a host interface, with the means to answer.
+pub struct Offered {
+    pub offer: Arc<dyn Any + Send + Sync>,
+    pub answer: Answer,
+}

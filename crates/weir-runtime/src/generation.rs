@@ -108,6 +108,7 @@ pub fn new_store<E: Entry>(
     outbound.caller = extras.caller;
     let state = GenerationState {
         extension: extras.data,
+        offered: None,
         wasi,
         output,
         table: ResourceTable::new(),

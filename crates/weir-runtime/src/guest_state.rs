@@ -37,6 +37,9 @@ pub struct GenerationState {
     pub(crate) output: GuestOutput,
     /// A layer's own data for this generation ([`crate::extension::Extras::data`]).
     pub(crate) extension: Option<Box<dyn std::any::Any + Send>>,
+    /// What the running event's caller offered its host interfaces, until
+    /// one claims it or the event ends.
+    pub(crate) offered: Option<crate::extension::Offered>,
 }
 
 impl WasiView for GenerationState {
@@ -96,7 +99,31 @@ impl GenerationState {
         if scope.is_some() {
             self.output.reset();
         }
+        // An offer lives for one event.
+        self.offered = None;
         self.outbound.scope = scope;
+    }
+
+    /// The running event's offer, if it is a `T` and not yet claimed.
+    pub fn offer<T: std::any::Any + Send + Sync>(&self) -> Option<&T> {
+        self.offered.as_ref()?.offer.downcast_ref()
+    }
+
+    /// Claims the running event's offer (see
+    /// [`crate::extension::EventOffer`]) if it is a `T`; once claimed, or
+    /// when it is not a `T`, it is gone for the rest of the event.
+    pub fn take_offer<T: std::any::Any + Send + Sync>(
+        &mut self,
+    ) -> Option<(Arc<T>, crate::extension::Answer)> {
+        let offered = self.offered.take()?;
+        let offer = offered.offer.downcast::<T>().ok()?;
+        Some((offer, offered.answer))
+    }
+
+    /// The table of the guest's resources, for host interfaces that hand
+    /// the guest resources of their own.
+    pub fn table(&mut self) -> &mut ResourceTable {
+        &mut self.table
     }
 
     /// The most linear memory the guest has reached, in bytes.

@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use weir_actors::{ActorClass, ActorDirectory, ActorHost, ActorInterfaces, ActorMetrics};
+use weir_http::websocket::{SocketHub, SocketInterfaces};
 use weir_http::{ActorRoute, AdminState, ServeOptions};
 use weir_programs::host::{ProgramInterfaces, ProgramsConfig, ProgramsHost};
 use weir_programs::image_store::IMAGES_DIR;
@@ -248,6 +249,7 @@ impl Server {
         });
         let interfaces: Vec<Arc<dyn HostInterfaces>> = vec![
             Arc::new(ActorInterfaces),
+            Arc::new(SocketInterfaces),
             Arc::new(ProgramInterfaces(programs.clone())),
         ];
         let stores = Stores {
@@ -356,6 +358,11 @@ impl Server {
                 })
                 .collect(),
             actors: actors.clone(),
+            sockets: Some(SocketHub::new(
+                config.limits.sockets.clone(),
+                config.receipts.clone(),
+                &metrics,
+            )),
         };
         Ok(Server {
             listener,

@@ -6,6 +6,7 @@
 //! every known name listed.
 
 use weir_actors::ActorLimits;
+use weir_http::websocket::SocketLimits;
 use weir_programs::ProgramLimits;
 use weir_runtime::Limits;
 use weir_runtime::limits::{LimitError, LimitSpec, LimitTable, split_assignment, unknown_among};
@@ -16,6 +17,7 @@ pub struct ServerLimits {
     pub runtime: Limits,
     pub actors: ActorLimits,
     pub programs: ProgramLimits,
+    pub sockets: SocketLimits,
 }
 
 impl ServerLimits {
@@ -25,6 +27,7 @@ impl ServerLimits {
             .iter()
             .chain(ActorLimits::specs())
             .chain(ProgramLimits::specs())
+            .chain(SocketLimits::specs())
     }
 
     /// Sets one limit by its flat name, checking its range.
@@ -35,6 +38,9 @@ impl ServerLimits {
         if ProgramLimits::specs().iter().any(|s| s.name == name) {
             return self.programs.set_limit(name, value);
         }
+        if SocketLimits::specs().iter().any(|s| s.name == name) {
+            return self.sockets.set_limit(name, value);
+        }
         self.runtime.set_limit(name, value).map_err(|e| {
             unknown_among(
                 e,
@@ -42,6 +48,7 @@ impl ServerLimits {
                     Limits::specs(),
                     ActorLimits::specs(),
                     ProgramLimits::specs(),
+                    SocketLimits::specs(),
                 ],
             )
         })
@@ -59,6 +66,7 @@ impl ServerLimits {
             .value(name)
             .or_else(|| self.actors.value(name))
             .or_else(|| self.programs.value(name))
+            .or_else(|| self.sockets.value(name))
     }
 }
 

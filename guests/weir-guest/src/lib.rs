@@ -76,6 +76,41 @@ mod process_bindings {
     });
 }
 
+mod websocket_bindings {
+    wit_bindgen::generate!({
+        path: "../../wit/weir-websocket",
+        world: "weir:websocket/imports",
+    });
+}
+
+/// `weir:websocket`: a worker accepts its event's WebSocket upgrade and
+/// holds the socket while its handler runs.
+///
+/// ```ignore
+/// if let Ok(socket) = weir_guest::websocket::accept(None) {
+///     while let Ok(Incoming::Message(m)) = socket.receive() {
+///         socket.send(&m)?;
+///     }
+///     return;
+/// }
+/// ```
+pub mod websocket {
+    pub use crate::websocket_bindings::weir::websocket::types::{CloseFrame, Error, Message};
+    pub use crate::websocket_bindings::weir::websocket::worker::{Incoming, Websocket};
+
+    /// Accepts this event's upgrade (Weir answers 101), agreeing on
+    /// `protocol` if given; `Error::NotAnUpgrade` when the request is not
+    /// one, and the guest answers it as usual.
+    pub fn accept(protocol: Option<&str>) -> Result<Websocket, Error> {
+        crate::websocket_bindings::weir::websocket::worker::accept(protocol)
+    }
+
+    /// The subprotocols the client offers, when the request is an upgrade.
+    pub fn offered() -> Option<Vec<String>> {
+        crate::websocket_bindings::weir::websocket::worker::offered()
+    }
+}
+
 /// The generated export side of `weir:actor/alarm`; used by [`alarms!`].
 #[doc(hidden)]
 pub mod alarm_bindings {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod actors;
+pub mod autobahn;
 pub mod hostile;
 pub mod programs;
 

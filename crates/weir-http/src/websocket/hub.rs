@@ -1,0 +1,220 @@
+//! The server's sockets as a whole: how many may be open, the signal that
+//! closes them all at shutdown, their receipts and their metrics.
+//!
+//! Invariants owned here:
+//! - at most `max_sockets` sockets are open at once: a permit is taken
+//!   before the upgrade is offered to the guest and held until the socket's
+//!   connection is gone, so one more upgrade is answered 503
+//!   `socket_capacity_exceeded` and the guest never sees it;
+//! - every socket ends with exactly one receipt line, saying who closed it,
+//!   with which code and why.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use serde::Serialize;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use weir_runtime::metrics::Metrics;
+use weir_runtime::receipt::{ReceiptSink, Terminal, write_receipt};
+
+use super::error_code::SocketErrorCode;
+use super::limits::SocketLimits;
+use super::socket::Close;
+
+/// The log target of socket receipts.
+pub const SOCKET_TARGET: &str = "weir::socket";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CloseLabels {
+    code: u16,
+    by: &'static str,
+}
+
+#[derive(Clone, Default)]
+struct SocketMetrics {
+    open: Gauge,
+    messages: Family<DirectionLabels, Counter>,
+    closes: Family<CloseLabels, Counter>,
+}
+
+/// Who ended a socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClosedBy {
+    /// The client sent a close frame.
+    Client,
+    /// The guest closed it, or its handler ended.
+    Guest,
+    /// Weir did: a limit, a protocol error, a dead peer, a shutdown.
+    Weir,
+    /// The connection was lost without a close frame.
+    Connection,
+}
+
+impl ClosedBy {
+    fn as_str(self) -> &'static str {
+        match self {
+            ClosedBy::Client => "client",
+            ClosedBy::Guest => "guest",
+            ClosedBy::Weir => "weir",
+            ClosedBy::Connection => "connection",
+        }
+    }
+}
+
+/// The server's sockets.
+pub struct SocketHub {
+    pub limits: SocketLimits,
+    capacity: Arc<Semaphore>,
+    shutdown: watch::Sender<bool>,
+    sink: Option<Arc<dyn ReceiptSink>>,
+    metrics: SocketMetrics,
+    next_id: AtomicU64,
+}
+
+/// A place among the `max_sockets`, held by one socket.
+pub struct SocketPermit {
+    _permit: OwnedSemaphorePermit,
+}
+
+impl SocketHub {
+    pub fn new(
+        limits: SocketLimits,
+        sink: Option<Arc<dyn ReceiptSink>>,
+        metrics: &Metrics,
+    ) -> Arc<Self> {
+        let m = SocketMetrics::default();
+        metrics.register("sockets_open", "WebSockets open now", m.open.clone());
+        metrics.register(
+            "socket_messages",
+            "WebSocket messages, by direction (in: from clients, out: to them)",
+            m.messages.clone(),
+        );
+        metrics.register(
+            "socket_closes",
+            "WebSockets ended, by close code and by who ended them",
+            m.closes.clone(),
+        );
+        Arc::new(SocketHub {
+            capacity: Arc::new(Semaphore::new(limits.max_sockets)),
+            limits,
+            shutdown: watch::Sender::new(false),
+            sink,
+            metrics: m,
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// A place for one more socket, or `socket_capacity_exceeded`.
+    pub fn admit(&self) -> Result<SocketPermit, SocketErrorCode> {
+        self.capacity
+            .clone()
+            .try_acquire_owned()
+            .map(|permit| SocketPermit { _permit: permit })
+            .map_err(|_| SocketErrorCode::CapacityExceeded)
+    }
+
+    /// Sockets open now.
+    pub fn open(&self) -> usize {
+        self.limits.max_sockets - self.capacity.available_permits()
+    }
+
+    /// Closes every socket with 1001, now and for any opened later.
+    pub fn shut_down(&self) {
+        self.shutdown.send_replace(true);
+    }
+
+    pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+
+    pub(crate) fn opened(&self) -> u64 {
+        self.metrics.open.inc();
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn message(&self, direction: &'static str) {
+        self.metrics
+            .messages
+            .get_or_create(&DirectionLabels { direction })
+            .inc();
+    }
+
+    /// The socket's one receipt, and its metrics.
+    pub(crate) fn closed(&self, record: &SocketRecord, how: &Close, by: ClosedBy) {
+        self.metrics.open.dec();
+        self.metrics
+            .closes
+            .get_or_create(&CloseLabels {
+                code: how.code,
+                by: by.as_str(),
+            })
+            .inc();
+        let Some(sink) = &self.sink else { return };
+        let failed = matches!(how.code, 1002 | 1006..=1011);
+        write_receipt(
+            sink.as_ref(),
+            SOCKET_TARGET,
+            "socket closed",
+            SystemTime::now(),
+            &SocketFields {
+                app: &record.app,
+                socket: record.id,
+                protocol: record.protocol.as_deref(),
+                messages_in: record.messages_in,
+                messages_out: record.messages_out,
+                bytes_in: record.bytes_in,
+                bytes_out: record.bytes_out,
+                close_code: how.code,
+                closed_by: by,
+            },
+            &Terminal {
+                outcome: if failed { "limit" } else { "ok" },
+                error: None,
+                status: Some(101),
+                queued_us: None,
+                wasm_us: None,
+                total_us: record.opened.elapsed().as_micros() as u64,
+                operations: 0,
+                operations_refused: 0,
+                detail: (!how.reason.is_empty()).then_some(how.reason.as_str()),
+            },
+        );
+    }
+}
+
+/// What one socket's receipt counts.
+pub(crate) struct SocketRecord {
+    pub app: Arc<str>,
+    pub id: u64,
+    pub protocol: Option<String>,
+    pub opened: Instant,
+    pub messages_in: u64,
+    pub messages_out: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+#[derive(Serialize)]
+struct SocketFields<'a> {
+    app: &'a str,
+    socket: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    protocol: Option<&'a str>,
+    messages_in: u64,
+    messages_out: u64,
+    bytes_in: u64,
+    bytes_out: u64,
+    close_code: u16,
+    closed_by: ClosedBy,
+}

@@ -1,0 +1,24 @@
+//! WebSockets: the upgrade in the transport, the framing on the wire, and
+//! the host interface (`weir:websocket`) through which guests hold sockets.
+//! The host owns the framing; guests see whole messages.
+//!
+//! - [`handshake`]: which requests are valid upgrades, and the 101;
+//! - [`socket`]: one socket's guest end and wire end, and the bounded
+//!   queues between them;
+//! - [`wire`]: the task that owns a socket's connection;
+//! - [`hub`]: the server's sockets together (capacity, shutdown, receipts);
+//! - [`worker`]: the host interface of workers' sockets;
+//! - [`limits`], [`error_code`]: the sockets' limits and error codes.
+
+pub mod error_code;
+pub mod handshake;
+pub mod hub;
+pub mod limits;
+pub mod socket;
+pub mod wire;
+pub mod worker;
+
+pub use error_code::SocketErrorCode;
+pub use hub::SocketHub;
+pub use limits::SocketLimits;
+pub use worker::SocketInterfaces;

@@ -1,0 +1,406 @@
+//! One socket's two ends: the guest's (what host interfaces call) and the
+//! wire's (what [`super::wire`] drives), and the bounded queues between them.
+//!
+//! Invariants owned here:
+//! - the bytes sent to a socket and not yet written to its connection are
+//!   counted, and never pass `max_socket_send_queue_bytes`, except that one
+//!   message always fits an empty queue: a sender waits for room
+//!   ([`GuestEnd::send`]), or a socket that cannot wait is closed with 1008
+//!   naming the limit ([`GuestEnd::send_or_close`]);
+//! - at most [`INBOUND_MESSAGES_BUFFERED`] messages wait for the guest; past
+//!   them the wire stops reading, so a fast client meets TCP back-pressure
+//!   rather than growing memory;
+//! - a close code the guest asks for is one RFC 6455 lets an endpoint send
+//!   (1000–1003, 1007–1011, 3000–4999; never 1005, 1006 or 1015), with a
+//!   reason of at most 123 bytes;
+//! - once a socket has ended, every call on it says how it ended (the
+//!   peer's close frame, or Weir's reason), and nothing more is queued.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{Notify, mpsc};
+
+/// Messages read from the client that wait for the guest to take them.
+pub const INBOUND_MESSAGES_BUFFERED: usize = 4;
+
+/// The longest close reason: a close frame's payload is at most 125 bytes,
+/// two of them the code (RFC 6455 §5.5).
+pub const MAX_CLOSE_REASON_BYTES: usize = 123;
+
+/// Normal closure.
+pub const CLOSE_NORMAL: u16 = 1000;
+/// The endpoint is going away (a session's deadline, a server shutting
+/// down, a dead peer).
+pub const CLOSE_GOING_AWAY: u16 = 1001;
+/// The peer broke the protocol.
+pub const CLOSE_PROTOCOL: u16 = 1002;
+/// A close frame without a code (reported to guests, never sent).
+pub const CLOSE_NO_STATUS: u16 = 1005;
+/// The connection ended without a close frame (reported, never sent).
+pub const CLOSE_ABNORMAL: u16 = 1006;
+/// A text message that is not UTF-8.
+pub const CLOSE_INVALID_DATA: u16 = 1007;
+/// A limit of Weir's (the send queue).
+pub const CLOSE_POLICY: u16 = 1008;
+/// A message over `max_socket_message_bytes`.
+pub const CLOSE_TOO_BIG: u16 = 1009;
+/// The guest failed (a trap, an abandoned instance).
+pub const CLOSE_INTERNAL: u16 = 1011;
+
+/// A close frame: its code and reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Close {
+    pub code: u16,
+    pub reason: String,
+}
+
+impl Close {
+    pub fn new(code: u16, reason: impl Into<String>) -> Self {
+        let mut reason = reason.into();
+        if reason.len() > MAX_CLOSE_REASON_BYTES {
+            let mut cut = MAX_CLOSE_REASON_BYTES;
+            while !reason.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            reason.truncate(cut);
+        }
+        Close { code, reason }
+    }
+}
+
+/// A whole message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Message {
+    Text(String),
+    Binary(Vec<u8>),
+}
+
+impl Message {
+    pub fn len(&self) -> usize {
+        match self {
+            Message::Text(t) => t.len(),
+            Message::Binary(b) => b.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What the client sent, as the guest takes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Incoming {
+    Message(Message),
+    /// The client closed (Weir answers the close handshake).
+    Close(Close),
+}
+
+/// What the guest sends, as the wire takes it.
+#[derive(Debug)]
+pub enum Outgoing {
+    Message(Message),
+    Close(Close),
+}
+
+/// Why a call on a socket failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SocketError {
+    /// The socket has ended: how.
+    #[error("the socket is closed ({})", .0.code)]
+    Closed(Close),
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// True for a close code an endpoint may send.
+pub fn sendable_code(code: u16) -> bool {
+    matches!(code, 1000..=1003 | 1007..=1011 | 3000..=4999)
+}
+
+struct Shared {
+    max_message_bytes: usize,
+    max_queue_bytes: usize,
+    /// Bytes queued and not yet written.
+    queued: AtomicUsize,
+    /// Room in the queue, or the socket's end.
+    room: Notify,
+    /// Set once: the guest asked to close, or the socket ended.
+    closing: AtomicBool,
+    /// How the socket ended, once it has.
+    ended: Mutex<Option<Close>>,
+}
+
+/// The guest's end of a socket.
+pub struct GuestEnd {
+    shared: Arc<Shared>,
+    inbound: mpsc::Receiver<Incoming>,
+    outbound: mpsc::UnboundedSender<Outgoing>,
+    /// The subprotocol agreed in the handshake.
+    pub protocol: Option<String>,
+}
+
+/// The wire's end of a socket.
+pub struct WireEnd {
+    shared: Arc<Shared>,
+    pub inbound: mpsc::Sender<Incoming>,
+    pub outbound: mpsc::UnboundedReceiver<Outgoing>,
+}
+
+/// A socket's two ends, under these limits.
+pub fn pair(
+    max_message_bytes: usize,
+    max_queue_bytes: usize,
+    protocol: Option<String>,
+) -> (GuestEnd, WireEnd) {
+    let shared = Arc::new(Shared {
+        max_message_bytes,
+        max_queue_bytes,
+        queued: AtomicUsize::new(0),
+        room: Notify::new(),
+        closing: AtomicBool::new(false),
+        ended: Mutex::new(None),
+    });
+    let (in_tx, in_rx) = mpsc::channel(INBOUND_MESSAGES_BUFFERED);
+    let (out_tx, out_rx) = mpsc::unbounded_channel();
+    (
+        GuestEnd {
+            shared: shared.clone(),
+            inbound: in_rx,
+            outbound: out_tx,
+            protocol,
+        },
+        WireEnd {
+            shared,
+            inbound: in_tx,
+            outbound: out_rx,
+        },
+    )
+}
+
+impl Shared {
+    fn ended(&self) -> Option<Close> {
+        self.ended.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn closed_error(&self) -> SocketError {
+        SocketError::Closed(
+            self.ended()
+                .unwrap_or_else(|| Close::new(CLOSE_NORMAL, "closed by the guest")),
+        )
+    }
+
+    /// Takes `len` bytes of queue if they fit (one message always fits an
+    /// empty queue).
+    fn try_reserve(&self, len: usize) -> bool {
+        self.queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q == 0 || q + len <= self.max_queue_bytes).then_some(q + len)
+            })
+            .is_ok()
+    }
+}
+
+impl GuestEnd {
+    /// The next thing the client sent; once the socket has ended, how.
+    pub async fn receive(&mut self) -> Result<Incoming, SocketError> {
+        match self.inbound.recv().await {
+            Some(incoming) => Ok(incoming),
+            None => Err(self.shared.closed_error()),
+        }
+    }
+
+    fn check(&self, message: &Message) -> Result<(), SocketError> {
+        if self.shared.closing.load(Ordering::Acquire) {
+            return Err(self.shared.closed_error());
+        }
+        if message.len() > self.shared.max_message_bytes {
+            return Err(SocketError::TooLarge(format!(
+                "a message of {} bytes is over max_socket_message_bytes ({})",
+                message.len(),
+                self.shared.max_message_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    fn queue(&self, message: Message) -> Result<(), SocketError> {
+        self.outbound
+            .send(Outgoing::Message(message))
+            .map_err(|_| self.shared.closed_error())
+    }
+
+    /// Queues a message, waiting while the queue is full.
+    pub async fn send(&self, message: Message) -> Result<(), SocketError> {
+        self.check(&message)?;
+        let len = message.len();
+        loop {
+            let room = self.shared.room.notified();
+            if self.shared.closing.load(Ordering::Acquire) {
+                return Err(self.shared.closed_error());
+            }
+            if self.shared.try_reserve(len) {
+                return self.queue(message);
+            }
+            room.await;
+        }
+    }
+
+    /// Queues a message now; a full queue closes the socket with 1008
+    /// (for senders that must not wait on a client).
+    pub fn send_or_close(&self, message: Message) -> Result<(), SocketError> {
+        self.check(&message)?;
+        if self.shared.try_reserve(message.len()) {
+            return self.queue(message);
+        }
+        let close = Close::new(
+            CLOSE_POLICY,
+            format!(
+                "max_socket_send_queue_bytes ({}) reached: the client is not reading",
+                self.shared.max_queue_bytes
+            ),
+        );
+        self.begin_close(close.clone());
+        Err(SocketError::Closed(close))
+    }
+
+    /// Starts the close handshake with `code` and `reason`.
+    pub fn close(&self, code: u16, reason: String) -> Result<(), SocketError> {
+        if !sendable_code(code) {
+            return Err(SocketError::Invalid(format!(
+                "close code {code} may not be sent (1000-1003, 1007-1011, 3000-4999)"
+            )));
+        }
+        if reason.len() > MAX_CLOSE_REASON_BYTES {
+            return Err(SocketError::Invalid(format!(
+                "a close reason is at most {MAX_CLOSE_REASON_BYTES} bytes"
+            )));
+        }
+        if self.shared.closing.load(Ordering::Acquire) {
+            return Err(self.shared.closed_error());
+        }
+        self.begin_close(Close { code, reason });
+        Ok(())
+    }
+
+    fn begin_close(&self, close: Close) {
+        if !self.shared.closing.swap(true, Ordering::AcqRel) {
+            let _ = self.outbound.send(Outgoing::Close(close));
+        }
+        self.shared.room.notify_waiters();
+    }
+}
+
+impl WireEnd {
+    /// `len` bytes of queued messages are written: room for more.
+    pub fn written(&self, len: usize) {
+        self.shared.queued.fetch_sub(len, Ordering::AcqRel);
+        self.shared.room.notify_waiters();
+    }
+
+    /// Bytes queued now.
+    pub fn queued(&self) -> usize {
+        self.shared.queued.load(Ordering::Acquire)
+    }
+
+    pub fn max_message_bytes(&self) -> usize {
+        self.shared.max_message_bytes
+    }
+
+    /// The socket has ended, as `how` says; the guest's calls say so from
+    /// now on.
+    pub fn end(&self, how: Close) {
+        self.shared
+            .ended
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(how);
+        self.shared.closing.store(true, Ordering::Release);
+        self.shared.room.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_send_waits_for_room_and_one_message_always_fits_an_empty_queue() {
+        let (guest, mut wire) = pair(100, 10, None);
+        // Bigger than the queue, but the queue is empty: it goes.
+        guest.send(Message::Binary(vec![0; 50])).await.unwrap();
+        let blocked = tokio::spawn(async move {
+            guest.send(Message::Text("x".into())).await.unwrap();
+            guest
+        });
+        tokio::task::yield_now().await;
+        assert!(!blocked.is_finished());
+        assert!(matches!(
+            wire.outbound.recv().await,
+            Some(Outgoing::Message(_))
+        ));
+        wire.written(50);
+        let guest = blocked.await.unwrap();
+        assert!(
+            matches!(wire.outbound.recv().await, Some(Outgoing::Message(Message::Text(t))) if t == "x")
+        );
+        assert!(matches!(
+            guest.send(Message::Binary(vec![0; 101])).await,
+            Err(SocketError::TooLarge(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_closes_a_socket_that_cannot_wait_with_1008() {
+        let (guest, mut wire) = pair(100, 10, None);
+        guest.send_or_close(Message::Binary(vec![0; 8])).unwrap();
+        let Err(SocketError::Closed(close)) = guest.send_or_close(Message::Binary(vec![0; 8]))
+        else {
+            panic!("over the queue")
+        };
+        assert_eq!(close.code, CLOSE_POLICY);
+        assert!(close.reason.contains("max_socket_send_queue_bytes"));
+        assert!(matches!(
+            wire.outbound.recv().await,
+            Some(Outgoing::Message(_))
+        ));
+        assert!(
+            matches!(wire.outbound.recv().await, Some(Outgoing::Close(c)) if c.code == CLOSE_POLICY)
+        );
+    }
+
+    #[tokio::test]
+    async fn close_codes_and_reasons_are_checked_and_an_ended_socket_says_how() {
+        let (mut guest, wire) = pair(100, 10, None);
+        for code in [999, 1004, 1005, 1006, 1012, 1015, 2999, 5000] {
+            assert!(
+                matches!(
+                    guest.close(code, String::new()),
+                    Err(SocketError::Invalid(_))
+                ),
+                "{code}"
+            );
+        }
+        assert!(guest.close(1000, "x".repeat(124)).is_err());
+        wire.end(Close::new(CLOSE_ABNORMAL, "connection lost"));
+        drop(wire);
+        let Err(SocketError::Closed(how)) = guest.receive().await else {
+            panic!("ended")
+        };
+        assert_eq!(how.code, CLOSE_ABNORMAL);
+        assert!(matches!(
+            guest.send(Message::Text("late".into())).await,
+            Err(SocketError::Closed(c)) if c.code == CLOSE_ABNORMAL
+        ));
+    }
+
+    #[test]
+    fn a_long_reason_is_cut_at_a_character_boundary() {
+        let close = Close::new(1000, "é".repeat(100));
+        assert!(close.reason.len() <= MAX_CLOSE_REASON_BYTES);
+        assert!(close.reason.chars().all(|c| c == 'é'));
+    }
+}

@@ -1,0 +1,399 @@
+//! The wire: one task per socket that owns its connection after the 101,
+//! does the framing (tokio-tungstenite: masks, fragments, control frames,
+//! UTF-8) and moves whole messages between the connection and the
+//! socket's guest end.
+//!
+//! Invariants owned here:
+//! - the task ends only after the socket has ended, and it always says how
+//!   (to the guest end, in the receipt): a close frame sent by the client,
+//!   by the guest, or by Weir at a limit, or the connection lost;
+//! - Weir answers pings and the client's close, pings a client it has not
+//!   heard from every `socket_ping_interval_ms`, and drops a client it has
+//!   heard nothing from — or that takes nothing it writes — for
+//!   `socket_idle_timeout_ms`, so a vanished peer never holds a socket;
+//! - a message over `max_socket_message_bytes` closes with 1009, text that
+//!   is not UTF-8 with 1007, a protocol error with 1002; 1005, 1006 and 1015
+//!   are never sent;
+//! - a close Weir starts waits at most [`CLOSE_HANDSHAKE_TIMEOUT`] for the
+//!   client's reply, then the connection is dropped.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{SinkExt, StreamExt};
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::protocol::frame::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{self, Error as WsError};
+
+use super::hub::{ClosedBy, SocketHub, SocketPermit, SocketRecord};
+use super::socket::{
+    CLOSE_GOING_AWAY, CLOSE_INVALID_DATA, CLOSE_NO_STATUS, CLOSE_PROTOCOL, CLOSE_TOO_BIG, Close,
+    Incoming, Message, Outgoing, WireEnd,
+};
+
+/// How long a close Weir (or the guest) starts waits for the client's
+/// close frame before the connection is dropped.
+pub const CLOSE_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The framing's read buffer, allocated for each socket: small, because an
+/// idle socket should cost little; larger messages are read in more calls.
+pub const READ_BUFFER_BYTES: usize = 4096;
+
+/// Bytes of frames gathered before a write reaches the connection (a burst
+/// of small messages is one write); each batch is flushed at once anyway.
+pub const WRITE_BUFFER_BYTES: usize = 16 * 1024;
+
+/// Queued messages written before one flush.
+pub const MAX_MESSAGES_PER_FLUSH: usize = 64;
+
+/// When the session behind a socket ends, and the close it ends with.
+pub type Ending = Pin<Box<dyn Future<Output = (Close, ClosedBy)> + Send>>;
+
+/// One socket, before its connection is upgraded.
+pub struct Wire {
+    pub hub: Arc<SocketHub>,
+    pub permit: SocketPermit,
+    pub upgrade: OnUpgrade,
+    pub end: WireEnd,
+    pub ending: Ending,
+    pub app: Arc<str>,
+    pub protocol: Option<String>,
+    /// After the socket ends, how long its session may take to end on its
+    /// own before its caller counts as gone (the app's
+    /// `cancellation_limit_ms`).
+    pub grace: Duration,
+}
+
+type Stream = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
+
+fn config(max_message: usize) -> WebSocketConfig {
+    WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER_BYTES)
+        .write_buffer_size(WRITE_BUFFER_BYTES)
+        .max_write_buffer_size(max_message + 2 * WRITE_BUFFER_BYTES)
+        .max_message_size(Some(max_message))
+        .max_frame_size(Some(max_message))
+}
+
+fn to_wire(message: Message) -> tungstenite::Message {
+    match message {
+        Message::Text(t) => tungstenite::Message::text(t),
+        Message::Binary(b) => tungstenite::Message::binary(b),
+    }
+}
+
+fn close_frame(close: &Close) -> tungstenite::Message {
+    tungstenite::Message::Close(Some(CloseFrame {
+        code: CloseCode::from(close.code),
+        reason: close.reason.clone().into(),
+    }))
+}
+
+/// How the loop ended.
+enum Stop {
+    /// Weir or the guest closes with this frame.
+    Close(Close, ClosedBy),
+    /// The session behind the socket ended, and would close with this
+    /// frame unless the guest queued its own close before it ended.
+    Ended(Close, ClosedBy),
+    /// The guest's end of the socket is gone.
+    Released,
+    /// The client closed; its close was answered.
+    ClientClosed(Close),
+    /// The connection is gone, or dead: nothing more can be sent.
+    Lost(Close),
+}
+
+impl Wire {
+    /// Runs the socket to its end.
+    pub async fn run(self) {
+        let Wire {
+            hub,
+            permit,
+            upgrade,
+            end,
+            ending,
+            app,
+            protocol,
+            grace,
+        } = self;
+        let mut record = SocketRecord {
+            app,
+            id: hub.opened(),
+            protocol,
+            opened: Instant::now(),
+            messages_in: 0,
+            messages_out: 0,
+            bytes_in: 0,
+            bytes_out: 0,
+        };
+        let mut ending = Some(ending);
+        let upgraded = tokio::select! {
+            upgraded = upgrade => upgraded,
+            (close, by) = ending.as_mut().expect("set") => {
+                end.end(close.clone());
+                hub.closed(&record, &close, by);
+                return;
+            }
+        };
+        let (how, by) = match upgraded {
+            Ok(upgraded) => {
+                let ws = WebSocketStream::from_raw_socket(
+                    TokioIo::new(upgraded),
+                    Role::Server,
+                    Some(config(end.max_message_bytes())),
+                )
+                .await;
+                serve(ws, &hub, end, &mut ending, grace, &mut record).await
+            }
+            Err(e) => {
+                let how = Close::new(
+                    super::socket::CLOSE_ABNORMAL,
+                    format!("upgrade failed: {e}"),
+                );
+                end.end(how.clone());
+                (how, ClosedBy::Connection)
+            }
+        };
+        hub.closed(&record, &how, by);
+        drop(permit);
+        // The guest learns of the end from its socket; it gets a grace to
+        // finish before its session is cut short as a caller that left.
+        if let Some(ending) = ending.as_mut() {
+            let _ = tokio::time::timeout(grace, ending).await;
+        }
+    }
+}
+
+/// The socket's life on its connection; returns how it ended.
+async fn serve(
+    ws: Stream,
+    hub: &SocketHub,
+    mut end: WireEnd,
+    ending: &mut Option<Ending>,
+    grace: Duration,
+    record: &mut SocketRecord,
+) -> (Close, ClosedBy) {
+    let limits = &hub.limits;
+    let idle = limits.socket_idle_timeout;
+    let (mut sink, mut stream) = ws.split();
+    let mut shutdown = hub.shutdown_signal();
+    let mut tick = tokio::time::interval(limits.socket_ping_interval.min(idle));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut heard = Instant::now();
+    let mut slot = None;
+    let stop = loop {
+        tokio::select! {
+            biased;
+            (close, by) = ending.as_mut().expect("set until it ends") => {
+                *ending = None;
+                break Stop::Ended(close, by);
+            }
+            _ = async { let _ = shutdown.wait_for(|down| *down).await; } => {
+                break Stop::Close(Close::new(CLOSE_GOING_AWAY, "the server is shutting down"), ClosedBy::Weir);
+            }
+            out = end.outbound.recv() => {
+                let first = match out {
+                    Some(Outgoing::Message(m)) => m,
+                    Some(Outgoing::Close(close)) => break Stop::Close(close, ClosedBy::Guest),
+                    // The guest's end is gone: it let the socket go, or its
+                    // instance was dropped because it failed, which its
+                    // session's end says next.
+                    None => break Stop::Released,
+                };
+                // Whatever else is queued goes in the same flush.
+                let mut batch = vec![first];
+                let mut then_close = None;
+                while batch.len() < MAX_MESSAGES_PER_FLUSH {
+                    match end.outbound.try_recv() {
+                        Ok(Outgoing::Message(m)) => batch.push(m),
+                        Ok(Outgoing::Close(close)) => { then_close = Some(close); break; }
+                        Err(_) => break,
+                    }
+                }
+                let bytes: usize = batch.iter().map(Message::len).sum();
+                let count = batch.len() as u64;
+                let write = async {
+                    for m in batch {
+                        sink.feed(to_wire(m)).await?;
+                    }
+                    sink.flush().await
+                };
+                match tokio::time::timeout(idle, write).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => break lost(e),
+                    Err(_) => break Stop::Lost(Close::new(CLOSE_GOING_AWAY, "socket_idle_timeout_ms passed with the client taking nothing")),
+                }
+                end.written(bytes);
+                record.messages_out += count;
+                record.bytes_out += bytes as u64;
+                for _ in 0..count {
+                    hub.message("out");
+                }
+                if let Some(close) = then_close {
+                    break Stop::Close(close, ClosedBy::Guest);
+                }
+            }
+            permit = end.inbound.clone().reserve_owned(), if slot.is_none() => {
+                match permit {
+                    Ok(permit) => slot = Some(permit),
+                    // The guest end is gone; its outbound side says so next.
+                    Err(_) => break Stop::Released,
+                }
+            }
+            frame = stream.next(), if slot.is_some() => {
+                heard = Instant::now();
+                let message = match frame {
+                    None => break Stop::Lost(Close::new(super::socket::CLOSE_ABNORMAL, "the connection ended without a close frame")),
+                    Some(Err(e)) => break refusal(e),
+                    Some(Ok(tungstenite::Message::Text(text))) => Message::Text(text.as_str().to_string()),
+                    Some(Ok(tungstenite::Message::Binary(bytes))) => Message::Binary(bytes.to_vec()),
+                    Some(Ok(tungstenite::Message::Ping(_))) => {
+                        // The pong is queued by the framing: send it now.
+                        if let Err(e) = sink.flush().await {
+                            break lost(e);
+                        }
+                        continue;
+                    }
+                    Some(Ok(tungstenite::Message::Pong(_) | tungstenite::Message::Frame(_))) => continue,
+                    Some(Ok(tungstenite::Message::Close(frame))) => {
+                        let close = match frame {
+                            Some(f) => Close::new(u16::from(f.code), f.reason.as_str()),
+                            None => Close::new(CLOSE_NO_STATUS, ""),
+                        };
+                        // The framing queued the reply; flush it, then the
+                        // connection is done.
+                        let _ = tokio::time::timeout(CLOSE_HANDSHAKE_TIMEOUT, sink.flush()).await;
+                        if let Some(slot) = slot.take() {
+                            slot.send(Incoming::Close(close.clone()));
+                        }
+                        break Stop::ClientClosed(close);
+                    }
+                };
+                record.messages_in += 1;
+                record.bytes_in += message.len() as u64;
+                hub.message("in");
+                if let Some(slot) = slot.take() {
+                    slot.send(Incoming::Message(message));
+                }
+            }
+            _ = tick.tick() => {
+                if slot.is_none() {
+                    // Waiting on the guest, not on the client.
+                    heard = Instant::now();
+                    continue;
+                }
+                let quiet = heard.elapsed();
+                if quiet >= idle {
+                    break Stop::Lost(Close::new(CLOSE_GOING_AWAY, "socket_idle_timeout_ms passed without a word from the client"));
+                }
+                if quiet >= limits.socket_ping_interval.min(idle) {
+                    let ping = async { sink.send(tungstenite::Message::Ping(Default::default())).await };
+                    match tokio::time::timeout(idle - quiet, ping).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => break lost(e),
+                        Err(_) => break Stop::Lost(Close::new(CLOSE_GOING_AWAY, "socket_idle_timeout_ms passed with the client taking nothing")),
+                    }
+                }
+            }
+        }
+    };
+    let (how, by) = match stop {
+        Stop::ClientClosed(close) => (close, ClosedBy::Client),
+        Stop::Lost(close) => {
+            let by = if close.code == CLOSE_GOING_AWAY {
+                ClosedBy::Weir
+            } else {
+                ClosedBy::Connection
+            };
+            (close, by)
+        }
+        Stop::Ended(..) | Stop::Close(..) | Stop::Released => {
+            let (close, by) = match stop {
+                Stop::Released => {
+                    let released = (
+                        Close::new(super::socket::CLOSE_NORMAL, "the guest let the socket go"),
+                        ClosedBy::Guest,
+                    );
+                    match ending.take() {
+                        Some(ending) => tokio::time::timeout(grace, ending)
+                            .await
+                            .unwrap_or(released),
+                        None => released,
+                    }
+                }
+                // What the guest queued before its session ended goes
+                // first, its own close included.
+                Stop::Ended(mut close, mut by) => {
+                    let mut last = Vec::new();
+                    while let Ok(out) = end.outbound.try_recv() {
+                        match out {
+                            Outgoing::Message(m) => last.push(m),
+                            Outgoing::Close(own) => {
+                                (close, by) = (own, ClosedBy::Guest);
+                                break;
+                            }
+                        }
+                    }
+                    let flush = async {
+                        for m in last {
+                            record.messages_out += 1;
+                            record.bytes_out += m.len() as u64;
+                            hub.message("out");
+                            sink.feed(to_wire(m)).await?;
+                        }
+                        sink.flush().await
+                    };
+                    let _ = tokio::time::timeout(CLOSE_HANDSHAKE_TIMEOUT, flush).await;
+                    (close, by)
+                }
+                Stop::Close(close, by) => (close, by),
+                _ => unreachable!("matched above"),
+            };
+            // Say so, then wait (bounded) for the client's reply.
+            end.end(close.clone());
+            let handshake = async {
+                sink.send(close_frame(&close)).await?;
+                while let Some(frame) = stream.next().await {
+                    if let tungstenite::Message::Close(_) = frame? {
+                        break;
+                    }
+                }
+                Ok::<_, WsError>(())
+            };
+            let _ = tokio::time::timeout(CLOSE_HANDSHAKE_TIMEOUT, handshake).await;
+            (close, by)
+        }
+    };
+    end.end(how.clone());
+    (how, by)
+}
+
+/// A connection that failed under a read or write.
+fn lost(e: WsError) -> Stop {
+    Stop::Lost(Close::new(
+        super::socket::CLOSE_ABNORMAL,
+        format!("connection lost: {e}"),
+    ))
+}
+
+/// What a read error means: a close Weir sends, or a lost connection.
+fn refusal(e: WsError) -> Stop {
+    let close = match &e {
+        WsError::Capacity(_) => {
+            Close::new(CLOSE_TOO_BIG, "a message over max_socket_message_bytes")
+        }
+        WsError::Utf8(_) => Close::new(CLOSE_INVALID_DATA, "a text message that is not UTF-8"),
+        WsError::Protocol(tungstenite::error::ProtocolError::ResetWithoutClosingHandshake) => {
+            return lost(e);
+        }
+        WsError::Protocol(p) => Close::new(CLOSE_PROTOCOL, format!("protocol error: {p}")),
+        _ => return lost(e),
+    };
+    Stop::Close(close, ClosedBy::Weir)
+}
