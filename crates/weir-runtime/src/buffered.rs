@@ -24,8 +24,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
-use wasmtime_wasi_http::WasiHttpView;
-use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
 
 use crate::error_code::ErrorCode;
 use crate::generation::Generation;
@@ -77,6 +75,9 @@ impl Hooks for CollectHooks {
         &self,
         response: &hyper::Response<wasmtime_wasi_http::p2::body::HyperOutgoingBody>,
     ) -> Option<ErrorCode> {
+        if invocation::informational_from_guest(response) {
+            return Some(ErrorCode::InvalidResponse);
+        }
         invocation::declared_length(response.headers())
             .is_some_and(|n| n > self.max_body)
             .then_some(ErrorCode::ResponseBodyTooLarge)
@@ -136,11 +137,7 @@ pub async fn call(
     let (parts, body) = request.into_parts();
     let request = http::Request::from_parts(parts, Full::new(body));
     let (out_tx, mut out_rx) = tokio::sync::oneshot::channel();
-    let handles = {
-        let mut view = generation.store.data_mut().http();
-        view.new_incoming_request(Scheme::Http, request)
-            .and_then(|req| Ok((req, view.new_response_outparam(out_tx)?)))
-    };
+    let handles = generation.store.data_mut().open_call(request, out_tx);
     let (req, out) = match handles {
         Ok(handles) => handles,
         Err(e) => {

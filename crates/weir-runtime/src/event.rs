@@ -32,14 +32,12 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::Response;
 use tokio::sync::oneshot;
-use wasmtime_wasi_http::WasiHttpView;
-use wasmtime_wasi_http::p2::bindings::http::types::{ErrorCode as WasiErrorCode, Scheme};
+use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode as WasiErrorCode;
 use wasmtime_wasi_http::p2::body::HyperOutgoingBody;
 
 use crate::admission::LaneGuard;
 use crate::app::App;
 use crate::error_code::ErrorCode;
-use crate::extension::{Answer, EventOffer, Offered, Takeover};
 use crate::generation::Generation;
 use crate::invocation::{self, Flow, GuestResponse, Hooks, Timing, declared_length};
 use crate::outcome::Outcome;
@@ -177,7 +175,7 @@ pub fn dispatch(
 async fn run_event(
     app: Arc<App>,
     mut guard: LaneGuard,
-    mut request: EventRequest,
+    request: EventRequest,
     receipt: Receipt,
     reply_tx: oneshot::Sender<Reply>,
     mut cancel_rx: oneshot::Receiver<()>,
@@ -213,36 +211,7 @@ async fn run_event(
     app.board.set_busy(lane_id, generation.number);
 
     let (out_tx, mut out_rx) = oneshot::channel();
-    // An offered event's response may come from the guest or from the host
-    // interface that claims the offer: both write to one answer.
-    let (out_tx, offered) = match request.extensions_mut().remove::<EventOffer>() {
-        None => (Some(out_tx), None),
-        Some(offer) => (
-            None,
-            Some(Offered {
-                offer: offer.0,
-                answer: Answer::new(out_tx),
-            }),
-        ),
-    };
-    let handles = {
-        let http = generation.store.data_mut();
-        let mut view = http.http();
-        view.new_incoming_request(Scheme::Http, request)
-            .and_then(|req| {
-                let out = match (out_tx, &offered) {
-                    (Some(out_tx), _) => view.new_response_outparam(out_tx)?,
-                    (None, Some(offered)) => {
-                        let answer = offered.answer.clone();
-                        view.new_response_outparam_from_callback(move |response| {
-                            answer.set(response);
-                        })?
-                    }
-                    (None, None) => unreachable!("one of the two is set"),
-                };
-                Ok((req, out))
-            })
-    };
+    let handles = generation.store.data_mut().open_call(request, out_tx);
     let (req, out) = match handles {
         Ok(handles) => handles,
         Err(e) => {
@@ -259,7 +228,6 @@ async fn run_event(
 
     let scope = EventScope::new(limits.max_operations);
     generation.store.data_mut().set_scope(Some(scope.clone()));
-    generation.store.data_mut().offered = offered;
     let number = generation.number;
     receipt.entered_wasm(number);
     let entered = Instant::now();
@@ -380,10 +348,7 @@ struct WorkerHooks<'a> {
 
 impl Hooks for WorkerHooks<'_> {
     fn judge(&self, response: &Response<HyperOutgoingBody>) -> Option<ErrorCode> {
-        // An informational status is not an answer, unless a host
-        // interface set it to take the connection over.
-        if response.status().is_informational() && response.extensions().get::<Takeover>().is_none()
-        {
+        if invocation::informational_from_guest(response) {
             return Some(ErrorCode::InvalidResponse);
         }
         declared_length(response.headers())

@@ -100,8 +100,58 @@ impl GenerationState {
             self.output.reset();
         }
         // An offer lives for one event.
-        self.offered = None;
+        if scope.is_none() {
+            self.offered = None;
+        }
         self.outbound.scope = scope;
+    }
+
+    /// Hands `request` to the guest as its incoming request, with the
+    /// response-outparam whose response arrives on `out`. An offer in the
+    /// request's extensions ([`crate::extension::EventOffer`]) is kept for
+    /// the host interfaces, and the response then comes from the guest or
+    /// from the interface that claims the offer, whichever is first.
+    pub fn open_call(
+        &mut self,
+        mut request: http::Request<http_body_util::Full<bytes::Bytes>>,
+        out: tokio::sync::oneshot::Sender<crate::extension::AnswerResult>,
+    ) -> wasmtime::Result<(
+        wasmtime::component::Resource<wasmtime_wasi_http::p2::types::HostIncomingRequest>,
+        wasmtime::component::Resource<wasmtime_wasi_http::p2::types::HostResponseOutparam>,
+    )> {
+        use crate::extension::{Answer, EventOffer, Offered};
+        use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
+        let offer = request.extensions_mut().remove::<EventOffer>();
+        let mut view = self.http();
+        let req = view.new_incoming_request(Scheme::Http, request)?;
+        let (out, offered) = match offer {
+            None => (view.new_response_outparam(out)?, None),
+            Some(offer) => {
+                let answer = Answer::new(out);
+                let to = answer.clone();
+                let out = view.new_response_outparam_from_callback(move |response| {
+                    to.set(response);
+                })?;
+                (
+                    out,
+                    Some(Offered {
+                        offer: offer.0,
+                        answer,
+                    }),
+                )
+            }
+        };
+        self.offered = offered;
+        Ok((req, out))
+    }
+
+    /// Flushes the generation's output gate (an actor's turn makes its
+    /// writes durable) before something it produced leaves it.
+    pub fn flush_output(&self) -> Result<(), String> {
+        match &self.outbound.output_gate {
+            Some(gate) => gate.flush(),
+            None => Ok(()),
+        }
     }
 
     /// The running event's offer, if it is a `T` and not yet claimed.

@@ -289,6 +289,17 @@ pub async fn settle(scope: &EventScope, failed: bool, cleanup: Duration) -> bool
     scope.live() == 0 || scope.drain(cleanup).await
 }
 
+/// True for an informational status the guest set itself: not an answer.
+/// Only a host interface that takes the connection over may set one, and
+/// it marks it ([`crate::extension::Takeover`]).
+pub fn informational_from_guest(response: &Response<HyperOutgoingBody>) -> bool {
+    response.status().is_informational()
+        && response
+            .extensions()
+            .get::<crate::extension::Takeover>()
+            .is_none()
+}
+
 /// The `content-length` a request or a response declares, if any: what
 /// the transport and a response's judge hold against a limit before a
 /// byte of body moves.
