@@ -241,6 +241,17 @@ impl ActorHost {
         })
     }
 
+    /// True when `class` is declared and exports `function` of `interface`.
+    pub fn exports(&self, class: &str, (interface, function): (&str, &str)) -> bool {
+        self.class(class).is_ok_and(|class| {
+            let component = &class.code.component;
+            component
+                .get_export_index(None, interface)
+                .and_then(|i| component.get_export_index(Some(&i), function))
+                .is_some()
+        })
+    }
+
     /// Calls `function` of `interface`, an export of the held actor's
     /// class, as one turn of the actor (woken if it was hibernated): its
     /// writes commit with it, it leaves a receipt (`turn: "call"`, the

@@ -33,7 +33,7 @@ use tokio::sync::oneshot;
 use weir_actors::{ActorAddress, ActorErrorCode, ActorHost};
 use weir_runtime::error_code::error_response;
 use weir_runtime::event::{self, Dispatch, GuestBody, Reply, SessionEnd, settled};
-use weir_runtime::extension::EventOffer;
+use weir_runtime::extension::{EventOffer, Takeover};
 use weir_runtime::invocation::declared_length;
 use weir_runtime::outcome::Outcome;
 use weir_runtime::receipt::Receipt;
@@ -251,6 +251,34 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
+/// A request's WebSocket upgrade, checked and given its place among the
+/// server's sockets before admission, so that the guest never sees one
+/// Weir refuses; `None` for a plain request.
+fn offer_upgrade(
+    app: &App,
+    options: &ServeOptions,
+    req: &mut Request<Incoming>,
+) -> Result<Option<UpgradeOffer>, (Outcome, SocketErrorCode, Option<&'static str>)> {
+    let Some(hub) = &options.sockets else {
+        return Ok(None);
+    };
+    match handshake::inspect(req) {
+        Upgrade::No => Ok(None),
+        Upgrade::Invalid(why) => Err((Outcome::Limit, SocketErrorCode::InvalidUpgrade, Some(why))),
+        Upgrade::Valid(handshake) => match hub.admit() {
+            Ok(permit) => Ok(Some(UpgradeOffer::new(
+                handshake,
+                hub.clone(),
+                app.name.clone(),
+                app.code.limits.cancellation_limit,
+                hyper::upgrade::on(req),
+                permit,
+            ))),
+            Err(code) => Err((Outcome::Capacity, code, None)),
+        },
+    }
+}
+
 /// Refuses a WebSocket upgrade before admission; an invalid one says
 /// which version Weir speaks (RFC 6455 §4.2.2).
 fn refuse_socket(
@@ -270,6 +298,11 @@ fn refuse_socket(
         )),
     );
     receipt.status(code.status());
+    socket_refusal(code)
+}
+
+/// Weir's answer to an upgrade it refuses.
+fn socket_refusal(code: SocketErrorCode) -> Response<ServeBody> {
     let mut response: Response<ServeBody> = error_response(code);
     if code == SocketErrorCode::InvalidUpgrade {
         response.headers_mut().insert(
@@ -426,6 +459,7 @@ async fn handle_actor_route(
     name: String,
     actor_path: String,
     req: Request<Incoming>,
+    options: &ServeOptions,
 ) -> Response<ServeBody> {
     let limits = &app.code.limits;
     if let Some(code) = over_head_limits(&req, limits) {
@@ -434,7 +468,15 @@ async fn handle_actor_route(
     let Ok(address) = ActorAddress::new(&route.class, &name) else {
         return error_response(ActorErrorCode::AddressInvalid);
     };
+    let mut req = req;
+    let offer = match offer_upgrade(app, options, &mut req) {
+        Ok(offer) => offer,
+        Err((_, code, _)) => return socket_refusal(code),
+    };
     let (mut parts, body) = req.into_parts();
+    if let Some(offer) = offer {
+        parts.extensions.insert(EventOffer(Arc::new(offer)));
+    }
     let bytes = match read_request_body(body, limits).await {
         Ok(bytes) => bytes,
         Err(e) => return error_response(e.code()),
@@ -457,7 +499,8 @@ async fn handle_actor_route(
         .call_address(address, Request::from_parts(parts, bytes))
         .await;
     let (mut parts, body) = response.into_parts();
-    if bodyless(&method, &mut parts) {
+    // An accepted socket (101) or a bodyless answer.
+    if parts.extensions.get::<Takeover>().is_some() || bodyless(&method, &mut parts) {
         return Response::from_parts(parts, ServeBody::empty());
     }
     Response::from_parts(parts, ServeBody::full(body))
@@ -476,7 +519,7 @@ async fn handle(
             .unwrap_or("/");
         for route in &options.actor_routes {
             if let Some((name, actor_path)) = route.matches(target) {
-                return handle_actor_route(&app, host, route, name, actor_path, req).await;
+                return handle_actor_route(&app, host, route, name, actor_path, req, options).await;
             }
         }
     }
@@ -488,31 +531,10 @@ async fn handle(
         return refuse(&receipt, Outcome::Limit, code);
     }
 
-    // A WebSocket upgrade is checked, and its place among the server's
-    // sockets taken, before admission: the guest never sees one Weir
-    // refuses.
     let mut req = req;
-    let offer = match (&options.sockets, handshake::inspect(&req)) {
-        (Some(hub), Upgrade::Valid(handshake)) => match hub.admit() {
-            Ok(permit) => Some(UpgradeOffer::new(
-                handshake,
-                hub.clone(),
-                app.name.clone(),
-                limits.cancellation_limit,
-                hyper::upgrade::on(&mut req),
-                permit,
-            )),
-            Err(code) => return refuse_socket(&receipt, Outcome::Capacity, code, None),
-        },
-        (Some(_), Upgrade::Invalid(why)) => {
-            return refuse_socket(
-                &receipt,
-                Outcome::Limit,
-                SocketErrorCode::InvalidUpgrade,
-                Some(why),
-            );
-        }
-        _ => None,
+    let offer = match offer_upgrade(&app, options, &mut req) {
+        Ok(offer) => offer,
+        Err((outcome, code, why)) => return refuse_socket(&receipt, outcome, code, why),
     };
 
     let mut guard = match app.admission.admit(arrived + limits.event_limit).await {

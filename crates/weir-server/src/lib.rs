@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use weir_actors::{ActorClass, ActorDirectory, ActorHost, ActorInterfaces, ActorMetrics};
-use weir_http::websocket::{SocketHub, SocketInterfaces};
+use weir_http::websocket::{ActorSockets, SocketHub, SocketInterfaces};
 use weir_http::{ActorRoute, AdminState, ServeOptions};
 use weir_programs::host::{ProgramInterfaces, ProgramsConfig, ProgramsHost};
 use weir_programs::image_store::IMAGES_DIR;
@@ -247,9 +247,11 @@ impl Server {
         let process_router: Arc<dyn InternalRouter> = Arc::new(ProcessRouter {
             table: programs.table.clone(),
         });
+        // Actors' sockets run their turns on the actor host, made below.
+        let actor_sockets = ActorSockets::new();
         let interfaces: Vec<Arc<dyn HostInterfaces>> = vec![
             Arc::new(ActorInterfaces),
-            Arc::new(SocketInterfaces),
+            Arc::new(SocketInterfaces(actor_sockets.clone())),
             Arc::new(ProgramInterfaces(programs.clone())),
         ];
         let stores = Stores {
@@ -305,6 +307,7 @@ impl Server {
                         source,
                     }
                 })?;
+            actor_sockets.connect(&host);
             let router: Arc<dyn InternalRouter> = host.clone();
             stores.routes.connect(&[router, process_router.clone()]);
             let reclaim: Arc<dyn Reclaim> = host.clone();

@@ -97,6 +97,56 @@ mod websocket_bindings {
 pub mod websocket {
     pub use crate::websocket_bindings::weir::websocket::types::{CloseFrame, Error, Message};
     pub use crate::websocket_bindings::weir::websocket::worker::{Incoming, Websocket};
+    #[doc(hidden)]
+    pub use crate::websocket_bindings::weir::websocket::types as types_module;
+
+    /// Sockets an actor owns (`weir:websocket/actor`): accepted in a
+    /// request turn, delivered to the class's [`crate::socket_handler!`].
+    pub mod actor {
+        pub use crate::websocket_bindings::weir::websocket::actor::SocketInfo;
+        use crate::websocket_bindings::weir::websocket::actor as host;
+
+        use super::{Error, Message};
+
+        /// Accepts this turn's upgrade; the socket's id.
+        pub fn accept(tags: &[String], key: Option<&str>, protocol: Option<&str>) -> Result<u64, Error> {
+            host::accept(tags, key, protocol)
+        }
+
+        /// Queues a message (never waits; a full queue closes with 1008).
+        pub fn send(socket: u64, message: &Message) -> Result<(), Error> {
+            host::send(socket, message)
+        }
+
+        /// Sends a text message.
+        pub fn send_text(socket: u64, text: &str) -> Result<(), Error> {
+            host::send(socket, &Message::Text(text.to_string()))
+        }
+
+        pub fn close(socket: u64, code: u16, reason: &str) -> Result<(), Error> {
+            host::close(socket, code, reason)
+        }
+
+        /// This actor's open sockets, or those tagged `tag`.
+        pub fn sockets(tag: Option<&str>) -> Vec<SocketInfo> {
+            host::sockets(tag)
+        }
+
+        pub fn set_attachment(socket: u64, attachment: &[u8]) -> Result<(), Error> {
+            host::set_attachment(socket, attachment)
+        }
+
+        pub fn attachment(socket: u64) -> Result<Option<Vec<u8>>, Error> {
+            host::attachment(socket)
+        }
+
+        /// Weir answers a text message equal to `request` with `reply`,
+        /// without a turn; `None` clears it.
+        pub fn set_auto_response(pair: Option<(&str, &str)>) -> Result<(), Error> {
+            let pair = pair.map(|(a, b)| (a.to_string(), b.to_string()));
+            host::set_auto_response(pair.as_ref().map(|(a, b)| (a.as_str(), b.as_str())))
+        }
+    }
 
     /// Accepts this event's upgrade (Weir answers 101), agreeing on
     /// `protocol` if given; `Error::NotAnUpgrade` when the request is not
@@ -109,6 +159,22 @@ pub mod websocket {
     pub fn offered() -> Option<Vec<String>> {
         crate::websocket_bindings::weir::websocket::worker::offered()
     }
+}
+
+/// The generated export side of `weir:websocket/handler`; used by
+/// [`socket_handler!`].
+#[doc(hidden)]
+pub mod socket_handler_bindings {
+    wit_bindgen::generate!({
+        path: "../../wit/weir-websocket",
+        world: "weir:websocket/socket-handler",
+        pub_export_macro: true,
+        export_macro_name: "__weir_export_socket_handler",
+        default_bindings_module: "weir_guest::socket_handler_bindings",
+        with: {
+            "weir:websocket/types@0.1.0": crate::websocket::types_module,
+        },
+    });
 }
 
 /// The generated export side of `weir:actor/alarm`; used by [`alarms!`].
@@ -668,6 +734,33 @@ macro_rules! supervisor {
             }
         }
         $crate::supervisor_bindings::__weir_export_supervisor!(__WeirSupervisor with_types_in $crate::supervisor_bindings);
+    };
+}
+
+/// Exports `weir:websocket/handler`: `$on_message(socket, message)` and
+/// `$on_close(socket, close)` run as turns of the actor, one at a time per
+/// socket, in order. An `Err` (or a trap) rolls the turn back.
+///
+/// ```ignore
+/// weir_guest::socket_handler!(on_message, on_close);
+/// fn on_message(socket: u64, m: weir_guest::websocket::Message) -> Result<(), String> { Ok(()) }
+/// fn on_close(socket: u64, c: weir_guest::websocket::CloseFrame) -> Result<(), String> { Ok(()) }
+/// ```
+#[macro_export]
+macro_rules! socket_handler {
+    ($on_message:path, $on_close:path) => {
+        struct __WeirSocketHandler;
+        impl $crate::socket_handler_bindings::exports::weir::websocket::handler::Guest
+            for __WeirSocketHandler
+        {
+            fn on_message(socket: u64, message: $crate::websocket::Message) -> Result<(), String> {
+                $on_message(socket, message)
+            }
+            fn on_close(socket: u64, close: $crate::websocket::CloseFrame) -> Result<(), String> {
+                $on_close(socket, close)
+            }
+        }
+        $crate::socket_handler_bindings::__weir_export_socket_handler!(__WeirSocketHandler with_types_in $crate::socket_handler_bindings);
     };
 }
 

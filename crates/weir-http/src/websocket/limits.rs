@@ -26,6 +26,10 @@ limit_table! {
             default: 10_000, range: 1, MAX_SOCKETS, unit: Count,
             meaning: "open WebSockets of the whole server; an upgrade past it is answered 503 socket_capacity_exceeded",
         },
+        max_sockets_per_actor: usize = "max_sockets_per_actor" {
+            default: 32_768, range: 1, MAX_SOCKETS, unit: Count,
+            meaning: "open WebSockets one actor holds; an accept past it is refused with limit, and nobody is evicted",
+        },
         max_socket_send_queue_bytes: usize = "max_socket_send_queue_bytes" {
             default: 1 << 20, range: 1024, MAX_MESSAGE_BYTES, unit: Bytes,
             meaning: "bytes sent to one socket that its client has not taken yet; a worker's send waits for room, one message always fits an empty queue",

@@ -8,8 +8,11 @@
 //! - [`wire`]: the task that owns a socket's connection;
 //! - [`hub`]: the server's sockets together (capacity, shutdown, receipts);
 //! - [`worker`]: the host interface of workers' sockets;
+//! - [`actor`]: sockets actors own, held across hibernation, delivered
+//!   as turns;
 //! - [`limits`], [`error_code`]: the sockets' limits and error codes.
 
+pub mod actor;
 pub mod error_code;
 pub mod handshake;
 pub mod hub;
@@ -18,6 +21,7 @@ pub mod socket;
 pub mod wire;
 pub mod worker;
 
+pub use actor::ActorSockets;
 pub use error_code::SocketErrorCode;
 pub use hub::SocketHub;
 pub use limits::SocketLimits;

@@ -16,7 +16,7 @@
 //! - once a socket has ended, every call on it says how it ended (the
 //!   peer's close frame, or Weir's reason), and nothing more is queued.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, mpsc};
@@ -116,6 +116,14 @@ pub enum SocketError {
     Invalid(String),
 }
 
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 /// True for a close code an endpoint may send.
 pub fn sendable_code(code: u16) -> bool {
     matches!(code, 1000..=1003 | 1007..=1011 | 3000..=4999)
@@ -134,13 +142,26 @@ struct Shared {
     ended: Mutex<Option<Close>>,
 }
 
-/// The guest's end of a socket.
+/// The guest's end of a socket: what sends to it and what receives from
+/// it (an actor's sockets keep the two apart: any turn sends, one task
+/// delivers).
 pub struct GuestEnd {
-    shared: Arc<Shared>,
-    inbound: mpsc::Receiver<Incoming>,
-    outbound: mpsc::UnboundedSender<Outgoing>,
+    pub sender: SocketSender,
+    pub receiver: SocketReceiver,
     /// The subprotocol agreed in the handshake.
     pub protocol: Option<String>,
+}
+
+/// What sends to a socket.
+pub struct SocketSender {
+    shared: Arc<Shared>,
+    outbound: mpsc::UnboundedSender<Outgoing>,
+}
+
+/// What receives from a socket.
+pub struct SocketReceiver {
+    shared: Arc<Shared>,
+    inbound: mpsc::Receiver<Incoming>,
 }
 
 /// The wire's end of a socket.
@@ -148,6 +169,35 @@ pub struct WireEnd {
     shared: Arc<Shared>,
     pub inbound: mpsc::Sender<Incoming>,
     pub outbound: mpsc::UnboundedReceiver<Outgoing>,
+    /// What the wire answers by itself, and when it last did.
+    pub auto: Option<(Arc<AutoResponse>, Arc<AtomicU64>)>,
+}
+
+/// Longest auto-response request, and reply: a ping and its pong, not a
+/// second channel.
+pub const MAX_AUTO_RESPONSE_BYTES: usize = 2048;
+
+/// A text message the wire answers by itself, without the guest: a
+/// request and its reply.
+#[derive(Default)]
+pub struct AutoResponse(Mutex<Option<(String, String)>>);
+
+impl AutoResponse {
+    pub fn set(&self, pair: Option<(String, String)>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = pair;
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// The reply to `text`, if it is the request.
+    pub fn reply(&self, text: &str) -> Option<String> {
+        match &*self.0.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some((request, reply)) if request == text => Some(reply.clone()),
+            _ => None,
+        }
+    }
 }
 
 /// A socket's two ends, under these limits.
@@ -168,15 +218,21 @@ pub fn pair(
     let (out_tx, out_rx) = mpsc::unbounded_channel();
     (
         GuestEnd {
-            shared: shared.clone(),
-            inbound: in_rx,
-            outbound: out_tx,
+            sender: SocketSender {
+                shared: shared.clone(),
+                outbound: out_tx,
+            },
+            receiver: SocketReceiver {
+                shared: shared.clone(),
+                inbound: in_rx,
+            },
             protocol,
         },
         WireEnd {
             shared,
             inbound: in_tx,
             outbound: out_rx,
+            auto: None,
         },
     )
 }
@@ -204,13 +260,43 @@ impl Shared {
     }
 }
 
-impl GuestEnd {
+impl SocketReceiver {
     /// The next thing the client sent; once the socket has ended, how.
     pub async fn receive(&mut self) -> Result<Incoming, SocketError> {
         match self.inbound.recv().await {
             Some(incoming) => Ok(incoming),
             None => Err(self.shared.closed_error()),
         }
+    }
+}
+
+impl GuestEnd {
+    pub async fn receive(&mut self) -> Result<Incoming, SocketError> {
+        self.receiver.receive().await
+    }
+
+    pub async fn send(&self, message: Message) -> Result<(), SocketError> {
+        self.sender.send(message).await
+    }
+
+    pub fn send_or_close(&self, message: Message) -> Result<(), SocketError> {
+        self.sender.send_or_close(message)
+    }
+
+    pub fn close(&self, code: u16, reason: String) -> Result<(), SocketError> {
+        self.sender.close(code, reason)
+    }
+}
+
+impl SocketSender {
+    /// True until the socket has ended or a close was asked for.
+    pub fn is_open(&self) -> bool {
+        !self.shared.closing.load(Ordering::Acquire)
+    }
+
+    /// Closes the socket with Weir's reason (a replaced connection).
+    pub fn close_with(&self, close: Close) {
+        self.begin_close(close);
     }
 
     fn check(&self, message: &Message) -> Result<(), SocketError> {

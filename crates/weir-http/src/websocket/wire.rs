@@ -251,7 +251,23 @@ async fn serve(
                 let message = match frame {
                     None => break Stop::Lost(Close::new(super::socket::CLOSE_ABNORMAL, "the connection ended without a close frame")),
                     Some(Err(e)) => break refusal(e),
-                    Some(Ok(tungstenite::Message::Text(text))) => Message::Text(text.as_str().to_string()),
+                    Some(Ok(tungstenite::Message::Text(text))) => {
+                        // An auto-response is Weir's to answer: no turn.
+                        if let Some((auto, at)) = &end.auto
+                            && let Some(reply) = auto.reply(text.as_str())
+                        {
+                            record.messages_in += 1;
+                            record.bytes_in += text.len() as u64;
+                            hub.message("auto");
+                            at.store(crate::websocket::socket::now_ms(), std::sync::atomic::Ordering::Relaxed);
+                            match tokio::time::timeout(idle, sink.send(tungstenite::Message::text(reply))).await {
+                                Ok(Ok(())) => continue,
+                                Ok(Err(e)) => break lost(e),
+                                Err(_) => break Stop::Lost(Close::new(CLOSE_GOING_AWAY, "socket_idle_timeout_ms passed with the client taking nothing")),
+                            }
+                        }
+                        Message::Text(text.as_str().to_string())
+                    }
                     Some(Ok(tungstenite::Message::Binary(bytes))) => Message::Binary(bytes.to_vec()),
                     Some(Ok(tungstenite::Message::Ping(_))) => {
                         // The pong is queued by the framing: send it now.

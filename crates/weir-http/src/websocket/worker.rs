@@ -46,7 +46,9 @@ mod generated {
     });
 }
 
-use generated::weir::websocket::{types, worker};
+pub(crate) use generated::weir::websocket::actor::SocketInfo;
+pub(crate) use generated::weir::websocket::types;
+use generated::weir::websocket::worker;
 
 /// A worker's socket, as its guest holds it.
 pub struct WorkerSocket(GuestEnd);
@@ -83,6 +85,13 @@ impl UpgradeOffer {
 /// The event an accepted socket belongs to: its cancel handle and the
 /// session's end.
 type SessionLink = (CancelHandle, oneshot::Receiver<SessionEnd>);
+
+impl UpgradeOffer {
+    /// The upgrade and its place among `max_sockets`, for the one accept.
+    pub(crate) fn take(&self) -> Option<(OnUpgrade, SocketPermit)> {
+        self.taken.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
 
 /// What the transport hands an accepted socket once the 101 goes out: the
 /// event's cancel handle (held while the socket is open: a socket that
@@ -186,8 +195,7 @@ impl worker::Host for GenerationState {
         let (offer, answer) = self
             .take_offer::<UpgradeOffer>()
             .expect("the offer was just there");
-        let Some((upgrade, permit)) = offer.taken.lock().unwrap_or_else(|p| p.into_inner()).take()
-        else {
+        let Some((upgrade, permit)) = offer.take() else {
             return Ok(Err(types::Error::NotAnUpgrade));
         };
         let limits = &offer.hub.limits;
@@ -280,13 +288,14 @@ impl HasData for Sockets {
     type Data<'a> = &'a mut GenerationState;
 }
 
-/// `weir:websocket` in every app's linker.
-pub struct SocketInterfaces;
+/// `weir:websocket` in every app's linker: workers' sockets, and the
+/// sockets actors own.
+pub struct SocketInterfaces(pub Arc<super::actor::ActorSockets>);
 
 impl HostInterfaces for SocketInterfaces {
     fn add_to_linker(&self, linker: &mut Linker<GenerationState>) -> wasmtime::Result<()> {
         generated::weir::websocket::types::add_to_linker::<_, Sockets>(linker, |s| s)?;
         generated::weir::websocket::worker::add_to_linker::<_, Sockets>(linker, |s| s)?;
-        Ok(())
+        super::actor::add_to_linker(&self.0, linker)
     }
 }

@@ -1,0 +1,466 @@
+//! Sockets actors own: held by Weir while their actor hibernates, with
+//! their tags, attachment and the actor's auto-response, and delivered to
+//! the actor as turns of its exported `weir:websocket/handler`.
+//!
+//! Invariants owned here:
+//! - an actor names only its own sockets: every call looks the id up
+//!   among the calling actor's sockets (the turn's seat), never a global
+//!   id space, so another actor's socket is `no-such-socket`;
+//! - what a client sends is delivered one turn at a time per socket, in
+//!   order, by one task per socket; a turn that fails is rolled back (the
+//!   actor's turn rules) and the socket stays open; the socket's end is
+//!   delivered once (`on-close`), after it left the actor's list;
+//! - a send never waits on a client: a full queue closes the socket with
+//!   1008; the turn's writes are made durable before a message leaves;
+//! - an accept that is refused (a limit, a bad tag) closes nothing; one
+//!   with a replacement key closes the older socket of that key with 1000
+//!   only once the new one is accepted;
+//! - at most `max_sockets_per_actor` sockets per actor, at most
+//!   [`MAX_TAGS`] tags of [`MAX_TAG_BYTES`], an attachment of at most
+//!   [`MAX_ATTACHMENT_BYTES`], an auto-response of at most
+//!   `MAX_AUTO_RESPONSE_BYTES` each way.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use http_body_util::{BodyExt, Empty};
+use wasmtime::StoreContextMut;
+use wasmtime::component::Linker;
+use weir_actors::bindings::ActorSeat;
+use weir_actors::{ActorAddress, ActorHost};
+use weir_runtime::extension::Takeover;
+use weir_runtime::guest_state::GenerationState;
+
+use super::socket::{
+    self, CLOSE_NORMAL, Close, Incoming, MAX_AUTO_RESPONSE_BYTES, Message, SocketError,
+    SocketReceiver, SocketSender,
+};
+use super::wire::Wire;
+use super::worker::{SocketInfo, UpgradeOffer, types};
+
+/// Most tags one socket carries.
+pub const MAX_TAGS: usize = 10;
+/// Longest tag, and longest replacement key.
+pub const MAX_TAG_BYTES: usize = 256;
+/// Largest attachment kept with a socket (held in memory while the actor
+/// hibernates).
+pub const MAX_ATTACHMENT_BYTES: usize = 16 * 1024;
+
+/// The interface actor classes export to receive their sockets' turns.
+pub const HANDLER_INTERFACE: &str = "weir:websocket/handler@0.1.0";
+const ACTOR_INTERFACE: &str = "weir:websocket/actor@0.1.0";
+
+/// One socket an actor holds.
+struct Held {
+    sender: SocketSender,
+    tags: Vec<String>,
+    key: Option<String>,
+    attachment: Mutex<Option<Vec<u8>>>,
+    auto_at: Arc<AtomicU64>,
+}
+
+#[derive(Default)]
+struct ActorSet {
+    sockets: HashMap<u64, Arc<Held>>,
+    auto: Arc<socket::AutoResponse>,
+}
+
+/// Every actor's sockets.
+pub struct ActorSockets {
+    host: OnceLock<Weak<ActorHost>>,
+    actors: Mutex<HashMap<ActorAddress, ActorSet>>,
+    next_id: AtomicU64,
+}
+
+impl ActorSockets {
+    pub fn new() -> Arc<Self> {
+        Arc::new(ActorSockets {
+            host: OnceLock::new(),
+            actors: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// Binds the actor host the sockets' turns run on (it is made after the
+    /// linkers this interface is in).
+    pub fn connect(&self, host: &Arc<ActorHost>) {
+        let _ = self.host.set(Arc::downgrade(host));
+    }
+
+    fn actors(&self) -> std::sync::MutexGuard<'_, HashMap<ActorAddress, ActorSet>> {
+        self.actors.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn held(&self, actor: &ActorAddress, id: u64) -> Result<Arc<Held>, types::Error> {
+        self.actors()
+            .get(actor)
+            .and_then(|set| set.sockets.get(&id).cloned())
+            .ok_or(types::Error::NoSuchSocket)
+    }
+
+    /// Sockets `actor` holds open now.
+    pub fn count(&self, actor: &ActorAddress) -> usize {
+        self.actors().get(actor).map_or(0, |set| set.sockets.len())
+    }
+
+    fn forget(&self, actor: &ActorAddress, id: u64) {
+        let mut actors = self.actors();
+        if let Some(set) = actors.get_mut(actor) {
+            set.sockets.remove(&id);
+            if set.sockets.is_empty() && !set.auto.is_set() {
+                actors.remove(actor);
+            }
+        }
+    }
+}
+
+fn to_guest_error(e: SocketError) -> types::Error {
+    match e {
+        SocketError::Closed(close) => types::Error::Closed(types::CloseFrame {
+            code: close.code,
+            reason: close.reason,
+        }),
+        SocketError::TooLarge(why) => types::Error::TooLarge(why),
+        SocketError::Invalid(why) => types::Error::Invalid(why),
+    }
+}
+
+fn from_guest(message: types::Message) -> Message {
+    match message {
+        types::Message::Text(t) => Message::Text(t),
+        types::Message::Binary(b) => Message::Binary(b),
+    }
+}
+
+fn to_guest(message: Message) -> types::Message {
+    match message {
+        Message::Text(t) => types::Message::Text(t),
+        Message::Binary(b) => types::Message::Binary(b),
+    }
+}
+
+/// The calling actor, if the call is an actor's turn.
+fn caller(state: &GenerationState) -> Option<ActorAddress> {
+    let seat = state.extension::<ActorSeat>()?;
+    Some(ActorAddress {
+        class: seat.identity.class.clone(),
+        name: seat.identity.name.clone(),
+    })
+}
+
+type Accepted = Result<u64, types::Error>;
+
+impl ActorSockets {
+    fn accept(
+        self: &Arc<Self>,
+        state: &mut GenerationState,
+        tags: Vec<String>,
+        key: Option<String>,
+        protocol: Option<String>,
+    ) -> wasmtime::Result<Accepted> {
+        let Some(actor) = caller(state) else {
+            return Ok(Err(types::Error::NotAnActor));
+        };
+        if tags.len() > MAX_TAGS {
+            return Ok(Err(types::Error::Invalid(format!(
+                "at most {MAX_TAGS} tags"
+            ))));
+        }
+        if tags
+            .iter()
+            .chain(key.iter())
+            .any(|t| t.len() > MAX_TAG_BYTES)
+        {
+            return Ok(Err(types::Error::Invalid(format!(
+                "a tag or key is at most {MAX_TAG_BYTES} bytes"
+            ))));
+        }
+        let Some(offer) = state.offer::<UpgradeOffer>() else {
+            return Ok(Err(types::Error::NotAnUpgrade));
+        };
+        if let Some(p) = &protocol
+            && !offer.handshake.protocols.contains(p)
+        {
+            return Ok(Err(types::Error::Invalid(format!(
+                "the client did not offer the subprotocol {p:?}"
+            ))));
+        }
+        let limits = offer.hub.limits.clone();
+        if self.count(&actor) >= limits.max_sockets_per_actor {
+            return Ok(Err(types::Error::Limit(format!(
+                "max_sockets_per_actor ({}) reached",
+                limits.max_sockets_per_actor
+            ))));
+        }
+        let exports = self
+            .host
+            .get()
+            .and_then(Weak::upgrade)
+            .is_some_and(|host| host.exports(&actor.class, (HANDLER_INTERFACE, "on-message")));
+        if !exports {
+            return Ok(Err(types::Error::Invalid(format!(
+                "class {} does not export {HANDLER_INTERFACE}",
+                actor.class
+            ))));
+        }
+        let (offer, answer) = state.take_offer::<UpgradeOffer>().expect("just seen");
+        let Some((upgrade, permit)) = offer.take() else {
+            return Ok(Err(types::Error::NotAnUpgrade));
+        };
+        let (guest, mut wire) = socket::pair(
+            limits.max_socket_message_bytes,
+            limits.max_socket_send_queue_bytes,
+            protocol.clone(),
+        );
+        let body = Empty::new().map_err(|never| match never {}).boxed_unsync();
+        let mut response = offer
+            .handshake
+            .accept(protocol.as_deref())
+            .body(body)
+            .map_err(|e| wasmtime::format_err!("a 101 head: {e}"))?;
+        response.extensions_mut().insert(Takeover);
+        if !answer.set(Ok(response)) {
+            return Ok(Err(types::Error::AlreadyAnswered));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let auto_at = Arc::new(AtomicU64::new(0));
+        let replaced = {
+            let mut actors = self.actors();
+            let set = actors.entry(actor.clone()).or_default();
+            wire.auto = Some((set.auto.clone(), auto_at.clone()));
+            let replaced: Vec<Arc<Held>> = match &key {
+                Some(key) => set
+                    .sockets
+                    .values()
+                    .filter(|h| h.key.as_ref() == Some(key))
+                    .cloned()
+                    .collect(),
+                None => Vec::new(),
+            };
+            set.sockets.insert(
+                id,
+                Arc::new(Held {
+                    sender: guest.sender,
+                    tags,
+                    key,
+                    attachment: Mutex::new(None),
+                    auto_at,
+                }),
+            );
+            replaced
+        };
+        for old in replaced {
+            old.sender
+                .close_with(Close::new(CLOSE_NORMAL, "replaced by a new connection"));
+        }
+        tokio::spawn(
+            Wire {
+                hub: offer.hub.clone(),
+                permit,
+                upgrade,
+                end: wire,
+                // An actor's socket outlives the turn that accepted it.
+                ending: Box::pin(std::future::pending()),
+                app: format!("actor:{}", actor.class).into(),
+                protocol,
+                grace: std::time::Duration::ZERO,
+            }
+            .run(),
+        );
+        tokio::spawn(deliver(self.clone(), actor, id, guest.receiver));
+        Ok(Ok(id))
+    }
+}
+
+/// Delivers what the client of socket `id` sends, one turn at a time, and
+/// its end once.
+async fn deliver(
+    sockets: Arc<ActorSockets>,
+    actor: ActorAddress,
+    id: u64,
+    mut from: SocketReceiver,
+) {
+    loop {
+        let (incoming, last) = match from.receive().await {
+            Ok(Incoming::Message(m)) => (Incoming::Message(m), false),
+            Ok(Incoming::Close(c)) | Err(SocketError::Closed(c)) => (Incoming::Close(c), true),
+            Err(e) => (
+                Incoming::Close(Close::new(socket::CLOSE_INTERNAL, e.to_string())),
+                true,
+            ),
+        };
+        if last {
+            sockets.forget(&actor, id);
+        }
+        let Some(host) = sockets.host.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        let Ok(mut held) = host.exclusive(&actor.class, &actor.name).await else {
+            return;
+        };
+        let ended = match incoming {
+            Incoming::Message(m) => {
+                host.call_export(
+                    &mut held,
+                    (HANDLER_INTERFACE, "on-message"),
+                    (id, to_guest(m)),
+                )
+                .await
+            }
+            Incoming::Close(c) => {
+                let frame = types::CloseFrame {
+                    code: c.code,
+                    reason: c.reason,
+                };
+                host.call_export(&mut held, (HANDLER_INTERFACE, "on-close"), (id, frame))
+                    .await
+            }
+        };
+        drop(held);
+        if let Err(why) = ended {
+            tracing::debug!(actor = %actor, socket = id, error = %why, "a socket's turn failed; it was rolled back");
+        }
+        if last {
+            return;
+        }
+    }
+}
+
+/// `weir:websocket/actor` in every app's linker, with the sockets it
+/// reaches.
+pub(crate) fn add_to_linker(
+    sockets: &Arc<ActorSockets>,
+    linker: &mut Linker<GenerationState>,
+) -> wasmtime::Result<()> {
+    let mut actor = linker.instance(ACTOR_INTERFACE)?;
+    let s = sockets.clone();
+    actor.func_wrap(
+        "accept",
+        move |mut store: StoreContextMut<'_, GenerationState>,
+              (tags, key, protocol): (Vec<String>, Option<String>, Option<String>)| {
+            Ok((s.accept(store.data_mut(), tags, key, protocol)?,))
+        },
+    )?;
+    let s = sockets.clone();
+    actor.func_wrap(
+        "send",
+        move |store: StoreContextMut<'_, GenerationState>, (id, message): (u64, types::Message)| {
+            let state = store.data();
+            let Some(actor) = caller(state) else {
+                return Ok((Err(types::Error::NotAnActor),));
+            };
+            let held = match s.held(&actor, id) {
+                Ok(held) => held,
+                Err(e) => return Ok((Err(e),)),
+            };
+            // What the client sees must not outlive the turn's writes.
+            if let Err(why) = state.flush_output() {
+                return Ok((Err(types::Error::Invalid(format!(
+                    "output_gate_refused: {why}"
+                ))),));
+            }
+            Ok((held
+                .sender
+                .send_or_close(from_guest(message))
+                .map_err(to_guest_error),))
+        },
+    )?;
+    let s = sockets.clone();
+    actor.func_wrap(
+        "close",
+        move |store: StoreContextMut<'_, GenerationState>,
+              (id, code, reason): (u64, u16, String)| {
+            let Some(actor) = caller(store.data()) else {
+                return Ok((Err(types::Error::NotAnActor),));
+            };
+            Ok((s
+                .held(&actor, id)
+                .and_then(|held| held.sender.close(code, reason).map_err(to_guest_error)),))
+        },
+    )?;
+    let s = sockets.clone();
+    actor.func_wrap(
+        "sockets",
+        move |store: StoreContextMut<'_, GenerationState>, (tag,): (Option<String>,)| {
+            let Some(actor) = caller(store.data()) else {
+                return Ok((Vec::new(),));
+            };
+            let actors = s.actors();
+            let mut list: Vec<SocketInfo> = actors
+                .get(&actor)
+                .map(|set| {
+                    set.sockets
+                        .iter()
+                        .filter(|(_, h)| h.sender.is_open())
+                        .filter(|(_, h)| tag.as_ref().is_none_or(|t| h.tags.contains(t)))
+                        .map(|(id, h)| SocketInfo {
+                            id: *id,
+                            tags: h.tags.clone(),
+                            key: h.key.clone(),
+                            auto_response_at: match h.auto_at.load(Ordering::Relaxed) {
+                                0 => None,
+                                at => Some(at),
+                            },
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            list.sort_by_key(|i| i.id);
+            Ok((list,))
+        },
+    )?;
+    let s = sockets.clone();
+    actor.func_wrap(
+        "set-attachment",
+        move |store: StoreContextMut<'_, GenerationState>, (id, bytes): (u64, Vec<u8>)| {
+            let Some(actor) = caller(store.data()) else {
+                return Ok((Err(types::Error::NotAnActor),));
+            };
+            if bytes.len() > MAX_ATTACHMENT_BYTES {
+                return Ok((Err(types::Error::Invalid(format!(
+                    "an attachment is at most {MAX_ATTACHMENT_BYTES} bytes"
+                ))),));
+            }
+            Ok((s.held(&actor, id).map(|held| {
+                *held.attachment.lock().unwrap_or_else(|p| p.into_inner()) = Some(bytes);
+            }),))
+        },
+    )?;
+    let s = sockets.clone();
+    actor.func_wrap(
+        "attachment",
+        move |store: StoreContextMut<'_, GenerationState>, (id,): (u64,)| {
+            let Some(actor) = caller(store.data()) else {
+                return Ok((Err(types::Error::NotAnActor),));
+            };
+            Ok((s.held(&actor, id).map(|held| {
+                held.attachment
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone()
+            }),))
+        },
+    )?;
+    let s = sockets.clone();
+    actor.func_wrap(
+        "set-auto-response",
+        move |store: StoreContextMut<'_, GenerationState>,
+              (pair,): (Option<(String, String)>,)| {
+            let Some(actor) = caller(store.data()) else {
+                return Ok((Err(types::Error::NotAnActor),));
+            };
+            if let Some((request, reply)) = &pair
+                && (request.len() > MAX_AUTO_RESPONSE_BYTES || reply.len() > MAX_AUTO_RESPONSE_BYTES)
+            {
+                return Ok((Err(types::Error::Invalid(format!(
+                    "an auto-response request and reply are each at most {MAX_AUTO_RESPONSE_BYTES} bytes"
+                ))),));
+            }
+            let mut actors = s.actors();
+            actors.entry(actor).or_default().auto.set(pair);
+            Ok((Ok(()),))
+        },
+    )?;
+    Ok(())
+}
