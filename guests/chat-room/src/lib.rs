@@ -8,7 +8,9 @@
 //! Routes (under `/rooms/<room>`): `/?user=NAME` joins (an upgrade);
 //! `/history` is the last 50 messages as JSON; `/echo` is an upgrade whose
 //! socket gets back whatever it sends (for conformance runs and
-//! benchmarks). A message `trap!` makes its turn write, then trap, so its
+//! benchmarks). `/?user=NAME&key=K` joins with a replacement key. A
+//! message `/whoami` is answered with the socket's id, `/to ID TEXT` tries
+//! to send TEXT to socket ID and says how it went. A message `trap!` makes its turn write, then trap, so its
 //! write is rolled back: how the tests provoke a failing turn.
 
 use serde_json::json;
@@ -82,12 +84,8 @@ fn broadcast(event: &serde_json::Value) {
     }
 }
 
-fn join(user: &str) -> Result<u64, Error> {
-    let id = sockets::accept(
-        &["chat".to_string(), format!("user:{user}")],
-        None,
-        None,
-    )?;
+fn join(user: &str, key: Option<&str>) -> Result<u64, Error> {
+    let id = sockets::accept(&["chat".to_string(), format!("user:{user}")], key, None)?;
     sockets::set_attachment(id, user.as_bytes())?;
     sockets::set_auto_response(Some(("ping", "pong")))?;
     for message in history().map_err(Error::Invalid)? {
@@ -106,6 +104,20 @@ fn on_message(socket: u64, message: Message) -> Result<(), String> {
     let Message::Text(text) = message else {
         return Ok(());
     };
+    // Commands, answered to the sender only and not kept.
+    if text == "/whoami" {
+        return sockets::send_text(socket, &json!({ "type": "me", "socket": socket }).to_string())
+            .map_err(|e| format!("{e:?}"));
+    }
+    if let Some(rest) = text.strip_prefix("/to ") {
+        let (id, said) = rest.split_once(' ').unwrap_or((rest, ""));
+        let result = match id.parse() {
+            Ok(id) => format!("{:?}", sockets::send_text(id, said)),
+            Err(_) => "not an id".to_string(),
+        };
+        return sockets::send_text(socket, &json!({ "type": "sent", "result": result }).to_string())
+            .map_err(|e| format!("{e:?}"));
+    }
     schema()?;
     storage::exec(
         "INSERT INTO messages (user, text) VALUES (?1, ?2)",
@@ -142,7 +154,7 @@ impl wasi::exports::http::incoming_handler::Guest for Room {
             },
             "/" => {
                 let user = query(&path, "user").filter(|u| !u.is_empty()).unwrap_or("anonymous");
-                match join(user) {
+                match join(user, query(&path, "key")) {
                     Ok(_) => drop(out),
                     Err(Error::NotAnUpgrade) => {
                         respond(out, 426, &[], b"join with a WebSocket\n")

@@ -187,7 +187,16 @@ impl ActorSockets {
             ))));
         }
         let limits = offer.hub.limits.clone();
-        if self.count(&actor) >= limits.max_sockets_per_actor {
+        // A socket this one replaces gives its place up.
+        let replacing = key.as_ref().map_or(0, |key| {
+            self.actors().get(&actor).map_or(0, |set| {
+                set.sockets
+                    .values()
+                    .filter(|h| h.key.as_ref() == Some(key) && h.sender.is_open())
+                    .count()
+            })
+        });
+        if self.count(&actor) - replacing >= limits.max_sockets_per_actor {
             return Ok(Err(types::Error::Limit(format!(
                 "max_sockets_per_actor ({}) reached",
                 limits.max_sockets_per_actor

@@ -101,7 +101,12 @@ pub enum Incoming {
 #[derive(Debug)]
 pub enum Outgoing {
     Message(Message),
-    Close(Close),
+    /// A close; `by_weir` when Weir closes in the guest's stead (a full
+    /// queue, a replaced connection).
+    Close {
+        close: Close,
+        by_weir: bool,
+    },
 }
 
 /// Why a call on a socket failed.
@@ -296,7 +301,7 @@ impl SocketSender {
 
     /// Closes the socket with Weir's reason (a replaced connection).
     pub fn close_with(&self, close: Close) {
-        self.begin_close(close);
+        self.begin_close(close, true);
     }
 
     fn check(&self, message: &Message) -> Result<(), SocketError> {
@@ -349,7 +354,7 @@ impl SocketSender {
                 self.shared.max_queue_bytes
             ),
         );
-        self.begin_close(close.clone());
+        self.begin_close(close.clone(), true);
         Err(SocketError::Closed(close))
     }
 
@@ -368,13 +373,13 @@ impl SocketSender {
         if self.shared.closing.load(Ordering::Acquire) {
             return Err(self.shared.closed_error());
         }
-        self.begin_close(Close { code, reason });
+        self.begin_close(Close { code, reason }, false);
         Ok(())
     }
 
-    fn begin_close(&self, close: Close) {
+    fn begin_close(&self, close: Close, by_weir: bool) {
         if !self.shared.closing.swap(true, Ordering::AcqRel) {
-            let _ = self.outbound.send(Outgoing::Close(close));
+            let _ = self.outbound.send(Outgoing::Close { close, by_weir });
         }
         self.shared.room.notify_waiters();
     }
@@ -385,6 +390,23 @@ impl WireEnd {
     pub fn written(&self, len: usize) {
         self.shared.queued.fetch_sub(len, Ordering::AcqRel);
         self.shared.room.notify_waiters();
+    }
+
+    /// Resolves once a close was asked for (by the guest, or by Weir in its
+    /// stead) or the socket ended.
+    pub async fn close_requested(&self) {
+        loop {
+            let changed = self.shared.room.notified();
+            if self.shared.closing.load(Ordering::Acquire) {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// True once a close was asked for or the socket ended.
+    pub fn closing(&self) -> bool {
+        self.shared.closing.load(Ordering::Acquire)
     }
 
     /// Bytes queued now.
@@ -454,7 +476,7 @@ mod tests {
             Some(Outgoing::Message(_))
         ));
         assert!(
-            matches!(wire.outbound.recv().await, Some(Outgoing::Close(c)) if c.code == CLOSE_POLICY)
+            matches!(wire.outbound.recv().await, Some(Outgoing::Close { close: c, by_weir: true }) if c.code == CLOSE_POLICY)
         );
     }
 

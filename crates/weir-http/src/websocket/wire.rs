@@ -107,6 +107,9 @@ enum Stop {
     ClientClosed(Close),
     /// The connection is gone, or dead: nothing more can be sent.
     Lost(Close),
+    /// Closed with this frame while the client took nothing: the frame
+    /// cannot be sent, the connection is dropped.
+    Dropped(Close, ClosedBy),
 }
 
 impl Wire {
@@ -200,7 +203,7 @@ async fn serve(
             out = end.outbound.recv() => {
                 let first = match out {
                     Some(Outgoing::Message(m)) => m,
-                    Some(Outgoing::Close(close)) => break Stop::Close(close, ClosedBy::Guest),
+                    Some(Outgoing::Close { close, by_weir }) => break Stop::Close(close, closer(by_weir)),
                     // The guest's end is gone: it let the socket go, or its
                     // instance was dropped because it failed, which its
                     // session's end says next.
@@ -212,7 +215,7 @@ async fn serve(
                 while batch.len() < MAX_MESSAGES_PER_FLUSH {
                     match end.outbound.try_recv() {
                         Ok(Outgoing::Message(m)) => batch.push(m),
-                        Ok(Outgoing::Close(close)) => { then_close = Some(close); break; }
+                        Ok(Outgoing::Close { close, by_weir }) => { then_close = Some((close, closer(by_weir))); break; }
                         Err(_) => break,
                     }
                 }
@@ -224,10 +227,36 @@ async fn serve(
                     }
                     sink.flush().await
                 };
-                match tokio::time::timeout(idle, write).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => break lost(e),
-                    Err(_) => break Stop::Lost(Close::new(CLOSE_GOING_AWAY, "socket_idle_timeout_ms passed with the client taking nothing")),
+                // A close asked for while a write is stuck (the client
+                // takes nothing) cannot be said: once the write has had
+                // CLOSE_HANDSHAKE_TIMEOUT more, the connection is dropped
+                // with it.
+                let idle_out = || Stop::Lost(Close::new(CLOSE_GOING_AWAY, "socket_idle_timeout_ms passed with the client taking nothing"));
+                let outcome = |written: Result<Result<(), WsError>, tokio::time::error::Elapsed>| match written {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(lost(e)),
+                    Err(_) => Some(idle_out()),
+                };
+                let mut write = std::pin::pin!(tokio::time::timeout(idle, write));
+                let first = {
+                    let asked = end.close_requested();
+                    tokio::select! {
+                        written = &mut write => Some(outcome(written)),
+                        _ = asked => None,
+                    }
+                };
+                let stuck = match first {
+                    Some(stuck) => stuck,
+                    None => match tokio::time::timeout(CLOSE_HANDSHAKE_TIMEOUT, &mut write).await {
+                        Ok(written) => outcome(written),
+                        Err(_) => Some(match then_close.take().or_else(|| queued_close(&mut end)) {
+                            Some((close, by)) => Stop::Dropped(close, by),
+                            None => Stop::Lost(Close::new(super::socket::CLOSE_ABNORMAL, "the socket ended mid-write")),
+                        }),
+                    },
+                };
+                if let Some(stop) = stuck {
+                    break stop;
                 }
                 end.written(bytes);
                 record.messages_out += count;
@@ -235,8 +264,8 @@ async fn serve(
                 for _ in 0..count {
                     hub.message("out");
                 }
-                if let Some(close) = then_close {
-                    break Stop::Close(close, ClosedBy::Guest);
+                if let Some((close, by)) = then_close {
+                    break Stop::Close(close, by);
                 }
             }
             permit = end.inbound.clone().reserve_owned(), if slot.is_none() => {
@@ -321,6 +350,7 @@ async fn serve(
     };
     let (how, by) = match stop {
         Stop::ClientClosed(close) => (close, ClosedBy::Client),
+        Stop::Dropped(close, by) => (close, by),
         Stop::Lost(close) => {
             let by = if close.code == CLOSE_GOING_AWAY {
                 ClosedBy::Weir
@@ -350,8 +380,11 @@ async fn serve(
                     while let Ok(out) = end.outbound.try_recv() {
                         match out {
                             Outgoing::Message(m) => last.push(m),
-                            Outgoing::Close(own) => {
-                                (close, by) = (own, ClosedBy::Guest);
+                            Outgoing::Close {
+                                close: own,
+                                by_weir,
+                            } => {
+                                (close, by) = (own, closer(by_weir));
                                 break;
                             }
                         }
@@ -388,6 +421,25 @@ async fn serve(
     };
     end.end(how.clone());
     (how, by)
+}
+
+/// The close the guest (or Weir in its stead) queued, if any.
+fn queued_close(end: &mut WireEnd) -> Option<(Close, ClosedBy)> {
+    while let Ok(out) = end.outbound.try_recv() {
+        if let Outgoing::Close { close, by_weir } = out {
+            return Some((close, closer(by_weir)));
+        }
+    }
+    None
+}
+
+/// Who a queued close is from.
+fn closer(by_weir: bool) -> ClosedBy {
+    if by_weir {
+        ClosedBy::Weir
+    } else {
+        ClosedBy::Guest
+    }
 }
 
 /// A connection that failed under a read or write.
