@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
-"""WebSocket echo benchmark: a Weir worker echo against a plain
-tokio-tungstenite echo server (the ceiling, no Wasm).
+"""WebSocket echo benchmark: a Weir worker echo, a Weir actor echo (one
+room actor owning every socket), workerd's Durable Object echo with the
+hibernation API (npm `workerd`), and a plain tokio-tungstenite echo server
+(the ceiling, no Wasm), one after another in one run. Then memory per idle
+socket on a hibernated Weir actor.
 
 Each server is loaded by the same generator (bench/ws-echo's `ws-load`, a
 Rust client): SOCKETS sockets, each sending a SIZE-byte text message and
@@ -9,10 +12,8 @@ p50/p99 round-trip latency, and the ratio to the ceiling. The servers are
 measured --rounds times, interleaved and every other round reversed, and
 the median round is reported.
 
-Weir's actor echo and workerd's Durable Object echo join this script with
-hibernatable actor sockets (issue 11's remaining part).
-
 Usage: python3 bench/websockets.py [--rounds 3] [--duration 10] [--sockets 100] [--size 32]
+       [--idle 2000] (sockets held for the memory figure) [--no-workerd]
 """
 
 import argparse
@@ -66,6 +67,48 @@ def start_weir(port, data, sockets):
     return proc, f"ws://127.0.0.1:{port}/echo"
 
 
+def start_weir_actor(port, data, _sockets):
+    guests = ROOT / "guests/target/wasm32-wasip2/release"
+    proc = subprocess.Popen(
+        [str(RELEASE / "weir"), "serve", str(guests / "chat.wasm"),
+         "--actor", f"room={guests / 'chat_room.wasm'}", "--actor-route", "room=/rooms",
+         "--listen", f"127.0.0.1:{port}", "--data-dir", data],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(port, proc)
+    return proc, f"ws://127.0.0.1:{port}/rooms/bench/echo"
+
+
+WORKERD = None
+
+
+def start_workerd(port, data, _sockets):
+    data = Path(data)
+    shutil.copy(ROOT / "bench/workerd/ws_echo.js", data / "ws_echo.js")
+    storage = data / "do-storage"
+    storage.mkdir()
+    (data / "config.capnp").write_text(f'''
+using Workerd = import "/workerd/workerd.capnp";
+const config :Workerd.Config = (
+  services = [
+    (name = "main", worker = .echo),
+    (name = "storage", disk = (path = "{storage}", writable = true)),
+  ],
+  sockets = [(name = "http", address = "127.0.0.1:{port}", http = (), service = "main")],
+);
+const echo :Workerd.Worker = (
+  compatibilityDate = "2024-09-01",
+  modules = [(name = "ws_echo.js", esModule = embed "ws_echo.js")],
+  durableObjectNamespaces = [(className = "Echo", uniqueKey = "weir-bench-ws-echo")],
+  durableObjectStorage = (localDisk = "storage"),
+  bindings = [(name = "ECHO", durableObjectNamespace = "Echo")],
+);
+''')
+    proc = subprocess.Popen([str(WORKERD), "serve", str(data / "config.capnp"), "--experimental"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=data)
+    wait_port(port, proc)
+    return proc, f"ws://127.0.0.1:{port}/bench"
+
+
 def start_ceiling(port, _data, _sockets):
     proc = subprocess.Popen([str(RELEASE / "ws-echo"), str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -75,8 +118,57 @@ def start_ceiling(port, _data, _sockets):
 
 SERVERS = [
     ("weir worker echo", start_weir),
+    ("weir actor echo (hibernatable)", start_weir_actor),
+    ("workerd DO echo (hibernation API)", start_workerd),
     ("tokio-tungstenite echo (ceiling)", start_ceiling),
 ]
+
+
+def rss_kib(pid):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def idle_memory(n):
+    """Server memory per idle socket on one hibernated room actor."""
+    port = free_port()
+    admin_port = free_port()
+    data = tempfile.mkdtemp(prefix="weir-wsbench-")
+    guests = ROOT / "guests/target/wasm32-wasip2/release"
+    proc = subprocess.Popen(
+        [str(RELEASE / "weir"), "serve", str(guests / "chat.wasm"),
+         "--actor", f"room={guests / 'chat_room.wasm'}", "--actor-route", "room=/rooms",
+         "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin_port}",
+         "--data-dir", data, "--limit", "actor_idle_ms=500"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, proc)
+        url = f"ws://127.0.0.1:{port}/rooms/idle/echo"
+        # One socket first, so the actor's class and engine are warm, then
+        # let it hibernate: the baseline.
+        warm = subprocess.Popen([str(RELEASE / "ws-load"), url, "1", "3", "0"],
+                                stdout=subprocess.PIPE, text=True)
+        warm.stdout.readline()
+        warm.wait()
+        time.sleep(2)
+        base = rss_kib(proc.pid)
+        held = subprocess.Popen([str(RELEASE / "ws-load"), url, str(n), "30", "0"],
+                                stdout=subprocess.PIPE, text=True)
+        assert json.loads(held.stdout.readline())["held"] == n
+        time.sleep(3)  # the actor hibernates (actor_idle_ms=500)
+        after = rss_kib(proc.pid)
+        held.kill()
+        held.wait()
+        return base, after
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def measure(start, args):
@@ -107,12 +199,22 @@ def main():
     p.add_argument("--sockets", type=int, default=100)
     p.add_argument("--size", type=int, default=32)
     p.add_argument("--no-build", action="store_true")
+    p.add_argument("--no-workerd", action="store_true")
+    p.add_argument("--idle", type=int, default=2000)
     args = p.parse_args()
     if not args.no_build:
         build()
-    results = {name: [] for name, _ in SERVERS}
+    global WORKERD
+    servers = SERVERS
+    if not args.no_workerd:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from actors import find_workerd  # noqa: E402
+        WORKERD = find_workerd(ROOT / "bench/.cache/workerd")
+    if WORKERD is None:
+        servers = [s for s in SERVERS if s[1] is not start_workerd]
+    results = {name: [] for name, _ in servers}
     for r in range(args.rounds):
-        order = SERVERS if r % 2 == 0 else list(reversed(SERVERS))
+        order = servers if r % 2 == 0 else list(reversed(servers))
         for name, start in order:
             m = measure(start, args)
             results[name].append(m)
@@ -122,13 +224,22 @@ def main():
     for name, runs in results.items():
         runs = sorted(runs, key=lambda m: m["per_s"])
         median[name] = runs[len(runs) // 2]
-    ceiling = median[SERVERS[-1][0]]["per_s"]
+    ceiling = median[servers[-1][0]]["per_s"]
     print(f"{args.sockets} sockets, {args.size}-byte text echo, {args.duration:.0f} s, "
           f"median of {args.rounds} rounds")
     print(f"{'server':36} {'msg/s':>9} {'p50 us':>8} {'p99 us':>8} {'vs ceiling':>10}")
     for name, m in median.items():
         print(f"{name:36} {m['per_s']:9.0f} {m['p50_us']:8} {m['p99_us']:8} "
               f"{m['per_s'] / ceiling:9.2f}x")
+    actor = median.get("weir actor echo (hibernatable)")
+    workerd = median.get("workerd DO echo (hibernation API)")
+    if actor and workerd:
+        print(f"weir actor echo vs workerd: {actor['per_s'] / workerd['per_s']:.2f}x msg/s, "
+              f"p99 {actor['p99_us'] / 1000:.2f} vs {workerd['p99_us'] / 1000:.2f} ms")
+    if args.idle:
+        base, after = idle_memory(args.idle)
+        print(f"{args.idle} idle sockets on a hibernated actor: RSS {base} -> {after} KiB, "
+              f"{(after - base) / args.idle:.1f} KiB per socket")
 
 
 if __name__ == "__main__":

@@ -14,12 +14,14 @@
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use futures::FutureExt;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 use weir_runtime::ErrorCode;
 use weir_runtime::event::GuestBody;
-use weir_runtime::event::{CancelHandle, SessionEnd};
+use weir_runtime::event::{CancelHandle, SessionEnd, settled};
 use weir_runtime::outcome::Outcome;
 use weir_runtime::receipt::Receipt;
 
@@ -201,5 +203,88 @@ impl Body for SessionBody {
 
     fn is_end_stream(&self) -> bool {
         self.done
+    }
+}
+
+pub(crate) enum Finished {
+    /// The guest returned cleanly and its whole body is already here.
+    Complete(Bytes),
+    /// The body is still being written (or is large): stream it.
+    Streaming(GuestBody, oneshot::Receiver<SessionEnd>),
+}
+
+/// Most responses are small and complete by the time their headers arrive:
+/// the guest wrote its body and returned in one go. Those are sent as one
+/// sized body — head and body in one write, with `content-length` — instead
+/// of as a chunked stream. Anything else, or anything larger than one chunk,
+/// streams. Nothing is waited for here.
+pub(crate) fn finished_body(
+    mut body: GuestBody,
+    mut session: oneshot::Receiver<SessionEnd>,
+    max_bytes: usize,
+) -> Finished {
+    match session.try_recv() {
+        Ok(SessionEnd::Clean) => {}
+        Err(oneshot::error::TryRecvError::Empty) => return Finished::Streaming(body, session),
+        Ok(end @ SessionEnd::Failed(_)) => return Finished::Streaming(body, settled(end)),
+        Err(oneshot::error::TryRecvError::Closed) => {
+            return Finished::Streaming(body, settled(SessionEnd::Failed(Outcome::Trap)));
+        }
+    }
+    let mut read = BytesMut::new();
+    let end = loop {
+        match body.frame().now_or_never() {
+            Some(None) => return Finished::Complete(read.freeze()),
+            Some(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => {
+                    read.extend_from_slice(&data);
+                    if read.len() > max_bytes {
+                        break SessionEnd::Clean;
+                    }
+                }
+                // Trailers: the client must get them, so stream.
+                Err(trailers) => {
+                    let rest = Prepend {
+                        first: Some(read.freeze()),
+                        trailers: trailers.into_trailers().ok(),
+                        rest: body,
+                    };
+                    return Finished::Streaming(rest.boxed_unsync(), settled(SessionEnd::Clean));
+                }
+            },
+            Some(Some(Err(_))) => break SessionEnd::Failed(Outcome::Trap),
+            None => break SessionEnd::Clean,
+        }
+    };
+    let rest = Prepend {
+        first: Some(read.freeze()),
+        trailers: None,
+        rest: body,
+    };
+    Finished::Streaming(rest.boxed_unsync(), settled(end))
+}
+
+/// Bytes (and trailers) already taken from a guest body, then the rest of it.
+struct Prepend {
+    first: Option<Bytes>,
+    trailers: Option<http::HeaderMap>,
+    rest: GuestBody,
+}
+
+impl Body for Prepend {
+    type Data = Bytes;
+    type Error = <GuestBody as Body>::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(first) = self.first.take().filter(|b| !b.is_empty()) {
+            return std::task::Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        if let Some(trailers) = self.trailers.take() {
+            return std::task::Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        std::pin::Pin::new(&mut self.rest).poll_frame(cx)
     }
 }

@@ -19,20 +19,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
-use futures::FutureExt;
+use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use weir_actors::{ActorAddress, ActorErrorCode, ActorHost};
 use weir_runtime::error_code::error_response;
-use weir_runtime::event::{self, Dispatch, GuestBody, Reply, SessionEnd, settled};
+use weir_runtime::event::{self, Dispatch, Reply};
 use weir_runtime::extension::{EventOffer, Takeover};
 use weir_runtime::invocation::declared_length;
 use weir_runtime::outcome::Outcome;
@@ -41,10 +38,10 @@ use weir_runtime::{App, ErrorCode, Limits};
 
 use crate::head::head_bytes;
 use crate::request_body::{BodyError, BodyPace, read_body};
-use crate::response_body::{ServeBody, SessionBody};
-use crate::websocket::handshake::{self, Upgrade, WEBSOCKET_VERSION};
-use crate::websocket::worker::{Handoff, UpgradeOffer};
-use crate::websocket::{SocketErrorCode, SocketHub};
+use crate::response_body::{Finished, ServeBody, SessionBody, finished_body};
+use crate::websocket::SocketHub;
+use crate::websocket::upgrade::{offer_upgrade, refuse_socket, socket_refusal};
+use crate::websocket::worker::Handoff;
 
 /// Header count accepted by the HTTP parser. hyper reserves this many slots
 /// per request, so it is kept modest; a head with more header lines is
@@ -251,155 +248,10 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-/// A request's WebSocket upgrade, checked and given its place among the
-/// server's sockets before admission, so that the guest never sees one
-/// Weir refuses; `None` for a plain request.
-fn offer_upgrade(
-    app: &App,
-    options: &ServeOptions,
-    req: &mut Request<Incoming>,
-) -> Result<Option<UpgradeOffer>, (Outcome, SocketErrorCode, Option<&'static str>)> {
-    let Some(hub) = &options.sockets else {
-        return Ok(None);
-    };
-    match handshake::inspect(req) {
-        Upgrade::No => Ok(None),
-        Upgrade::Invalid(why) => Err((Outcome::Limit, SocketErrorCode::InvalidUpgrade, Some(why))),
-        Upgrade::Valid(handshake) => match hub.admit() {
-            Ok(permit) => Ok(Some(UpgradeOffer::new(
-                handshake,
-                hub.clone(),
-                app.name.clone(),
-                app.code.limits.cancellation_limit,
-                hyper::upgrade::on(req),
-                permit,
-            ))),
-            Err(code) => Err((Outcome::Capacity, code, None)),
-        },
-    }
-}
-
-/// Refuses a WebSocket upgrade before admission; an invalid one says
-/// which version Weir speaks (RFC 6455 §4.2.2).
-fn refuse_socket(
-    receipt: &Receipt,
-    outcome: Outcome,
-    code: SocketErrorCode,
-    why: Option<&str>,
-) -> Response<ServeBody> {
-    use weir_runtime::WeirError;
-    receipt.fail(
-        outcome,
-        None,
-        Some(format!(
-            "{}: {}",
-            code.as_str(),
-            why.unwrap_or("max_sockets reached")
-        )),
-    );
-    receipt.status(code.status());
-    socket_refusal(code)
-}
-
-/// Weir's answer to an upgrade it refuses.
-fn socket_refusal(code: SocketErrorCode) -> Response<ServeBody> {
-    let mut response: Response<ServeBody> = error_response(code);
-    if code == SocketErrorCode::InvalidUpgrade {
-        response.headers_mut().insert(
-            header::SEC_WEBSOCKET_VERSION,
-            HeaderValue::from_static(WEBSOCKET_VERSION),
-        );
-    }
-    response
-}
-
 fn refuse(receipt: &Receipt, outcome: Outcome, code: ErrorCode) -> Response<ServeBody> {
     receipt.fail(outcome, Some(code), None);
     receipt.status(code.status());
     error_response(code)
-}
-
-enum Finished {
-    /// The guest returned cleanly and its whole body is already here.
-    Complete(Bytes),
-    /// The body is still being written (or is large): stream it.
-    Streaming(GuestBody, oneshot::Receiver<SessionEnd>),
-}
-
-/// Most responses are small and complete by the time their headers arrive:
-/// the guest wrote its body and returned in one go. Those are sent as one
-/// sized body — head and body in one write, with `content-length` — instead
-/// of as a chunked stream. Anything else, or anything larger than one chunk,
-/// streams. Nothing is waited for here.
-fn finished_body(
-    mut body: GuestBody,
-    mut session: oneshot::Receiver<SessionEnd>,
-    max_bytes: usize,
-) -> Finished {
-    match session.try_recv() {
-        Ok(SessionEnd::Clean) => {}
-        Err(oneshot::error::TryRecvError::Empty) => return Finished::Streaming(body, session),
-        Ok(end @ SessionEnd::Failed(_)) => return Finished::Streaming(body, settled(end)),
-        Err(oneshot::error::TryRecvError::Closed) => {
-            return Finished::Streaming(body, settled(SessionEnd::Failed(Outcome::Trap)));
-        }
-    }
-    let mut read = BytesMut::new();
-    let end = loop {
-        match body.frame().now_or_never() {
-            Some(None) => return Finished::Complete(read.freeze()),
-            Some(Some(Ok(frame))) => match frame.into_data() {
-                Ok(data) => {
-                    read.extend_from_slice(&data);
-                    if read.len() > max_bytes {
-                        break SessionEnd::Clean;
-                    }
-                }
-                // Trailers: the client must get them, so stream.
-                Err(trailers) => {
-                    let rest = Prepend {
-                        first: Some(read.freeze()),
-                        trailers: trailers.into_trailers().ok(),
-                        rest: body,
-                    };
-                    return Finished::Streaming(rest.boxed_unsync(), settled(SessionEnd::Clean));
-                }
-            },
-            Some(Some(Err(_))) => break SessionEnd::Failed(Outcome::Trap),
-            None => break SessionEnd::Clean,
-        }
-    };
-    let rest = Prepend {
-        first: Some(read.freeze()),
-        trailers: None,
-        rest: body,
-    };
-    Finished::Streaming(rest.boxed_unsync(), settled(end))
-}
-
-/// Bytes (and trailers) already taken from a guest body, then the rest of it.
-struct Prepend {
-    first: Option<Bytes>,
-    trailers: Option<http::HeaderMap>,
-    rest: GuestBody,
-}
-
-impl Body for Prepend {
-    type Data = Bytes;
-    type Error = <GuestBody as Body>::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if let Some(first) = self.first.take().filter(|b| !b.is_empty()) {
-            return std::task::Poll::Ready(Some(Ok(Frame::data(first))));
-        }
-        if let Some(trailers) = self.trailers.take() {
-            return std::task::Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-        }
-        std::pin::Pin::new(&mut self.rest).poll_frame(cx)
-    }
 }
 
 /// Invariant 4, one rule for every path (worker events, actor routes):
@@ -469,7 +321,7 @@ async fn handle_actor_route(
         return error_response(ActorErrorCode::AddressInvalid);
     };
     let mut req = req;
-    let offer = match offer_upgrade(app, options, &mut req) {
+    let offer = match offer_upgrade(app, options.sockets.as_ref(), &mut req) {
         Ok(offer) => offer,
         Err((_, code, _)) => return socket_refusal(code),
     };
@@ -532,7 +384,7 @@ async fn handle(
     }
 
     let mut req = req;
-    let offer = match offer_upgrade(&app, options, &mut req) {
+    let offer = match offer_upgrade(&app, options.sockets.as_ref(), &mut req) {
         Ok(offer) => offer,
         Err((outcome, code, why)) => return refuse_socket(&receipt, outcome, code, why),
     };

@@ -3,6 +3,9 @@
 //! in a loop, for SECONDS. Prints one JSON line: messages per second (round
 //! trips), and the p50 and p99 round-trip latency in microseconds.
 //!
+//! With SIZE 0 the sockets are only held open, idle, for SECONDS (for
+//! memory per idle socket); it prints `{"held":N}` once all are open.
+//!
 //! Usage: ws-load URL SOCKETS SECONDS SIZE
 
 use std::time::{Duration, Instant};
@@ -26,6 +29,13 @@ async fn main() {
             .await
             .expect("connects");
         clients.push(ws);
+    }
+    if size == 0 {
+        println!("{{\"held\":{}}}", clients.len());
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+        return;
     }
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(seconds);

@@ -3,6 +3,7 @@
 //! The host owns the framing; guests see whole messages.
 //!
 //! - [`handshake`]: which requests are valid upgrades, and the 101;
+//! - [`upgrade`]: the transport's check of an upgrade before admission;
 //! - [`socket`]: one socket's guest end and wire end, and the bounded
 //!   queues between them;
 //! - [`wire`]: the task that owns a socket's connection;
@@ -18,6 +19,7 @@ pub mod handshake;
 pub mod hub;
 pub mod limits;
 pub mod socket;
+pub mod upgrade;
 pub mod wire;
 pub mod worker;
 
