@@ -305,16 +305,18 @@ async fn deliver(
         let Some(host) = sockets.host.get().and_then(Weak::upgrade) else {
             return;
         };
-        let Ok(mut held) = host.exclusive(&actor.class, &actor.name).await else {
+        let Ok(mut held) = Box::pin(host.exclusive(&actor.class, &actor.name)).await else {
             return;
         };
+        // Boxed: a turn's future is large, and this task lives as long as
+        // its socket, mostly idle; only the turn running now pays for it.
         let ended = match incoming {
             Incoming::Message(m) => {
-                host.call_export(
+                Box::pin(host.call_export(
                     &mut held,
                     (HANDLER_INTERFACE, "on-message"),
                     (id, to_guest(m)),
-                )
+                ))
                 .await
             }
             Incoming::Close(c) => {
@@ -322,7 +324,7 @@ async fn deliver(
                     code: c.code,
                     reason: c.reason,
                 };
-                host.call_export(&mut held, (HANDLER_INTERFACE, "on-close"), (id, frame))
+                Box::pin(host.call_export(&mut held, (HANDLER_INTERFACE, "on-close"), (id, frame)))
                     .await
             }
         };

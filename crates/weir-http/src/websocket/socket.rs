@@ -19,7 +19,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{Notify, mpsc};
+use std::collections::VecDeque;
+
+use tokio::sync::Notify;
 
 /// Messages read from the client that wait for the guest to take them.
 pub const INBOUND_MESSAGES_BUFFERED: usize = 4;
@@ -145,6 +147,24 @@ struct Shared {
     closing: AtomicBool,
     /// How the socket ended, once it has.
     ended: Mutex<Option<Close>>,
+    /// What the client sent and the guest has not taken (at most
+    /// INBOUND_MESSAGES_BUFFERED). A VecDeque allocates only when used: an
+    /// idle socket holds no queue memory.
+    inbound: Mutex<VecDeque<Incoming>>,
+    /// A message for the guest, or the wire's end.
+    inbound_ready: Notify,
+    /// Room in `inbound`, or the guest's end.
+    inbound_room: Notify,
+    /// What the guest sent and the wire has not written.
+    outbound: Mutex<VecDeque<Outgoing>>,
+    /// Something for the wire, or the guest's end.
+    outbound_ready: Notify,
+    /// The guest dropped its sending end.
+    guest_gone: AtomicBool,
+    /// The guest dropped its receiving end.
+    receiver_gone: AtomicBool,
+    /// The wire's end is gone: nothing more arrives.
+    wire_gone: AtomicBool,
 }
 
 /// The guest's end of a socket: what sends to it and what receives from
@@ -160,20 +180,30 @@ pub struct GuestEnd {
 /// What sends to a socket.
 pub struct SocketSender {
     shared: Arc<Shared>,
-    outbound: mpsc::UnboundedSender<Outgoing>,
 }
 
 /// What receives from a socket.
 pub struct SocketReceiver {
     shared: Arc<Shared>,
-    inbound: mpsc::Receiver<Incoming>,
+}
+
+impl Drop for SocketSender {
+    fn drop(&mut self) {
+        self.shared.guest_gone.store(true, Ordering::Release);
+        self.shared.outbound_ready.notify_one();
+    }
+}
+
+impl Drop for SocketReceiver {
+    fn drop(&mut self) {
+        self.shared.receiver_gone.store(true, Ordering::Release);
+        self.shared.inbound_room.notify_one();
+    }
 }
 
 /// The wire's end of a socket.
 pub struct WireEnd {
     shared: Arc<Shared>,
-    pub inbound: mpsc::Sender<Incoming>,
-    pub outbound: mpsc::UnboundedReceiver<Outgoing>,
     /// What the wire answers by itself, and when it last did.
     pub auto: Option<(Arc<AutoResponse>, Arc<AtomicU64>)>,
 }
@@ -218,27 +248,26 @@ pub fn pair(
         room: Notify::new(),
         closing: AtomicBool::new(false),
         ended: Mutex::new(None),
+        inbound: Mutex::new(VecDeque::new()),
+        inbound_ready: Notify::new(),
+        inbound_room: Notify::new(),
+        outbound: Mutex::new(VecDeque::new()),
+        outbound_ready: Notify::new(),
+        guest_gone: AtomicBool::new(false),
+        receiver_gone: AtomicBool::new(false),
+        wire_gone: AtomicBool::new(false),
     });
-    let (in_tx, in_rx) = mpsc::channel(INBOUND_MESSAGES_BUFFERED);
-    let (out_tx, out_rx) = mpsc::unbounded_channel();
     (
         GuestEnd {
             sender: SocketSender {
                 shared: shared.clone(),
-                outbound: out_tx,
             },
             receiver: SocketReceiver {
                 shared: shared.clone(),
-                inbound: in_rx,
             },
             protocol,
         },
-        WireEnd {
-            shared,
-            inbound: in_tx,
-            outbound: out_rx,
-            auto: None,
-        },
+        WireEnd { shared, auto: None },
     )
 }
 
@@ -265,12 +294,26 @@ impl Shared {
     }
 }
 
+fn locked<T>(queue: &Mutex<VecDeque<T>>) -> std::sync::MutexGuard<'_, VecDeque<T>> {
+    queue.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl SocketReceiver {
     /// The next thing the client sent; once the socket has ended, how.
     pub async fn receive(&mut self) -> Result<Incoming, SocketError> {
-        match self.inbound.recv().await {
-            Some(incoming) => Ok(incoming),
-            None => Err(self.shared.closed_error()),
+        let shared = &self.shared;
+        loop {
+            // Checked before the queue: a message pushed just before the
+            // wire ended is still taken.
+            let gone = shared.wire_gone.load(Ordering::Acquire);
+            if let Some(incoming) = locked(&shared.inbound).pop_front() {
+                shared.inbound_room.notify_one();
+                return Ok(incoming);
+            }
+            if gone {
+                return Err(shared.closed_error());
+            }
+            shared.inbound_ready.notified().await;
         }
     }
 }
@@ -319,9 +362,12 @@ impl SocketSender {
     }
 
     fn queue(&self, message: Message) -> Result<(), SocketError> {
-        self.outbound
-            .send(Outgoing::Message(message))
-            .map_err(|_| self.shared.closed_error())
+        if self.shared.wire_gone.load(Ordering::Acquire) {
+            return Err(self.shared.closed_error());
+        }
+        locked(&self.shared.outbound).push_back(Outgoing::Message(message));
+        self.shared.outbound_ready.notify_one();
+        Ok(())
     }
 
     /// Queues a message, waiting while the queue is full.
@@ -379,13 +425,56 @@ impl SocketSender {
 
     fn begin_close(&self, close: Close, by_weir: bool) {
         if !self.shared.closing.swap(true, Ordering::AcqRel) {
-            let _ = self.outbound.send(Outgoing::Close { close, by_weir });
+            locked(&self.shared.outbound).push_back(Outgoing::Close { close, by_weir });
+            self.shared.outbound_ready.notify_one();
         }
         self.shared.room.notify_waiters();
     }
 }
 
 impl WireEnd {
+    /// Waits for room for one more message to the guest; false when the
+    /// guest's receiving end is gone.
+    pub async fn room(&self) -> bool {
+        let shared = &self.shared;
+        loop {
+            if shared.receiver_gone.load(Ordering::Acquire) {
+                return false;
+            }
+            if locked(&shared.inbound).len() < INBOUND_MESSAGES_BUFFERED {
+                return true;
+            }
+            shared.inbound_room.notified().await;
+        }
+    }
+
+    /// Hands the guest what the client sent (after [`WireEnd::room`]).
+    pub fn deliver(&self, incoming: Incoming) {
+        locked(&self.shared.inbound).push_back(incoming);
+        self.shared.inbound_ready.notify_one();
+    }
+
+    /// The next thing the guest sent; `None` once its sending end is gone
+    /// and nothing is left.
+    pub async fn next_outgoing(&self) -> Option<Outgoing> {
+        let shared = &self.shared;
+        loop {
+            let gone = shared.guest_gone.load(Ordering::Acquire);
+            if let Some(out) = locked(&shared.outbound).pop_front() {
+                return Some(out);
+            }
+            if gone {
+                return None;
+            }
+            shared.outbound_ready.notified().await;
+        }
+    }
+
+    /// The next thing the guest sent, if it is there now.
+    pub fn try_outgoing(&self) -> Option<Outgoing> {
+        locked(&self.shared.outbound).pop_front()
+    }
+
     /// `len` bytes of queued messages are written: room for more.
     pub fn written(&self, len: usize) {
         self.shared.queued.fetch_sub(len, Ordering::AcqRel);
@@ -431,6 +520,15 @@ impl WireEnd {
     }
 }
 
+impl Drop for WireEnd {
+    fn drop(&mut self) {
+        self.shared.wire_gone.store(true, Ordering::Release);
+        self.shared.closing.store(true, Ordering::Release);
+        self.shared.inbound_ready.notify_one();
+        self.shared.room.notify_waiters();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -447,13 +545,13 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!blocked.is_finished());
         assert!(matches!(
-            wire.outbound.recv().await,
+            wire.next_outgoing().await,
             Some(Outgoing::Message(_))
         ));
         wire.written(50);
         let guest = blocked.await.unwrap();
         assert!(
-            matches!(wire.outbound.recv().await, Some(Outgoing::Message(Message::Text(t))) if t == "x")
+            matches!(wire.next_outgoing().await, Some(Outgoing::Message(Message::Text(t))) if t == "x")
         );
         assert!(matches!(
             guest.send(Message::Binary(vec![0; 101])).await,
@@ -472,11 +570,11 @@ mod tests {
         assert_eq!(close.code, CLOSE_POLICY);
         assert!(close.reason.contains("max_socket_send_queue_bytes"));
         assert!(matches!(
-            wire.outbound.recv().await,
+            wire.next_outgoing().await,
             Some(Outgoing::Message(_))
         ));
         assert!(
-            matches!(wire.outbound.recv().await, Some(Outgoing::Close { close: c, by_weir: true }) if c.code == CLOSE_POLICY)
+            matches!(wire.next_outgoing().await, Some(Outgoing::Close { close: c, by_weir: true }) if c.code == CLOSE_POLICY)
         );
     }
 
