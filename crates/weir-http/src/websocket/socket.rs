@@ -535,7 +535,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_send_waits_for_room_and_one_message_always_fits_an_empty_queue() {
-        let (guest, mut wire) = pair(100, 10, None);
+        let (guest, wire) = pair(100, 10, None);
         // Bigger than the queue, but the queue is empty: it goes.
         guest.send(Message::Binary(vec![0; 50])).await.unwrap();
         let blocked = tokio::spawn(async move {
@@ -561,7 +561,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_queue_closes_a_socket_that_cannot_wait_with_1008() {
-        let (guest, mut wire) = pair(100, 10, None);
+        let (guest, wire) = pair(100, 10, None);
         guest.send_or_close(Message::Binary(vec![0; 8])).unwrap();
         let Err(SocketError::Closed(close)) = guest.send_or_close(Message::Binary(vec![0; 8]))
         else {
