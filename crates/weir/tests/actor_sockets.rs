@@ -334,6 +334,46 @@ async fn a_client_that_stops_reading_is_closed_with_1008_and_memory_stays_flat()
 }
 
 #[tokio::test]
+async fn a_client_that_vanishes_is_closed_by_weir_and_its_room_hears_on_close() {
+    let weir = start(&[
+        "--limit",
+        "socket_ping_interval_ms=200",
+        "--limit",
+        "socket_idle_timeout_ms=1000",
+    ]);
+    let mut ada = join(&weir, "v", "ada").await;
+    // Bob joins, then reads nothing, so he answers no ping.
+    let bob = join(&weir, "v", "bob").await;
+    loop {
+        let users = next_of(&mut ada, "presence").await["users"].clone();
+        if users == serde_json::json!(["ada", "bob"]) {
+            break;
+        }
+    }
+    // Ada keeps answering pings (she reads); bob is dropped, and the room's
+    // on-close tells ada he left.
+    loop {
+        let users = next_of(&mut ada, "presence").await["users"].clone();
+        if users == serde_json::json!(["ada"]) {
+            break;
+        }
+    }
+    let r = weir
+        .first_logged("weir::socket", |r| r["close_code"] == 1001)
+        .await;
+    assert_eq!(r["closed_by"], "weir");
+    assert!(
+        r["detail"].as_str().unwrap().contains("without a word"),
+        "{r}"
+    );
+    let closed = weir
+        .actor_receipt_where(|r| r["reason"] == "weir:websocket/handler@0.1.0#on-close")
+        .await;
+    assert_eq!(closed["outcome"], "ok");
+    drop(bob);
+}
+
+#[tokio::test]
 async fn after_a_kill_clients_see_the_drop_reconnect_and_the_history_is_intact() {
     let dir = common::fresh_data_dir();
     let weir = start_in(&dir, &[]);
