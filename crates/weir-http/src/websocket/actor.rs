@@ -24,20 +24,20 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use http_body_util::{BodyExt, Empty};
 use wasmtime::StoreContextMut;
 use wasmtime::component::Linker;
 use weir_actors::bindings::ActorSeat;
 use weir_actors::{ActorAddress, ActorHost};
-use weir_runtime::extension::Takeover;
 use weir_runtime::guest_state::GenerationState;
 
 use super::socket::{
-    self, CLOSE_NORMAL, Close, Incoming, MAX_AUTO_RESPONSE_BYTES, Message, SocketError,
-    SocketReceiver, SocketSender,
+    self, CLOSE_NORMAL, Close, Incoming, MAX_AUTO_RESPONSE_BYTES, SocketError, SocketReceiver,
+    SocketSender,
 };
 use super::wire::Wire;
-use super::worker::{SocketInfo, UpgradeOffer, types};
+use super::worker::{
+    SocketInfo, UpgradeOffer, from_guest, switching_protocols, to_guest, to_guest_error, types,
+};
 
 /// Most tags one socket carries.
 pub const MAX_TAGS: usize = 10;
@@ -112,31 +112,6 @@ impl ActorSockets {
                 actors.remove(actor);
             }
         }
-    }
-}
-
-fn to_guest_error(e: SocketError) -> types::Error {
-    match e {
-        SocketError::Closed(close) => types::Error::Closed(types::CloseFrame {
-            code: close.code,
-            reason: close.reason,
-        }),
-        SocketError::TooLarge(why) => types::Error::TooLarge(why),
-        SocketError::Invalid(why) => types::Error::Invalid(why),
-    }
-}
-
-fn from_guest(message: types::Message) -> Message {
-    match message {
-        types::Message::Text(t) => Message::Text(t),
-        types::Message::Binary(b) => Message::Binary(b),
-    }
-}
-
-fn to_guest(message: Message) -> types::Message {
-    match message {
-        Message::Text(t) => types::Message::Text(t),
-        Message::Binary(b) => types::Message::Binary(b),
     }
 }
 
@@ -222,13 +197,7 @@ impl ActorSockets {
             limits.max_socket_send_queue_bytes,
             protocol.clone(),
         );
-        let body = Empty::new().map_err(|never| match never {}).boxed_unsync();
-        let mut response = offer
-            .handshake
-            .accept(protocol.as_deref())
-            .body(body)
-            .map_err(|e| wasmtime::format_err!("a 101 head: {e}"))?;
-        response.extensions_mut().insert(Takeover);
+        let response = switching_protocols(&offer, protocol.as_deref())?;
         if !answer.set(Ok(response)) {
             return Ok(Err(types::Error::AlreadyAnswered));
         }

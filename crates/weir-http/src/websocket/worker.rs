@@ -144,7 +144,23 @@ fn ending() -> (Handoff, Ending) {
     (Handoff(Arc::new(Mutex::new(Some(tx)))), ending)
 }
 
-fn to_guest_error(e: SocketError) -> types::Error {
+/// The 101 that accepts `offer`'s handshake with `protocol`, marked as a
+/// host interface's takeover (a guest cannot set one).
+pub(crate) fn switching_protocols(
+    offer: &UpgradeOffer,
+    protocol: Option<&str>,
+) -> wasmtime::Result<hyper::Response<wasmtime_wasi_http::p2::body::HyperOutgoingBody>> {
+    let body = Empty::new().map_err(|never| match never {}).boxed_unsync();
+    let mut response = offer
+        .handshake
+        .accept(protocol)
+        .body(body)
+        .map_err(|e| wasmtime::format_err!("a 101 head: {e}"))?;
+    response.extensions_mut().insert(Takeover);
+    Ok(response)
+}
+
+pub(crate) fn to_guest_error(e: SocketError) -> types::Error {
     match e {
         SocketError::Closed(close) => types::Error::Closed(types::CloseFrame {
             code: close.code,
@@ -155,14 +171,14 @@ fn to_guest_error(e: SocketError) -> types::Error {
     }
 }
 
-fn from_guest(message: types::Message) -> Message {
+pub(crate) fn from_guest(message: types::Message) -> Message {
     match message {
         types::Message::Text(t) => Message::Text(t),
         types::Message::Binary(b) => Message::Binary(b),
     }
 }
 
-fn to_guest(message: Message) -> types::Message {
+pub(crate) fn to_guest(message: Message) -> types::Message {
     match message {
         Message::Text(t) => types::Message::Text(t),
         Message::Binary(b) => types::Message::Binary(b),
@@ -205,13 +221,7 @@ impl worker::Host for GenerationState {
             protocol.clone(),
         );
         let (handoff, ending) = ending();
-        let body = Empty::new().map_err(|never| match never {}).boxed_unsync();
-        let mut response = offer
-            .handshake
-            .accept(protocol.as_deref())
-            .body(body)
-            .map_err(|e| wasmtime::format_err!("a 101 head: {e}"))?;
-        response.extensions_mut().insert(Takeover);
+        let mut response = switching_protocols(&offer, protocol.as_deref())?;
         response.extensions_mut().insert(handoff);
         if !answer.set(Ok(response)) {
             return Ok(Err(types::Error::AlreadyAnswered));
