@@ -292,23 +292,13 @@ async fn an_actor_can_name_only_its_own_sockets() {
     assert_eq!(next_of(&mut a, "sent").await["result"], "Ok(())");
 }
 
-/// Resident memory of a process, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
 #[tokio::test]
 async fn a_client_that_stops_reading_is_closed_with_1008_and_memory_stays_flat() {
     let weir = start(&["--limit", "max_socket_send_queue_bytes=65536"]);
     let mut talker = join(&weir, "s", "talker").await;
     let slow = join(&weir, "s", "slow").await;
     next_of(&mut talker, "presence").await;
-    let before = rss_kib(weir.pid());
+    let before = common::rss_kib(weir.pid());
     let big = "x".repeat(60_000);
     for _ in 0..200 {
         say(&mut talker, &big).await;
@@ -325,7 +315,7 @@ async fn a_client_that_stops_reading_is_closed_with_1008_and_memory_stays_flat()
             .contains("max_socket_send_queue_bytes"),
         "{r}"
     );
-    let after = rss_kib(weir.pid());
+    let after = common::rss_kib(weir.pid());
     assert!(
         after < before + 16 * 1024,
         "RSS grew from {before} KiB to {after} KiB for 12 MB the slow client never read"

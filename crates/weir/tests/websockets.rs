@@ -283,16 +283,6 @@ async fn a_message_over_the_limit_closes_with_1009_and_a_send_over_it_is_refused
     assert_eq!(r["outcome"], "limit");
 }
 
-/// Resident memory of a process, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
 #[tokio::test]
 async fn a_client_that_stops_reading_holds_the_guest_at_the_send_queue_and_is_dropped() {
     let weir = start(&[
@@ -304,9 +294,9 @@ async fn a_client_that_stops_reading_holds_the_guest_at_the_send_queue_and_is_dr
     // Connect, then never read: the guest floods 64 KiB messages.
     let ws = connect(&weir, "/flood?kb=64").await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let stalled = rss_kib(weir.pid());
+    let stalled = common::rss_kib(weir.pid());
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let later = rss_kib(weir.pid());
+    let later = common::rss_kib(weir.pid());
     // The queue holds at most max_socket_send_queue_bytes (1 MiB): the
     // server does not grow with what the client does not take.
     assert!(
