@@ -20,17 +20,18 @@ use crate::turn::{AlarmOutcome, alarm_turns};
 impl ActorHost {
     /// Delivers the due timers of one actor.
     async fn deliver(self: Arc<Self>, address: ActorAddress) {
-        let Ok(class) = self.class(&address.class).cloned() else {
+        let Ok(class) = self.class(&address.class) else {
             return;
         };
         let claim = self.claim_always(&address, &class);
         let cell = claim.cell.clone();
         let mut live = cell.live.lock().await;
+        let class = cell.class.load_full();
         let started = Instant::now();
         let host = self.clone();
         let dispatch = self.counters.dispatches.fetch_add(1, Ordering::Relaxed) + 1;
         let result = alarm_turns(
-            &self.context(&cell),
+            &self.context(&cell, &class),
             &mut live,
             |reason, outcome, report| {
                 host.counters.alarms.fetch_add(1, Ordering::Relaxed);
@@ -39,7 +40,7 @@ impl ActorHost {
                     AlarmOutcome::Retrying { attempt, .. } => ("retrying", Some(*attempt)),
                     AlarmOutcome::Dropped { attempts, .. } => {
                         host.counters.alarms_dropped.fetch_add(1, Ordering::Relaxed);
-                        cell.class.actor_metrics.alarm_dropped();
+                        class.actor_metrics.alarm_dropped();
                         ("dropped", Some(*attempts))
                     }
                     AlarmOutcome::CommitFailed(_) => ("failed", None),

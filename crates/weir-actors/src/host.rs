@@ -4,17 +4,21 @@
 //! [`crate::residency`] (who stays in memory), [`crate::operators`] (what
 //! operators see and do) and [`crate::receipts`].
 //!
-//! Invariant owned here: at most one live instance of an actor exists. An
+//! Invariants owned here: at most one live instance of an actor exists. An
 //! actor is reached only through its one cell in the host's map, found
 //! under the map's lock; every turn, delivery and operator request first
 //! claims the cell ([`ActorHost::claim`]), and a cell leaves the map only
-//! while nobody holds or waits for it (checked under the same lock).
+//! while nobody holds or waits for it (checked under the same lock). A
+//! class's code is replaced whole ([`ActorHost::install_class`]): a turn
+//! runs on the code it started with, and an actor's next turn after the
+//! install runs a fresh incarnation of the new code on the same storage.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use arc_swap::ArcSwap;
 use wasmtime::component::ComponentExportIndex;
 use weir_runtime::metrics::AppMetrics;
 use weir_runtime::receipt::ReceiptSink;
@@ -36,6 +40,10 @@ use crate::turn::{Live, TurnContext};
 /// One declared actor class.
 pub struct ActorClass {
     pub name: String,
+    /// The app that declares it and the version of its code, as receipts
+    /// name them.
+    pub app: Arc<str>,
+    pub version: Arc<str>,
     pub code: AppCode,
     pub limits: ActorLimits,
     /// Generation counts (as an app `actor:<class>`).
@@ -44,6 +52,10 @@ pub struct ActorClass {
     /// The component's `weir:actor/alarm#alarm` export, if any.
     alarm: Option<ComponentExportIndex>,
     next_generation: AtomicU64,
+    /// Which install of the class this is (1 for the code it started
+    /// with): a live instance of an older install is replaced before its
+    /// actor's next turn.
+    pub(crate) install: AtomicU64,
 }
 
 impl ActorClass {
@@ -59,6 +71,8 @@ impl ActorClass {
             .get_export_index(None, ALARM_INTERFACE)
             .and_then(|interface| code.component.get_export_index(Some(&interface), "alarm"));
         ActorClass {
+            app: Arc::from(""),
+            version: Arc::from(""),
             name,
             code,
             limits,
@@ -66,7 +80,15 @@ impl ActorClass {
             actor_metrics,
             alarm,
             next_generation: AtomicU64::new(1),
+            install: AtomicU64::new(1),
         }
+    }
+
+    /// The class as part of `app`, at `version`.
+    pub fn versioned(mut self, app: &str, version: &str) -> ActorClass {
+        self.app = Arc::from(app);
+        self.version = Arc::from(version);
+        self
     }
 }
 
@@ -101,7 +123,8 @@ impl Exclusive {
 /// One actor in memory: its turn lock and what it holds between turns.
 pub(crate) struct Cell {
     pub(crate) address: ActorAddress,
-    pub(crate) class: Arc<ActorClass>,
+    /// The class's code now: replaced by [`ActorHost::install_class`].
+    pub(crate) class: ArcSwap<ActorClass>,
     /// Callers holding or waiting for the turn. Raised only under the
     /// host's map lock, so the sweeper sees every caller.
     pub(crate) pending: AtomicUsize,
@@ -128,7 +151,9 @@ impl Drop for Claim {
 
 /// Every actor class and every actor in memory.
 pub struct ActorHost {
-    pub(crate) classes: HashMap<String, Arc<ActorClass>>,
+    /// The declared classes; the set is fixed, each one's code can be
+    /// replaced.
+    pub(crate) classes: HashMap<String, ArcSwap<ActorClass>>,
     pub(crate) directory: ActorDirectory,
     pub(crate) cells: Mutex<HashMap<ActorAddress, Arc<Cell>>>,
     pub(crate) timers: TimerIndex,
@@ -165,7 +190,7 @@ impl ActorHost {
         let mut host = ActorHost {
             classes: classes
                 .into_iter()
-                .map(|c| (c.name.clone(), Arc::new(c)))
+                .map(|c| (c.name.clone(), ArcSwap::from_pointee(c)))
                 .collect(),
             directory,
             cells: Mutex::new(HashMap::new()),
@@ -228,7 +253,7 @@ impl ActorHost {
     /// keeps its own rows (the launch journal) and does work in the actor's
     /// name that no turn of it may race (recovery after a crash).
     pub async fn exclusive(&self, class: &str, name: &str) -> Result<Exclusive, AdminError> {
-        let class = self.class(class)?.clone();
+        let class = self.class(class)?;
         let actor = ActorAddress::new(&class.name, name)?;
         let claim = self.claim_always(&actor, &class);
         let live = claim.cell.live.clone().lock_owned().await;
@@ -272,7 +297,8 @@ impl ActorHost {
             + 'static,
     {
         let cell = held._claim.cell.clone();
-        let code = &cell.class.code;
+        let class = cell.class.load_full();
+        let code = &class.code;
         let Some(index) = code
             .component
             .get_export_index(None, interface)
@@ -283,7 +309,7 @@ impl ActorHost {
         // The holder's own connection goes first: a woken actor opens its
         // database for itself.
         held.db = None;
-        let ctx = self.context(&cell);
+        let ctx = self.context(&cell, &class);
         let started = Instant::now();
         let mut report = crate::turn::TurnReport::default();
         let live = &mut *held.live;
@@ -346,10 +372,51 @@ impl ActorHost {
         self.cells.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn class(&self, name: &str) -> Result<&Arc<ActorClass>, AdminError> {
+    pub(crate) fn class(&self, name: &str) -> Result<Arc<ActorClass>, AdminError> {
         self.classes
             .get(name)
+            .map(ArcSwap::load_full)
             .ok_or_else(|| AdminError::UnknownClass(name.to_string()))
+    }
+
+    /// Replaces a declared class's code. Turns running now finish on the
+    /// code they started with; each actor of the class in memory runs its
+    /// next turn on a fresh instance of `class` (a new incarnation), with
+    /// its storage as it was; hibernated actors wake on `class`.
+    pub fn install_class(&self, class: ActorClass) -> Result<(), AdminError> {
+        let Some(slot) = self.classes.get(&class.name) else {
+            return Err(AdminError::UnknownClass(class.name));
+        };
+        // Under the map lock, so that no cell is made from the old code
+        // after the cells below are moved to the new one.
+        let cells = self.lock_cells();
+        let old = slot.load();
+        class.next_generation.store(
+            old.next_generation.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        class
+            .install
+            .store(old.install.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        let class = Arc::new(class);
+        slot.store(class.clone());
+        for cell in cells.values() {
+            if cell.address.class == class.name {
+                cell.class.store(class.clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// The version of each class's code now.
+    pub fn class_versions(&self) -> Vec<(String, Arc<str>)> {
+        let mut versions: Vec<_> = self
+            .classes
+            .iter()
+            .map(|(name, class)| (name.clone(), class.load().version.clone()))
+            .collect();
+        versions.sort();
+        versions
     }
 
     pub(crate) fn elapsed_ms(&self) -> u64 {
@@ -362,7 +429,7 @@ impl ActorHost {
     pub(crate) fn claim(
         &self,
         address: &ActorAddress,
-        class: &Arc<ActorClass>,
+        class: &ActorClass,
         limit: Option<usize>,
     ) -> Result<Claim, TurnError> {
         let mut cells = self.lock_cells();
@@ -380,9 +447,12 @@ impl ActorHost {
         let cell = cells
             .entry(address.clone())
             .or_insert_with(|| {
+                // The class now, read under the map lock: a class
+                // installed since the caller looked is the one used.
+                let class = self.classes.get(&class.name).map(ArcSwap::load_full);
                 Arc::new(Cell {
                     address: address.clone(),
-                    class: class.clone(),
+                    class: ArcSwap::new(class.expect("claims are for declared classes")),
                     pending: AtomicUsize::new(0),
                     inbox: Mutex::new(Inbox::default()),
                     live: Arc::new(tokio::sync::Mutex::new(Live::default())),
@@ -401,21 +471,24 @@ impl ActorHost {
     }
 
     /// Claims a cell for a timer delivery or an operator: never refused.
-    pub(crate) fn claim_always(&self, address: &ActorAddress, class: &Arc<ActorClass>) -> Claim {
+    pub(crate) fn claim_always(&self, address: &ActorAddress, class: &ActorClass) -> Claim {
         match self.claim(address, class, None) {
             Ok(claim) => claim,
             Err(_) => unreachable!("unlimited claims are never refused"),
         }
     }
 
-    pub(crate) fn context<'a>(&'a self, cell: &'a Cell) -> TurnContext<'a> {
+    /// What a turn of `cell` runs with: `class` is the cell's class as the
+    /// turn found it ([`Cell::class`]), held for the whole turn.
+    pub(crate) fn context<'a>(&'a self, cell: &'a Cell, class: &'a ActorClass) -> TurnContext<'a> {
         TurnContext {
             address: &cell.address,
-            code: &cell.class.code,
-            alarm: cell.class.alarm.as_ref(),
+            code: &class.code,
+            alarm: class.alarm.as_ref(),
             directory: &self.directory,
-            metrics: &cell.class.metrics,
-            next_generation: &cell.class.next_generation,
+            metrics: &class.metrics,
+            next_generation: &class.next_generation,
+            install: class.install.load(Ordering::Relaxed),
         }
     }
 

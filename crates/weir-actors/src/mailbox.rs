@@ -74,7 +74,7 @@ impl ActorHost {
         address: ActorAddress,
         request: http::Request<Bytes>,
     ) -> http::Response<Bytes> {
-        let Ok(class) = self.class(&address.class).cloned() else {
+        let Ok(class) = self.class(&address.class) else {
             return error_response(ActorErrorCode::ClassUnknown);
         };
         let claim = match self.claim(&address, &class, Some(class.limits.actor_max_queued)) {
@@ -135,7 +135,9 @@ impl ActorHost {
                 continue; // the caller left before its turn: never run it
             }
             let queued = arrived.elapsed();
-            let (response, report) = request_turn(&self.context(&cell), &mut live, request).await;
+            let class = cell.class.load_full();
+            let (response, report) =
+                request_turn(&self.context(&cell, &class), &mut live, request).await;
             self.after_turn(&cell, &live, false);
             self.counters.turns.fetch_add(1, Ordering::Relaxed);
             let status = response.status().as_u16();

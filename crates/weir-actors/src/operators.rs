@@ -158,7 +158,10 @@ impl ActorHost {
     /// The actors of a class (every class when `None`), live or hibernated.
     pub fn list(&self, class: Option<&str>) -> Result<Vec<ActorSummary>, AdminError> {
         let mut classes: Vec<&String> = match class {
-            Some(name) => vec![&self.class(name)?.name],
+            Some(name) => {
+                self.class(name)?;
+                vec![self.classes.get_key_value(name).expect("checked above").0]
+            }
             None => self.classes.keys().collect(),
         };
         classes.sort();

@@ -67,6 +67,11 @@ pub(crate) struct TurnNotes<'a> {
 /// What only a turn's receipt has.
 #[derive(Serialize)]
 struct TurnFields<'a> {
+    /// The app that declares the class, and the version of its code.
+    #[serde(skip_serializing_if = "str::is_empty")]
+    app: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    version: &'a str,
     class: &'a str,
     name: &'a str,
     turn: &'static str,
@@ -94,7 +99,8 @@ impl ActorHost {
         started: Instant,
         ended: Instant,
     ) {
-        let metrics = &cell.class.actor_metrics;
+        let class = cell.class.load();
+        let metrics = &class.actor_metrics;
         let ok = report.error.is_none();
         if !ok {
             self.counters.failed_turns.fetch_add(1, Ordering::Relaxed);
@@ -115,6 +121,8 @@ impl ActorHost {
             "turn",
             SystemTime::now() - ended.elapsed(),
             &TurnFields {
+                app: &class.app,
+                version: &class.version,
                 class: &cell.address.class,
                 name: &cell.address.name,
                 turn: kind.as_str(),

@@ -58,7 +58,7 @@ impl ActorHost {
         let evicted: Vec<Arc<Cell>> = idle[..n]
             .iter()
             .filter_map(|(_, a)| cells.remove(a))
-            .inspect(|c| c.class.actor_metrics.hibernated())
+            .inspect(|c| c.class.load().actor_metrics.hibernated())
             .collect();
         self.counters
             .hibernations
@@ -89,17 +89,17 @@ impl ActorHost {
                 if cell.pending.load(Ordering::Acquire) > 0 {
                     return true;
                 }
-                let idle_ms = cell.class.limits.actor_idle.as_millis() as u64;
+                let idle_ms = cell.class.load().limits.actor_idle.as_millis() as u64;
                 let idle_for = now.saturating_sub(cell.last_active_ms.load(Ordering::Relaxed));
                 if idle_for < idle_ms {
                     return true;
                 }
-                cell.class.actor_metrics.hibernated();
+                cell.class.load().actor_metrics.hibernated();
                 evicted.push(cell.clone());
                 false
             });
             if let Some(class) = self.classes.values().next() {
-                class.actor_metrics.set_in_memory(cells.len());
+                class.load().actor_metrics.set_in_memory(cells.len());
             }
         }
         let n = evicted.len();
@@ -137,7 +137,7 @@ impl weir_runtime::memory_budget::Reclaim for ActorHost {
             }
             freed += held as u64;
             if let Some(cell) = cells.remove(&address) {
-                cell.class.actor_metrics.hibernated();
+                cell.class.load().actor_metrics.hibernated();
                 evicted.push(cell);
             }
         }
@@ -221,7 +221,7 @@ pub(crate) async fn sweep(host: std::sync::Weak<ActorHost>) {
             let idle = h
                 .classes
                 .values()
-                .map(|c| c.limits.actor_idle)
+                .map(|c| c.load().limits.actor_idle)
                 .min()
                 .unwrap_or(MAX_SWEEP_INTERVAL);
             h.hibernate_idle();

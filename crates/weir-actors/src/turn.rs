@@ -48,6 +48,8 @@ pub struct Live {
     /// The generation's `alarm` export, when the class has one.
     pub alarm: Option<AlarmFunc>,
     pub incarnation: u64,
+    /// The class install the generation was made from.
+    pub install: u64,
 }
 
 impl Live {
@@ -83,6 +85,8 @@ pub struct TurnContext<'a> {
     pub metrics: &'a weir_runtime::metrics::AppMetrics,
     /// Numbers generations for receipts and logs (per class).
     pub next_generation: &'a std::sync::atomic::AtomicU64,
+    /// Which install of the class the turn runs.
+    pub install: u64,
 }
 
 /// How a turn ended, for its receipt.
@@ -121,7 +125,12 @@ pub(crate) async fn wake(
         live.gate = Some(TurnGate::new(db));
     }
     if live.generation.is_some() {
-        return Ok(());
+        if live.install == ctx.install {
+            return Ok(());
+        }
+        // The class's code was replaced: this turn starts the actor's next
+        // incarnation on the new code, on the same storage.
+        live.drop_generation();
     }
     let gate = live.gate.clone().expect("opened above");
     let incarnation = gate
@@ -168,6 +177,7 @@ pub(crate) async fn wake(
     live.generation = Some(generation);
     live.alarm = alarm;
     live.incarnation = incarnation;
+    live.install = ctx.install;
     report.woke = true;
     Ok(())
 }

@@ -1,13 +1,15 @@
 //! The admin endpoints: `/healthz`, `/status` (JSON), `/metrics`
 //! (Prometheus text), the operators' view of actors (`/actors…`), the
-//! image store (`/images…`, in [`crate::admin_images`]) and the resident
-//! processes (`/processes…`, in [`crate::admin_processes`]).
+//! image store (`/images…`, in [`crate::admin_images`]), the resident
+//! processes (`/processes…`, in [`crate::admin_processes`]) and the apps
+//! and their deploys (`/apps…`, in [`crate::admin_apps`]). On a server of
+//! several apps, `/actors` and `/processes` take `?app=NAME`.
 //!
 //! Invariants owned here: the admin listener is separate from the app's, so
 //! an app at capacity can still be observed. `/healthz`, `/status` and
 //! `/metrics` are open (monitoring reads them); everything under
-//! `/actors`, `/images` and `/processes` — actor names, key dumps,
-//! deletion, images, processes — answers only a request that bears the
+//! `/actors`, `/images`, `/processes` and `/apps` — actor names, key
+//! dumps, deletion, images, processes, deploys — answers only a request that bears the
 //! admin token (`Authorization: Bearer <token>`), and 401 otherwise.
 //! `DELETE /actors/<class>/<name>` waits for the actor's turn like any
 //! caller.
@@ -27,22 +29,76 @@ use tokio::net::TcpListener;
 use weir_actors::{ActorHost, AdminError};
 use weir_programs::ImageStore;
 use weir_programs::process_table::ProcessTable;
-use weir_runtime::App;
 use weir_runtime::metrics::Metrics;
 
+use crate::admin_apps::Deployer;
 use crate::response_body::ServeBody;
+use crate::routing::Router;
 
 /// What the admin endpoints look at.
 pub struct AdminState {
-    pub apps: Vec<Arc<App>>,
+    /// The apps served now.
+    pub router: Arc<Router>,
     pub metrics: Arc<Metrics>,
-    pub actors: Option<Arc<ActorHost>>,
+    /// Each app's actors and resident processes, in name order.
+    pub tenants: Vec<Tenant>,
     /// The data dir's image store.
     pub images: Option<Arc<ImageStore>>,
-    /// The resident processes, for the budgets ledger.
-    pub processes: Option<Arc<ProcessTable>>,
-    /// The bearer token `/actors`, `/images` and `/processes` require.
+    /// What `/apps/<name>/deploy` and `/rollback` call.
+    pub deployer: Option<Arc<dyn Deployer>>,
+    /// The bearer token `/actors`, `/images`, `/processes` and `/apps`
+    /// require.
     pub token: String,
+}
+
+/// What one app holds besides its versions: its actor host and its
+/// resident processes.
+pub struct Tenant {
+    pub app: String,
+    pub actors: Option<Arc<ActorHost>>,
+    pub processes: Option<Arc<ProcessTable>>,
+}
+
+impl AdminState {
+    /// The tenant a request names with `?app=`, or the one app that has
+    /// `what` when it names none; else the refusal to answer.
+    fn tenant<'a, T>(
+        &'a self,
+        req: &Request<Incoming>,
+        what: &str,
+        has: impl Fn(&'a Tenant) -> Option<&'a T>,
+    ) -> Result<&'a T, (StatusCode, &'static str, String)> {
+        if let Some(name) = query(req, "app") {
+            let Some(tenant) = self.tenants.iter().find(|t| t.app == name) else {
+                return Err((
+                    StatusCode::NOT_FOUND,
+                    "app_unknown",
+                    format!("no app `{name}` is served"),
+                ));
+            };
+            return has(tenant).ok_or_else(|| {
+                (
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    format!("app `{name}` has no {what}"),
+                )
+            });
+        }
+        let mut with: Vec<&T> = self.tenants.iter().filter_map(&has).collect();
+        match with.len() {
+            0 => Err((
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no app has {what}"),
+            )),
+            1 => Ok(with.remove(0)),
+            _ => Err((
+                StatusCode::BAD_REQUEST,
+                "app_required",
+                format!("several apps have {what}: name one with ?app=NAME"),
+            )),
+        }
+    }
 }
 
 /// True when the request bears the admin token. The comparison takes the
@@ -99,10 +155,11 @@ pub(crate) fn respond(
 
 /// The `/status` document.
 pub fn status_json(state: &AdminState) -> serde_json::Value {
-    let apps: Vec<_> = state
-        .apps
+    let served = state.router.table().apps();
+    let apps: Vec<_> = served
         .iter()
-        .map(|app| {
+        .map(|served| {
+            let app = &served.app;
             let counts = app.metrics.counts();
             let stores = |list: Vec<weir_store::StoreInfo>| -> Vec<serde_json::Value> {
                 list.into_iter()
@@ -129,13 +186,40 @@ pub fn status_json(state: &AdminState) -> serde_json::Value {
         })
         .collect();
     let mut status = json!({ "apps": apps });
-    if let Some(host) = &state.actors {
-        status["actors"] = json!({ "unreadable": host.status().unreadable });
-    }
-    if let Some(table) = &state.processes {
+    // Per app, and at the top when one app has them (a single-app server).
+    let actors = |host: &ActorHost| json!({ "unreadable": host.status().unreadable });
+    let processes = |table: &ProcessTable| {
         let (live, slots) = table.counts();
-        status["processes"] = json!({ "live": live, "slots": slots, "holders": table.ledger() });
+        json!({ "live": live, "slots": slots, "holders": table.ledger() })
+    };
+    let mut tenants = serde_json::Map::new();
+    for tenant in &state.tenants {
+        let mut entry = serde_json::Map::new();
+        if let Some(host) = &tenant.actors {
+            entry.insert("actors".into(), actors(host));
+        }
+        if let Some(table) = &tenant.processes {
+            entry.insert("processes".into(), processes(table));
+        }
+        tenants.insert(tenant.app.clone(), entry.into());
     }
+    let with_actors: Vec<_> = state
+        .tenants
+        .iter()
+        .filter_map(|t| t.actors.as_ref())
+        .collect();
+    if let [host] = with_actors.as_slice() {
+        status["actors"] = actors(host);
+    }
+    let with_processes: Vec<_> = state
+        .tenants
+        .iter()
+        .filter_map(|t| t.processes.as_ref())
+        .collect();
+    if let [table] = with_processes.as_slice() {
+        status["processes"] = processes(table);
+    }
+    status["tenants"] = tenants.into();
     status
 }
 
@@ -168,7 +252,7 @@ fn admin_error(e: AdminError) -> Response<ServeBody> {
     error(status, code, &e.to_string())
 }
 
-fn query<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
+pub(crate) fn query<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
     req.uri()
         .query()?
         .split('&')
@@ -224,7 +308,7 @@ fn under<'a>(path: &'a str, prefix: &str) -> Option<&'a str> {
 
 async fn route(state: &AdminState, req: Request<Incoming>) -> Response<ServeBody> {
     let path = req.uri().path().to_string();
-    let guarded = ["/actors", "/images", "/processes"]
+    let guarded = ["/actors", "/images", "/processes", "/apps"]
         .iter()
         .any(|prefix| under(&path, prefix).is_some());
     if guarded && !authorized(&req, &state.token) {
@@ -238,10 +322,20 @@ async fn route(state: &AdminState, req: Request<Incoming>) -> Response<ServeBody
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return response;
     }
+    if let Some(rest) = under(&path, "/apps") {
+        return match &state.deployer {
+            Some(deployer) => crate::admin_apps::route(deployer.as_ref(), req, rest).await,
+            None => error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "this server does not deploy",
+            ),
+        };
+    }
     if let Some(rest) = under(&path, "/processes") {
-        return match &state.processes {
-            Some(table) => crate::admin_processes::route(table, req, rest).await,
-            None => error(StatusCode::NOT_FOUND, "not_found", "no process table"),
+        return match state.tenant(&req, "process table", |t| t.processes.as_ref()) {
+            Ok(table) => crate::admin_processes::route(table, req, rest).await,
+            Err((status, code, message)) => error(status, code, &message),
         };
     }
     if let Some(rest) = under(&path, "/images") {
@@ -251,13 +345,9 @@ async fn route(state: &AdminState, req: Request<Incoming>) -> Response<ServeBody
         };
     }
     if let Some(rest) = under(&path, "/actors") {
-        return match &state.actors {
-            Some(host) => actors_route(host, &req, rest).await,
-            None => error(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "no actor classes are declared",
-            ),
+        return match state.tenant(&req, "actor classes", |t| t.actors.as_ref()) {
+            Ok(host) => actors_route(host, &req, rest).await,
+            Err((status, code, message)) => error(status, code, &message),
         };
     }
     if req.method() != Method::GET {
@@ -269,7 +359,7 @@ async fn route(state: &AdminState, req: Request<Incoming>) -> Response<ServeBody
     }
     match req.uri().path() {
         "/healthz" => {
-            if state.apps.iter().all(|a| a.healthy()) {
+            if state.router.table().apps().iter().all(|s| s.app.healthy()) {
                 respond(StatusCode::OK, "text/plain", "ok\n".into())
             } else {
                 respond(

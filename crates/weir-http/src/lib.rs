@@ -6,13 +6,16 @@
 //! lives in `weir-runtime`.
 
 pub mod admin;
+pub mod admin_apps;
 pub mod admin_images;
 pub mod admin_processes;
 pub mod head;
 pub mod request_body;
 pub mod response_body;
+pub mod routing;
 pub mod server;
 pub mod websocket;
 
-pub use admin::{AdminState, serve_admin};
+pub use admin::{AdminState, Tenant, serve_admin};
+pub use routing::{Router, Served};
 pub use server::{ActorRoute, ServeOptions, serve};

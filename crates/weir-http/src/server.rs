@@ -39,6 +39,7 @@ use weir_runtime::{App, ErrorCode, Limits};
 use crate::head::head_bytes;
 use crate::request_body::{BodyError, BodyPace, read_body};
 use crate::response_body::{Finished, ServeBody, SessionBody, finished_body};
+use crate::routing::{Router, RoutingErrorCode};
 use crate::websocket::SocketHub;
 use crate::websocket::upgrade::{offer_upgrade, refuse_socket, socket_refusal};
 use crate::websocket::worker::Handoff;
@@ -60,22 +61,22 @@ pub const MIN_PARSER_BUFFER_BYTES: usize = 64 * 1024;
 /// Name of the optional header that tells which generation answered.
 pub const GENERATION_HEADER: &str = "x-weir-generation";
 
-/// Options of the transport that are not limits.
+/// What the transport serves with besides its routes.
 #[derive(Clone, Default)]
 pub struct ServeOptions {
     /// Add `x-weir-generation` to every response the guest produced.
     pub receipt_headers: bool,
-    /// Actor classes exposed to clients directly: a request to
-    /// `<prefix>/<name>/<rest>` is a call to actor `name` of the class, with
-    /// path `/<rest>`, and does not enter the app.
-    pub actor_routes: Vec<ActorRoute>,
-    pub actors: Option<Arc<ActorHost>>,
     /// The server's WebSockets; without them an upgrade is plain HTTP to
     /// the guest.
     pub sockets: Option<Arc<SocketHub>>,
+    /// The server's own limits: its connections, its head read timeout and
+    /// its parser's buffer (each app's limits bound its own requests).
+    pub limits: Limits,
 }
 
-/// One class exposed at a path prefix.
+/// One class exposed at a path prefix: a request to
+/// `<prefix>/<name>/<rest>` is a call to actor `name` of the class, with
+/// path `/<rest>`, and does not enter the app's worker.
 #[derive(Clone, Debug)]
 pub struct ActorRoute {
     /// `/counter`: no trailing slash.
@@ -122,19 +123,19 @@ pub const REFUSAL_LINGER: std::time::Duration = std::time::Duration::from_millis
 /// longer is cut off (its client sees an incomplete body).
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Serves `app` on `listener` until `shutdown` resolves, then stops
-/// accepting, lets in-flight requests finish (up to [`SHUTDOWN_GRACE`]) and
-/// returns.
+/// Serves the apps of `router` on `listener` until `shutdown` resolves,
+/// then stops accepting, lets in-flight requests finish (up to
+/// [`SHUTDOWN_GRACE`]) and returns.
 pub async fn serve(
     listener: TcpListener,
-    app: Arc<App>,
+    router: Arc<Router>,
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) {
     let stopping = tokio::sync::watch::Sender::new(false);
     let mut shutdown = std::pin::pin!(shutdown);
     let options = Arc::new(options);
-    let limits = &app.code.limits;
+    let limits = &options.limits;
     let connections = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     let refusals = Arc::new(tokio::sync::Semaphore::new(MAX_REFUSALS_IN_FLIGHT));
     let mut builder = http1::Builder::new();
@@ -166,12 +167,12 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let app = app.clone();
+        let router = router.clone();
         let options = options.clone();
         let service = service_fn(move |req| {
-            let app = app.clone();
+            let router = router.clone();
             let options = options.clone();
-            async move { Ok::<_, Infallible>(handle(app, &options, req).await) }
+            async move { Ok::<_, Infallible>(handle(&router, &options, req).await) }
         });
         let mut stop = stopping.subscribe();
         let connection = builder
@@ -359,22 +360,36 @@ async fn handle_actor_route(
 }
 
 async fn handle(
-    app: Arc<App>,
+    router: &Router,
     options: &ServeOptions,
     req: Request<Incoming>,
 ) -> Response<ServeBody> {
-    if let Some(host) = &options.actors {
+    let Some(served) = router.route(&req) else {
+        return error_response(RoutingErrorCode::NoRoute);
+    };
+    if let Some(host) = &served.actors {
         let target = req
             .uri()
             .path_and_query()
             .map(|p| p.as_str())
             .unwrap_or("/");
-        for route in &options.actor_routes {
+        for route in &served.actor_routes {
             if let Some((name, actor_path)) = route.matches(target) {
-                return handle_actor_route(&app, host, route, name, actor_path, req, options).await;
+                return handle_actor_route(
+                    &served.app,
+                    host,
+                    route,
+                    name,
+                    actor_path,
+                    req,
+                    options,
+                )
+                .await;
             }
         }
     }
+    let app = served.app.clone();
+    drop(served);
     let arrived = Instant::now();
     let receipt = app.receipts.open(arrived);
     let limits = &app.code.limits;

@@ -53,6 +53,11 @@ struct State {
     idle: Vec<Lane>,
     waiters: VecDeque<Waiter>,
     next_waiter: u64,
+    /// The app is no longer offered new events (a newer version serves):
+    /// a lane nobody waits for goes idle without its generation. A request
+    /// routed here just before the newer version took over still gets a
+    /// lane (and a fresh generation), so none is refused for the deploy.
+    retired: bool,
 }
 
 /// The idle lanes and the wait queue of one app.
@@ -83,6 +88,7 @@ impl Admission {
                 idle: Vec::new(),
                 waiters: VecDeque::new(),
                 next_waiter: 0,
+                retired: false,
             }),
             max_queued,
             metrics,
@@ -154,6 +160,29 @@ impl Admission {
                 }
             }
         }
+        let generation = if state.retired {
+            lane.generation.take()
+        } else {
+            None
+        };
         state.idle.push(lane);
+        drop(state);
+        drop(generation);
+    }
+
+    /// Stops keeping generations on idle lanes: those idle now drop
+    /// theirs, and each busy one when its event ends and nobody queued
+    /// waits for it. Events running or queued are served as before.
+    pub fn retire(&self) {
+        let generations: Vec<_> = {
+            let mut state = self.lock();
+            state.retired = true;
+            state
+                .idle
+                .iter_mut()
+                .filter_map(|lane| lane.generation.take())
+                .collect()
+        };
+        drop(generations);
     }
 }

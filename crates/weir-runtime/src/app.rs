@@ -98,6 +98,13 @@ impl App {
         self.next_admission.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Retires the app when a newer version takes its place: what runs or
+    /// waits on it finishes here, and its generations are dropped as their
+    /// lanes fall idle (see [`Admission::retire`]).
+    pub fn retire(&self) {
+        self.admission.retire();
+    }
+
     /// True while every lane can admit.
     pub fn healthy(&self) -> bool {
         self.board.all_available()

@@ -49,10 +49,12 @@ pub trait ReceiptSink: Send + Sync + 'static {
     fn write_line(&self, line: &[u8]);
 }
 
-/// What every receipt of one app shares: its name, its metrics and, if
-/// receipts are logged, the sink they go to.
+/// What every receipt of one version of an app shares: the app's name,
+/// the version, its metrics and, if receipts are logged, the sink they go
+/// to.
 pub struct ReceiptBook {
     app: Arc<str>,
+    version: Arc<str>,
     metrics: AppMetrics,
     sink: Option<Arc<dyn ReceiptSink>>,
 }
@@ -60,10 +62,21 @@ pub struct ReceiptBook {
 impl ReceiptBook {
     pub fn new(
         app: Arc<str>,
+        version: Arc<str>,
         metrics: AppMetrics,
         sink: Option<Arc<dyn ReceiptSink>>,
     ) -> Arc<Self> {
-        Arc::new(ReceiptBook { app, metrics, sink })
+        Arc::new(ReceiptBook {
+            app,
+            version,
+            metrics,
+            sink,
+        })
+    }
+
+    /// The version of the app these receipts are of.
+    pub fn version(&self) -> &Arc<str> {
+        &self.version
     }
 
     pub fn metrics(&self) -> &AppMetrics {
@@ -288,6 +301,7 @@ pub const WORKER_TARGET: &str = "weir::receipt";
 #[derive(Serialize)]
 struct WorkerFields<'a> {
     app: &'a str,
+    version: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     lane: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -325,6 +339,7 @@ impl Drop for PendingReceipt {
             SystemTime::now(),
             &WorkerFields {
                 app: &self.book.app,
+                version: &self.book.version,
                 lane: f.lane,
                 generation: f.generation,
                 admission: f.admission,

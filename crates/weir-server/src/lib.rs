@@ -9,7 +9,12 @@
 //!   guest's outbound rules deny their addresses: a guest never reaches
 //!   the server it runs in;
 //! - one guest memory budget and one storage pool for every instance of
-//!   every layer (workers and actors alike), and one metrics registry;
+//!   every app and layer (workers and actors alike), and one metrics
+//!   registry; each app's stores, actors and processes are its own
+//!   ([`tenant`]), and its versions are [`versions`]'s;
+//! - the worker engine reserves instance slots for every app's lanes
+//!   [`VERSIONS_AT_ONCE`] times over, so a deploy never waits for the
+//!   version it replaces to give its slots back;
 //! - the layers above the runtime are joined only through its extension
 //!   points: the actors' host interfaces in every linker, their internal
 //!   router bound once the apps exist, their idle instances as the
@@ -17,36 +22,36 @@
 //! - components are compiled by `config.compiler` into the data dir's code
 //!   cache, and the cache keeps only what this server loaded.
 
+pub mod app_spec;
 pub mod limits;
+pub(crate) mod tenant;
+pub mod versions;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use weir_actors::{ActorClass, ActorDirectory, ActorHost, ActorInterfaces, ActorMetrics};
-use weir_http::websocket::{ActorSockets, SocketHub, SocketInterfaces};
-use weir_http::{ActorRoute, AdminState, ServeOptions};
-use weir_programs::host::{ProgramInterfaces, ProgramsConfig, ProgramsHost};
+use weir_actors::{ActorHost, ActorMetrics};
+use weir_http::websocket::SocketHub;
+use weir_http::{AdminState, ServeOptions, Tenant as AdminTenant};
+use weir_programs::ImageStore;
 use weir_programs::image_store::IMAGES_DIR;
 use weir_programs::metrics::ProgramMetrics;
-use weir_programs::process_router::ProcessRouter;
-use weir_programs::{ImageStore, RunLimits};
-use weir_runtime::code::HostInterfaces;
+use weir_runtime::App;
 use weir_runtime::compiled_code::{CodeCache, Compiler};
 use weir_runtime::engine::EngineError;
-use weir_runtime::extension::{InternalRouter, InternalRoutes};
 use weir_runtime::memory_budget::{MemoryBudget, Reclaim};
 use weir_runtime::metrics::Metrics;
-use weir_runtime::outbound::OutboundRules;
-use weir_runtime::receipt::{ReceiptBook, ReceiptSink};
+use weir_runtime::receipt::ReceiptSink;
 use weir_runtime::sql_pool::{PoolError, SqlPool};
-use weir_runtime::{App, AppCode, EngineSizing, LoadError, Stores, WeirEngine};
+use weir_runtime::{EngineSizing, LoadError, WeirEngine};
 use weir_store::data_dir::{DataDir, DataDirError};
-use weir_store::sql::SqlDatabases;
-use weir_store::{Durability, KvStores, StoreError};
+use weir_store::{Durability, StoreError};
 
+pub use app_spec::{AppSpec, SpecError};
 pub use limits::ServerLimits;
+pub use versions::Apps;
 
 /// Memory SQLite may hold for the whole process before it frees its caches
 /// first: thousands of small actor page caches fit well under it.
@@ -65,31 +70,27 @@ pub const CODE_DIR: &str = "code";
 /// The app name the metrics of programs run from actors are counted under.
 pub const PROGRAMS_METRICS_APP: &str = "programs";
 
+/// Versions of one app whose lanes may hold instances at once: the one
+/// serving and the one it replaced, finishing what it runs.
+pub const VERSIONS_AT_ONCE: usize = 2;
+
 /// Where `weir serve` listens unless told otherwise.
 pub const DEFAULT_LISTEN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8080);
 
 /// Everything a server is built from, already checked.
 pub struct ServerConfig {
-    /// The app's component (a `.wasm` file).
-    pub app: PathBuf,
+    /// The apps it serves.
+    pub apps: Vec<AppSpec>,
     pub listen: SocketAddr,
-    /// Where `/healthz`, `/status`, `/metrics` and `/actors` are served.
+    /// Where `/healthz`, `/status`, `/metrics`, `/actors` and `/apps` are
+    /// served.
     pub admin: Option<SocketAddr>,
     pub receipt_headers: bool,
+    /// The server's limits: every app's, unless the app sets its own.
     pub limits: ServerLimits,
-    pub outbound: OutboundRules,
     pub data_dir: PathBuf,
-    pub kv_stores: Vec<String>,
-    pub sql_databases: Vec<String>,
     pub durability: Durability,
-    /// Actor classes: name and component file.
-    pub actors: Vec<(String, PathBuf)>,
-    /// Classes exposed to clients directly: (path prefix, class).
-    pub actor_routes: Vec<(String, String)>,
-    /// Each class's secrets, by name: what a process spawn's `secret-env`
-    /// resolves to, at every launch.
-    pub secrets: weir_programs::host::Secrets,
     /// Where receipts go, if anywhere.
     pub receipts: Option<Arc<dyn ReceiptSink>>,
     /// What compiles components that are not in the data dir's code cache.
@@ -97,23 +98,18 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
-    /// A configuration with every default: `app` served on `listen`, its
-    /// data under `data_dir`, no stores, no actors, receipts not logged.
+    /// A configuration with every default: `app` served on `listen` (on
+    /// every host and path), its data under `data_dir`, no stores, no
+    /// actors, receipts not logged.
     pub fn new(app: impl Into<PathBuf>, listen: SocketAddr, data_dir: impl Into<PathBuf>) -> Self {
         ServerConfig {
-            app: app.into(),
+            apps: vec![AppSpec::single(app)],
             listen,
             admin: None,
             receipt_headers: false,
             limits: ServerLimits::default(),
-            outbound: OutboundRules::new(Vec::new()),
             data_dir: data_dir.into(),
-            kv_stores: Vec::new(),
-            sql_databases: Vec::new(),
             durability: Durability::Process,
-            actors: Vec::new(),
-            actor_routes: Vec::new(),
-            secrets: Default::default(),
             receipts: None,
             compiler: Compiler::InProcess,
         }
@@ -152,22 +148,42 @@ pub enum ServerError {
     },
     #[error(transparent)]
     Images(#[from] weir_programs::ImageError),
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error("{0}")]
+    Config(String),
+    #[error("{0}")]
+    Deploy(String),
 }
 
-/// A built server: listeners bound, stores open, the app's lanes and the
-/// actor host ready. [`Server::serve`] runs it.
+/// Every app's actor host, asked in turn for memory when the budget runs
+/// short.
+struct Reclaimers(Vec<Arc<ActorHost>>);
+
+impl Reclaim for Reclaimers {
+    fn reclaim(&self, bytes: u64) -> u64 {
+        let mut freed = 0;
+        for host in &self.0 {
+            if freed >= bytes {
+                break;
+            }
+            freed += host.reclaim(bytes - freed);
+        }
+        freed
+    }
+}
+
+/// A built server: listeners bound, stores open, every app's first version
+/// ready. [`Server::serve`] runs it.
 pub struct Server {
     listener: TcpListener,
     admin: Option<(TcpListener, Arc<AdminState>)>,
-    app: Arc<App>,
-    actors: Option<Arc<ActorHost>>,
+    apps: Arc<Apps>,
+    actors: Vec<Arc<ActorHost>>,
     options: ServeOptions,
     metrics: Arc<Metrics>,
-    /// Kept until serving stops: their epoch tickers bound every guest.
-    engines: Vec<WeirEngine>,
-    /// The router to resident processes (the runtime holds routers
-    /// weakly).
-    _process_router: Arc<dyn InternalRouter>,
+    /// The budget holds its reclaimer weakly.
+    _reclaimers: Arc<dyn Reclaim>,
     data_dir: DataDir,
 }
 
@@ -179,7 +195,7 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
 
 impl Server {
     /// Builds a server from `config`. Must run inside a Tokio runtime.
-    pub async fn build(mut config: ServerConfig) -> Result<Server, ServerError> {
+    pub async fn build(config: ServerConfig) -> Result<Server, ServerError> {
         // One server per data dir: taken before anything in it is touched.
         let data_dir = DataDir::open(&config.data_dir)?;
         let token = data_dir.admin_token()?;
@@ -194,10 +210,14 @@ impl Server {
         if let Some(admin) = &admin_listener {
             own.push(local_addr(admin));
         }
-        config.outbound.deny_own(own);
-        let limits = &config.limits.runtime;
-        let budget = MemoryBudget::new(limits.total_guest_memory());
-        let pool = Arc::new(SqlPool::new(limits.sql_threads)?);
+        let server_limits = &config.limits.runtime;
+        let mut lanes = 0;
+        for spec in &config.apps {
+            lanes += spec.limits(&config.limits)?.runtime.max_concurrent;
+        }
+        let lane_capacity = lanes * VERSIONS_AT_ONCE;
+        let budget = MemoryBudget::new(server_limits.total_guest_memory());
+        let pool = Arc::new(SqlPool::new(server_limits.sql_threads)?);
         weir_store::confinement::bound_sqlite_heap(SQLITE_SOFT_HEAP_BYTES, SQLITE_HARD_HEAP_BYTES);
         let code_dir = config.data_dir.join(CODE_DIR);
         let code_cache = CodeCache::new(&code_dir, config.compiler.clone())
@@ -208,125 +228,46 @@ impl Server {
             })?;
         let engine = WeirEngine::new(
             EngineSizing {
-                lanes: limits.max_concurrent as u32,
-                memory_limit_bytes: limits.memory_limit_bytes,
+                lanes: u32::try_from(lane_capacity).unwrap_or(u32::MAX),
+                memory_limit_bytes: server_limits.memory_limit_bytes,
             },
             budget.clone(),
         )?;
-        let stores_error = |source| ServerError::Stores {
-            dir: config.data_dir.clone(),
-            source,
-        };
-        let kv = KvStores::open(&config.data_dir, &config.kv_stores, config.durability)
-            .map_err(stores_error)?;
-        let sql = SqlDatabases::open(&config.data_dir, &config.sql_databases, config.durability)
-            .map_err(stores_error)?;
-        let has_actors = !config.actors.is_empty();
-        // In every linker, so that an app that imports `weir:actor` links
-        // whether or not it runs as an actor (outside a turn, its calls
-        // fail).
-        let metrics = Arc::new(Metrics::new());
-        // Programs run from actors' turns: on an engine of their own, made
-        // at the first run, from the data dir's image store.
-        let programs = ProgramsHost::new(ProgramsConfig {
-            images_dir: config.data_dir.join(IMAGES_DIR),
-            slots_dir: config.data_dir.join(weir_programs::storage_slot::SLOTS_DIR),
-            compiler: config.compiler.clone(),
-            limits: RunLimits {
-                runtime: limits.clone(),
-                programs: config.limits.programs.clone(),
-            },
-            outbound: config.outbound.clone(),
-            budget: budget.clone(),
-            metrics: metrics.for_app(PROGRAMS_METRICS_APP),
-            program_metrics: ProgramMetrics::register(&metrics),
-            receipts: config.receipts.clone(),
-            secrets: config.secrets.clone(),
-        });
-        // Owners reach their processes at `<pid>.process.internal`.
-        let process_router: Arc<dyn InternalRouter> = Arc::new(ProcessRouter {
-            table: programs.table.clone(),
-        });
-        // Actors' sockets run their turns on the actor host, made below.
-        let actor_sockets = ActorSockets::new();
-        let interfaces: Vec<Arc<dyn HostInterfaces>> = vec![
-            Arc::new(ActorInterfaces),
-            Arc::new(SocketInterfaces(actor_sockets.clone())),
-            Arc::new(ProgramInterfaces(programs.clone())),
-        ];
-        let stores = Stores {
-            kv: Arc::new(kv),
-            sql: Arc::new(sql),
-            pool,
-            routes: InternalRoutes::default(),
-            interfaces,
-        };
-        let code = AppCode::load(
-            &engine,
-            &code_cache,
-            &config.app,
-            limits.clone(),
-            config.outbound.clone(),
-            stores.clone(),
-        )?;
-        metrics.watch_budget(budget.clone());
-        let mut engines = vec![engine];
-        let actors = if has_actors {
-            // Actor classes run on an engine of their own: many mostly idle
-            // instances, allocated on demand and freed when they hibernate.
-            let engine = WeirEngine::on_demand(limits.memory_limit_bytes, budget.clone())?;
-            let actor_metrics = ActorMetrics::register(&metrics);
-            let mut classes = Vec::new();
-            for (class, path) in &config.actors {
-                let code = AppCode::load(
-                    &engine,
-                    &code_cache,
-                    path,
-                    limits.clone(),
-                    config.outbound.clone(),
-                    stores.clone(),
-                )
-                .map_err(|source| ServerError::ActorClass {
-                    class: class.clone(),
-                    source,
-                })?;
-                classes.push(ActorClass::new(
-                    class.clone(),
-                    code,
-                    config.limits.actors.clone(),
-                    metrics.for_app(&format!("actor:{class}")),
-                    actor_metrics.for_class(class),
-                ));
-            }
-            engines.push(engine);
-            let directory = ActorDirectory::new(&config.data_dir, config.durability);
-            let host =
-                ActorHost::new(classes, directory, config.receipts.clone()).map_err(|source| {
-                    ServerError::Actors {
-                        dir: config.data_dir.clone(),
-                        source,
-                    }
-                })?;
-            actor_sockets.connect(&host);
-            let router: Arc<dyn InternalRouter> = host.clone();
-            stores.routes.connect(&[router, process_router.clone()]);
-            let reclaim: Arc<dyn Reclaim> = host.clone();
-            budget.set_reclaimer(&reclaim);
-            host.start();
-            // Owners whose processes the last run did not see end get them
-            // back now, without waiting for a request.
-            programs.recover(&host).await;
-            Some(host)
+        // Actor classes run on an engine of their own: many mostly idle
+        // instances, allocated on demand and freed when they hibernate.
+        let actor_engine = if config.apps.iter().any(|a| !a.actors.is_empty()) {
+            Some(WeirEngine::on_demand(
+                server_limits.memory_limit_bytes,
+                budget.clone(),
+            )?)
         } else {
             None
         };
-        let name = shown_name(&config.app);
-        let receipts = ReceiptBook::new(
-            name.clone().into(),
-            metrics.for_app(&name),
-            config.receipts.clone(),
-        );
-        let app = App::start(name, code, receipts, &config.app.display().to_string()).await?;
+        let metrics = Arc::new(Metrics::new());
+        let shared = Arc::new(tenant::Shared {
+            engine,
+            actor_engine,
+            code_cache: code_cache.clone(),
+            compiler: config.compiler.clone(),
+            actor_metrics: ActorMetrics::register(&metrics),
+            program_metrics: ProgramMetrics::register(&metrics),
+            metrics: metrics.clone(),
+            receipts: config.receipts.clone(),
+            budget: budget.clone(),
+            pool,
+            limits: config.limits.clone(),
+            durability: config.durability,
+            data_dir: config.data_dir.clone(),
+            own,
+            lane_capacity,
+            qualified: config.apps.iter().any(|a| a.data_subdir.is_some()),
+        });
+        metrics.watch_budget(budget.clone());
+        let apps = Apps::start(shared, &config.apps).await?;
+        let tenants = apps.tenants().await;
+        let actors: Vec<Arc<ActorHost>> = tenants.iter().filter_map(|t| t.actors.clone()).collect();
+        let reclaimers: Arc<dyn Reclaim> = Arc::new(Reclaimers(actors.clone()));
+        budget.set_reclaimer(&reclaimers);
         // Everything this server runs is loaded: older artifacts go.
         match code_cache.prune() {
             Ok(0) => {}
@@ -340,47 +281,46 @@ impl Server {
             config.limits.programs.max_image_bytes,
         )?);
         let admin = admin_listener.map(|listener| {
+            let deployer: Arc<dyn weir_http::admin_apps::Deployer> = apps.clone();
             let state = Arc::new(AdminState {
-                apps: vec![app.clone()],
+                router: apps.router().clone(),
                 metrics: metrics.clone(),
-                actors: actors.clone(),
+                tenants: tenants
+                    .iter()
+                    .map(|t| AdminTenant {
+                        app: t.name.clone(),
+                        actors: t.actors.clone(),
+                        processes: t.actors.as_ref().map(|_| t.programs.table.clone()),
+                    })
+                    .collect(),
                 images: Some(images),
-                processes: Some(programs.table.clone()),
+                deployer: Some(deployer),
                 token,
             });
             (listener, state)
         });
         let options = ServeOptions {
             receipt_headers: config.receipt_headers,
-            actor_routes: config
-                .actor_routes
-                .iter()
-                .map(|(prefix, class)| ActorRoute {
-                    prefix: prefix.clone(),
-                    class: class.clone(),
-                })
-                .collect(),
-            actors: actors.clone(),
             sockets: Some(SocketHub::new(
                 config.limits.sockets.clone(),
                 config.receipts.clone(),
                 &metrics,
             )),
+            limits: config.limits.runtime.clone(),
         };
         Ok(Server {
             listener,
             admin,
-            app,
+            apps,
             actors,
             options,
             metrics,
-            engines,
-            _process_router: process_router,
+            _reclaimers: reclaimers,
             data_dir,
         })
     }
 
-    /// Where the app is served.
+    /// Where the apps are served.
     pub fn local_addr(&self) -> SocketAddr {
         local_addr(&self.listener)
     }
@@ -395,12 +335,20 @@ impl Server {
         self.data_dir.token_path()
     }
 
-    pub fn app(&self) -> &Arc<App> {
-        &self.app
+    /// The first app's worker as it serves now.
+    pub fn app(&self) -> Arc<App> {
+        self.apps.router().table().apps()[0].app.clone()
     }
 
-    pub fn actors(&self) -> Option<&Arc<ActorHost>> {
-        self.actors.as_ref()
+    /// The first app with actor classes: its actor host.
+    pub fn actors(&self) -> Option<Arc<ActorHost>> {
+        self.actors.first().cloned()
+    }
+
+    /// Every app and its versions: what deploys and a re-read
+    /// configuration go through.
+    pub fn apps(&self) -> &Arc<Apps> {
+        &self.apps
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -413,23 +361,22 @@ impl Server {
         let Server {
             listener,
             admin,
-            app,
+            apps,
             actors,
             options,
-            engines,
             data_dir,
             ..
         } = self;
         let admin_task =
             admin.map(|(listener, state)| tokio::spawn(weir_http::serve_admin(listener, state)));
-        weir_http::serve(listener, app, options, shutdown).await;
+        weir_http::serve(listener, apps.router().clone(), options, shutdown).await;
         if let Some(task) = admin_task {
             task.abort();
         }
         // The engines (and their tickers) live until serving stops, and
         // the data dir is held until the end.
         drop(actors);
-        drop(engines);
+        drop(apps);
         drop(data_dir);
     }
 }

@@ -131,7 +131,7 @@ async fn start(config: ServerConfig, receipts: Arc<Receipts>) -> Running {
     let running = Running {
         addr: server.local_addr(),
         app: server.app().clone(),
-        actors: server.actors().cloned(),
+        actors: server.actors(),
         receipts,
         _stop: stop,
     };
@@ -376,8 +376,8 @@ async fn an_actor_turn_commits_all_of_its_writes_or_none_of_them() {
     let dir = scratch("turn");
     let app = spinner(&dir, 0, 0);
     let (mut config, receipts) = configure(&app, &dir.join("data"), &[]);
-    config.actors = vec![("probe".into(), guest("actor_probe"))];
-    config.actor_routes = vec![("/probe".into(), "probe".into())];
+    config.apps[0].actors = vec![("probe".into(), guest("actor_probe"))];
+    config.apps[0].actor_routes = vec![("/probe".into(), "probe".into())];
     let weir = start(config, receipts).await;
     let actors = weir.actors.clone().expect("an actor host");
     let keys = || async {

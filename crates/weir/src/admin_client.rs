@@ -1,14 +1,15 @@
 //! The operators' commands' one way to a running server: through its admin
 //! address, with its admin token (`--token`, `WEIR_ADMIN_TOKEN`, or the
-//! data dir's `admin-token`), printing the JSON answer. `weir actors` and
-//! `weir processes` are its callers; nothing here opens the server's data.
+//! data dir's `admin-token`), printing the JSON answer. `weir actors`,
+//! `weir processes`, `weir apps` and `weir deploy` are its callers; nothing
+//! here opens the server's data.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 
 use crate::config::UsageError;
@@ -36,11 +37,25 @@ pub struct AdminArgs {
         hide_env_values = true
     )]
     token: Option<String>,
+    /// On a server of several apps: the app whose actors or processes are
+    /// meant.
+    #[arg(long, value_name = "NAME", global = true)]
+    app: Option<String>,
 }
 
 /// Sends `method path` to the admin address and prints the answer; a 400,
 /// 401 or 404 is a usage error (exit 2), another failure exits 1.
 pub fn call(args: &AdminArgs, method: &str, path: &str) -> anyhow::Result<()> {
+    call_with(args, method, path, Bytes::new())
+}
+
+/// [`call`] with a request body.
+pub fn call_with(args: &AdminArgs, method: &str, path: &str, body: Bytes) -> anyhow::Result<()> {
+    let path = match &args.app {
+        Some(app) if path.contains('?') => format!("{path}&app={app}"),
+        Some(app) => format!("{path}?app={app}"),
+        None => path.to_string(),
+    };
     let token = match &args.token {
         Some(token) => token.clone(),
         None => weir_store::data_dir::read_admin_token(&args.data_dir).map_err(|e| {
@@ -54,7 +69,7 @@ pub fn call(args: &AdminArgs, method: &str, path: &str) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let (status, body) = runtime.block_on(request(args.admin, method, path, &token))?;
+    let (status, body) = runtime.block_on(request(args.admin, method, &path, &token, body))?;
     let text = String::from_utf8_lossy(&body);
     let pretty = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
@@ -75,6 +90,7 @@ async fn request(
     method: &str,
     path: &str,
     token: &str,
+    body: Bytes,
 ) -> anyhow::Result<(u16, Bytes)> {
     let stream = tokio::net::TcpStream::connect(admin)
         .await
@@ -91,7 +107,7 @@ async fn request(
         .uri(path)
         .header(http::header::HOST, admin.to_string())
         .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
-        .body(Empty::<Bytes>::new())?;
+        .body(Full::new(body))?;
     let response = sender.send_request(request).await?;
     let status = response.status().as_u16();
     let body = response.into_body().collect().await?.to_bytes();

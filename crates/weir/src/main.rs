@@ -4,6 +4,7 @@
 
 mod actors_cli;
 mod admin_client;
+mod apps_cli;
 mod config;
 mod logging;
 mod processes_cli;
@@ -12,6 +13,7 @@ mod programs_cli;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -55,6 +57,12 @@ enum Command {
     /// List, inspect or kill the resident processes of a running server
     /// (through its admin address).
     Processes(processes_cli::ProcessesArgs),
+    /// List the apps of a running server: versions, routes, lanes, queue
+    /// (through its admin address).
+    Apps(apps_cli::AppsArgs),
+    /// Install new code for an app of a running server with no request
+    /// dropped, or roll it back (through its admin address).
+    Deploy(apps_cli::DeployArgs),
     /// Compile a component read from stdin into a code-cache artifact
     /// (what `weir serve` runs so that it never compiles in-process).
     #[command(name = "compile-artifact", hide = true)]
@@ -71,7 +79,7 @@ struct CompileArgs {
     out: PathBuf,
 }
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 struct ServeArgs {
     /// A .wasm component, or a guest crate directory (built first).
     app: Option<PathBuf>,
@@ -81,7 +89,8 @@ struct ServeArgs {
     /// Address for GET /healthz, /status and /metrics; off unless given.
     #[arg(long, value_name = "ADDR")]
     admin: Option<SocketAddr>,
-    /// weir.toml with [limits] and the app path.
+    /// weir.toml: the app (or [apps.NAME] sections), [limits] and more;
+    /// re-read on SIGHUP.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// NAME=VALUE; repeatable; overrides the config file.
@@ -152,6 +161,8 @@ fn main() -> ExitCode {
         Command::Run(args) => return programs_cli::run(args),
         Command::Images(args) => programs_cli::images(args),
         Command::Processes(args) => processes_cli::run(args),
+        Command::Apps(args) => apps_cli::list(args),
+        Command::Deploy(args) => apps_cli::deploy(args),
         Command::CompileArtifact(args) => {
             // Its stderr is the reason `weir serve` gives, so no prefix.
             return match compile_artifact(args) {
@@ -208,42 +219,56 @@ fn compile_artifact(args: CompileArgs) -> anyhow::Result<()> {
     compiled_code::compile_to(engine.engine(), &bytes, &args.out).map_err(anyhow::Error::msg)
 }
 
+impl ServeArgs {
+    fn overrides(&self) -> Overrides<'_> {
+        Overrides {
+            limits: &self.limits,
+            allow_outbound: &self.allow_outbound,
+            data_dir: self.data_dir.as_deref(),
+            kv_stores: &self.kv_stores,
+            sql_databases: &self.sql_databases,
+            durability: self.durability.as_deref(),
+            actors: &self.actors,
+            actor_routes: &self.actor_routes,
+        }
+    }
+
+    /// The configuration file and command line, checked, with every guest
+    /// crate directory built into its component.
+    fn configuration(&self) -> anyhow::Result<Config> {
+        let mut config = Config::resolve(
+            self.config.as_deref(),
+            self.app.as_deref(),
+            self.overrides(),
+        )?;
+        for app in &mut config.apps {
+            app.component = config::prepare_app(&app.component)?;
+            for (_, path) in &mut app.actors {
+                *path = config::prepare_app(path)?;
+            }
+        }
+        Ok(config)
+    }
+}
+
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let config = Config::resolve(
+    // Checked before logging starts, so that a usage error is one line.
+    Config::resolve(
         args.config.as_deref(),
         args.app.as_deref(),
-        Overrides {
-            limits: &args.limits,
-            allow_outbound: &args.allow_outbound,
-            data_dir: args.data_dir.as_deref(),
-            kv_stores: &args.kv_stores,
-            sql_databases: &args.sql_databases,
-            durability: args.durability.as_deref(),
-            actors: &args.actors,
-            actor_routes: &args.actor_routes,
-        },
+        args.overrides(),
     )?;
     logging::init();
-    let app = config::prepare_app(&config.app)?;
-    let actors = config
-        .actors
-        .iter()
-        .map(|(class, path)| Ok((class.clone(), config::prepare_app(path)?)))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let config = args.configuration()?;
+    let apps = config.apps.clone();
     let server_config = ServerConfig {
-        app: app.clone(),
+        apps: config.apps,
         listen: args.listen.or(config.listen).unwrap_or(DEFAULT_LISTEN),
         admin: args.admin.or(config.admin),
         receipt_headers: args.receipt_headers || config.receipt_headers,
         limits: config.limits,
-        outbound: config.outbound,
         data_dir: config.data_dir,
-        kv_stores: config.kv_stores,
-        sql_databases: config.sql_databases,
         durability: config.durability,
-        actors,
-        actor_routes: config.actor_routes,
-        secrets: config.secrets,
         receipts: logging::receipt_sink(),
         compiler: Compiler::Process {
             program: std::env::current_exe().context("cannot find the weir executable")?,
@@ -255,14 +280,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        let classes: Vec<_> = server_config.actors.clone();
         let server = Server::build(server_config).await?;
-        for (class, path) in &classes {
-            eprintln!("weir: actor class {class} from {}", path.display());
-        }
         if let Some(admin) = server.admin_addr() {
             if !admin.ip().is_loopback() {
-                tracing::warn!(%admin, "the admin address is not a loopback address: anyone who can reach it can read /status and /metrics (/actors needs the admin token)");
+                tracing::warn!(%admin, "the admin address is not a loopback address: anyone who can reach it can read /status and /metrics (/actors and /apps need the admin token)");
                 eprintln!("weir: warning: admin address {admin} is reachable beyond this machine");
             }
             eprintln!(
@@ -270,19 +291,84 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 server.token_path().display()
             );
         }
-        eprintln!(
-            "weir: serving {} on http://{}",
-            app.display(),
-            server.local_addr()
-        );
+        let addr = server.local_addr();
+        for app in &apps {
+            for (class, path) in &app.actors {
+                eprintln!("weir: actor class {class} from {}", path.display());
+            }
+            if apps.len() == 1 && app.data_subdir.is_none() {
+                eprintln!("weir: serving {} on http://{addr}", app.component.display());
+            } else {
+                let routes: Vec<String> = app.routes.iter().map(|r| r.to_string()).collect();
+                eprintln!(
+                    "weir: serving app {} ({}) on http://{addr} at {}",
+                    app.name,
+                    app.component.display(),
+                    routes.join(", ")
+                );
+            }
+        }
+        let reloads = tokio::spawn(reload_on_hangup(server.apps().clone(), args));
         server
             .serve(async {
                 shutdown_signal().await;
                 eprintln!("weir: shutting down");
             })
             .await;
+        reloads.abort();
         Ok(())
     })
+}
+
+/// On each `SIGHUP`, reads the configuration again and applies it as one
+/// deploy of every app it changes: all of it, or, when any of it is
+/// refused, none of it (logged with why).
+async fn reload_on_hangup(apps: Arc<weir_server::Apps>, args: ServeArgs) {
+    #[cfg(unix)]
+    {
+        let Ok(mut hangups) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        else {
+            tracing::warn!("cannot watch for SIGHUP: the configuration is read only at start");
+            return;
+        };
+        let args = Arc::new(args);
+        while hangups.recv().await.is_some() {
+            let read = {
+                let args = args.clone();
+                tokio::task::spawn_blocking(move || args.configuration()).await
+            };
+            let config = match read {
+                Ok(Ok(config)) => config,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %format!("{e:#}"), "SIGHUP: the configuration is refused; nothing changed");
+                    eprintln!("weir: SIGHUP: configuration refused, nothing changed: {e:#}");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "SIGHUP: reading the configuration failed; nothing changed");
+                    continue;
+                }
+            };
+            match apps.reconfigure(&config.apps, &config.limits).await {
+                Ok(done) => {
+                    tracing::info!(deployed = %done["deployed"], "SIGHUP: configuration applied");
+                    eprintln!("weir: SIGHUP: configuration applied: {}", done["deployed"]);
+                }
+                Err(refused) => {
+                    tracing::warn!(code = refused.code, error = %refused.message, "SIGHUP: the configuration is refused; nothing changed");
+                    eprintln!(
+                        "weir: SIGHUP: configuration refused, nothing changed: {}",
+                        refused.message
+                    );
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (apps, args);
+    }
 }
 
 async fn shutdown_signal() {

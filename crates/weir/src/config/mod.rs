@@ -4,14 +4,19 @@
 //! an unknown key, an unknown limit name or an out-of-range value is a
 //! usage error (exit 2) naming the setting, never a surprise at runtime.
 
+mod app_section;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use weir_build::BuildRequest;
-use weir_runtime::outbound::{HostPattern, OutboundRules};
-use weir_server::ServerLimits;
+use weir_server::{AppSpec, ServerLimits};
 use weir_store::Durability;
+
+use app_section::{
+    ActorSection, AppParts, AppSection, DatabasesSection, app_spec, limit_pairs, relative,
+};
 
 /// A mistake in how Weir was invoked or configured; exits with code 2.
 #[derive(Debug, thiserror::Error)]
@@ -26,67 +31,22 @@ struct File {
     admin: Option<SocketAddr>,
     #[serde(default)]
     receipt_headers: bool,
+    /// The single app's allow-list; with `[apps]`, every app's (each adds
+    /// its own).
     #[serde(default)]
     allowed_outbound_hosts: Vec<String>,
     data_dir: Option<PathBuf>,
     #[serde(default)]
     keyvalue: KeyValueSection,
     #[serde(default)]
-    sql: SqlSection,
+    sql: DatabasesSection,
     #[serde(default)]
     actors: std::collections::BTreeMap<String, ActorSection>,
     #[serde(default)]
     limits: toml::Table,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ActorSection {
-    /// The class's component (.wasm) or guest crate directory.
-    component: PathBuf,
-    /// Exposes the class to clients at `<route>/<name>/<path>`.
-    route: Option<String>,
-    /// The class's secrets, by name: where each value comes from.
+    /// Apps by name: a server of several apps.
     #[serde(default)]
-    secrets: std::collections::BTreeMap<String, SecretSource>,
-}
-
-/// Where a secret's value comes from: never the config file itself.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SecretSource {
-    /// An environment variable of the `weir serve` process.
-    env: Option<String>,
-    /// A file (relative to the config file), its content without a
-    /// trailing newline.
-    file: Option<PathBuf>,
-}
-
-impl SecretSource {
-    /// The value now; read at every start, so a restart re-resolves it.
-    fn resolve(&self, class: &str, name: &str, base: Option<&Path>) -> Result<String, UsageError> {
-        let what = format!("secret `{name}` of actor class `{class}`");
-        match (&self.env, &self.file) {
-            (Some(var), None) => std::env::var(var).map_err(|_| {
-                UsageError(format!(
-                    "{what}: the environment variable {var} is not set (or not UTF-8)"
-                ))
-            }),
-            (None, Some(file)) => {
-                let path = match base {
-                    Some(base) if file.is_relative() => base.join(file),
-                    _ => file.clone(),
-                };
-                let text = std::fs::read_to_string(&path).map_err(|e| {
-                    UsageError(format!("{what}: cannot read {}: {e}", path.display()))
-                })?;
-                Ok(text.strip_suffix('\n').unwrap_or(&text).to_string())
-            }
-            _ => Err(UsageError(format!(
-                "{what}: give exactly one of `env = \"VARIABLE\"` or `file = \"PATH\"`"
-            ))),
-        }
-    }
+    apps: std::collections::BTreeMap<String, AppSection>,
 }
 
 #[derive(Deserialize, Default)]
@@ -98,38 +58,24 @@ struct KeyValueSection {
     durability: Option<String>,
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct SqlSection {
-    #[serde(default)]
-    databases: Vec<String>,
-}
-
 /// Where Weir keeps data unless told otherwise.
 pub const DEFAULT_DATA_DIR: &str = ".weir";
 
 /// The configuration `weir serve` runs with.
 pub struct Config {
-    pub app: PathBuf,
+    /// The apps, their components maybe still guest crate directories
+    /// (see [`prepare_app`]).
+    pub apps: Vec<AppSpec>,
     pub listen: Option<SocketAddr>,
     pub admin: Option<SocketAddr>,
     pub receipt_headers: bool,
     pub limits: ServerLimits,
-    pub outbound: OutboundRules,
     pub data_dir: PathBuf,
-    pub kv_stores: Vec<String>,
-    pub sql_databases: Vec<String>,
     pub durability: Durability,
-    /// Actor classes: name and component (or crate directory), by name.
-    pub actors: Vec<(String, PathBuf)>,
-    /// Classes exposed to clients directly: (path prefix, class).
-    pub actor_routes: Vec<(String, String)>,
-    /// Each class's secrets, resolved: class, then name, to value.
-    pub secrets: weir_programs::host::Secrets,
 }
 
 /// What the command line adds to the config file.
-#[derive(Default)]
+#[derive(Default, Clone, Copy)]
 pub struct Overrides<'a> {
     pub limits: &'a [String],
     pub allow_outbound: &'a [String],
@@ -143,6 +89,22 @@ pub struct Overrides<'a> {
     pub actor_routes: &'a [String],
 }
 
+/// `NAME=VALUE` pairs of a repeatable flag, each checked.
+fn assignments(
+    list: &[String],
+    flag: &str,
+    form: &str,
+) -> Result<Vec<(String, String)>, UsageError> {
+    list.iter()
+        .map(|assignment| {
+            let (name, value) = assignment.split_once('=').ok_or_else(|| {
+                UsageError(format!("--{flag} `{assignment}` is not of the form {form}"))
+            })?;
+            Ok((name.trim().to_string(), value.trim().to_string()))
+        })
+        .collect()
+}
+
 impl Config {
     /// Reads the config file (if any), then applies the command line.
     pub fn resolve(
@@ -150,9 +112,7 @@ impl Config {
         app: Option<&Path>,
         overrides: Overrides<'_>,
     ) -> Result<Config, UsageError> {
-        let assignments = overrides.limits;
-        let allow_outbound = overrides.allow_outbound;
-        let (parsed, base) = match file {
+        let (mut parsed, base) = match file {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|e| {
                     UsageError(format!("cannot read config {}: {e}", path.display()))
@@ -164,47 +124,18 @@ impl Config {
             }
             None => (File::default(), None),
         };
+        let base = base.as_deref();
         let mut limits = ServerLimits::default();
-        for (name, value) in &parsed.limits {
-            let value = match value {
-                toml::Value::Integer(i) => i.to_string(),
-                toml::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
+        for (name, value) in limit_pairs(&parsed.limits) {
             limits
-                .set(name, &value)
+                .set(&name, &value)
                 .map_err(|e| UsageError(format!("config: {e}")))?;
         }
-        for assignment in assignments {
+        for assignment in overrides.limits {
             limits
                 .apply(assignment)
                 .map_err(|e| UsageError(e.to_string()))?;
         }
-        let app = match (app, parsed.app) {
-            (Some(app), _) => app.to_path_buf(),
-            // A path in the config file is relative to the file.
-            (None, Some(app)) => match &base {
-                Some(base) if app.is_relative() => base.join(app),
-                _ => app,
-            },
-            (None, None) => {
-                return Err(UsageError(
-                    "no app given: pass a .wasm component or a guest crate directory, or set `app` in --config".into(),
-                ));
-            }
-        };
-        if !app.exists() {
-            return Err(UsageError(format!("app {} does not exist", app.display())));
-        }
-        let patterns = parsed
-            .allowed_outbound_hosts
-            .iter()
-            .chain(allow_outbound)
-            .map(|p| {
-                p.parse::<HostPattern>()
-                    .map_err(|e| UsageError(e.to_string()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
         let durability = match overrides
             .durability
             .or(parsed.keyvalue.durability.as_deref())
@@ -218,108 +149,127 @@ impl Config {
                 )));
             }
         };
-        let data_dir = match (overrides.data_dir, parsed.data_dir) {
+        let data_dir = match (overrides.data_dir, parsed.data_dir.take()) {
             (Some(dir), _) => dir.to_path_buf(),
-            (None, Some(dir)) => match &base {
-                Some(base) if dir.is_relative() => base.join(dir),
-                _ => dir,
-            },
+            (None, Some(dir)) => relative(base, &dir),
             (None, None) => PathBuf::from(DEFAULT_DATA_DIR),
         };
-        let mut kv_stores = parsed.keyvalue.stores.clone();
-        kv_stores.extend(overrides.kv_stores.iter().cloned());
-        kv_stores.sort();
-        kv_stores.dedup();
-        let mut sql_databases = parsed.sql.databases.clone();
-        sql_databases.extend(overrides.sql_databases.iter().cloned());
-        sql_databases.sort();
-        sql_databases.dedup();
-        let mut routes: std::collections::BTreeMap<String, String> = parsed
-            .actors
-            .iter()
-            .filter_map(|(class, section)| Some((class.clone(), section.route.clone()?)))
-            .collect();
-        for assignment in overrides.actor_routes {
-            let (class, prefix) = assignment.split_once('=').ok_or_else(|| {
-                UsageError(format!(
-                    "--actor-route `{assignment}` is not of the form CLASS=/PREFIX"
-                ))
-            })?;
-            routes.insert(class.trim().to_string(), prefix.trim().to_string());
-        }
-        let mut secrets = weir_programs::host::Secrets::new();
-        for (class, section) in &parsed.actors {
-            for (name, source) in &section.secrets {
-                let value = source.resolve(class, name, base.as_deref())?;
-                secrets
-                    .entry(class.clone())
-                    .or_default()
-                    .insert(name.clone(), value);
-            }
-        }
-        let mut actors: std::collections::BTreeMap<String, PathBuf> = parsed
-            .actors
-            .into_iter()
-            .map(|(class, section)| {
-                let path = match &base {
-                    Some(base) if section.component.is_relative() => base.join(&section.component),
-                    _ => section.component,
-                };
-                (class, path)
-            })
-            .collect();
-        for assignment in overrides.actors {
-            let (class, path) = assignment.split_once('=').ok_or_else(|| {
-                UsageError(format!(
-                    "--actor `{assignment}` is not of the form CLASS=PATH"
-                ))
-            })?;
-            actors.insert(class.trim().to_string(), PathBuf::from(path.trim()));
-        }
-        for (class, path) in &actors {
-            weir_actors::ActorAddress::new(class, "x")
-                .map_err(|e| UsageError(format!("actor class `{class}`: {e}")))?;
-            if !path.exists() {
-                return Err(UsageError(format!(
-                    "actor class `{class}`: {} does not exist",
-                    path.display()
-                )));
-            }
-        }
-        let mut actor_routes = Vec::new();
-        for (class, prefix) in routes {
-            if !actors.contains_key(&class) {
-                return Err(UsageError(format!(
-                    "actor route for `{class}`: no such actor class is declared"
-                )));
-            }
-            let valid = prefix.len() > 1
-                && prefix.starts_with('/')
-                && !prefix.ends_with('/')
-                && !prefix.contains(['?', '#']);
-            if !valid {
-                return Err(UsageError(format!(
-                    "actor route `{prefix}` for `{class}` must look like /name (a leading slash, no trailing slash, no query)"
-                )));
-            }
-            actor_routes.push((prefix, class));
+        let mut outbound = parsed.allowed_outbound_hosts.clone();
+        outbound.extend(overrides.allow_outbound.iter().cloned());
+        let (listen, admin, receipt_headers) =
+            (parsed.listen, parsed.admin, parsed.receipt_headers);
+
+        let apps = if parsed.apps.is_empty() {
+            vec![single_app(parsed, app, base, overrides, outbound)?]
+        } else {
+            let sections = std::mem::take(&mut parsed.apps);
+            declared_apps(sections, &parsed, app, base, overrides, &outbound)?
+        };
+        for spec in &apps {
+            spec.check(&limits).map_err(|e| UsageError(e.to_string()))?;
         }
         Ok(Config {
-            secrets,
-            actor_routes,
-            actors: actors.into_iter().collect(),
-            sql_databases,
-            data_dir,
-            kv_stores,
-            durability,
-            outbound: OutboundRules::new(patterns),
-            app,
-            listen: parsed.listen,
-            admin: parsed.admin,
-            receipt_headers: parsed.receipt_headers,
+            apps,
+            listen,
+            admin,
+            receipt_headers,
             limits,
+            data_dir,
+            durability,
         })
     }
+}
+
+/// The one app of a file without `[apps]` (or of no file at all).
+fn single_app(
+    parsed: File,
+    app: Option<&Path>,
+    base: Option<&Path>,
+    overrides: Overrides<'_>,
+    outbound: Vec<String>,
+) -> Result<AppSpec, UsageError> {
+    let component = match (app, &parsed.app) {
+        (Some(app), _) => app.to_path_buf(),
+        // A path in the config file is relative to the file.
+        (None, Some(app)) => relative(base, app),
+        (None, None) => {
+            return Err(UsageError(
+                "no app given: pass a .wasm component or a guest crate directory, or set `app` in --config".into(),
+            ));
+        }
+    };
+    let mut kv_stores = parsed.keyvalue.stores;
+    kv_stores.extend(overrides.kv_stores.iter().cloned());
+    let mut sql_databases = parsed.sql.databases;
+    sql_databases.extend(overrides.sql_databases.iter().cloned());
+    let actors = parsed.actors;
+    app_spec(
+        None,
+        AppParts {
+            component,
+            routes: Vec::new(),
+            outbound,
+            kv_stores,
+            sql_databases,
+            actors,
+            more_actors: assignments(overrides.actors, "actor", "CLASS=PATH")?
+                .into_iter()
+                .map(|(class, path)| (class, PathBuf::from(path)))
+                .collect(),
+            more_routes: assignments(overrides.actor_routes, "actor-route", "CLASS=/PREFIX")?,
+            limits: Vec::new(),
+        },
+        base,
+    )
+}
+
+/// The apps of `[apps.NAME]` sections: what belongs to one app is said in
+/// its section, never at the top level or on the command line.
+fn declared_apps(
+    sections: std::collections::BTreeMap<String, AppSection>,
+    parsed: &File,
+    app: Option<&Path>,
+    base: Option<&Path>,
+    overrides: Overrides<'_>,
+    outbound: &[String],
+) -> Result<Vec<AppSpec>, UsageError> {
+    let mixed = [
+        ("an app path on the command line", app.is_some()),
+        ("`app`", parsed.app.is_some()),
+        ("[actors.*]", !parsed.actors.is_empty()),
+        ("[keyvalue] stores", !parsed.keyvalue.stores.is_empty()),
+        ("[sql] databases", !parsed.sql.databases.is_empty()),
+        ("--kv-store", !overrides.kv_stores.is_empty()),
+        ("--sql-database", !overrides.sql_databases.is_empty()),
+        ("--actor", !overrides.actors.is_empty()),
+        ("--actor-route", !overrides.actor_routes.is_empty()),
+    ];
+    if let Some((what, _)) = mixed.iter().find(|(_, given)| *given) {
+        return Err(UsageError(format!(
+            "{what} belongs to one app: with [apps.NAME] sections, say it in the app's section"
+        )));
+    }
+    let mut apps = Vec::new();
+    for (name, section) in sections {
+        let mut allowed = outbound.to_vec();
+        allowed.extend(section.allowed_outbound_hosts);
+        apps.push(app_spec(
+            Some(&name),
+            AppParts {
+                component: relative(base, &section.component),
+                routes: section.routes,
+                outbound: allowed,
+                kv_stores: section.keyvalue.stores,
+                sql_databases: section.sql.databases,
+                actors: section.actors,
+                more_actors: Vec::new(),
+                more_routes: Vec::new(),
+                limits: limit_pairs(&section.limits),
+            },
+            base,
+        )?);
+    }
+    Ok(apps)
 }
 
 /// The component to serve: the path itself, or the result of building the
@@ -372,7 +322,7 @@ mod secrets {
     #[test]
     fn a_secret_comes_from_weirs_environment_or_a_file_beside_the_config() {
         let config = resolve("path = { env = \"PATH\" }\nkey = { file = \"key.txt\" }").unwrap();
-        let class = &config.secrets["c"];
+        let class = &config.apps[0].secrets["c"];
         assert_eq!(class["path"], std::env::var("PATH").unwrap());
         assert_eq!(class["key"], "from-a-file", "without its trailing newline");
     }
