@@ -47,6 +47,7 @@ impl ActorHost {
                 };
                 host.receipt(
                     &cell,
+                    &class,
                     TurnKind::Alarm,
                     report,
                     TurnNotes {

@@ -352,6 +352,7 @@ impl ActorHost {
         };
         self.receipt(
             &cell,
+            &class,
             crate::receipts::TurnKind::Call,
             &report,
             notes,

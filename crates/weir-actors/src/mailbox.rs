@@ -148,6 +148,7 @@ impl ActorHost {
             drop(live);
             self.receipt(
                 &cell,
+                &class,
                 TurnKind::Request,
                 &report,
                 TurnNotes {

@@ -14,7 +14,7 @@ use serde::Serialize;
 use weir_runtime::WeirError;
 use weir_runtime::receipt::{Terminal, write_receipt};
 
-use crate::host::{ActorHost, Cell};
+use crate::host::{ActorClass, ActorHost, Cell};
 use crate::turn::TurnReport;
 
 /// The receipts' `target`, beside the workers' `weir::receipt`.
@@ -88,18 +88,20 @@ struct TurnFields<'a> {
 }
 
 impl ActorHost {
-    /// Counts a turn that ran from `started` to `ended` and writes its
+    /// Counts a turn that ran from `started` to `ended` on `class` (the
+    /// code it ran, even if another was installed since) and writes its
     /// receipt.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn receipt(
         &self,
         cell: &Cell,
+        class: &ActorClass,
         kind: TurnKind,
         report: &TurnReport,
         notes: TurnNotes<'_>,
         started: Instant,
         ended: Instant,
     ) {
-        let class = cell.class.load();
         let metrics = &class.actor_metrics;
         let ok = report.error.is_none();
         if !ok {

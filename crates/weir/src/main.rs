@@ -301,7 +301,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             } else {
                 let routes: Vec<String> = app.routes.iter().map(|r| r.to_string()).collect();
                 eprintln!(
-                    "weir: serving app {} ({}) on http://{addr} at {}",
+                    "weir: serving app {} ({}) at {} on http://{addr}",
                     app.name,
                     app.component.display(),
                     routes.join(", ")

@@ -227,6 +227,9 @@ fn handle(request: &IncomingRequest, path: &str) -> Result<(u16, String), Error>
                     "name": me.name,
                     "incarnation": me.incarnation,
                     "pid_base": me.pid_base,
+                    // `actor-probe` or `actor-probe-next`: the same source
+                    // built twice, for class deploys.
+                    "build": env!("CARGO_PKG_NAME"),
                 })
                 .to_string(),
             )

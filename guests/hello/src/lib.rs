@@ -1,6 +1,7 @@
 //! The smallest useful `wasi:http/proxy` component: answers every request
 //! with a fixed greeting. The example app of the README and the benchmark's
-//! workload.
+//! workload. Built a second time as `hello-next` (the same source), which
+//! greets differently: the two versions deploys alternate between.
 
 use wasi::http::types::{
     Fields, IncomingRequest, OutgoingBody, OutgoingResponse, ResponseOutparam,
@@ -9,6 +10,17 @@ use wasi::http::types::{
 struct Hello;
 
 const GREETING: &[u8] = b"hello from weir\n";
+
+/// What `hello-next` answers instead.
+const NEXT_GREETING: &[u8] = b"hello from weir, next version\n";
+
+fn greeting() -> &'static [u8] {
+    if env!("CARGO_PKG_NAME") == "hello" {
+        GREETING
+    } else {
+        NEXT_GREETING
+    }
+}
 
 impl wasi::exports::http::incoming_handler::Guest for Hello {
     fn handle(_request: IncomingRequest, out: ResponseOutparam) {
@@ -22,7 +34,7 @@ impl wasi::exports::http::incoming_handler::Guest for Hello {
         ResponseOutparam::set(out, Ok(response));
         let stream = body.write().expect("stream is taken once");
         stream
-            .blocking_write_and_flush(GREETING)
+            .blocking_write_and_flush(greeting())
             .expect("client accepts the greeting");
         drop(stream);
         OutgoingBody::finish(body, None).expect("body is complete");

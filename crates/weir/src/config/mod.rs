@@ -165,8 +165,17 @@ impl Config {
             let sections = std::mem::take(&mut parsed.apps);
             declared_apps(sections, &parsed, app, base, overrides, &outbound)?
         };
+        let mut routed = std::collections::BTreeMap::new();
         for spec in &apps {
             spec.check(&limits).map_err(|e| UsageError(e.to_string()))?;
+            for route in &spec.routes {
+                if let Some(first) = routed.insert(route.clone(), &spec.name) {
+                    return Err(UsageError(format!(
+                        "route `{route}` is declared by both `{first}` and `{}`",
+                        spec.name
+                    )));
+                }
+            }
         }
         Ok(Config {
             apps,

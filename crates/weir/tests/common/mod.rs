@@ -87,6 +87,7 @@ pub fn fresh_data_dir() -> PathBuf {
 /// What `weir` printed before it exited or became ready.
 pub struct Exited {
     pub code: Option<i32>,
+    pub stdout: String,
     pub stderr: String,
 }
 
@@ -123,16 +124,19 @@ pub fn run_weir(args: &[&str]) -> Exited {
     // after a minute and fails the test, rather than hanging it.
     let mut child = command
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("weir runs");
-    let mut stderr = child.stderr.take().expect("stderr is piped");
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
+    let read_all = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            text
+        })
+    };
+    let reader = read_all(Box::new(child.stderr.take().expect("stderr is piped")));
+    let out = read_all(Box::new(child.stdout.take().expect("stdout is piped")));
     let Some(status) = exit_within(&mut child, Duration::from_secs(60)) else {
         panic!(
             "weir {args:?} did not exit within a minute:\n{}",
@@ -141,6 +145,7 @@ pub fn run_weir(args: &[&str]) -> Exited {
     };
     Exited {
         code: status.code(),
+        stdout: out.join().unwrap_or_default(),
         stderr: reader.join().unwrap_or_default(),
     }
 }

@@ -1,0 +1,681 @@
+//! Many apps on one server and deploys that drop nothing, from outside: a
+//! real `weir serve` of a `weir.toml` with `[apps.NAME]` sections, real
+//! guests, real HTTP clients, deploys through the admin address and
+//! `SIGHUP`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+
+const V1: &str = "hello from weir\n";
+const V2: &str = "hello from weir, next version\n";
+
+/// A `weir.toml` in a directory of its own; returns its path.
+fn config_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("weir-apps-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("weir.toml");
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+fn toml_path(path: &Path) -> String {
+    format!("{:?}", path.display().to_string())
+}
+
+/// `[apps.NAME]` of `component` at `routes`, with `extra` lines.
+fn app_section(name: &str, component: &Path, routes: &[&str], extra: &str) -> String {
+    let routes: Vec<String> = routes.iter().map(|r| format!("{r:?}")).collect();
+    format!(
+        "[apps.{name}]\ncomponent = {}\nroutes = [{}]\n{extra}\n",
+        toml_path(component),
+        routes.join(", ")
+    )
+}
+
+async fn get_with_host(weir: &Weir, host: &str, path: &str) -> Resp {
+    weir.send(
+        Request::get(path)
+            .header("host", host)
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await
+}
+
+/// A deploy through the admin address: `query` like `?label=v2`.
+async fn deploy(weir: &Weir, app: &str, component: &[u8], query: &str) -> Resp {
+    let admin = weir.admin.expect("admin listener");
+    let req = Request::post(format!("/apps/{app}/deploy{query}"))
+        .header("host", admin.to_string())
+        .header(
+            "authorization",
+            format!("Bearer {}", weir.token.as_ref().unwrap()),
+        )
+        .body(Full::new(Bytes::copy_from_slice(component)))
+        .unwrap();
+    send_to(admin, req).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_apps_are_routed_by_host_then_longest_prefix_and_the_rest_is_no_route() {
+    let file = config_file(
+        "routes",
+        &format!(
+            "{}{}",
+            app_section(
+                "front",
+                &guest("hello"),
+                &["front.test/", "/front", "/status/front"],
+                ""
+            ),
+            app_section("back", &probe(), &["*.back.test/", "/status"], ""),
+        ),
+    );
+    let weir = Weir::start_with(&["--config", file.to_str().unwrap()]);
+    // By host: exact, then a wildcard of any depth; the port is ignored.
+    let front = get_with_host(&weir, "front.test:8080", "/anything").await;
+    assert_eq!((front.status.as_u16(), front.text()), (200, V1.into()));
+    let back = get_with_host(&weir, "a.b.back.test", "/hello").await;
+    assert_eq!((back.status.as_u16(), back.text()), (200, V1.into()));
+    let echoed = get_with_host(&weir, "x.back.test", "/status?code=207").await;
+    assert_eq!(echoed.status.as_u16(), 207, "the probe answered");
+    // By path on any host: the longest prefix wins, whole segments only;
+    // the app sees the whole path.
+    let by_path = get_with_host(&weir, "elsewhere", "/status?code=208").await;
+    assert_eq!(by_path.status.as_u16(), 208, "/status is the probe's");
+    let longer = get_with_host(&weir, "elsewhere", "/status/front/x").await;
+    assert_eq!(longer.text(), V1, "/status/front is longer than /status");
+    for (host, path) in [
+        ("elsewhere", "/"),
+        ("elsewhere", "/frontier"),
+        ("elsewhere", "/statusx"),
+        ("back.test", "/"),
+    ] {
+        get_with_host(&weir, host, path)
+            .await
+            .assert_weir_error(404, "no_route");
+    }
+    // Each receipt names its app and version; the metrics count each app.
+    let receipt = weir.receipt_where(|r| r["app"] == "back").await;
+    let digest = receipt["version"].as_str().unwrap();
+    assert!(
+        digest.starts_with("sha256:") && digest.len() == 71,
+        "{digest}"
+    );
+    let metrics = weir.admin_get("/metrics").await.text();
+    for app in ["front", "back"] {
+        assert!(
+            metrics.contains(&format!(
+                "weir_events_total{{app=\"{app}\",outcome=\"ok\"}}"
+            )),
+            "{app} is counted on its own"
+        );
+    }
+    let apps = weir.admin_get("/apps").await.json();
+    let names: Vec<&str> = apps["apps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["back", "front"]);
+    assert_eq!(apps["apps"][1]["routes"][0], "front.test/");
+    assert_eq!(apps["apps"][0]["version"], digest);
+}
+
+#[test]
+fn overlapping_routes_are_refused_at_start_naming_both_apps() {
+    let hello = guest("hello");
+    let file = config_file(
+        "overlap",
+        &format!(
+            "{}{}",
+            app_section("one", &hello, &["/", "/api"], ""),
+            app_section("two", &hello, &["/api/"], ""),
+        ),
+    );
+    let exited = run_weir(&[
+        "serve",
+        "--config",
+        file.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        fresh_data_dir().to_str().unwrap(),
+    ]);
+    assert_eq!(exited.code, Some(2), "{}", exited.stderr);
+    assert!(
+        exited
+            .stderr
+            .contains("route `/api` is declared by both `one` and `two`"),
+        "{}",
+        exited.stderr
+    );
+}
+
+#[test]
+fn what_belongs_to_one_app_is_refused_outside_its_section() {
+    let hello = guest("hello");
+    let file = config_file(
+        "mixed",
+        &format!(
+            "[keyvalue]\nstores = [\"s\"]\n{}",
+            app_section("one", &hello, &["/"], "")
+        ),
+    );
+    let exited = run_weir(&["serve", "--config", file.to_str().unwrap()]);
+    assert_eq!(exited.code, Some(2), "{}", exited.stderr);
+    assert!(
+        exited.stderr.contains(
+            "[keyvalue] stores belongs to one app: with [apps.NAME] sections, say it in the app's section"
+        ),
+        "{}",
+        exited.stderr
+    );
+    let file = config_file(
+        "serverwide",
+        &app_section(
+            "one",
+            &hello,
+            &["/"],
+            "[apps.one.limits]\nmax_connections = 5",
+        ),
+    );
+    let exited = run_weir(&["serve", "--config", file.to_str().unwrap()]);
+    assert_eq!(exited.code, Some(2), "{}", exited.stderr);
+    assert!(
+        exited.stderr.contains(
+            "app `one`: `max_connections` is a server-wide limit: set it in the top-level [limits]"
+        ),
+        "{}",
+        exited.stderr
+    );
+}
+
+/// Requests on `connections` keep-alive connections until `stop`: every
+/// answer's status and body, and every transport error.
+struct Load {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<(Vec<(u16, String)>, Vec<String>)>>,
+}
+
+impl Load {
+    fn start(addr: std::net::SocketAddr, connections: usize, path: &'static str) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = (0..connections)
+            .map(|_| {
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    let (mut answers, mut errors) = (Vec::new(), Vec::new());
+                    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+                    let (mut sender, conn) =
+                        hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                            .await
+                            .unwrap();
+                    tokio::spawn(conn);
+                    while !stop.load(Ordering::Relaxed) {
+                        let req = Request::get(path)
+                            .header("host", "load.test")
+                            .body(Full::new(Bytes::new()))
+                            .unwrap();
+                        match sender.send_request(req).await {
+                            Ok(response) => {
+                                let status = response.status().as_u16();
+                                match response.into_body().collect().await {
+                                    Ok(body) => answers.push((
+                                        status,
+                                        String::from_utf8_lossy(&body.to_bytes()).into_owned(),
+                                    )),
+                                    Err(e) => errors.push(format!("body: {e}")),
+                                }
+                            }
+                            Err(e) => {
+                                errors.push(format!("request: {e}"));
+                                break;
+                            }
+                        }
+                    }
+                    (answers, errors)
+                })
+            })
+            .collect();
+        Load { stop, tasks }
+    }
+
+    async fn finish(self) -> (Vec<(u16, String)>, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        let (mut answers, mut errors) = (Vec::new(), Vec::new());
+        for task in self.tasks {
+            let (a, e) = task.await.unwrap();
+            answers.extend(a);
+            errors.extend(e);
+        }
+        (answers, errors)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_deploys_under_full_load_drop_no_request() {
+    let (v1, v2) = (
+        std::fs::read(guest("hello")).unwrap(),
+        std::fs::read(guest("hello_next")).unwrap(),
+    );
+    let file = config_file(
+        "zero-drop",
+        &app_section(
+            "site",
+            &guest("hello"),
+            &["/"],
+            "[apps.site.limits]\nmax_concurrent = 4",
+        ),
+    );
+    let weir = Weir::start_with(&["--config", file.to_str().unwrap()]);
+    let load = Load::start(weir.addr, 8, "/");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut latencies = Vec::new();
+    for round in 0..20 {
+        let (bytes, expect, label) = if round % 2 == 0 {
+            (&v2, V2, format!("next-{round}"))
+        } else {
+            (&v1, V1, format!("first-{round}"))
+        };
+        let started = Instant::now();
+        let done = deploy(&weir, "site", bytes, &format!("?label={label}")).await;
+        assert_eq!(done.status, 200, "{}", done.text());
+        assert_eq!(done.json()["deployed"][0]["version"], label.as_str());
+        // The first request after the deploy answered is the new version's.
+        let seen = weir.get("/").await;
+        assert_eq!(seen.text(), expect, "round {round}");
+        latencies.push(started.elapsed());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (answers, errors) = load.finish().await;
+    assert!(errors.is_empty(), "transport errors: {errors:?}");
+    let bad: Vec<_> = answers
+        .iter()
+        .filter(|(status, body)| *status != 200 || (body != V1 && body != V2))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{} bad answers: {:?}",
+        bad.len(),
+        &bad[..bad.len().min(5)]
+    );
+    let v2_count = answers.iter().filter(|(_, b)| b == V2).count();
+    assert!(
+        v2_count > 0 && v2_count < answers.len(),
+        "both versions answered"
+    );
+    latencies.sort();
+    eprintln!(
+        "zero-drop: {} answers, 0 errors; deploy to first response of the new version: median {:?}, max {:?}",
+        answers.len(),
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() - 1]
+    );
+    // Each version's receipts name it; the replaced ones drained.
+    weir.receipt_where(|r| r["version"] == "first-19").await;
+    let apps = wait_for("the replaced versions to drain", || async {
+        let apps = weir.admin_get("/apps").await.json();
+        match apps["apps"][0]["draining"].as_array() {
+            Some(d) if d.is_empty() => Ok(apps),
+            _ => Err(apps.to_string()),
+        }
+    })
+    .await;
+    assert_eq!(apps["apps"][0]["number"], 21);
+    assert_eq!(apps["apps"][0]["previous"]["version"], "next-18");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_that_does_not_compile_or_link_is_refused_and_the_old_version_serves_on() {
+    let file = config_file("broken", &app_section("site", &guest("hello"), &["/"], ""));
+    let weir = Weir::start_with(&["--config", file.to_str().unwrap()]);
+    let load = Load::start(weir.addr, 4, "/");
+    let refused = deploy(&weir, "site", b"\0asm not really", "").await;
+    refused.assert_weir_error(422, "component_refused");
+    assert!(
+        refused.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not compile"),
+        "{}",
+        refused.text()
+    );
+    // A command component compiles but does not serve HTTP.
+    let command = std::fs::read(guest("cmdprobe")).unwrap();
+    let refused = deploy(&weir, "site", &command, "").await;
+    refused.assert_weir_error(422, "component_refused");
+    assert!(
+        refused.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("wasi:http/incoming-handler"),
+        "{}",
+        refused.text()
+    );
+    deploy(&weir, "nope", &command, "")
+        .await
+        .assert_weir_error(404, "app_unknown");
+    deploy(&weir, "site", &command, "?label=no%20spaces")
+        .await
+        .assert_weir_error(400, "bad_request");
+    let admin = weir.admin.unwrap();
+    let rollback = send_to(
+        admin,
+        Request::post("/apps/site/rollback")
+            .header("host", admin.to_string())
+            .header(
+                "authorization",
+                format!("Bearer {}", weir.token.as_ref().unwrap()),
+            )
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await;
+    rollback.assert_weir_error(409, "no_previous_version");
+    let (answers, errors) = load.finish().await;
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(!answers.is_empty());
+    assert!(
+        answers.iter().all(|(s, b)| *s == 200 && b == V1),
+        "the first version answered every request"
+    );
+    let apps = weir.admin_get("/apps").await.json();
+    assert_eq!(apps["apps"][0]["number"], 1, "nothing was installed");
+    // Without the token, nothing about apps is answered.
+    let anonymous = send_to(
+        admin,
+        Request::get("/apps")
+            .header("host", admin.to_string())
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(anonymous.status, 401);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_returns_to_the_previous_version_the_same_way() {
+    let file = config_file(
+        "rollback",
+        &app_section("site", &guest("hello"), &["/"], ""),
+    );
+    let weir = Weir::start_with(&["--config", file.to_str().unwrap()]);
+    let next = std::fs::read(guest("hello_next")).unwrap();
+    assert_eq!(deploy(&weir, "site", &next, "?label=v2").await.status, 200);
+    assert_eq!(weir.get("/").await.text(), V2);
+    let admin = weir.admin.unwrap();
+    let exited = run_weir(&[
+        "deploy",
+        "--admin",
+        &admin.to_string(),
+        "--token",
+        weir.token.as_ref().unwrap(),
+        "--rollback",
+        "site",
+    ]);
+    assert_eq!(exited.code, Some(0), "{}", exited.stderr);
+    let done: Value = serde_json::from_str(&exited.stdout).unwrap();
+    assert_eq!(done["deployed"][0]["previous"], "v2");
+    assert_eq!(weir.get("/").await.text(), V1);
+    // `weir deploy` of a component file, and `weir apps list`.
+    let exited = run_weir(&[
+        "deploy",
+        "--admin",
+        &admin.to_string(),
+        "--token",
+        weir.token.as_ref().unwrap(),
+        "site",
+        guest("hello_next").to_str().unwrap(),
+        "--label",
+        "v3",
+    ]);
+    assert_eq!(exited.code, Some(0), "{}", exited.stderr);
+    assert_eq!(weir.get("/").await.text(), V2);
+    let exited = run_weir(&[
+        "apps",
+        "list",
+        "--admin",
+        &admin.to_string(),
+        "--token",
+        weir.token.as_ref().unwrap(),
+    ]);
+    let listed: Value = serde_json::from_str(&exited.stdout).unwrap();
+    assert_eq!(listed["apps"][0]["version"], "v3");
+    assert_eq!(listed["apps"][0]["number"], 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_deploy_under_a_stream_of_calls_loses_no_write_and_the_next_incarnation_runs_the_new_code()
+ {
+    let file = config_file(
+        "class",
+        &app_section(
+            "counter",
+            &guest("hello"),
+            &["/"],
+            &format!(
+                "[apps.counter.actors.probe]\ncomponent = {}\nroute = \"/probe\"",
+                toml_path(&guest("actor_probe"))
+            ),
+        ),
+    );
+    let weir = Weir::start_with(&["--config", file.to_str().unwrap()]);
+    let before = weir.get("/probe/a/whoami").await.json();
+    assert_eq!(before["build"], "actor-probe");
+    let stop = Arc::new(AtomicBool::new(false));
+    let callers: Vec<_> = (0..3)
+        .map(|_| {
+            let stop = stop.clone();
+            let addr = weir.addr;
+            tokio::spawn(async move {
+                let mut acked = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let r = send_to(
+                        addr,
+                        Request::post("/probe/a/incr")
+                            .header("host", "x")
+                            .body(Full::new(Bytes::new()))
+                            .unwrap(),
+                    )
+                    .await;
+                    assert_eq!(r.status, 200, "{}", r.text());
+                    acked.push(r.text().parse::<u64>().unwrap());
+                }
+                acked
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let just_before = weir.get("/probe/a/whoami").await.json();
+    let next = std::fs::read(guest("actor_probe_next")).unwrap();
+    let done = deploy(&weir, "counter", &next, "?class=probe&label=probe-2").await;
+    assert_eq!(done.status, 200, "{}", done.text());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut acked = Vec::new();
+    for caller in callers {
+        acked.extend(caller.await.unwrap());
+    }
+    // Every acknowledged increment is there, each exactly once.
+    acked.sort();
+    let n = acked.len() as u64;
+    assert!(n > 10, "calls ran through the deploy");
+    assert_eq!(acked, (1..=n).collect::<Vec<_>>());
+    let stored = weir.get("/probe/a/get").await.text();
+    assert_eq!(stored, n.to_string());
+    let after = weir.get("/probe/a/whoami").await.json();
+    assert_eq!(after["build"], "actor-probe-next");
+    assert_eq!(just_before["build"], "actor-probe");
+    assert!(
+        after["incarnation"].as_u64().unwrap() > just_before["incarnation"].as_u64().unwrap(),
+        "{just_before} then {after}"
+    );
+    // The worker was not replaced by a class deploy; the class's turns
+    // name its new version.
+    let apps = weir.admin_get("/apps").await.json();
+    assert_eq!(apps["apps"][0]["classes"][0]["version"], "probe-2");
+    assert_eq!(apps["apps"][0]["generations"]["created"], 1);
+    // The first turn on the new code started a fresh incarnation.
+    let turn = weir
+        .actor_receipt_where(|r| r["version"] == "probe-2")
+        .await;
+    assert_eq!(turn["app"], "counter");
+    assert_eq!(turn["woke"], true, "{turn}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_applies_a_new_weir_toml_whole_and_an_invalid_one_changes_nothing() {
+    let hello = guest("hello");
+    let write = |file: &Path, text: String| std::fs::write(file, text).unwrap();
+    let two = |site: &Path, site_routes: &[&str], api_routes: &[&str]| {
+        format!(
+            "{}{}",
+            app_section("site", site, site_routes, ""),
+            app_section("api", &probe(), api_routes, "")
+        )
+    };
+    let file = config_file("sighup", &two(&hello, &["/"], &["/status"]));
+    let weir = Weir::start_with(&["--config", file.to_str().unwrap()]);
+    let applied = |n: usize| {
+        let weir = &weir;
+        async move {
+            wait_for("the SIGHUP to be handled", || async {
+                let lines = weir.log().matches("weir: SIGHUP: ").count();
+                if lines >= n {
+                    Ok(weir.log())
+                } else {
+                    Err(format!("{lines} handled"))
+                }
+            })
+            .await
+        }
+    };
+    // Not TOML that Weir accepts: refused, logged, nothing changed.
+    write(
+        &file,
+        format!("{}bogus = 1\n", two(&hello, &["/"], &["/status"])),
+    );
+    weir.signal("HUP");
+    let log = applied(1).await;
+    assert!(
+        log.contains("weir: SIGHUP: configuration refused, nothing changed: config "),
+        "{log}"
+    );
+    // Valid TOML, but two apps on one route: refused whole.
+    write(
+        &file,
+        two(&guest("hello_next"), &["/", "/status"], &["/status"]),
+    );
+    weir.signal("HUP");
+    let log = applied(2).await;
+    assert!(
+        log.contains("route `/status` is declared by both `api` and `site`"),
+        "{log}"
+    );
+    assert_eq!(weir.get("/").await.text(), V1, "site was not deployed");
+    assert_eq!(
+        weir.get("/status?code=203").await.status,
+        203,
+        "the probe serves /status"
+    );
+    // A valid change: new code for one app and a new route for the other.
+    write(
+        &file,
+        two(&guest("hello_next"), &["/"], &["/status", "/hello"]),
+    );
+    weir.signal("HUP");
+    let log = applied(3).await;
+    assert!(log.contains("weir: SIGHUP: configuration applied"), "{log}");
+    assert_eq!(weir.get("/").await.text(), V2);
+    assert_eq!(weir.get("/hello").await.text(), V1, "the probe's /hello");
+    let apps = weir.admin_get("/apps").await.json();
+    let api = &apps["apps"][0];
+    assert_eq!(api["name"], "api");
+    assert_eq!(
+        api["generations"]["created"], 1,
+        "a route change keeps the worker"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_in_a_trap_loop_and_at_capacity_leaves_the_other_app_whole() {
+    let file = config_file(
+        "isolation",
+        &format!(
+            "{}{}",
+            app_section(
+                "bad",
+                &probe(),
+                &["bad.test/"],
+                "[apps.bad.limits]\nmax_concurrent = 1\nmax_queued = 1"
+            ),
+            app_section("good", &guest("hello"), &["/"], ""),
+        ),
+    );
+    let weir = Weir::start_with(&["--config", file.to_str().unwrap()]);
+    let stop = Arc::new(AtomicBool::new(false));
+    // The bad app: its one lane held by sleepers and trapping in a loop.
+    let attackers: Vec<_> = (0..4)
+        .map(|i| {
+            let stop = stop.clone();
+            let addr = weir.addr;
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let path = if i % 2 == 0 { "/trap" } else { "/sleep?ms=200" };
+                    let r = send_to(
+                        addr,
+                        Request::get(path)
+                            .header("host", "bad.test")
+                            .body(Full::new(Bytes::new()))
+                            .unwrap(),
+                    )
+                    .await;
+                    statuses.push(r.status.as_u16());
+                }
+                statuses
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let load = Load::start(weir.addr, 4, "/");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (answers, errors) = load.finish().await;
+    stop.store(true, Ordering::Relaxed);
+    let mut statuses = Vec::new();
+    for a in attackers {
+        statuses.extend(a.await.unwrap());
+    }
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(answers.len() > 100, "{} answers", answers.len());
+    assert!(
+        answers.iter().all(|(s, b)| *s == 200 && b == V1),
+        "every request of the good app succeeded"
+    );
+    // The bad app did trap and did refuse for capacity.
+    assert!(statuses.contains(&503), "{statuses:?}");
+    let metrics = weir.admin_get("/metrics").await.text();
+    assert!(
+        metrics.contains("weir_events_total{app=\"bad\",outcome=\"trap\"}"),
+        "the bad app trapped"
+    );
+    assert!(
+        !metrics.contains("weir_events_total{app=\"good\",outcome=\"trap\"}")
+            || metrics.contains("weir_events_total{app=\"good\",outcome=\"trap\"} 0"),
+        "the good app did not"
+    );
+}
