@@ -204,11 +204,13 @@ fn what_belongs_to_one_app_is_refused_outside_its_section() {
     );
 }
 
-/// Requests on `connections` keep-alive connections until `stop`: every
-/// answer's status and body, and every transport error.
+/// Every answer's status and body, and every transport error.
+type Seen = (Vec<(u16, String)>, Vec<String>);
+
+/// Requests on `connections` keep-alive connections until `stop`.
 struct Load {
     stop: Arc<AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<(Vec<(u16, String)>, Vec<String>)>>,
+    tasks: Vec<tokio::task::JoinHandle<Seen>>,
 }
 
 impl Load {
@@ -254,7 +256,7 @@ impl Load {
         Load { stop, tasks }
     }
 
-    async fn finish(self) -> (Vec<(u16, String)>, Vec<String>) {
+    async fn finish(self) -> Seen {
         self.stop.store(true, Ordering::Relaxed);
         let (mut answers, mut errors) = (Vec::new(), Vec::new());
         for task in self.tasks {
