@@ -367,6 +367,27 @@ mod tests {
     }
 
     #[test]
+    fn no_routing_code_is_another_layers_and_the_readme_lists_each() {
+        let readme = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+        )
+        .unwrap();
+        for code in RoutingErrorCode::ALL {
+            let taken = weir_runtime::ErrorCode::ALL
+                .iter()
+                .map(|c| c.as_str())
+                .chain(
+                    crate::websocket::SocketErrorCode::ALL
+                        .iter()
+                        .map(|c| c.as_str()),
+                );
+            assert!(taken.into_iter().all(|t| t != code.as_str()));
+            let row = format!("| {} | `{}` |", code.status(), code.as_str());
+            assert!(readme.contains(&row), "README lacks the row `{row}`");
+        }
+    }
+
+    #[test]
     fn hosts_are_compared_without_port_or_case() {
         assert_eq!(normal_host("Example.COM:8080"), "example.com");
         assert_eq!(normal_host("example.com."), "example.com");

@@ -681,3 +681,62 @@ async fn an_app_in_a_trap_loop_and_at_capacity_leaves_the_other_app_whole() {
         "the good app did not"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_cannot_reach_another_apps_stores_or_actors() {
+    let kv = guest("kv");
+    let file = config_file(
+        "tenants",
+        &format!(
+            "{}{}{}",
+            app_section("one", &kv, &["one.test/"], "[apps.one.keyvalue]\nstores = [\"s\"]"),
+            app_section("two", &kv, &["two.test/"], "[apps.two.keyvalue]\nstores = [\"s\"]"),
+            // A worker that calls actor class `bucket`, which only `owner`
+            // declares.
+            app_section(
+                "caller",
+                &guest("ratelimit"),
+                &["/"],
+                ""
+            ) + &app_section(
+                "owner",
+                &guest("ratelimit"),
+                &["owner.test/"],
+                &format!(
+                    "[apps.owner.actors.bucket]\ncomponent = {}",
+                    toml_path(&guest("ratelimit_bucket"))
+                )
+            ),
+        ),
+    );
+    let weir = Weir::start_with(&["--config", file.to_str().unwrap()]);
+    let put = weir
+        .send(
+            Request::put("/kv/set?store=s&key=k")
+                .header("host", "one.test")
+                .body(Full::new(Bytes::from_static(b"one's")))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(put.status, 200, "{}", put.text());
+    let own = get_with_host(&weir, "one.test", "/kv/get?store=s&key=k").await;
+    assert_eq!((own.status.as_u16(), own.text()), (200, "one's".into()));
+    let other = get_with_host(&weir, "two.test", "/kv/get?store=s&key=k").await;
+    assert_eq!(other.status, 404, "two's store `s` is its own: {}", other.text());
+    // The owner's worker reaches its own class; the caller's cannot.
+    let owned = get_with_host(&weir, "owner.test", "/").await;
+    assert_eq!(owned.status, 200, "{}", owned.text());
+    let refused = get_with_host(&weir, "elsewhere", "/").await;
+    assert_eq!(refused.status, 502, "{}", refused.text());
+    assert!(
+        refused.text().starts_with("rate limiter unreachable"),
+        "{}",
+        refused.text()
+    );
+    // Only the owner's call ran a turn (one more would fail the count).
+    let turns = weir.actor_receipts_where(1, |_| true).await;
+    assert_eq!(turns[0]["app"], "owner");
+    let status = weir.admin_get("/status").await.json();
+    assert!(status["tenants"]["owner"]["actors"].is_object(), "{status}");
+    assert!(status["tenants"]["caller"].get("actors").is_none(), "{status}");
+}
