@@ -201,12 +201,17 @@ pub async fn serve(
     if let Some(sockets) = &options.sockets {
         sockets.shut_down();
     }
-    // Every connection has ended when each has given its place back.
+    // Every connection has ended when each has given its place back, and
+    // every socket (an upgraded connection gives its place back at the
+    // upgrade) when its close handshake is over.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
-    if tokio::time::timeout(SHUTDOWN_GRACE, connections.acquire_many(all))
-        .await
-        .is_err()
-    {
+    let ended = async {
+        let _ = connections.acquire_many(all).await;
+        if let Some(sockets) = &options.sockets {
+            sockets.all_closed().await;
+        }
+    };
+    if tokio::time::timeout(SHUTDOWN_GRACE, ended).await.is_err() {
         tracing::warn!("shutdown grace passed with requests still in flight");
     }
 }

@@ -689,24 +689,30 @@ async fn an_app_cannot_reach_another_apps_stores_or_actors() {
         "tenants",
         &format!(
             "{}{}{}",
-            app_section("one", &kv, &["one.test/"], "[apps.one.keyvalue]\nstores = [\"s\"]"),
-            app_section("two", &kv, &["two.test/"], "[apps.two.keyvalue]\nstores = [\"s\"]"),
+            app_section(
+                "one",
+                &kv,
+                &["one.test/"],
+                "[apps.one.keyvalue]\nstores = [\"s\"]"
+            ),
+            app_section(
+                "two",
+                &kv,
+                &["two.test/"],
+                "[apps.two.keyvalue]\nstores = [\"s\"]"
+            ),
             // A worker that calls actor class `bucket`, which only `owner`
             // declares.
-            app_section(
-                "caller",
-                &guest("ratelimit"),
-                &["/"],
-                ""
-            ) + &app_section(
-                "owner",
-                &guest("ratelimit"),
-                &["owner.test/"],
-                &format!(
-                    "[apps.owner.actors.bucket]\ncomponent = {}",
-                    toml_path(&guest("ratelimit_bucket"))
-                )
-            ),
+            app_section("caller", &guest("ratelimit"), &["/"], "")
+                + &app_section(
+                    "owner",
+                    &guest("ratelimit"),
+                    &["owner.test/"],
+                    &format!(
+                        "[apps.owner.actors.bucket]\ncomponent = {}",
+                        toml_path(&guest("ratelimit_bucket"))
+                    )
+                ),
         ),
     );
     let weir = Weir::start_with(&["--config", file.to_str().unwrap()]);
@@ -722,7 +728,12 @@ async fn an_app_cannot_reach_another_apps_stores_or_actors() {
     let own = get_with_host(&weir, "one.test", "/kv/get?store=s&key=k").await;
     assert_eq!((own.status.as_u16(), own.text()), (200, "one's".into()));
     let other = get_with_host(&weir, "two.test", "/kv/get?store=s&key=k").await;
-    assert_eq!(other.status, 404, "two's store `s` is its own: {}", other.text());
+    assert_eq!(
+        other.status,
+        404,
+        "two's store `s` is its own: {}",
+        other.text()
+    );
     // The owner's worker reaches its own class; the caller's cannot.
     let owned = get_with_host(&weir, "owner.test", "/").await;
     assert_eq!(owned.status, 200, "{}", owned.text());
@@ -738,5 +749,8 @@ async fn an_app_cannot_reach_another_apps_stores_or_actors() {
     assert_eq!(turns[0]["app"], "owner");
     let status = weir.admin_get("/status").await.json();
     assert!(status["tenants"]["owner"]["actors"].is_object(), "{status}");
-    assert!(status["tenants"]["caller"].get("actors").is_none(), "{status}");
+    assert!(
+        status["tenants"]["caller"].get("actors").is_none(),
+        "{status}"
+    );
 }

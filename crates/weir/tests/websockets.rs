@@ -367,7 +367,14 @@ async fn past_max_sockets_an_upgrade_gets_503_and_a_closed_socket_frees_its_plac
     assert_eq!(body["error"], "socket_capacity_exceeded");
     a.close(None).await.unwrap();
     while a.next().await.is_some() {}
-    socket_receipt(&weir, |r| r["closed_by"] == "client").await;
+    let closed = socket_receipt(&weir, |r| r["closed_by"] == "client").await;
+    // It names the version of the code that accepted it.
+    assert!(
+        closed["version"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("sha256:")),
+        "{closed}"
+    );
     let mut c = connect(&weir, "/echo").await;
     c.send(Message::text("in")).await.unwrap();
     assert_eq!(c.next().await.unwrap().unwrap(), Message::text("in"));

@@ -241,6 +241,17 @@ impl ActorSockets {
                 // An actor's socket outlives the turn that accepted it.
                 ending: Box::pin(std::future::pending()),
                 app: format!("actor:{}", actor.class).into(),
+                version: self
+                    .host
+                    .get()
+                    .and_then(Weak::upgrade)
+                    .and_then(|host| {
+                        host.class_versions()
+                            .into_iter()
+                            .find(|(class, _)| *class == actor.class)
+                    })
+                    .map(|(_, version)| version)
+                    .unwrap_or_else(|| Arc::from("")),
                 protocol,
                 grace: std::time::Duration::ZERO,
             }

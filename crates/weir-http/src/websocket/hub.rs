@@ -134,6 +134,13 @@ impl SocketHub {
         self.shutdown.send_replace(true);
     }
 
+    /// Returns once every socket has ended (each gives its place back when
+    /// its close handshake is done or given up on).
+    pub async fn all_closed(&self) {
+        let all = u32::try_from(self.limits.max_sockets).unwrap_or(u32::MAX);
+        let _ = self.capacity.acquire_many(all).await;
+    }
+
     pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
         self.shutdown.subscribe()
     }
@@ -169,6 +176,7 @@ impl SocketHub {
             SystemTime::now(),
             &SocketFields {
                 app: &record.app,
+                version: &record.version,
                 socket: record.id,
                 protocol: record.protocol.as_deref(),
                 messages_in: record.messages_in,
@@ -196,6 +204,7 @@ impl SocketHub {
 /// What one socket's receipt counts.
 pub(crate) struct SocketRecord {
     pub app: Arc<str>,
+    pub version: Arc<str>,
     pub id: u64,
     pub protocol: Option<String>,
     pub opened: Instant,
@@ -208,6 +217,8 @@ pub(crate) struct SocketRecord {
 #[derive(Serialize)]
 struct SocketFields<'a> {
     app: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    version: &'a str,
     socket: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     protocol: Option<&'a str>,

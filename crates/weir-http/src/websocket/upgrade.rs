@@ -38,7 +38,7 @@ pub(crate) fn offer_upgrade(
             Ok(permit) => Ok(Some(UpgradeOffer::new(
                 handshake,
                 hub.clone(),
-                app.name.clone(),
+                (app.name.clone(), app.receipts.version().clone()),
                 app.code.limits.cancellation_limit,
                 hyper::upgrade::on(req),
                 permit,

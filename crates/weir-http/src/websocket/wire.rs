@@ -64,6 +64,8 @@ pub struct Wire {
     pub end: WireEnd,
     pub ending: Ending,
     pub app: Arc<str>,
+    /// The version of the code that accepted the socket.
+    pub version: Arc<str>,
     pub protocol: Option<String>,
     /// After the socket ends, how long its session may take to end on its
     /// own before its caller counts as gone (the app's
@@ -124,11 +126,13 @@ impl Wire {
             end,
             ending,
             app,
+            version,
             protocol,
             grace,
         } = self;
         let mut record = SocketRecord {
             app,
+            version,
             id: hub.opened(),
             protocol,
             opened: Instant::now(),

@@ -58,6 +58,8 @@ pub struct UpgradeOffer {
     pub handshake: Handshake,
     pub hub: Arc<SocketHub>,
     pub app: Arc<str>,
+    /// The version of the app whose event took the upgrade.
+    pub version: Arc<str>,
     /// The app's `cancellation_limit_ms` (see [`Wire::grace`]).
     pub grace: std::time::Duration,
     taken: Mutex<Option<(OnUpgrade, SocketPermit)>>,
@@ -67,7 +69,7 @@ impl UpgradeOffer {
     pub fn new(
         handshake: Handshake,
         hub: Arc<SocketHub>,
-        app: Arc<str>,
+        (app, version): (Arc<str>, Arc<str>),
         grace: std::time::Duration,
         upgrade: OnUpgrade,
         permit: SocketPermit,
@@ -76,6 +78,7 @@ impl UpgradeOffer {
             handshake,
             hub,
             app,
+            version,
             grace,
             taken: Mutex::new(Some((upgrade, permit))),
         }
@@ -234,6 +237,7 @@ impl worker::Host for GenerationState {
                 end: wire,
                 ending,
                 app: offer.app.clone(),
+                version: offer.version.clone(),
                 protocol,
                 grace: offer.grace,
             }
