@@ -223,7 +223,7 @@ def restart(args, v1, v2):
     (tmp / "v2.wasm").write_bytes(v2)
 
     def start(wasm):
-        proc = subprocess.Popen([args.wasmtime, "serve", "--addr", f"127.0.0.1:{port}",
+        proc = subprocess.Popen([args.wasmtime, "serve", "-S", "cli", "--addr", f"127.0.0.1:{port}",
                                  str(tmp / wasm)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return proc
