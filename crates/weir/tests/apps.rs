@@ -470,7 +470,8 @@ async fn a_class_deploy_under_a_stream_of_calls_loses_no_write_and_the_next_inca
             &guest("hello"),
             &["/"],
             &format!(
-                "[apps.counter.actors.probe]\ncomponent = {}\nroute = \"/probe\"",
+                "[apps.counter.limits]\nevent_limit_ms = 5000\nactor_idle_ms = 200\n\
+                 [apps.counter.actors.probe]\ncomponent = {}\nroute = \"/probe\"",
                 toml_path(&guest("actor_probe"))
             ),
         ),
@@ -478,6 +479,36 @@ async fn a_class_deploy_under_a_stream_of_calls_loses_no_write_and_the_next_inca
     let weir = Weir::start_with(&["--config", file.to_str().unwrap()]);
     let before = weir.get("/probe/a/whoami").await.json();
     assert_eq!(before["build"], "actor-probe");
+    // `sleeper` hibernates before the deploy; `slow` is in a long turn
+    // across it.
+    assert_eq!(weir.get("/probe/sleeper/whoami").await.status, 200);
+    wait_for("sleeper to hibernate", || async {
+        let listed = weir.admin_get("/actors/probe").await.json();
+        let hibernated = listed["actors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["name"] == "sleeper" && a["live"] == false);
+        if hibernated {
+            Ok(())
+        } else {
+            Err(listed.to_string())
+        }
+    })
+    .await;
+    let slow = {
+        let addr = weir.addr;
+        tokio::spawn(async move {
+            send_to(
+                addr,
+                Request::post("/probe/slow/sleep?ms=2500")
+                    .header("host", "x")
+                    .body(Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+            .await
+        })
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let callers: Vec<_> = (0..3)
         .map(|_| {
@@ -506,6 +537,7 @@ async fn a_class_deploy_under_a_stream_of_calls_loses_no_write_and_the_next_inca
     let next = std::fs::read(guest("actor_probe_next")).unwrap();
     let done = deploy(&weir, "counter", &next, "?class=probe&label=probe-2").await;
     assert_eq!(done.status, 200, "{}", done.text());
+    let deployed_at = std::time::SystemTime::now();
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);
     let mut acked = Vec::new();
@@ -519,6 +551,27 @@ async fn a_class_deploy_under_a_stream_of_calls_loses_no_write_and_the_next_inca
     assert_eq!(acked, (1..=n).collect::<Vec<_>>());
     let stored = weir.get("/probe/a/get").await.text();
     assert_eq!(stored, n.to_string());
+    // The long turn finished on the code it started with, after the
+    // deploy; the hibernated actor woke on the new code.
+    let slept = slow.await.unwrap();
+    assert_eq!(slept.status, 200, "{}", slept.text());
+    let turn = weir
+        .actor_receipt_where(|r| r["name"] == "slow" && r["status"] == 200)
+        .await;
+    assert!(
+        turn["version"].as_str().unwrap().starts_with("sha256:"),
+        "the old code's digest: {turn}"
+    );
+    let ended = humantime::parse_rfc3339(turn["timestamp"].as_str().unwrap()).unwrap();
+    assert!(ended > deployed_at, "it ended after the deploy: {turn}");
+    assert_eq!(
+        weir.get("/probe/sleeper/whoami").await.json()["build"],
+        "actor-probe-next"
+    );
+    assert_eq!(
+        weir.get("/probe/slow/whoami").await.json()["build"],
+        "actor-probe-next"
+    );
     let after = weir.get("/probe/a/whoami").await.json();
     assert_eq!(after["build"], "actor-probe-next");
     assert_eq!(just_before["build"], "actor-probe");

@@ -131,6 +131,67 @@ async fn limited(weir: &Weir, client: &str) -> (u16, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_two_apps_example_serves_the_shortener_and_the_rate_limiter_side_by_side() {
+    guest("shortener");
+    guest("ratelimit");
+    guest("ratelimit_bucket");
+    let data = std::env::temp_dir().join(format!("weir-example-two-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let config = root().join("guests/two-apps/weir.toml");
+    let weir = Weir::start_with(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    let port = target().await;
+    let url = format!("http://127.0.0.1:{port}/page");
+    let created = weir
+        .send(
+            Request::post("/links")
+                .body(Full::new(Bytes::from(url.clone())))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{:?}", created.body);
+    let code = created.json()["code"].as_str().unwrap().to_string();
+    assert_eq!(weir.get(&format!("/{code}")).await.status, 302);
+    // The rate limiter by path and by host, its bucket its own.
+    let by_path = weir
+        .send(
+            Request::get("/limited")
+                .header("x-client-id", "ada")
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(by_path.text(), "hello ada: 4 requests left\n");
+    let by_host = weir
+        .send(
+            Request::get("/anything")
+                .header("host", "limits.localhost")
+                .header("x-client-id", "ada")
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(by_host.text(), "hello ada: 3 requests left\n");
+    // Each app's data under its own directory.
+    assert!(data.join("apps/shortener/sql").is_dir());
+    assert!(data.join("apps/shortener/kv/counters.sqlite3").is_file());
+    assert!(
+        data.join("apps/ratelimit/actors/bucket/ada.sqlite3")
+            .is_file()
+    );
+    for root_level in ["sql", "kv", "actors"] {
+        assert!(
+            !data.join(root_level).exists(),
+            "no {root_level} at the data dir's root"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rate_limiter_keeps_one_bucket_per_client_across_restarts() {
     guest("ratelimit");
     guest("ratelimit_bucket");
