@@ -227,6 +227,34 @@ pub fn status_json(state: &AdminState) -> serde_json::Value {
     status
 }
 
+/// Why an admin request's body was not read whole.
+pub(crate) enum BodyRefused {
+    /// It is longer than the endpoint takes.
+    TooLarge,
+    /// The client broke off or sent a malformed body.
+    Broken(Response<ServeBody>),
+}
+
+/// An admin request's body, read up to `limit` bytes and no further: a
+/// longer one is refused without being held whole.
+pub(crate) async fn read_limited(body: Incoming, limit: usize) -> Result<Bytes, BodyRefused> {
+    use http_body_util::{BodyExt, Limited};
+    match Limited::new(body, limit).collect().await {
+        Ok(body) => Ok(body.to_bytes()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(BodyRefused::TooLarge)
+        }
+        Err(e) => Err(BodyRefused::Broken(error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            &e.to_string(),
+        ))),
+    }
+}
+
 pub(crate) fn json_response<T: serde::Serialize>(value: &T) -> Response<ServeBody> {
     match serde_json::to_string(value) {
         Ok(body) => respond(StatusCode::OK, "application/json", body),

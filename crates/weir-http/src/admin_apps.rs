@@ -12,10 +12,9 @@
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
-use crate::admin::{error, json_response, query};
+use crate::admin::{BodyRefused, error, json_response, query, read_limited};
 use crate::response_body::ServeBody;
 
 /// The largest component a deploy accepts. Components built from Rust,
@@ -73,15 +72,9 @@ pub async fn route(
         (Method::POST, [app, "deploy"]) => {
             let class = query(&req, "class").map(str::to_string);
             let label = query(&req, "label").map(str::to_string);
-            let component = match Limited::new(req.into_body(), MAX_DEPLOY_COMPONENT_BYTES)
-                .collect()
-                .await
-            {
-                Ok(body) => body.to_bytes(),
-                Err(e)
-                    if e.downcast_ref::<http_body_util::LengthLimitError>()
-                        .is_some() =>
-                {
+            let component = match read_limited(req.into_body(), MAX_DEPLOY_COMPONENT_BYTES).await {
+                Ok(body) => body,
+                Err(BodyRefused::TooLarge) => {
                     return error(
                         StatusCode::PAYLOAD_TOO_LARGE,
                         "component_too_large",
@@ -90,7 +83,7 @@ pub async fn route(
                         ),
                     );
                 }
-                Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", &e.to_string()),
+                Err(BodyRefused::Broken(response)) => return response,
             };
             let request = DeployRequest {
                 app: app.to_string(),

@@ -11,13 +11,12 @@ use std::collections::HashSet;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde_json::json;
 use weir_programs::{Digest, ImageError, ImageStore};
 use weir_runtime::WeirError;
 
-use crate::admin::{error, json_response};
+use crate::admin::{BodyRefused, error, json_response, read_limited};
 use crate::response_body::ServeBody;
 
 fn image_error(e: ImageError) -> Response<ServeBody> {
@@ -36,23 +35,15 @@ pub async fn route(store: &ImageStore, req: Request<Incoming>, rest: &str) -> Re
         },
         (Method::PUT, []) => {
             let limit = store.max_image_bytes();
-            let body = match Limited::new(req.into_body(), limit as usize)
-                .collect()
-                .await
-            {
-                Ok(body) => body.to_bytes(),
-                Err(e)
-                    if e.downcast_ref::<http_body_util::LengthLimitError>()
-                        .is_some() =>
-                {
+            let body = match read_limited(req.into_body(), limit as usize).await {
+                Ok(body) => body,
+                Err(BodyRefused::TooLarge) => {
                     return image_error(ImageError::TooLarge {
                         bytes: limit + 1,
                         limit,
                     });
                 }
-                Err(e) => {
-                    return error(StatusCode::BAD_REQUEST, "bad_request", &e.to_string());
-                }
+                Err(BodyRefused::Broken(response)) => return response,
             };
             push(store, &body)
         }

@@ -24,6 +24,7 @@
 
 pub mod app_spec;
 pub mod limits;
+pub mod recipe;
 pub(crate) mod tenant;
 pub mod versions;
 

@@ -30,7 +30,7 @@ use weir_store::sql::SqlDatabases;
 use weir_store::{Durability, KvStores};
 
 use crate::app_spec::AppSpec;
-use crate::versions::Source;
+use crate::recipe::Source;
 use crate::{ServerError, ServerLimits};
 
 /// What every app of the server is built with.

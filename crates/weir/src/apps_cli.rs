@@ -74,10 +74,10 @@ pub fn deploy(args: DeployArgs) -> anyhow::Result<()> {
         query.push(format!("class={class}"));
     }
     if let Some(label) = &args.label {
-        if !weir_server::versions::valid_label(label) {
+        if !weir_server::recipe::valid_label(label) {
             return Err(UsageError(format!(
                 "label `{label}`: use 1 to {} letters, digits and `.` `_` `+` `:` `-`",
-                weir_server::versions::MAX_LABEL_BYTES
+                weir_server::recipe::MAX_LABEL_BYTES
             ))
             .into());
         }

@@ -30,18 +30,24 @@ async fn target() -> u16 {
     port
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_link_shortener_creates_follows_and_counts() {
-    guest("shortener");
-    let data = std::env::temp_dir().join(format!("weir-example-{}", std::process::id()));
+/// A fresh data dir for one example, and its config file.
+fn example(name: &str, config: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let data = std::env::temp_dir().join(format!("weir-example-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&data);
-    let config = root().join("guests/shortener/weir.toml");
-    let weir = Weir::start_with(&[
+    (data, root().join(config))
+}
+
+fn serve_example(config: &std::path::Path, data: &std::path::Path) -> Weir {
+    Weir::start_with(&[
         "--config",
         config.to_str().unwrap(),
         "--data-dir",
         data.to_str().unwrap(),
-    ]);
+    ])
+}
+
+/// Makes a short link to a page that answers; its code and target.
+async fn create_link(weir: &Weir) -> (String, String) {
     let port = target().await;
     let url = format!("http://127.0.0.1:{port}/page");
     let created = weir
@@ -52,8 +58,16 @@ async fn the_link_shortener_creates_follows_and_counts() {
         )
         .await;
     assert_eq!(created.status, 201, "{:?}", created.body);
-    let code = created.json()["code"].as_str().unwrap().to_string();
     assert_eq!(created.json()["url"], url.as_str());
+    (created.json()["code"].as_str().unwrap().to_string(), url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_link_shortener_creates_follows_and_counts() {
+    guest("shortener");
+    let (data, config) = example("shortener", "guests/shortener/weir.toml");
+    let weir = serve_example(&config, &data);
+    let (code, url) = create_link(&weir).await;
 
     for _ in 0..3 {
         let follow = weir.get(&format!("/{code}")).await;
@@ -135,26 +149,9 @@ async fn the_two_apps_example_serves_the_shortener_and_the_rate_limiter_side_by_
     guest("shortener");
     guest("ratelimit");
     guest("ratelimit_bucket");
-    let data = std::env::temp_dir().join(format!("weir-example-two-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data);
-    let config = root().join("guests/two-apps/weir.toml");
-    let weir = Weir::start_with(&[
-        "--config",
-        config.to_str().unwrap(),
-        "--data-dir",
-        data.to_str().unwrap(),
-    ]);
-    let port = target().await;
-    let url = format!("http://127.0.0.1:{port}/page");
-    let created = weir
-        .send(
-            Request::post("/links")
-                .body(Full::new(Bytes::from(url.clone())))
-                .unwrap(),
-        )
-        .await;
-    assert_eq!(created.status, 201, "{:?}", created.body);
-    let code = created.json()["code"].as_str().unwrap().to_string();
+    let (data, config) = example("two", "guests/two-apps/weir.toml");
+    let weir = serve_example(&config, &data);
+    let (code, _) = create_link(&weir).await;
     assert_eq!(weir.get(&format!("/{code}")).await.status, 302);
     // The rate limiter by path and by host, its bucket its own.
     let by_path = weir
