@@ -173,7 +173,7 @@ async fn a_thousand_idle_sockets_on_a_hundred_rooms_hibernate_and_pings_wake_nob
         }
     }
     wait_none_live(&weir).await;
-    let open = metric(&weir, "weir_sockets_open").await;
+    let open = metric(&weir, r#"weir_sockets_open{app="actor:room"}"#).await;
     assert_eq!(
         open, 1000,
         "every socket stayed open while its room hibernated"
@@ -193,7 +193,11 @@ async fn a_thousand_idle_sockets_on_a_hundred_rooms_hibernate_and_pings_wake_nob
     }
     assert_eq!(wakes(&weir).await, before, "auto-responses woke an actor");
     assert_eq!(
-        metric(&weir, r#"weir_socket_messages_total{direction="auto"}"#).await,
+        metric(
+            &weir,
+            r#"weir_socket_messages_total{app="actor:room",direction="auto"}"#
+        )
+        .await,
         10_000
     );
     // A message wakes its room, with its sockets' tags and attachments

@@ -30,21 +30,37 @@ use super::socket::Close;
 pub const SOCKET_TARGET: &str = "weir::socket";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AppLabels {
+    app: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DirectionLabels {
+    app: String,
     direction: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CloseLabels {
+    app: String,
     code: u16,
     by: &'static str,
 }
 
 #[derive(Clone, Default)]
 struct SocketMetrics {
-    open: Gauge,
+    open: Family<AppLabels, Gauge>,
     messages: Family<DirectionLabels, Counter>,
     closes: Family<CloseLabels, Counter>,
+}
+
+/// One socket's series, looked up once when it opens: counting a message
+/// costs an increment, not a lookup.
+pub(crate) struct SocketCounters {
+    open: Gauge,
+    pub incoming: Counter,
+    pub outgoing: Counter,
+    pub auto: Counter,
 }
 
 /// Who ended a socket.
@@ -145,24 +161,39 @@ impl SocketHub {
         self.shutdown.subscribe()
     }
 
-    pub(crate) fn opened(&self) -> u64 {
-        self.metrics.open.inc();
-        self.next_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    pub(crate) fn message(&self, direction: &'static str) {
-        self.metrics
-            .messages
-            .get_or_create(&DirectionLabels { direction })
-            .inc();
+    /// A new socket of `app`: its id and its series.
+    pub(crate) fn opened(&self, app: &str) -> (u64, SocketCounters) {
+        let open = self
+            .metrics
+            .open
+            .get_or_create(&AppLabels { app: app.into() })
+            .clone();
+        open.inc();
+        let messages = |direction| {
+            self.metrics
+                .messages
+                .get_or_create(&DirectionLabels {
+                    app: app.into(),
+                    direction,
+                })
+                .clone()
+        };
+        let counters = SocketCounters {
+            open,
+            incoming: messages("in"),
+            outgoing: messages("out"),
+            auto: messages("auto"),
+        };
+        (self.next_id.fetch_add(1, Ordering::Relaxed), counters)
     }
 
     /// The socket's one receipt, and its metrics.
     pub(crate) fn closed(&self, record: &SocketRecord, how: &Close, by: ClosedBy) {
-        self.metrics.open.dec();
+        record.counters.open.dec();
         self.metrics
             .closes
             .get_or_create(&CloseLabels {
+                app: record.app.to_string(),
                 code: how.code,
                 by: by.as_str(),
             })
@@ -206,6 +237,7 @@ pub(crate) struct SocketRecord {
     pub app: Arc<str>,
     pub version: Arc<str>,
     pub id: u64,
+    pub counters: SocketCounters,
     pub protocol: Option<String>,
     pub opened: Instant,
     pub messages_in: u64,

@@ -130,10 +130,12 @@ impl Wire {
             protocol,
             grace,
         } = self;
+        let (id, counters) = hub.opened(&app);
         let mut record = SocketRecord {
             app,
             version,
-            id: hub.opened(),
+            id,
+            counters,
             protocol,
             opened: Instant::now(),
             messages_in: 0,
@@ -268,9 +270,7 @@ async fn serve(
                 end.written(bytes);
                 record.messages_out += count;
                 record.bytes_out += bytes as u64;
-                for _ in 0..count {
-                    hub.message("out");
-                }
+                record.counters.outgoing.inc_by(count);
                 if let Some((close, by)) = then_close {
                     break Stop::Close(close, by);
                 }
@@ -294,7 +294,7 @@ async fn serve(
                         {
                             record.messages_in += 1;
                             record.bytes_in += text.len() as u64;
-                            hub.message("auto");
+                            record.counters.auto.inc();
                             at.store(crate::websocket::socket::now_ms(), std::sync::atomic::Ordering::Relaxed);
                             match tokio::time::timeout(idle, sink.send(tungstenite::Message::text(reply))).await {
                                 Ok(Ok(())) => continue,
@@ -329,7 +329,7 @@ async fn serve(
                 };
                 record.messages_in += 1;
                 record.bytes_in += message.len() as u64;
-                hub.message("in");
+                record.counters.incoming.inc();
                 if std::mem::take(&mut slot) {
                     end.deliver(Incoming::Message(message));
                 }
@@ -400,7 +400,7 @@ async fn serve(
                         for m in last {
                             record.messages_out += 1;
                             record.bytes_out += m.len() as u64;
-                            hub.message("out");
+                            record.counters.outgoing.inc();
                             sink.feed(to_wire(m)).await?;
                         }
                         sink.flush().await
