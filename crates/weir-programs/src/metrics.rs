@@ -1,5 +1,6 @@
 //! The metrics of programs: resident processes live, spawned and ended by
-//! outcome, and one-shot runs by outcome, in the server's one registry.
+//! outcome, and one-shot runs by outcome, in the server's one registry,
+//! each series labelled with the app whose actors ran them.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -8,13 +9,22 @@ use prometheus_client::metrics::gauge::Gauge;
 use weir_runtime::metrics::Metrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AppLabels {
+    app: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
+    app: String,
     outcome: String,
 }
 
-/// The handles; cheap to clone.
+/// The handles of one app (see [`ProgramMetrics::for_app`]); cheap to
+/// clone.
 #[derive(Clone, Default)]
 pub struct ProgramMetrics {
+    app: String,
+    live: Family<AppLabels, Gauge>,
     processes_live: Gauge,
     spawns: Family<OutcomeLabels, Counter>,
     exits: Family<OutcomeLabels, Counter>,
@@ -29,7 +39,7 @@ impl ProgramMetrics {
         metrics.register(
             "processes_live",
             "Resident processes running",
-            m.processes_live.clone(),
+            m.live.clone(),
         );
         metrics.register(
             "process_spawns",
@@ -54,16 +64,29 @@ impl ProgramMetrics {
         m
     }
 
-    fn count(family: &Family<OutcomeLabels, Counter>, outcome: &str) {
+    /// The same families, counting for `app`.
+    pub fn for_app(&self, app: &str) -> ProgramMetrics {
+        ProgramMetrics {
+            app: app.to_string(),
+            processes_live: self
+                .live
+                .get_or_create(&AppLabels { app: app.into() })
+                .clone(),
+            ..self.clone()
+        }
+    }
+
+    fn count(&self, family: &Family<OutcomeLabels, Counter>, outcome: &str) {
         family
             .get_or_create(&OutcomeLabels {
+                app: self.app.clone(),
                 outcome: outcome.to_string(),
             })
             .inc();
     }
 
     pub fn spawned(&self, result: &str) {
-        Self::count(&self.spawns, result);
+        self.count(&self.spawns, result);
         if result == "ok" {
             self.processes_live.inc();
         }
@@ -71,14 +94,14 @@ impl ProgramMetrics {
 
     pub fn exited(&self, outcome: &str) {
         self.processes_live.dec();
-        Self::count(&self.exits, outcome);
+        self.count(&self.exits, outcome);
     }
 
     pub fn recovered(&self, outcome: &str) {
-        Self::count(&self.recoveries, outcome);
+        self.count(&self.recoveries, outcome);
     }
 
     pub fn ran(&self, outcome: &str) {
-        Self::count(&self.runs, outcome);
+        self.count(&self.runs, outcome);
     }
 }

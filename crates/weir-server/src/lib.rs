@@ -245,7 +245,13 @@ impl Server {
             None
         };
         let metrics = Arc::new(Metrics::new());
+        let sockets = SocketHub::new(
+            config.limits.sockets.clone(),
+            config.receipts.clone(),
+            &metrics,
+        );
         let shared = Arc::new(tenant::Shared {
+            sockets: sockets.clone(),
             engine,
             actor_engine,
             code_cache: code_cache.clone(),
@@ -302,11 +308,7 @@ impl Server {
         });
         let options = ServeOptions {
             receipt_headers: config.receipt_headers,
-            sockets: Some(SocketHub::new(
-                config.limits.sockets.clone(),
-                config.receipts.clone(),
-                &metrics,
-            )),
+            sockets: Some(sockets),
             limits: config.limits.runtime.clone(),
         };
         Ok(Server {

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use weir_actors::{ActorClass, ActorDirectory, ActorHost, ActorInterfaces, ActorMetrics};
-use weir_http::websocket::{ActorSockets, SocketInterfaces};
+use weir_http::websocket::{ActorSockets, SocketHub, SocketInterfaces};
 use weir_programs::RunLimits;
 use weir_programs::host::{ProgramInterfaces, ProgramsConfig, ProgramsHost};
 use weir_programs::image_store::IMAGES_DIR;
@@ -41,6 +41,8 @@ pub(crate) struct Shared {
     pub actor_engine: Option<WeirEngine>,
     pub code_cache: Arc<CodeCache>,
     pub compiler: Compiler,
+    /// The server's WebSockets: a deploy closes the replaced version's.
+    pub sockets: Arc<SocketHub>,
     pub metrics: Arc<Metrics>,
     pub actor_metrics: ActorMetrics,
     pub program_metrics: ProgramMetrics,
@@ -175,7 +177,7 @@ impl Tenant {
             outbound: shared.outbound(&spec.outbound),
             budget: shared.budget.clone(),
             metrics: shared.metrics.for_app(&programs_metrics),
-            program_metrics: shared.program_metrics.clone(),
+            program_metrics: shared.program_metrics.for_app(&spec.name),
             receipts: shared.receipts.clone(),
             secrets: spec.secrets.clone(),
         });
@@ -184,7 +186,14 @@ impl Tenant {
             table: programs.table.clone(),
         });
         // The app's actors' sockets run their turns on its actor host.
-        let actor_sockets = ActorSockets::new();
+        let actor_sockets = ActorSockets::new(
+            if shared.qualified {
+                format!("{}/", spec.name)
+            } else {
+                String::new()
+            }
+            .as_str(),
+        );
         // In every linker, so that a worker that imports `weir:actor`
         // links whether or not it runs as an actor (outside a turn, its
         // calls fail).

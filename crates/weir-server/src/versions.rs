@@ -14,6 +14,9 @@
 //! - an actor class whose code, limits or allow-list changed is installed
 //!   into the app's actor host (its actors take it at their next turn); an
 //!   unchanged class is left alone, its actors keep their instances;
+//! - the sockets of replaced code (a worker version, a class's old code)
+//!   are closed with 1012 once the new routes are in, so their clients
+//!   reconnect to the new version;
 //! - the previous version's recipe (not its instances) is kept, so a
 //!   rollback is a deploy of it.
 
@@ -284,10 +287,20 @@ impl Apps {
             ));
         }
         let mut report = Vec::new();
+        // Sockets of replaced code, closed once the new routes are in.
+        let mut replaced: Vec<(String, String, String)> = Vec::new();
         for s in staged {
             let entry = entries.get_mut(&s.name).expect("staged from an entry");
             if let Some(host) = &entry.tenant.actors {
+                let versions = host.class_versions();
                 for class in s.classes {
+                    if let Some((_, old)) = versions.iter().find(|(name, _)| *name == class.name) {
+                        replaced.push((
+                            self.shared.class_metrics_name(&s.name, &class.name),
+                            old.to_string(),
+                            class.version.to_string(),
+                        ));
+                    }
                     host.install_class(class)
                         .expect("a staged class is one of the host's");
                 }
@@ -304,6 +317,11 @@ impl Apps {
                 if let Some(app) = old.app.upgrade() {
                     app.retire();
                 }
+                replaced.push((
+                    s.name.clone(),
+                    old.recipe.version(),
+                    entry.current.recipe.version(),
+                ));
                 entry
                     .retired
                     .push((old.number, old.recipe.version(), old.app.clone()));
@@ -327,6 +345,9 @@ impl Apps {
             entry.previous = Some(old);
         }
         self.router.install(next);
+        for (app, old, new) in replaced {
+            self.shared.sockets.code_replaced(&app, &old, &new);
+        }
         Ok(json!({ "deployed": report }))
     }
 

@@ -807,3 +807,116 @@ async fn an_app_cannot_reach_another_apps_stores_or_actors() {
         "{status}"
     );
 }
+
+/// The next close a WebSocket client sees (messages before it skipped).
+async fn close_of<S>(ws: &mut S) -> Result<(u16, String), String>
+where
+    S: futures::Stream<
+            Item = Result<
+                tokio_tungstenite::tungstenite::Message,
+                tokio_tungstenite::tungstenite::Error,
+            >,
+        > + Unpin,
+{
+    use futures::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), ws.next()).await {
+            Err(_) => return Err("no close within 30 s".into()),
+            Ok(None) => return Err("ended without a close frame".into()),
+            Ok(Some(Err(e))) => return Err(e.to_string()),
+            Ok(Some(Ok(Message::Close(frame)))) => {
+                let frame = frame.expect("a close with a code");
+                return Ok((u16::from(frame.code), frame.reason.to_string()));
+            }
+            Ok(Some(Ok(_))) => continue,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_closes_the_replaced_codes_sockets_with_1012_and_the_new_version_takes_new_ones() {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let sockets = guest("sockets");
+    let file = config_file(
+        "sockets",
+        &app_section(
+            "live",
+            &sockets,
+            &["/"],
+            &format!(
+                "[apps.live.actors.room]\ncomponent = {}\nroute = \"/rooms\"",
+                toml_path(&guest("chat_room"))
+            ),
+        ),
+    );
+    let weir = Weir::start_with(&["--config", file.to_str().unwrap()]);
+    let url = |path: &str| format!("ws://{}{path}", weir.addr);
+    let (mut worker, _) = tokio_tungstenite::connect_async(url("/echo"))
+        .await
+        .unwrap();
+    let (mut member, _) = tokio_tungstenite::connect_async(url("/rooms/r/?user=ada"))
+        .await
+        .unwrap();
+    worker.send(Message::text("before")).await.unwrap();
+    assert_eq!(
+        worker.next().await.unwrap().unwrap(),
+        Message::text("before")
+    );
+    // A deploy of the worker (the same bytes under a label: a new version)
+    // closes the worker's socket, not the room's.
+    let bytes = std::fs::read(&sockets).unwrap();
+    assert_eq!(deploy(&weir, "live", &bytes, "?label=w2").await.status, 200);
+    assert_eq!(
+        close_of(&mut worker).await,
+        Ok((1012, "the code was updated".into()))
+    );
+    let (mut again, _) = tokio_tungstenite::connect_async(url("/echo"))
+        .await
+        .unwrap();
+    again.send(Message::text("after")).await.unwrap();
+    assert_eq!(again.next().await.unwrap().unwrap(), Message::text("after"));
+    // Rolled back to the first version, which serves again: the w2 socket
+    // closes, and new sockets on the first version stay open.
+    let admin = weir.admin.unwrap();
+    let rollback = send_to(
+        admin,
+        Request::post("/apps/live/rollback")
+            .header("host", admin.to_string())
+            .header(
+                "authorization",
+                format!("Bearer {}", weir.token.as_ref().unwrap()),
+            )
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(rollback.status, 200, "{}", rollback.text());
+    assert_eq!(close_of(&mut again).await.map(|c| c.0), Ok(1012));
+    let (mut back, _) = tokio_tungstenite::connect_async(url("/echo"))
+        .await
+        .unwrap();
+    back.send(Message::text("back")).await.unwrap();
+    assert_eq!(back.next().await.unwrap().unwrap(), Message::text("back"));
+    // A class deploy closes the class's sockets; the worker's stay.
+    let room = std::fs::read(guest("chat_room")).unwrap();
+    assert_eq!(
+        deploy(&weir, "live", &room, "?class=room&label=r2")
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        close_of(&mut member).await,
+        Ok((1012, "the code was updated".into()))
+    );
+    back.send(Message::text("still")).await.unwrap();
+    assert_eq!(back.next().await.unwrap().unwrap(), Message::text("still"));
+    let r = weir
+        .first_logged("weir::socket", |r| {
+            r["close_code"] == 1012 && r["app"] == "live/actor:room"
+        })
+        .await;
+    assert_eq!(r["closed_by"], "weir");
+}

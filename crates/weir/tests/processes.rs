@@ -423,12 +423,21 @@ async fn operators_list_inspect_and_kill_processes_and_read_their_metrics() {
         .assert_weir_error(410, "process_ended");
 
     let metrics = o.weir.admin_get("/metrics").await.text();
-    for line in [
-        "weir_processes_live 1",
-        "weir_process_spawns_total{outcome=\"ok\"} 2",
-        "weir_process_exits_total{outcome=\"killed\"} 1",
+    // Each series names the app whose actors run the processes.
+    for (start, end) in [
+        ("weir_processes_live{app=\"", "\"} 1"),
+        ("weir_process_spawns_total{app=\"", "\",outcome=\"ok\"} 2"),
+        (
+            "weir_process_exits_total{app=\"",
+            "\",outcome=\"killed\"} 1",
+        ),
     ] {
-        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with(start) && l.ends_with(end)),
+            "{start}…{end} in:\n{metrics}"
+        );
     }
 }
 

@@ -69,17 +69,28 @@ struct ActorSet {
 /// Every actor's sockets.
 pub struct ActorSockets {
     host: OnceLock<Weak<ActorHost>>,
+    /// Put before `actor:CLASS` in receipts and metrics: the app's name
+    /// and a `/` on a server of several apps.
+    prefix: String,
     actors: Mutex<HashMap<ActorAddress, ActorSet>>,
     next_id: AtomicU64,
 }
 
 impl ActorSockets {
-    pub fn new() -> Arc<Self> {
+    /// The sockets of one app's actors; `prefix` as [`ActorSockets::label`]
+    /// says.
+    pub fn new(prefix: &str) -> Arc<Self> {
         Arc::new(ActorSockets {
             host: OnceLock::new(),
+            prefix: prefix.to_string(),
             actors: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
         })
+    }
+
+    /// How receipts, metrics and deploys name the sockets of `class`.
+    pub fn label(&self, class: &str) -> String {
+        format!("{}actor:{class}", self.prefix)
     }
 
     /// Binds the actor host the sockets' turns run on (it is made after the
@@ -240,7 +251,7 @@ impl ActorSockets {
                 end: wire,
                 // An actor's socket outlives the turn that accepted it.
                 ending: Box::pin(std::future::pending()),
-                app: format!("actor:{}", actor.class).into(),
+                app: self.label(&actor.class).into(),
                 version: self
                     .host
                     .get()

@@ -93,10 +93,21 @@ pub struct SocketHub {
     pub limits: SocketLimits,
     capacity: Arc<Semaphore>,
     shutdown: watch::Sender<bool>,
+    /// Versions replaced by a deploy, `(app, version)`, newest last: their
+    /// sockets close with 1012.
+    replaced: std::sync::Mutex<std::collections::VecDeque<(Arc<str>, Arc<str>)>>,
+    /// Bumped at each replacement, so that every socket looks.
+    updates: watch::Sender<u64>,
     sink: Option<Arc<dyn ReceiptSink>>,
     metrics: SocketMetrics,
     next_id: AtomicU64,
 }
+
+/// Replaced versions remembered. A socket is only accepted by a replaced
+/// version in the moment after its deploy (a request routed just before
+/// it), so only the last few deploys matter; the bound keeps a server that
+/// is deployed all day from growing the list.
+pub const MAX_REPLACED_VERSIONS: usize = 1024;
 
 /// A place among the `max_sockets`, held by one socket.
 pub struct SocketPermit {
@@ -125,6 +136,8 @@ impl SocketHub {
             capacity: Arc::new(Semaphore::new(limits.max_sockets)),
             limits,
             shutdown: watch::Sender::new(false),
+            replaced: Default::default(),
+            updates: watch::Sender::new(0),
             sink,
             metrics: m,
             next_id: AtomicU64::new(1),
@@ -155,6 +168,39 @@ impl SocketHub {
     pub async fn all_closed(&self) {
         let all = u32::try_from(self.limits.max_sockets).unwrap_or(u32::MAX);
         let _ = self.capacity.acquire_many(all).await;
+    }
+
+    /// Version `old` of `app` (a worker's app, or `actor:CLASS`) was
+    /// replaced by `new`: the open sockets of `old`, and any it accepts
+    /// from now on, close with 1012. A version is named by its label or
+    /// digest, so `new` may be one replaced before (a rollback): it serves
+    /// again. When the two are the same (only settings changed) the
+    /// sockets cannot be told apart and stay open.
+    pub fn code_replaced(&self, app: &str, old: &str, new: &str) {
+        if old == new {
+            return;
+        }
+        {
+            let mut replaced = self.replaced.lock().unwrap_or_else(|p| p.into_inner());
+            replaced.retain(|(a, v)| !(&**a == app && &**v == new));
+            replaced.push_back((app.into(), old.into()));
+            while replaced.len() > MAX_REPLACED_VERSIONS {
+                replaced.pop_front();
+            }
+        }
+        self.updates.send_modify(|n| *n += 1);
+    }
+
+    pub(crate) fn is_replaced(&self, app: &str, version: &str) -> bool {
+        self.replaced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|(a, v)| &**a == app && &**v == version)
+    }
+
+    pub(crate) fn updates(&self) -> watch::Receiver<u64> {
+        self.updates.subscribe()
     }
 
     pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {

@@ -49,6 +49,9 @@ pub const CLOSE_POLICY: u16 = 1008;
 pub const CLOSE_TOO_BIG: u16 = 1009;
 /// The guest failed (a trap, an abandoned instance).
 pub const CLOSE_INTERNAL: u16 = 1011;
+/// The code that accepted the socket was replaced by a deploy: the client
+/// reconnects to the new version.
+pub const CLOSE_SERVICE_RESTART: u16 = 1012;
 
 /// A close frame: its code and reason.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -194,6 +194,11 @@ async fn serve(
     let idle = limits.socket_idle_timeout;
     let (mut sink, mut stream) = ws.split();
     let mut shutdown = hub.shutdown_signal();
+    let mut updates = hub.updates();
+    if hub.is_replaced(&record.app, &record.version) {
+        // Accepted by a version a deploy had just replaced.
+        updates.mark_changed();
+    }
     let mut tick = tokio::time::interval(limits.socket_ping_interval.min(idle));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut heard = Instant::now();
@@ -208,6 +213,11 @@ async fn serve(
             }
             _ = async { let _ = shutdown.wait_for(|down| *down).await; } => {
                 break Stop::Close(Close::new(CLOSE_GOING_AWAY, "the server is shutting down"), ClosedBy::Weir);
+            }
+            Ok(()) = updates.changed() => {
+                if hub.is_replaced(&record.app, &record.version) {
+                    break Stop::Close(Close::new(super::socket::CLOSE_SERVICE_RESTART, "the code was updated"), ClosedBy::Weir);
+                }
             }
             out = end.next_outgoing() => {
                 let first = match out {
