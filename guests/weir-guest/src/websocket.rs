@@ -10,21 +10,25 @@
 //! }
 //! ```
 
-pub use crate::websocket_bindings::weir::websocket::types::{CloseFrame, Error, Message};
-pub use crate::websocket_bindings::weir::websocket::worker::{Incoming, Websocket};
 #[doc(hidden)]
 pub use crate::websocket_bindings::weir::websocket::types as types_module;
+pub use crate::websocket_bindings::weir::websocket::types::{CloseFrame, Error, Message};
+pub use crate::websocket_bindings::weir::websocket::worker::{Incoming, Websocket};
 
 /// Sockets an actor owns (`weir:websocket/actor`): accepted in a
 /// request turn, delivered to the class's [`crate::socket_handler!`].
 pub mod actor {
-    pub use crate::websocket_bindings::weir::websocket::actor::SocketInfo;
     use crate::websocket_bindings::weir::websocket::actor as host;
+    pub use crate::websocket_bindings::weir::websocket::actor::SocketInfo;
 
     use super::{Error, Message};
 
     /// Accepts this turn's upgrade; the socket's id.
-    pub fn accept(tags: &[String], key: Option<&str>, protocol: Option<&str>) -> Result<u64, Error> {
+    pub fn accept(
+        tags: &[String],
+        key: Option<&str>,
+        protocol: Option<&str>,
+    ) -> Result<u64, Error> {
         host::accept(tags, key, protocol)
     }
 
