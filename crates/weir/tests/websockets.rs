@@ -14,9 +14,8 @@ use serde_json::Value;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-type Client = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
+use common::websocket::{Client, close_of};
 
 fn start(extra: &[&str]) -> Weir {
     Weir::start(&common::guest("sockets"), extra)
@@ -29,28 +28,6 @@ async fn connect(weir: &Weir, path: &str) -> Client {
         .expect("upgraded");
     assert_eq!(response.status(), 101);
     ws
-}
-
-/// The next close the client sees (data messages before it are skipped),
-/// or the error the connection ended with.
-async fn close_of(ws: &mut Client) -> Result<(u16, String), String> {
-    loop {
-        match tokio::time::timeout(Duration::from_secs(30), ws.next()).await {
-            Err(_) => return Err("no close within 30 s".into()),
-            Ok(None) => return Err("ended without a close frame".into()),
-            Ok(Some(Err(e))) => return Err(e.to_string()),
-            Ok(Some(Ok(Message::Close(frame)))) => {
-                let frame = frame.expect("a close with a code");
-                // Reading on sends the client's reply, as a browser does.
-                let _ = tokio::time::timeout(Duration::from_secs(5), async {
-                    while let Some(Ok(_)) = ws.next().await {}
-                })
-                .await;
-                return Ok((u16::from(frame.code), frame.reason.to_string()));
-            }
-            Ok(Some(Ok(_))) => continue,
-        }
-    }
 }
 
 async fn socket_receipt(weir: &Weir, f: impl Fn(&Value) -> bool) -> Value {

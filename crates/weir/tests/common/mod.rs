@@ -3,9 +3,11 @@
 #![allow(dead_code)]
 
 pub mod actors;
+pub mod apps;
 pub mod autobahn;
 pub mod hostile;
 pub mod programs;
+pub mod websocket;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
