@@ -231,14 +231,18 @@ impl RouteTable {
     /// The app serving `host` (as the request names it, maybe with a port)
     /// and `path`.
     pub fn find(&self, host: Option<&str>, path: &str) -> Option<&Arc<Served>> {
-        let host = host.map(normal_host);
+        // Normalized only when a route names a host: a table of bare paths
+        // (every single-app server) never looks at it.
+        let mut normal: Option<Option<String>> = None;
         self.routes
             .iter()
             .find(|route| {
-                let host_ok = match (&route.pattern.host, &host) {
-                    (HostMatch::Any, _) => true,
-                    (pattern, Some(host)) => pattern.matches(host),
-                    (_, None) => false,
+                let host_ok = match &route.pattern.host {
+                    HostMatch::Any => true,
+                    pattern => normal
+                        .get_or_insert_with(|| host.map(normal_host))
+                        .as_deref()
+                        .is_some_and(|host| pattern.matches(host)),
                 };
                 host_ok && route.pattern.covers(path)
             })

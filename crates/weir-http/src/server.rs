@@ -394,7 +394,6 @@ async fn handle(
         }
     }
     let app = served.app.clone();
-    drop(served);
     let arrived = Instant::now();
     let receipt = app.receipts.open(arrived);
     let limits = &app.code.limits;

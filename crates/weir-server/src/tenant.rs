@@ -70,22 +70,27 @@ impl Shared {
         rules
     }
 
-    /// The name an app's actor class is counted under.
-    pub fn class_metrics_name(&self, app: &str, class: &str) -> String {
+    /// What the names of an app's actors and programs in metrics,
+    /// receipts and socket labels start with: `NAME/` on a server of
+    /// declared apps, nothing on a single-app server (whose names stay as
+    /// they were).
+    pub fn prefix(&self, app: &str) -> String {
         if self.qualified {
-            format!("{app}/actor:{class}")
+            format!("{app}/")
         } else {
-            format!("actor:{class}")
+            String::new()
         }
+    }
+
+    /// The name an app's actor class is counted under (and its sockets
+    /// are labelled with).
+    pub fn class_metrics_name(&self, app: &str, class: &str) -> String {
+        format!("{}actor:{class}", self.prefix(app))
     }
 
     /// The class label of an app's class in the actor metrics.
     pub fn class_label(&self, app: &str, class: &str) -> String {
-        if self.qualified {
-            format!("{app}/{class}")
-        } else {
-            class.to_string()
-        }
+        format!("{}{class}", self.prefix(app))
     }
 
     /// Compiles and links one actor class's component for `app`; its
@@ -158,11 +163,11 @@ impl Tenant {
         let kv = KvStores::open(&dir, &spec.kv_stores, shared.durability).map_err(stores_error)?;
         let sql = SqlDatabases::open(&dir, &spec.sql_databases, shared.durability)
             .map_err(stores_error)?;
-        let programs_metrics = if shared.qualified {
-            format!("{}/{}", spec.name, crate::PROGRAMS_METRICS_APP)
-        } else {
-            crate::PROGRAMS_METRICS_APP.to_string()
-        };
+        let programs_metrics = format!(
+            "{}{}",
+            shared.prefix(&spec.name),
+            crate::PROGRAMS_METRICS_APP
+        );
         // Programs run from the app's actors' turns: on an engine of their
         // own, made at the first run, from the server's image store into
         // the app's own storage slots.
@@ -186,14 +191,7 @@ impl Tenant {
             table: programs.table.clone(),
         });
         // The app's actors' sockets run their turns on its actor host.
-        let actor_sockets = ActorSockets::new(
-            if shared.qualified {
-                format!("{}/", spec.name)
-            } else {
-                String::new()
-            }
-            .as_str(),
-        );
+        let actor_sockets = ActorSockets::new(&shared.prefix(&spec.name));
         // In every linker, so that a worker that imports `weir:actor`
         // links whether or not it runs as an actor (outside a turn, its
         // calls fail).

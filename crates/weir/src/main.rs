@@ -291,6 +291,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 server.token_path().display()
             );
         }
+        // Watched from before the server says it serves: a SIGHUP's default
+        // action ends the process.
+        let reloads = tokio::spawn(reload_on_hangup(server.apps().clone(), args));
         let addr = server.local_addr();
         for app in &apps {
             for (class, path) in &app.actors {
@@ -308,7 +311,6 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 );
             }
         }
-        let reloads = tokio::spawn(reload_on_hangup(server.apps().clone(), args));
         server
             .serve(async {
                 shutdown_signal().await;
@@ -322,13 +324,33 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 /// On each `SIGHUP`, reads the configuration again and applies it as one
 /// deploy of every app it changes: all of it, or, when any of it is
-/// refused, none of it (logged with why).
-async fn reload_on_hangup(apps: Arc<weir_server::Apps>, args: ServeArgs) {
+/// refused, none of it (logged with why). The signal is watched from the
+/// call, before the returned future first runs.
+fn reload_on_hangup(
+    apps: Arc<weir_server::Apps>,
+    args: ServeArgs,
+) -> impl Future<Output = ()> + Send + 'static {
+    #[cfg(unix)]
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+    async move {
+        reload_loop(
+            apps,
+            args,
+            #[cfg(unix)]
+            hangups,
+        )
+        .await
+    }
+}
+
+async fn reload_loop(
+    apps: Arc<weir_server::Apps>,
+    args: ServeArgs,
+    #[cfg(unix)] hangups: std::io::Result<tokio::signal::unix::Signal>,
+) {
     #[cfg(unix)]
     {
-        let Ok(mut hangups) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        else {
+        let Ok(mut hangups) = hangups else {
             tracing::warn!("cannot watch for SIGHUP: the configuration is read only at start");
             return;
         };
