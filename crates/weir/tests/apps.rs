@@ -291,3 +291,38 @@ async fn an_app_cannot_reach_another_apps_stores_or_actors() {
         "{status}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_apps_of_actors_the_operator_names_the_app() {
+    let hello = guest("hello");
+    let class = |app: &str| {
+        format!(
+            "[apps.{app}.actors.probe]\ncomponent = {}\nroute = \"/probe\"",
+            toml_path(&guest("actor_probe"))
+        )
+    };
+    let file = config_file(
+        "operators",
+        &format!(
+            "{}{}",
+            app_section("one", &hello, &["one.test/"], &class("one")),
+            app_section("two", &hello, &["two.test/"], &class("two")),
+        ),
+    );
+    let weir = Weir::start_with(&["--config", file.to_str().unwrap()]);
+    let call = get_with_host(&weir, "one.test", "/probe/ada/incr").await;
+    assert_eq!(call.status, 200, "{}", call.text());
+    weir.admin_get("/actors")
+        .await
+        .assert_weir_error(400, "app_required");
+    let one = weir.admin_get("/actors?app=one").await.json();
+    assert_eq!(one["actors"][0]["name"], "ada");
+    let two = weir.admin_get("/actors?app=two").await.json();
+    assert_eq!(two["actors"].as_array().unwrap().len(), 0, "{two}");
+    weir.admin_get("/actors?app=three")
+        .await
+        .assert_weir_error(404, "app_unknown");
+    weir.admin_get("/processes")
+        .await
+        .assert_weir_error(400, "app_required");
+}

@@ -478,3 +478,89 @@ async fn a_deploy_closes_the_replaced_codes_sockets_with_1012_and_the_new_versio
         .await;
     assert_eq!(r["closed_by"], "weir");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_only_a_restart_can_change_is_refused_by_name_and_nothing_changes() {
+    let hello = guest("hello");
+    let file = config_file(
+        "restart",
+        &app_section(
+            "site",
+            &hello,
+            &["/"],
+            "[apps.site.limits]\nmax_concurrent = 2",
+        ),
+    );
+    let weir = Weir::start_with(&["--config", file.to_str().unwrap()]);
+    let next = guest("hello_next");
+    let cases = [
+        (
+            format!(
+                "{}{}",
+                app_section("site", &next, &["/"], ""),
+                app_section("more", &hello, &["/more"], "")
+            ),
+            "adding or removing an app needs a restart",
+        ),
+        (
+            app_section(
+                "site",
+                &next,
+                &["/"],
+                "[apps.site.keyvalue]\nstores = [\"s\"]",
+            ),
+            "app `site`: its kv stores changed: that needs a restart",
+        ),
+        (
+            format!(
+                "[limits]\nmax_connections = 77\n{}",
+                app_section("site", &next, &["/"], "")
+            ),
+            "the server-wide limit `max_connections` changed: that needs a restart",
+        ),
+        (
+            app_section(
+                "site",
+                &next,
+                &["/"],
+                "[apps.site.limits]\nmax_concurrent = 5",
+            ),
+            "every app's max_concurrent together would be 5, over the 2 this server reserved instance slots for at start",
+        ),
+    ];
+    for (n, (text, why)) in cases.iter().enumerate() {
+        std::fs::write(&file, text).unwrap();
+        weir.signal("HUP");
+        let log = wait_for("the SIGHUP to be handled", || async {
+            let log = weir.log();
+            if log.matches("weir: SIGHUP: ").count() > n {
+                Ok(log)
+            } else {
+                Err(log)
+            }
+        })
+        .await;
+        let last = log
+            .lines()
+            .rfind(|l| l.starts_with("weir: SIGHUP: "))
+            .unwrap();
+        assert!(
+            last.starts_with("weir: SIGHUP: configuration refused, nothing changed: ")
+                && last.contains(why),
+            "{last}"
+        );
+        assert_eq!(weir.get("/").await.text(), V1, "case {n}: nothing changed");
+    }
+    // A deploy of a class the app does not declare, and a component over
+    // the limit, are refused too.
+    let bytes = std::fs::read(&next).unwrap();
+    deploy(&weir, "site", &bytes, "?class=nope")
+        .await
+        .assert_weir_error(404, "class_unknown");
+    let huge = vec![0u8; weir_http::admin_apps::MAX_DEPLOY_COMPONENT_BYTES + 1];
+    deploy(&weir, "site", &huge, "")
+        .await
+        .assert_weir_error(413, "component_too_large");
+    assert_eq!(weir.get("/").await.text(), V1);
+    assert_eq!(weir.admin_get("/apps").await.json()["apps"][0]["number"], 1);
+}
