@@ -22,6 +22,7 @@ pub mod confinement;
 pub mod data_dir;
 pub mod entries;
 pub mod journal;
+pub mod replica;
 pub mod sql;
 pub mod timers;
 

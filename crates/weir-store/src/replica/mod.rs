@@ -1,0 +1,317 @@
+//! Replicas: local SQLite databases whose durable copy lives elsewhere (in
+//! cluster mode, in PostgreSQL). A replica's history is a numbered log of
+//! its commits — each one the pages it wrote, as an LTX file — plus, now
+//! and then, a snapshot of every page; replaying a snapshot and the log
+//! after it rebuilds the database page for page.
+//!
+//! - [`Capture`] turns what SQLite committed into log entries, reading the
+//!   write-ahead log ([`wal`]) after each commit;
+//! - [`restore`] builds a database file from a snapshot and a log, and
+//!   checksums a file to tell whether a local copy is already current.
+//!
+//! Invariants owned here:
+//! - every commit is captured exactly once, in order, with the checksum of
+//!   the whole database before and after it (LTX's running CRC-64 of every
+//!   page): a log that does not continue from the state it is applied to,
+//!   or that does not produce the state it claims, is refused;
+//! - the database file is a replica's starting point only while it holds
+//!   the whole state (at the start, and after a checkpoint the owner of the
+//!   connection reports with [`Capture::checkpointed`]); the WAL must be
+//!   read ([`Capture::take`]) before every checkpoint.
+
+pub mod restore;
+pub mod wal;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+pub use litetx::Checksum;
+use litetx::{Encoder, Header, HeaderFlags, PageChecksum, PageNum, PageSize, TXID};
+
+use self::wal::{WalCursor, WalError};
+
+/// The checksum of a database with no pages: where every history starts.
+pub const EMPTY: Checksum = Checksum::new(0);
+
+/// One commit of a replica, ready to ship.
+#[derive(Clone, Debug)]
+pub struct LogEntry {
+    /// The commit's number in the database's history (1 for its first).
+    pub head: u64,
+    /// The pages it wrote, as an LTX file.
+    pub ltx: Vec<u8>,
+    /// The database's checksum after it.
+    pub checksum: Checksum,
+    /// The database's size after it, in pages.
+    pub db_pages: u32,
+}
+
+/// Why a replica's commits could not be captured or its history applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    #[error(transparent)]
+    Wal(#[from] WalError),
+    #[error("replica i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the log entry is not LTX: {0}")]
+    Ltx(String),
+    #[error("the log does not continue the database: {0}")]
+    Discontinuous(String),
+    #[error("the database's checksum is {found}, its history says {expected}")]
+    Checksum { expected: Checksum, found: Checksum },
+}
+
+/// The transaction id LTX gives the commit numbered `head`: id 1 is the
+/// empty database, so that every commit (the first included) is a change
+/// applied to a known state, and only snapshots start at 1.
+pub fn txid(head: u64) -> TXID {
+    TXID::new(head + 1).expect("head + 1 is never zero")
+}
+
+/// The page SQLite never writes (it holds the byte range file locks use,
+/// at 1 GiB), for databases that large.
+pub fn lock_page(page_size: u32) -> u32 {
+    (1u32 << 30) / page_size + 1
+}
+
+fn page_size(bytes: u32) -> Result<PageSize, ReplicaError> {
+    PageSize::new(bytes).map_err(|e| ReplicaError::Ltx(e.to_string()))
+}
+
+fn page_num(n: u32) -> Result<PageNum, ReplicaError> {
+    PageNum::new(n).map_err(|e| ReplicaError::Ltx(e.to_string()))
+}
+
+/// Captures a database's commits as log entries, and keeps its running
+/// checksum.
+pub struct Capture {
+    db_path: PathBuf,
+    wal_path: PathBuf,
+    page_size: u32,
+    cursor: WalCursor,
+    head: u64,
+    checksum: Checksum,
+    db_pages: u32,
+    /// Checksums of the pages changed since the file last held the whole
+    /// state; `None`: the page was cut off by a shrinking commit.
+    changed: HashMap<u32, Option<Checksum>>,
+    /// Pages the file holds of that state.
+    file_pages: u32,
+    /// The database is new: its file holds nothing of the history (SQLite
+    /// may have written a header page when it switched to WAL mode).
+    fresh: bool,
+}
+
+impl Capture {
+    /// A capture of the database at `db_path` whose file holds the whole
+    /// state at `head`, with `checksum`, and whose WAL holds nothing yet.
+    pub fn resume(db_path: &Path, page_size: u32, head: u64, checksum: Checksum) -> Capture {
+        let file_pages = std::fs::metadata(db_path)
+            .map(|m| (m.len() / u64::from(page_size)) as u32)
+            .unwrap_or(0);
+        Capture {
+            db_path: db_path.to_path_buf(),
+            wal_path: wal_path(db_path),
+            page_size,
+            cursor: WalCursor::default(),
+            head,
+            checksum,
+            db_pages: file_pages,
+            changed: HashMap::new(),
+            file_pages,
+            fresh: false,
+        }
+    }
+
+    /// A capture of a database whose history starts now (head 0, empty).
+    pub fn fresh(db_path: &Path, page_size: u32) -> Capture {
+        Capture {
+            db_pages: 0,
+            file_pages: 0,
+            checksum: EMPTY,
+            fresh: true,
+            ..Capture::resume(db_path, page_size, 0, EMPTY)
+        }
+    }
+
+    /// The number of the last captured commit.
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+
+    /// The database's checksum after the last captured commit.
+    pub fn checksum(&self) -> Checksum {
+        self.checksum
+    }
+
+    /// The database's size after the last captured commit, in pages.
+    pub fn db_pages(&self) -> u32 {
+        self.db_pages
+    }
+
+    /// The checksum a page had before the commit being captured.
+    fn old(&self, pgno: u32, file: &mut Option<File>) -> Result<Option<Checksum>, ReplicaError> {
+        if pgno > self.db_pages {
+            return Ok(None);
+        }
+        if let Some(known) = self.changed.get(&pgno) {
+            return Ok(*known);
+        }
+        if self.fresh || pgno > self.file_pages {
+            return Ok(None);
+        }
+        let page = self.read_file_page(pgno, file)?;
+        Ok(Some(page.page_checksum(page_num(pgno)?)))
+    }
+
+    fn read_file_page(&self, pgno: u32, file: &mut Option<File>) -> Result<Vec<u8>, ReplicaError> {
+        if file.is_none() {
+            *file = Some(File::open(&self.db_path)?);
+        }
+        let mut page = vec![0u8; self.page_size as usize];
+        file.as_ref()
+            .expect("opened above")
+            .read_exact_at(&mut page, u64::from(pgno - 1) * u64::from(self.page_size))?;
+        Ok(page)
+    }
+
+    /// The commits made since the last call, as log entries, in order.
+    pub fn take(&mut self) -> Result<Vec<LogEntry>, ReplicaError> {
+        let commits = wal::read_commits(&self.wal_path, self.page_size, &mut self.cursor)?;
+        let mut entries = Vec::with_capacity(commits.len());
+        let mut file = None;
+        for commit in commits {
+            // The last copy of each page wins; a page past the commit's
+            // size was cut off within the transaction.
+            let mut pages: BTreeMap<u32, Vec<u8>> = commit
+                .pages
+                .into_iter()
+                .filter(|(pgno, _)| *pgno <= commit.db_pages)
+                .collect();
+            if self.fresh && self.head == 0 && !pages.contains_key(&1) {
+                // The header page SQLite wrote straight to the file when
+                // it switched to WAL mode, if no commit rewrote it.
+                let first = self.read_file_page(1, &mut file)?;
+                pages.insert(1, first);
+            }
+            let before = self.checksum;
+            let mut sum = before;
+            for pgno in commit.db_pages + 1..=self.db_pages {
+                if let Some(old) = self.old(pgno, &mut file)? {
+                    sum = sum ^ old;
+                }
+                self.changed.insert(pgno, None);
+            }
+            let mut checksums = Vec::with_capacity(pages.len());
+            for (pgno, data) in &pages {
+                if let Some(old) = self.old(*pgno, &mut file)? {
+                    sum = sum ^ old;
+                }
+                let new = data.page_checksum(page_num(*pgno)?);
+                sum = sum ^ new;
+                checksums.push((*pgno, new));
+            }
+            self.db_pages = commit.db_pages;
+            for (pgno, new) in checksums {
+                self.changed.insert(pgno, Some(new));
+            }
+            self.head += 1;
+            self.checksum = sum;
+            let ltx = encode(
+                self.page_size,
+                self.db_pages,
+                (txid(self.head), txid(self.head)),
+                Some(before),
+                pages.iter().map(|(p, d)| (*p, d.as_slice())),
+                sum,
+            )?;
+            entries.push(LogEntry {
+                head: self.head,
+                ltx,
+                checksum: sum,
+                db_pages: self.db_pages,
+            });
+        }
+        Ok(entries)
+    }
+
+    /// The file holds the whole state again: its owner checkpointed the
+    /// WAL into it and truncated the WAL (after [`Capture::take`]).
+    pub fn checkpointed(&mut self) {
+        self.changed.clear();
+        self.file_pages = self.db_pages;
+        self.fresh = false;
+        self.cursor = WalCursor::default();
+    }
+
+    /// A snapshot of every page at the last captured commit, read from
+    /// the file, which must hold the whole state (right after
+    /// [`Capture::checkpointed`]). Its checksum is checked against the
+    /// running one: a file that is not what the history says is refused.
+    pub fn snapshot(&self) -> Result<Vec<u8>, ReplicaError> {
+        let file = File::open(&self.db_path)?;
+        let lock = lock_page(self.page_size);
+        let mut pages = Vec::with_capacity(self.db_pages as usize);
+        let mut sum = EMPTY;
+        for pgno in (1..=self.db_pages).filter(|p| *p != lock) {
+            let mut page = vec![0u8; self.page_size as usize];
+            file.read_exact_at(&mut page, u64::from(pgno - 1) * u64::from(self.page_size))?;
+            sum = sum ^ page.page_checksum(page_num(pgno)?);
+            pages.push((pgno, page));
+        }
+        if sum != self.checksum {
+            return Err(ReplicaError::Checksum {
+                expected: self.checksum,
+                found: sum,
+            });
+        }
+        encode(
+            self.page_size,
+            self.db_pages.max(1),
+            (txid(0), txid(self.head)),
+            None,
+            pages.iter().map(|(p, d)| (*p, d.as_slice())),
+            sum,
+        )
+    }
+}
+
+/// The WAL file of the database at `db_path`.
+pub fn wal_path(db_path: &Path) -> PathBuf {
+    PathBuf::from(format!("{}-wal", db_path.display()))
+}
+
+/// One LTX file: pages in ascending order, LZ4-compressed (a page of a
+/// small table is mostly zeros).
+fn encode<'a>(
+    page_size_bytes: u32,
+    db_pages: u32,
+    (min, max): (TXID, TXID),
+    before: Option<Checksum>,
+    pages: impl Iterator<Item = (u32, &'a [u8])>,
+    after: Checksum,
+) -> Result<Vec<u8>, ReplicaError> {
+    let ltx = |e: litetx::EncodeError| ReplicaError::Ltx(e.to_string());
+    let mut out = Vec::new();
+    let mut encoder = Encoder::new(
+        &mut out,
+        &Header {
+            flags: HeaderFlags::COMPRESS_LZ4,
+            page_size: page_size(page_size_bytes)?,
+            commit: page_num(db_pages.max(1))?,
+            min_txid: min,
+            max_txid: max,
+            timestamp: SystemTime::now(),
+            pre_apply_checksum: before,
+        },
+    )
+    .map_err(ltx)?;
+    for (pgno, data) in pages {
+        encoder.encode_page(page_num(pgno)?, data).map_err(ltx)?;
+    }
+    encoder.finish(after).map_err(ltx)?;
+    Ok(out)
+}
