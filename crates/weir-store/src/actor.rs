@@ -31,6 +31,7 @@ use std::path::Path;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::confinement::{self, Confinement, ResultBudget, ResultTooLarge, StopCheck};
+use crate::replica::{Capture, Checksum, LogEntry, ReplicaError};
 use crate::sql::{GuestSqlError, MAX_SQL_VALUE_BYTES, StatementResult, Value};
 use crate::{Durability, StoreError};
 
@@ -101,6 +102,10 @@ pub enum ActorStoreError {
     #[error("interrupted: the turn's deadline passed")]
     Stopped,
     #[error(transparent)]
+    Replica(#[from] ReplicaError),
+    #[error("the replica has commits not yet taken for shipping; it cannot be checkpointed")]
+    Untaken,
+    #[error(transparent)]
     Store(#[from] StoreError),
 }
 
@@ -108,6 +113,17 @@ impl From<rusqlite::Error> for ActorStoreError {
     fn from(e: rusqlite::Error) -> Self {
         ActorStoreError::Store(StoreError::Sqlite(e))
     }
+}
+
+/// Where a replica's history stands when its database is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplicaStart {
+    /// The actor is new everywhere: its history starts now. Its file must
+    /// not exist.
+    Fresh,
+    /// The file (with its WAL) holds exactly the state after commit
+    /// `head`, whose checksum is `checksum`.
+    Resume { head: u64, checksum: Checksum },
 }
 
 /// The open database of one actor.
@@ -119,6 +135,9 @@ pub struct ActorDb {
     /// Commits since the WAL was last checkpointed.
     commits: u32,
     pub(crate) max_result_bytes: usize,
+    /// A replica's capture of its commits (cluster mode): SQLite never
+    /// checkpoints it on its own.
+    capture: Option<Capture>,
 }
 
 fn guest_error(e: GuestSqlError) -> ActorStoreError {
@@ -139,6 +158,25 @@ impl ActorDb {
     /// actor's cost. Operators read an actor through its open connection
     /// (between turns), or open it themselves while it is hibernated.
     pub fn open(path: &Path, durability: Durability) -> Result<ActorDb, ActorStoreError> {
+        ActorDb::open_with(path, durability, None)
+    }
+
+    /// Opens an actor's database as a replica: every commit is captured
+    /// for shipping ([`ActorDb::take_log`]), and the WAL is checkpointed
+    /// only when asked, after everything in it was taken.
+    pub fn open_replica(
+        path: &Path,
+        durability: Durability,
+        start: ReplicaStart,
+    ) -> Result<ActorDb, ActorStoreError> {
+        ActorDb::open_with(path, durability, Some(start))
+    }
+
+    fn open_with(
+        path: &Path,
+        durability: Durability,
+        replica: Option<ReplicaStart>,
+    ) -> Result<ActorDb, ActorStoreError> {
         let conn = crate::connect_with(
             path,
             durability,
@@ -155,11 +193,29 @@ impl ActorDb {
             rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
             true,
         )?;
+        let capture = match replica {
+            None => None,
+            Some(start) => {
+                // Only the capture decides when pages leave the WAL.
+                conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+                Some(match start {
+                    ReplicaStart::Fresh => Capture::fresh(path, PAGE_BYTES),
+                    ReplicaStart::Resume { head, checksum } => {
+                        // What the WAL holds is part of `head`: into the
+                        // file with it, so the file is the starting point.
+                        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+                        Capture::resume(path, PAGE_BYTES, head, checksum)
+                    }
+                })
+            }
+        };
         // The schema is created once; a wake only checks its version.
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
         if version != SCHEMA_VERSION {
-            conn.execute_batch(SCHEMA)?;
-            conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+            // One transaction: one commit (one log entry for a replica).
+            conn.execute_batch(&format!(
+                "BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+            ))?;
         }
         // Foreign keys are enforced, as users of a relational store expect
         // (user SQL cannot change pragmas). A deferred key still violated
@@ -180,7 +236,39 @@ impl ActorDb {
             in_turn: false,
             commits: 0,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+            capture,
         })
+    }
+
+    /// True when the database is a replica.
+    pub fn is_replica(&self) -> bool {
+        self.capture.is_some()
+    }
+
+    /// A replica's commits since the last call, as log entries in order
+    /// (none for a database that is not a replica).
+    pub fn take_log(&mut self) -> Result<Vec<LogEntry>, ActorStoreError> {
+        match &mut self.capture {
+            Some(capture) => Ok(capture.take()?),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// A replica's last captured commit and the checksum after it.
+    pub fn replica_head(&self) -> Option<(u64, Checksum)> {
+        self.capture.as_ref().map(|c| (c.head(), c.checksum()))
+    }
+
+    /// A snapshot of the replica at its last captured commit (its WAL is
+    /// checkpointed into the file first): `(head, LTX)`. Refused while
+    /// commits are not yet taken, or outside a replica.
+    pub fn snapshot(&mut self) -> Result<Option<(u64, Vec<u8>)>, ActorStoreError> {
+        if self.capture.is_none() || self.in_turn {
+            return Ok(None);
+        }
+        self.checkpoint()?;
+        let capture = self.capture.as_ref().expect("a replica");
+        Ok(Some((capture.head(), capture.snapshot()?)))
     }
 
     /// Bounds what one call hands back to the guest (`max_sql_result_bytes`).
@@ -256,12 +344,29 @@ impl ActorDb {
     /// Copies the WAL into the database file (between turns). The actor
     /// holds its database alone, so the checkpoint completes and the WAL
     /// starts over.
+    ///
+    /// A replica's WAL is checkpointed only when every commit in it was
+    /// taken, and truncated, so that its capture starts over from a file
+    /// that holds the whole state.
     pub fn checkpoint(&mut self) -> Result<(), ActorStoreError> {
-        if !self.in_turn {
-            self.conn
-                .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
-            self.commits = 0;
+        if self.in_turn {
+            return Ok(());
         }
+        match &mut self.capture {
+            None => {
+                self.conn
+                    .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
+            }
+            Some(capture) => {
+                if capture.untaken()? {
+                    return Err(ActorStoreError::Untaken);
+                }
+                self.conn
+                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+                capture.checkpointed();
+            }
+        }
+        self.commits = 0;
         Ok(())
     }
 
@@ -563,5 +668,74 @@ mod tests {
         let n = db.adopt_incarnation().unwrap();
         assert_eq!(n, 3);
         assert_eq!(n * PID_STRIDE, 3_000_000);
+    }
+
+    #[test]
+    fn a_replica_ships_every_commit_and_resumes_from_its_history() {
+        let (_, path) = open("replica-src");
+        std::fs::remove_file(&path).unwrap();
+        let mut db =
+            ActorDb::open_replica(&path, Durability::Process, ReplicaStart::Fresh).unwrap();
+        assert_eq!(db.adopt_incarnation().unwrap(), 1);
+        db.begin_turn().unwrap();
+        db.put("a", b"1").unwrap();
+        db.schedule("tick", 42).unwrap();
+        db.commit_turn().unwrap();
+        // The schema, the incarnation and the turn: three commits.
+        let log = db.take_log().unwrap();
+        assert_eq!(log.iter().map(|e| e.head).collect::<Vec<_>>(), [1, 2, 3]);
+        assert!(db.take_log().unwrap().is_empty());
+        // Autocommit writes outside a turn are commits too.
+        db.cancel("tick").unwrap();
+        let more = db.take_log().unwrap();
+        assert_eq!(more.len(), 1);
+        assert_eq!(db.replica_head().unwrap().0, 4);
+
+        let copy = path.with_file_name("replica-copy.sqlite3");
+        let restored = crate::replica::restore::restore(
+            &copy,
+            PAGE_BYTES,
+            None,
+            log.iter().chain(&more).map(|e| e.ltx.as_slice()),
+        )
+        .unwrap();
+        assert_eq!(
+            (restored.head, restored.checksum),
+            db.replica_head().unwrap()
+        );
+        let mut resumed = ActorDb::open_replica(
+            &copy,
+            Durability::Process,
+            ReplicaStart::Resume {
+                head: restored.head,
+                checksum: restored.checksum,
+            },
+        )
+        .unwrap();
+        assert_eq!(resumed.get("a").unwrap(), Some(b"1".to_vec()));
+        assert_eq!(resumed.next_deadline().unwrap(), None);
+        assert_eq!(resumed.adopt_incarnation().unwrap(), 2);
+        let next = resumed.take_log().unwrap();
+        assert_eq!(next[0].head, 5);
+
+        // A snapshot checkpoints first and carries the running checksum;
+        // a commit not yet taken refuses it.
+        db.put("b", b"2").unwrap();
+        assert!(matches!(db.snapshot(), Err(ActorStoreError::Untaken)));
+        db.take_log().unwrap();
+        let (head, snapshot) = db.snapshot().unwrap().unwrap();
+        assert_eq!(head, 5);
+        let from_snapshot = path.with_file_name("replica-snap.sqlite3");
+        let restored = crate::replica::restore::restore(
+            &from_snapshot,
+            PAGE_BYTES,
+            Some(&snapshot),
+            std::iter::empty(),
+        )
+        .unwrap();
+        assert_eq!(
+            (restored.head, restored.checksum),
+            db.replica_head().unwrap()
+        );
     }
 }

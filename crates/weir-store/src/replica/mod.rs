@@ -238,6 +238,13 @@ impl Capture {
         Ok(entries)
     }
 
+    /// True when the WAL holds commits not yet taken (read without taking
+    /// them).
+    pub fn untaken(&self) -> Result<bool, ReplicaError> {
+        let mut cursor = self.cursor;
+        Ok(!wal::read_commits(&self.wal_path, self.page_size, &mut cursor)?.is_empty())
+    }
+
     /// The file holds the whole state again: its owner checkpointed the
     /// WAL into it and truncated the WAL (after [`Capture::take`]).
     pub fn checkpointed(&mut self) {
