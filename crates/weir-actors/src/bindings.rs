@@ -76,6 +76,9 @@ fn to_guest_error(e: GateError) -> types::Error {
         ActorStoreError::TooLarge(_) => types::Error::Refused(e.to_string()),
         ActorStoreError::Stopped => types::Error::Failed(e.to_string()),
         ActorStoreError::Store(s) => types::Error::Failed(s.to_string()),
+        ActorStoreError::Replica(_) | ActorStoreError::Untaken => {
+            types::Error::CommitFailed(e.to_string())
+        }
     }
 }
 

@@ -44,6 +44,24 @@ impl ActorDirectory {
             .join(format!("{}.sqlite3", actor.name))
     }
 
+    /// The actor's database path, its class's directory made: where a
+    /// placement keeps the local copy it opens.
+    pub fn prepare(&self, actor: &ActorAddress) -> Result<PathBuf, StoreError> {
+        let path = self.path(actor);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::Dir {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
+        Ok(path)
+    }
+
+    /// The durability the actors' databases are opened with.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
     /// Opens an actor's database, creating the actor on first use. If the
     /// actor is new and its database cannot be made, nothing is left
     /// behind.

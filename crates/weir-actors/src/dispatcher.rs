@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::address::ActorAddress;
 use crate::host::ActorHost;
+use crate::placement::Location;
 use crate::receipts::{TurnKind, TurnNotes};
 use crate::timers::{MAX_DISPATCH_SLEEP_MS, WAKE_RETRY_MS, now_ms};
 use crate::turn::{AlarmOutcome, alarm_turns};
@@ -23,6 +24,17 @@ impl ActorHost {
         let Ok(class) = self.class(&address.class) else {
             return;
         };
+        if let Some(placement) = &self.placement {
+            match placement.locate(&address, false, true).await {
+                Ok(Location::Here) => {}
+                // Its owner delivers its timers.
+                Ok(Location::Elsewhere(_)) => return,
+                Err(_) => {
+                    self.timers.set(&address, Some(now_ms() + WAKE_RETRY_MS));
+                    return;
+                }
+            }
+        }
         let claim = self.claim_always(&address, &class);
         let cell = claim.cell.clone();
         let mut live = cell.live.lock().await;
@@ -64,7 +76,10 @@ impl ActorHost {
         )
         .await;
         match result {
-            Ok(()) => self.after_turn(&cell, &live, true),
+            Ok(()) => {
+                self.after_turn(&cell, &live, true);
+                crate::mailbox::compact(&address, live.gate.clone()).await;
+            }
             Err(why) => {
                 tracing::warn!(actor = %address, error = %why, "cannot wake an actor for its timers; retrying");
                 self.timers.set(&address, Some(now_ms() + WAKE_RETRY_MS));

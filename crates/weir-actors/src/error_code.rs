@@ -6,6 +6,8 @@
 
 use weir_runtime::{ErrorCode, WeirError};
 
+use crate::placement::Refusal;
+
 /// A failure of an actor call that Weir answers itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ActorErrorCode {
@@ -49,11 +51,18 @@ impl WeirError for ActorErrorCode {
 }
 
 /// What a turn failed with: one of the runtime's codes (a trap, a deadline,
-/// memory) or an actor's own.
+/// memory), an actor's own, or its placement's (cluster mode).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TurnError {
     Runtime(ErrorCode),
     Actor(ActorErrorCode),
+    Placement(Refusal),
+}
+
+impl From<Refusal> for TurnError {
+    fn from(refusal: Refusal) -> Self {
+        TurnError::Placement(refusal)
+    }
 }
 
 impl From<ErrorCode> for TurnError {
@@ -73,6 +82,7 @@ impl WeirError for TurnError {
         match self {
             TurnError::Runtime(c) => WeirError::as_str(c),
             TurnError::Actor(c) => c.as_str(),
+            TurnError::Placement(r) => r.code,
         }
     }
 
@@ -80,6 +90,7 @@ impl WeirError for TurnError {
         match self {
             TurnError::Runtime(c) => WeirError::status(c),
             TurnError::Actor(c) => c.status(),
+            TurnError::Placement(r) => r.status,
         }
     }
 }

@@ -13,13 +13,19 @@
 //!   `storage_commit_failed`;
 //! - every statement of a turn stops at the turn's deadline or abandonment
 //!   ([`TurnGate::begin`]), and Weir's own commit and rollback are never
-//!   cut by it.
+//!   cut by it;
+//! - on a replica (cluster mode), every commit — a turn's, a barrier's, a
+//!   write outside any turn — is handed to the actor's [`Durable`] in
+//!   order as soon as it is made, and what leaves waits for it to settle.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use weir_runtime::extension::OutputGate;
 use weir_store::actor::{ActorDb, ActorStoreError};
 use weir_store::confinement::StopCheck;
+
+use crate::error_code::TurnError;
+use crate::placement::{BoxFuture, Durable};
 
 /// Why a storage call of the turn failed.
 pub enum GateError {
@@ -42,10 +48,17 @@ struct GateState {
 /// One actor's database and the state of its current turn.
 pub struct TurnGate {
     state: Mutex<GateState>,
+    /// Where a replica's commits go (cluster mode).
+    durable: Option<Arc<dyn Durable>>,
 }
 
 impl TurnGate {
     pub fn new(db: ActorDb) -> Arc<TurnGate> {
+        TurnGate::with_durable(db, None)
+    }
+
+    /// The gate of a replica whose commits go to `durable`.
+    pub fn with_durable(db: ActorDb, durable: Option<Arc<dyn Durable>>) -> Arc<TurnGate> {
         Arc::new(TurnGate {
             state: Mutex::new(GateState {
                 db,
@@ -53,6 +66,7 @@ impl TurnGate {
                 failed: None,
                 timers_changed: false,
             }),
+            durable,
         })
     }
 
@@ -60,10 +74,71 @@ impl TurnGate {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Hands what the database committed since the last call to the
+    /// durable half, with the actor's earliest timer after it.
+    fn ship(&self, db: &mut ActorDb) -> Result<(), String> {
+        let Some(durable) = &self.durable else {
+            return Ok(());
+        };
+        let log = db.take_log().map_err(|e| e.to_string())?;
+        if !log.is_empty() {
+            let alarm = db.next_deadline().map_err(|e| e.to_string())?;
+            durable.ship(log, alarm);
+        }
+        Ok(())
+    }
+
     /// Runs `f` on the database outside of any turn bookkeeping (reads,
     /// and the runner's own begin/commit).
     pub fn with_db<T>(&self, f: impl FnOnce(&mut ActorDb) -> T) -> T {
         f(&mut self.lock().db)
+    }
+
+    /// Runs `f`, which may write and commit outside any turn, and hands
+    /// what it committed on; an error of `f` is its own, a shipping error
+    /// says so.
+    pub fn write_outside<T>(
+        &self,
+        f: impl FnOnce(&mut ActorDb) -> Result<T, ActorStoreError>,
+    ) -> Result<T, String> {
+        let mut s = self.lock();
+        let value = f(&mut s.db).map_err(|e| e.to_string());
+        self.ship(&mut s.db)?;
+        value
+    }
+
+    /// What is left to wait for before the turn's effects may leave: the
+    /// durable half settling everything shipped so far. `None` on one
+    /// machine, where a local commit is the end of it.
+    pub fn settled(&self) -> Option<BoxFuture<'static, Result<(), TurnError>>> {
+        self.durable.as_ref().map(|d| d.settled())
+    }
+
+    /// Why the actor's state here can no longer be trusted, if it cannot.
+    pub fn broken(&self) -> Option<TurnError> {
+        self.durable.as_ref().and_then(|d| d.broken())
+    }
+
+    /// Takes a snapshot when the durable half wants one (between turns,
+    /// once everything shipped has settled).
+    pub fn snapshot_if_wanted(&self) -> Result<(), String> {
+        let Some(durable) = &self.durable else {
+            return Ok(());
+        };
+        if !durable.wants_snapshot() {
+            return Ok(());
+        }
+        let mut s = self.lock();
+        self.ship(&mut s.db)?;
+        if let Some((head, ltx)) = s.db.snapshot().map_err(|e| e.to_string())? {
+            durable.snapshot(head, ltx);
+        }
+        Ok(())
+    }
+
+    /// True when a snapshot would compact the log now.
+    pub fn wants_snapshot(&self) -> bool {
+        self.durable.as_ref().is_some_and(|d| d.wants_snapshot())
     }
 
     /// Starts a turn whose statements stop when `stop` says so.
@@ -85,7 +160,8 @@ impl TurnGate {
             return Err(why);
         }
         s.dirty = false;
-        s.db.commit_turn().map_err(|e| e.to_string())
+        s.db.commit_turn().map_err(|e| e.to_string())?;
+        self.ship(&mut s.db)
     }
 
     /// Drops the turn's writes.
@@ -106,13 +182,17 @@ impl TurnGate {
         if !s.dirty {
             return Ok(());
         }
-        match s.db.sync() {
+        match s
+            .db
+            .sync()
+            .map_err(|e| e.to_string())
+            .and_then(|()| self.ship(&mut s.db))
+        {
             Ok(()) => {
                 s.dirty = false;
                 Ok(())
             }
-            Err(e) => {
-                let why = e.to_string();
+            Err(why) => {
                 s.failed = Some(why.clone());
                 Err(why)
             }
@@ -171,5 +251,15 @@ impl TurnGate {
 impl OutputGate for TurnGate {
     fn flush(&self) -> Result<(), String> {
         TurnGate::flush(self)
+    }
+
+    fn settle(&self) -> Option<BoxFuture<'static, Result<(), String>>> {
+        let settled = self.settled()?;
+        Some(Box::pin(async move {
+            settled.await.map_err(|e| {
+                use weir_runtime::WeirError;
+                e.as_str().to_string()
+            })
+        }))
     }
 }

@@ -33,6 +33,7 @@ use crate::limits::ActorLimits;
 use crate::mailbox::Inbox;
 use crate::metrics::ActorClassMetrics;
 use crate::operators::AdminError;
+use crate::placement::Placement;
 use crate::receipts::Counters;
 use crate::timers::TimerIndex;
 use crate::turn::{Live, TurnContext};
@@ -99,6 +100,8 @@ pub struct Exclusive {
     db: Option<ActorDb>,
     actor: ActorAddress,
     directory: ActorDirectory,
+    /// The actor's storage is a replica (cluster mode).
+    replicated: bool,
     _claim: Claim,
 }
 
@@ -111,7 +114,13 @@ impl Exclusive {
     ) -> Result<T, AdminError> {
         let storage = |e: ActorStoreError| AdminError::Storage(e.to_string());
         if let Some(gate) = &self.live.gate {
-            return gate.with_db(f).map_err(storage);
+            return gate.write_outside(f).map_err(AdminError::Storage);
+        }
+        if self.replicated {
+            // Only a woken actor's replica is known to be current.
+            return Err(AdminError::Clustered(
+                "holding a hibernated actor's storage",
+            ));
         }
         if self.db.is_none() {
             self.db = Some(self.directory.open(&self.actor).map_err(storage)?);
@@ -175,6 +184,9 @@ pub struct ActorHost {
     /// Actors whose launch journal had rows at start: owners of resident
     /// processes the last run did not see end.
     journaled: Vec<ActorAddress>,
+    /// Where actors run and their commits become durable, when that is
+    /// decided beyond this process (cluster mode).
+    pub(crate) placement: Option<Arc<dyn Placement>>,
 }
 
 impl ActorHost {
@@ -184,6 +196,7 @@ impl ActorHost {
         classes: Vec<ActorClass>,
         directory: ActorDirectory,
         sink: Option<Arc<dyn ReceiptSink>>,
+        placement: Option<Arc<dyn Placement>>,
     ) -> Result<Arc<ActorHost>, AdminError> {
         let configured = classes.iter().map(|c| c.limits.max_live_actors).min();
         let closing = Arc::new(AtomicUsize::new(0));
@@ -204,6 +217,7 @@ impl ActorHost {
             turn_order: AtomicU64::new(1),
             unreadable: Vec::new(),
             journaled: Vec::new(),
+            placement,
         };
         let mut journaled = Vec::new();
         let mut unreadable = Vec::new();
@@ -262,6 +276,7 @@ impl ActorHost {
             db: None,
             actor,
             directory: self.directory.clone(),
+            replicated: self.placement.is_some(),
             _claim: claim,
         })
     }
@@ -332,7 +347,17 @@ impl ActorHost {
             )
             .await;
             match ended {
-                crate::turn::CallEnd::Done(()) => Ok(Some(())),
+                crate::turn::CallEnd::Done(()) => {
+                    match live.gate.as_ref().and_then(|g| g.settled()) {
+                        None => Ok(Some(())),
+                        Some(settled) => settled.await.map(|()| Some(())).map_err(|e| {
+                            format!(
+                                "its commits did not become durable: {}",
+                                weir_runtime::WeirError::as_str(e)
+                            )
+                        }),
+                    }
+                }
                 crate::turn::CallEnd::Failed(why) | crate::turn::CallEnd::CommitFailed(why) => {
                     Err(why)
                 }
@@ -487,6 +512,7 @@ impl ActorHost {
             code: &class.code,
             alarm: class.alarm.as_ref(),
             directory: &self.directory,
+            placement: self.placement.as_ref(),
             metrics: &class.metrics,
             next_generation: &class.next_generation,
             install: class.install.load(Ordering::Relaxed),
@@ -508,6 +534,22 @@ impl ActorHost {
             self.turn_order.fetch_add(1, Ordering::Relaxed),
             Ordering::Relaxed,
         );
+    }
+
+    /// Delivers the actor's due timers at `at_ms` (ms since the Unix
+    /// epoch): how a layer above wakes an actor whose timer it found due
+    /// (cluster mode's alarms of actors whose owner died).
+    pub fn wake_at(&self, class: &str, name: &str, at_ms: i64) -> Result<(), AdminError> {
+        let class = self.class(class)?;
+        let actor = ActorAddress::new(&class.name, name)?;
+        self.timers.set(&actor, Some(at_ms));
+        Ok(())
+    }
+
+    /// Why `feature` cannot be used under this host's placement, if it
+    /// cannot (cluster mode refuses what does not run there yet).
+    pub fn unsupported(&self, feature: &str) -> Option<crate::placement::Refusal> {
+        self.placement.as_ref().and_then(|p| p.unsupported(feature))
     }
 
     /// Actors in memory now.

@@ -14,6 +14,8 @@
 //! - [`mailbox`]: calls queued for an actor and run turn after turn;
 //! - [`dispatcher`]: due timers delivered as alarm turns;
 //! - [`residency`]: hibernation and eviction;
+//! - [`placement`]: where calls run and where commits become durable, for
+//!   a layer that keeps actors beyond this process (cluster mode);
 //! - [`os_limits`]: how many actors the process's limits leave room for;
 //! - [`operators`]: what `/actors` shows and does;
 //! - [`receipts`]: one receipt per turn;
@@ -32,6 +34,7 @@ pub mod mailbox;
 pub mod metrics;
 pub mod operators;
 pub mod os_limits;
+pub mod placement;
 pub mod receipts;
 pub mod residency;
 pub mod timers;
@@ -46,3 +49,4 @@ pub use host::{ActorClass, ActorHost};
 pub use limits::ActorLimits;
 pub use metrics::ActorMetrics;
 pub use operators::AdminError;
+pub use placement::{Durable, Forwarded, Location, Placement, Refusal};

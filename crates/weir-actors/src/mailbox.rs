@@ -22,6 +22,7 @@ use weir_runtime::extension::InternalRouter;
 use crate::address::ActorAddress;
 use crate::error_code::{ActorErrorCode, TurnError};
 use crate::host::{ActorHost, Cell, Claim};
+use crate::placement::{Forwarded, Location};
 use crate::receipts::{TurnKind, TurnNotes};
 use crate::turn::request_turn;
 
@@ -68,8 +69,66 @@ impl ActorHost {
         self.call_address(address, request).await
     }
 
-    /// Runs a call to the actor at `address`.
+    /// Runs a call to the actor at `address`, here or, in cluster mode, on
+    /// the node that owns it.
     pub async fn call_address(
+        self: &Arc<Self>,
+        address: ActorAddress,
+        request: http::Request<Bytes>,
+    ) -> http::Response<Bytes> {
+        if self.class(&address.class).is_err() {
+            return error_response(ActorErrorCode::ClassUnknown);
+        }
+        let Some(placement) = self.placement.clone() else {
+            return self.call_local(address, request).await;
+        };
+        let (parts, body) = request.into_parts();
+        // Handed on at most twice: again only when it did not run where it
+        // was sent.
+        let mut last = TurnError::from(ErrorCode::HostUnavailable);
+        for attempt in 0..2 {
+            match placement.locate(&address, attempt > 0, false).await {
+                Ok(Location::Here) => {
+                    return self
+                        .call_local(address, http::Request::from_parts(parts, body))
+                        .await;
+                }
+                Ok(Location::Elsewhere(node)) => {
+                    let request = copy_request(&parts, body.clone());
+                    match placement.forward(node, address.clone(), request).await {
+                        Forwarded::Answered(response) => return response,
+                        Forwarded::Failed(code) => return error_response(code),
+                        Forwarded::NotRun(code) => last = code,
+                    }
+                }
+                Err(code) => return error_response(code),
+            }
+        }
+        error_response(last)
+    }
+
+    /// Runs a call that another node handed here: here, or not at all
+    /// (`None`: this node does not own the actor, and nothing ran).
+    pub async fn call_forwarded(
+        self: &Arc<Self>,
+        address: ActorAddress,
+        request: http::Request<Bytes>,
+    ) -> Option<http::Response<Bytes>> {
+        if self.class(&address.class).is_err() {
+            return Some(error_response(ActorErrorCode::ClassUnknown));
+        }
+        if let Some(placement) = &self.placement {
+            match placement.locate(&address, false, true).await {
+                Ok(Location::Here) => {}
+                Ok(Location::Elsewhere(_)) => return None,
+                Err(code) => return Some(error_response(code)),
+            }
+        }
+        Some(self.call_local(address, request).await)
+    }
+
+    /// Runs a call to the actor at `address` on this node.
+    async fn call_local(
         self: &Arc<Self>,
         address: ActorAddress,
         request: http::Request<Bytes>,
@@ -140,28 +199,120 @@ impl ActorHost {
                 request_turn(&self.context(&cell, &class), &mut live, request).await;
             self.after_turn(&cell, &live, false);
             self.counters.turns.fetch_add(1, Ordering::Relaxed);
-            let status = response.status().as_u16();
             // The receipt's end is taken while the turn is still held, so
             // its time span never overlaps the next turn's.
             let ended = Instant::now();
-            let _ = reply.send(response);
-            drop(live);
-            self.receipt(
-                &cell,
-                &class,
-                TurnKind::Request,
-                &report,
-                TurnNotes {
-                    status: Some(status),
-                    queued: Some(queued),
-                    ..Default::default()
-                },
+            let answer = Answer {
+                reply,
+                response,
+                report,
+                queued,
                 arrived,
                 ended,
-            );
-            drop(claim);
+                claim,
+            };
+            match live.gate.as_ref().and_then(|g| g.settled()) {
+                None => {
+                    drop(live);
+                    self.answer(&cell, &class, answer, None);
+                }
+                Some(settled) => {
+                    // Cluster mode: the next turn runs while this one's
+                    // commits travel; its answer leaves once they are
+                    // durable (the output gate), or not at all.
+                    compact(&cell.address, live.gate.clone()).await;
+                    drop(live);
+                    let host = self.clone();
+                    let cell = cell.clone();
+                    tokio::spawn(async move {
+                        let settled = settled.await.err();
+                        host.answer(&cell, &class, answer, settled);
+                    });
+                }
+            }
         }
     }
+
+    /// Sends a turn's answer (or, when its commits did not become durable,
+    /// the error that says so) and writes its receipt.
+    fn answer(
+        &self,
+        cell: &Cell,
+        class: &crate::host::ActorClass,
+        answer: Answer,
+        unsettled: Option<TurnError>,
+    ) {
+        let Answer {
+            reply,
+            mut response,
+            mut report,
+            queued,
+            arrived,
+            ended,
+            claim,
+        } = answer;
+        if let Some(code) = unsettled {
+            report.fail(
+                code,
+                Some("the turn's commits did not become durable".into()),
+            );
+            response = error_response(code);
+        }
+        let status = response.status().as_u16();
+        let _ = reply.send(response);
+        self.receipt(
+            cell,
+            class,
+            TurnKind::Request,
+            &report,
+            TurnNotes {
+                status: Some(status),
+                queued: Some(queued),
+                ..Default::default()
+            },
+            arrived,
+            ended,
+        );
+        drop(claim);
+    }
+}
+
+/// Snapshots a replica whose log has grown enough, between its turns, once
+/// everything it shipped has settled (a brief pause of the actor, once per
+/// log of about its size).
+pub(crate) async fn compact(address: &ActorAddress, gate: Option<Arc<crate::gate::TurnGate>>) {
+    let Some(gate) = gate else { return };
+    if !gate.wants_snapshot() {
+        return;
+    }
+    if let Some(ready) = gate.settled()
+        && ready.await.is_ok()
+        && let Err(why) = gate.snapshot_if_wanted()
+    {
+        tracing::warn!(actor = %address, error = %why, "cannot snapshot an actor; its log keeps growing until the next try");
+    }
+}
+
+/// A request turn's answer, on its way to its caller.
+struct Answer {
+    reply: oneshot::Sender<http::Response<Bytes>>,
+    response: http::Response<Bytes>,
+    report: crate::turn::TurnReport,
+    queued: std::time::Duration,
+    arrived: Instant,
+    ended: Instant,
+    /// Keeps the actor in memory until its answer has left.
+    claim: Claim,
+}
+
+/// A request again, for a second hop (the body is shared, not copied).
+fn copy_request(parts: &http::request::Parts, body: Bytes) -> http::Request<Bytes> {
+    let mut request = http::Request::new(body);
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = parts.uri.clone();
+    *request.version_mut() = parts.version;
+    *request.headers_mut() = parts.headers.clone();
+    request
 }
 
 impl InternalRouter for ActorHost {

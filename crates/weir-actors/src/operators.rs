@@ -30,6 +30,9 @@ pub enum AdminError {
     NotFound(ActorAddress),
     #[error("{0}")]
     Storage(String),
+    /// What does not run in cluster mode yet, named.
+    #[error("{0} is not supported in cluster mode")]
+    Clustered(&'static str),
 }
 
 /// One actor as operators see it.
@@ -191,6 +194,11 @@ impl ActorHost {
     ) -> Result<ActorDetail, AdminError> {
         let class = self.class(class)?.clone();
         let actor = ActorAddress::new(&class.name, name)?;
+        if self.placement.is_some() {
+            // A local copy may be behind its owner's: only the owner could
+            // say what is committed.
+            return Err(AdminError::Clustered("inspecting an actor"));
+        }
         if !self.directory.exists(&actor) {
             return Err(AdminError::NotFound(actor));
         }
@@ -279,6 +287,10 @@ impl ActorHost {
     pub async fn delete(&self, class: &str, name: &str) -> Result<bool, AdminError> {
         let class = self.class(class)?.clone();
         let actor = ActorAddress::new(&class.name, name)?;
+        if self.placement.is_some() {
+            // Its history lives in the cluster's database, not here.
+            return Err(AdminError::Clustered("deleting an actor"));
+        }
         let claim = self.claim_always(&actor, &class);
         let mut live = claim.cell.live.lock().await;
         live.reset();

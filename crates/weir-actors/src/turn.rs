@@ -35,6 +35,7 @@ use crate::bindings::{ActorIdentity, ActorSeat};
 use crate::directory::ActorDirectory;
 use crate::error_code::{ActorErrorCode, TurnError};
 use crate::gate::TurnGate;
+use crate::placement::Placement;
 use crate::timers::{ALARM_MAX_RETRIES, now_ms, retry_at};
 
 /// `alarm: func(reason: string) -> result<option<u64>, string>`.
@@ -82,6 +83,9 @@ pub struct TurnContext<'a> {
     /// The class's `weir:actor/alarm#alarm` export, if it has one.
     pub alarm: Option<&'a ComponentExportIndex>,
     pub directory: &'a ActorDirectory,
+    /// Where the actor's storage is made durable beyond this process, if
+    /// anywhere (cluster mode).
+    pub placement: Option<&'a Arc<dyn Placement>>,
     pub metrics: &'a weir_runtime::metrics::AppMetrics,
     /// Numbers generations for receipts and logs (per class).
     pub next_generation: &'a std::sync::atomic::AtomicU64,
@@ -116,13 +120,39 @@ pub(crate) async fn wake(
     live: &mut Live,
     report: &mut TurnReport,
 ) -> Result<(), String> {
+    if let Some(why) = live.gate.as_ref().and_then(|g| g.broken()) {
+        // Its commits did not all become durable: nothing of it here is
+        // trusted, and it is opened anew (its local copy checked again).
+        tracing::info!(actor = %ctx.address, error = weir_runtime::WeirError::as_str(why), "resetting an actor whose commits did not all become durable");
+        live.reset();
+    }
     if live.gate.is_none() {
-        let mut db = ctx
-            .directory
-            .open(ctx.address)
-            .map_err(|e| format!("cannot open the actor's database: {e}"))?;
+        let (mut db, durable) = match ctx.placement {
+            None => (
+                ctx.directory
+                    .open(ctx.address)
+                    .map_err(|e| format!("cannot open the actor's database: {e}"))?,
+                None,
+            ),
+            Some(placement) => {
+                let path = ctx
+                    .directory
+                    .prepare(ctx.address)
+                    .map_err(|e| format!("cannot make the actor's directory: {e}"))?;
+                match placement.open(ctx.address, &path).await {
+                    Ok((db, durable)) => (db, Some(durable)),
+                    Err(code) => {
+                        report.error = Some(code);
+                        return Err(format!(
+                            "cannot open the actor's storage here: {}",
+                            weir_runtime::WeirError::as_str(code)
+                        ));
+                    }
+                }
+            }
+        };
         db.set_max_result_bytes(ctx.code.limits.max_sql_result_bytes);
-        live.gate = Some(TurnGate::new(db));
+        live.gate = Some(TurnGate::with_durable(db, durable));
     }
     if live.generation.is_some() {
         if live.install == ctx.install {
@@ -134,7 +164,7 @@ pub(crate) async fn wake(
     }
     let gate = live.gate.clone().expect("opened above");
     let incarnation = gate
-        .with_db(|db| db.adopt_incarnation())
+        .write_outside(|db| db.adopt_incarnation())
         .map_err(|e| format!("cannot adopt the incarnation counter: {e}"))?;
     let seat = ActorSeat {
         identity: ActorIdentity {
@@ -339,7 +369,7 @@ async fn alarm_turn(
     let Some(alarm) = live.alarm else {
         // Timers cannot be scheduled without the export; a database made
         // by an older build of the class may still hold some.
-        let _ = gate.with_db(|db| db.cancel(reason));
+        let _ = gate.write_outside(|db| db.cancel(reason));
         return AlarmOutcome::Dropped {
             attempts: attempt,
             why: "the class does not export weir:actor/alarm".into(),
@@ -373,13 +403,13 @@ async fn alarm_turn(
     let attempt = attempt + 1;
     let at = retry_at(now_ms(), attempt);
     let recorded = if attempt > ALARM_MAX_RETRIES {
-        gate.with_db(|db| db.cancel(reason).map(drop))
+        gate.write_outside(|db| db.cancel(reason).map(drop))
     } else {
-        gate.with_db(|db| db.retry_alarm(reason, at, attempt))
+        gate.write_outside(|db| db.retry_alarm(reason, at, attempt))
     };
     if let Err(e) = recorded {
         live.reset();
-        return AlarmOutcome::CommitFailed(e.to_string());
+        return AlarmOutcome::CommitFailed(e);
     }
     if attempt > ALARM_MAX_RETRIES {
         AlarmOutcome::Dropped {

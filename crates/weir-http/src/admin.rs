@@ -280,6 +280,7 @@ fn admin_error(e: AdminError) -> Response<ServeBody> {
         AdminError::NotFound(_) => (StatusCode::NOT_FOUND, "actor_not_found"),
         AdminError::Address(_) => (StatusCode::BAD_REQUEST, "actor_address_invalid"),
         AdminError::Storage(_) => (StatusCode::INTERNAL_SERVER_ERROR, "storage_failed"),
+        AdminError::Clustered(_) => (StatusCode::NOT_IMPLEMENTED, "not_in_cluster_mode"),
     };
     error(status, code, &e.to_string())
 }

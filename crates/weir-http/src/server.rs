@@ -326,6 +326,13 @@ async fn handle_actor_route(
     let Ok(address) = ActorAddress::new(&route.class, &name) else {
         return error_response(ActorErrorCode::AddressInvalid);
     };
+    // Sockets an actor owns are held by the node it runs on; a cluster
+    // cannot hand them over yet, and says so.
+    if req.headers().contains_key(header::UPGRADE)
+        && let Some(refusal) = host.unsupported("actor WebSockets")
+    {
+        return error_response(weir_actors::TurnError::from(refusal));
+    }
     let mut req = req;
     let offer = match offer_upgrade(app, options.sockets.as_ref(), &mut req) {
         Ok(offer) => offer,

@@ -25,8 +25,20 @@ use bytes::Bytes;
 /// request, an internal call): a layer that buffers effects makes them
 /// durable here. An error refuses the request.
 pub trait OutputGate: Send + Sync {
+    /// Makes the buffered effects durable where the layer keeps them
+    /// first (an actor's local commit).
     fn flush(&self) -> Result<(), String>;
+
+    /// What is left to wait for before the output may leave, when the
+    /// layer makes effects durable beyond this process too (cluster mode):
+    /// the request goes only once it resolves `Ok`.
+    fn settle(&self) -> Option<Settle> {
+        None
+    }
 }
+
+/// What an output gate leaves to wait for before a request goes.
+pub type Settle = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
 /// Who a generation is, as the layer that made it names it (an actor's
 /// identity): handed to internal routers with each of its requests, so a

@@ -297,12 +297,12 @@ impl WasiHttpHooks for OutboundPolicy {
             }
         };
         // The output gate: nothing leaves before the gate lets it.
-        if let Some(gate) = &self.output_gate
-            && let Err(why) = gate.flush()
-        {
-            return refused(Error::InternalError(Some(format!(
-                "output_gate_refused: {why}"
-            ))));
+        let mut settle = None;
+        if let Some(gate) = &self.output_gate {
+            if let Err(why) = gate.flush() {
+                return refused(gate_refused(why));
+            }
+            settle = gate.settle();
         }
         if let Some(router) = internal {
             return call_internal(
@@ -311,6 +311,7 @@ impl WasiHttpHooks for OutboundPolicy {
                 request,
                 op,
                 self.max_call_body_bytes,
+                settle,
             );
         }
         let options = self.bounded(options);
@@ -320,6 +321,9 @@ impl WasiHttpHooks for OutboundPolicy {
         Box::new(async move {
             let sent = tokio::select! {
                 sent = async {
+                    if let Some(settle) = settle {
+                        settle.await.map_err(gate_refused)?;
+                    }
                     let request = match pin_destination(request, &rules, &options).await {
                         Ok(request) => request,
                         Err(e) => {
@@ -415,6 +419,11 @@ async fn pin_destination(
     Ok(request)
 }
 
+/// The error a guest's request fails with when its output gate refuses.
+fn gate_refused(why: String) -> Error {
+    Error::InternalError(Some(format!("output_gate_refused: {why}")))
+}
+
 /// An internal call: reads the request body (bounded like a client's),
 /// has the router answer, and hands the guest the whole response.
 fn call_internal(
@@ -423,9 +432,13 @@ fn call_internal(
     request: http::Request<WasiBody>,
     mut op: Operation,
     max_body_bytes: u64,
+    settle: Option<crate::extension::Settle>,
 ) -> SendFuture {
     Box::new(async move {
         let work = async {
+            if let Some(settle) = settle {
+                settle.await.map_err(gate_refused)?;
+            }
             let (parts, body) = request.into_parts();
             let body = http_body_util::Limited::new(body, max_body_bytes as usize)
                 .collect()

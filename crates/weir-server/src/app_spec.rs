@@ -34,6 +34,8 @@ pub const SERVER_WIDE_LIMITS: &[&str] = &[
     "max_socket_send_queue_bytes",
     "socket_ping_interval_ms",
     "socket_idle_timeout_ms",
+    // One lease per node.
+    "cluster_lease_ms",
 ];
 
 /// The data dir's subdirectory of declared apps.

@@ -6,6 +6,7 @@
 //! every known name listed.
 
 use weir_actors::ActorLimits;
+use weir_cluster::ClusterLimits;
 use weir_http::websocket::SocketLimits;
 use weir_programs::ProgramLimits;
 use weir_runtime::Limits;
@@ -18,6 +19,7 @@ pub struct ServerLimits {
     pub actors: ActorLimits,
     pub programs: ProgramLimits,
     pub sockets: SocketLimits,
+    pub cluster: ClusterLimits,
 }
 
 impl ServerLimits {
@@ -28,6 +30,7 @@ impl ServerLimits {
             .chain(ActorLimits::specs())
             .chain(ProgramLimits::specs())
             .chain(SocketLimits::specs())
+            .chain(ClusterLimits::specs())
     }
 
     /// Sets one limit by its flat name, checking its range.
@@ -41,6 +44,9 @@ impl ServerLimits {
         if SocketLimits::specs().iter().any(|s| s.name == name) {
             return self.sockets.set_limit(name, value);
         }
+        if ClusterLimits::specs().iter().any(|s| s.name == name) {
+            return self.cluster.set_limit(name, value);
+        }
         self.runtime.set_limit(name, value).map_err(|e| {
             unknown_among(
                 e,
@@ -49,6 +55,7 @@ impl ServerLimits {
                     ActorLimits::specs(),
                     ProgramLimits::specs(),
                     SocketLimits::specs(),
+                    ClusterLimits::specs(),
                 ],
             )
         })
@@ -67,6 +74,7 @@ impl ServerLimits {
             .or_else(|| self.actors.value(name))
             .or_else(|| self.programs.value(name))
             .or_else(|| self.sockets.value(name))
+            .or_else(|| self.cluster.value(name))
     }
 }
 

@@ -222,13 +222,12 @@ impl Tenant {
                 )?);
             }
             let directory = ActorDirectory::new(&dir, shared.durability);
-            let host =
-                ActorHost::new(built, directory, shared.receipts.clone()).map_err(|source| {
-                    ServerError::Actors {
-                        dir: dir.clone(),
-                        source,
-                    }
-                })?;
+            let host = ActorHost::new(built, directory, shared.receipts.clone(), None).map_err(
+                |source| ServerError::Actors {
+                    dir: dir.clone(),
+                    source,
+                },
+            )?;
             actor_sockets.connect(&host);
             let router: Arc<dyn InternalRouter> = host.clone();
             stores.routes.connect(&[router, process_router.clone()]);

@@ -31,6 +31,7 @@ use std::path::Path;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::confinement::{self, Confinement, ResultBudget, ResultTooLarge, StopCheck};
+pub use crate::replica::ReplicaStart;
 use crate::replica::{Capture, Checksum, LogEntry, ReplicaError};
 use crate::sql::{GuestSqlError, MAX_SQL_VALUE_BYTES, StatementResult, Value};
 use crate::{Durability, StoreError};
@@ -113,17 +114,6 @@ impl From<rusqlite::Error> for ActorStoreError {
     fn from(e: rusqlite::Error) -> Self {
         ActorStoreError::Store(StoreError::Sqlite(e))
     }
-}
-
-/// Where a replica's history stands when its database is opened.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReplicaStart {
-    /// The actor is new everywhere: its history starts now. Its file must
-    /// not exist.
-    Fresh,
-    /// The file (with its WAL) holds exactly the state after commit
-    /// `head`, whose checksum is `checksum`.
-    Resume { head: u64, checksum: Checksum },
 }
 
 /// The open database of one actor.

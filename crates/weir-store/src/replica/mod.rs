@@ -36,6 +36,17 @@ use self::wal::{WalCursor, WalError};
 /// The checksum of a database with no pages: where every history starts.
 pub const EMPTY: Checksum = Checksum::new(0);
 
+/// Where a replica's history stands when its database is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplicaStart {
+    /// The database is new everywhere: its history starts now. Its file
+    /// must not exist.
+    Fresh,
+    /// The file (with its WAL) holds exactly the state after commit
+    /// `head`, whose checksum is `checksum`.
+    Resume { head: u64, checksum: Checksum },
+}
+
 /// One commit of a replica, ready to ship.
 #[derive(Clone, Debug)]
 pub struct LogEntry {

@@ -170,6 +170,28 @@ pub fn restore<'a>(
     })
 }
 
+/// Folds the WAL of the database at `path` (if it has one) into its file,
+/// leaving the WAL empty, and returns the file's checksum and size: what
+/// the local copy holds, to compare with what its history says. `None`
+/// when there is no copy SQLite can open (it is then simply rebuilt).
+pub fn settle(path: &Path, page_size: u32) -> Result<Option<(Checksum, u32)>, ReplicaError> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let checkpointed = (|| -> rusqlite::Result<()> {
+        let conn = rusqlite::Connection::open_with_flags(
+            path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        conn.close().map_err(|(_, e)| e)
+    })();
+    if checkpointed.is_err() {
+        return Ok(None);
+    }
+    file_checksum(path, page_size).map(Some)
+}
+
 /// The checksum of the database file at `path` (whose WAL must be empty)
 /// and its size in pages; a missing file is the empty database.
 pub fn file_checksum(path: &Path, page_size: u32) -> Result<(Checksum, u32), ReplicaError> {

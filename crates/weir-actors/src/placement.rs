@@ -1,0 +1,120 @@
+//! Placement: the extension point through which a layer that keeps actors'
+//! storage beyond this process (cluster mode) decides where each call runs,
+//! makes an actor's local copy current before it wakes, and makes its
+//! commits durable before their effects leave. Without a placement every
+//! actor runs here on its local database, as on one machine.
+//!
+//! Invariants the actor host keeps for a placement:
+//! - a call runs here only after [`Placement::locate`] said so; a call
+//!   located elsewhere is handed to [`Placement::forward`] whole; it is
+//!   handed on again (once, after a fresh `locate`) only when it did not
+//!   run where it was sent ([`Forwarded::NotRun`]);
+//! - an actor's database is opened only through [`Placement::open`], and
+//!   every commit made on it is handed to its [`Durable`] in commit order;
+//! - nothing a turn produced leaves the actor (its response, an outbound
+//!   request) before [`Durable::settled`] says the commits before it are
+//!   durable;
+//! - a [`Durable`] that is broken is never used again: the actor is reset
+//!   (instance and database dropped) and opened anew before its next turn.
+
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use weir_store::actor::ActorDb;
+use weir_store::replica::LogEntry;
+
+use crate::address::ActorAddress;
+use crate::error_code::TurnError;
+
+/// A future a placement hands back.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A placement's own failure: a stable code and its HTTP status, answered
+/// as Weir's JSON error like every other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: &'static str,
+    pub status: u16,
+}
+
+/// An actor's database opened by a placement, with its durable half.
+pub type Opened = (ActorDb, Arc<dyn Durable>);
+
+/// Where a call to an actor runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    Here,
+    /// On another node, reached at this internal address.
+    Elsewhere(Arc<str>),
+}
+
+/// How a call handed to another node ended.
+#[derive(Debug)]
+pub enum Forwarded {
+    /// The node answered; the answer may be an error of its own.
+    Answered(http::Response<Bytes>),
+    /// The call did not run there (the node does not own the actor, or
+    /// could not be reached at all): it may be sent again after a fresh
+    /// [`Placement::locate`], or answered with this error.
+    NotRun(TurnError),
+    /// The call could not be delivered, or may have run without an answer
+    /// coming back: it is never sent again.
+    Failed(TurnError),
+}
+
+/// Where actors run and where their storage is made durable.
+pub trait Placement: Send + Sync + 'static {
+    /// Where a call to `actor` runs. `refresh`: what was known of its owner
+    /// proved wrong, ask again. `forwarded`: the call already took its hop,
+    /// so it runs here or nowhere.
+    fn locate<'a>(
+        &'a self,
+        actor: &'a ActorAddress,
+        refresh: bool,
+        forwarded: bool,
+    ) -> BoxFuture<'a, Result<Location, TurnError>>;
+
+    /// Hands a call to the node at `node`.
+    fn forward(
+        &self,
+        node: Arc<str>,
+        actor: ActorAddress,
+        request: http::Request<Bytes>,
+    ) -> BoxFuture<'static, Forwarded>;
+
+    /// Opens the actor's database at `path` for its turns here, its local
+    /// copy made current first, with the durable half of its commits.
+    fn open<'a>(
+        &'a self,
+        actor: &'a ActorAddress,
+        path: &'a Path,
+    ) -> BoxFuture<'a, Result<Opened, TurnError>>;
+
+    /// Refuses what does not run under this placement yet (an actor's
+    /// WebSockets), naming it; `None` when everything runs.
+    fn unsupported(&self, _feature: &str) -> Option<Refusal> {
+        None
+    }
+}
+
+/// The durable half of one open actor database: where its commits go.
+pub trait Durable: Send + Sync {
+    /// Takes commits, in order, and the actor's earliest timer after the
+    /// last of them, to make them durable.
+    fn ship(&self, log: Vec<LogEntry>, alarm: Option<i64>);
+
+    /// Resolves once everything shipped so far is durable and this node
+    /// may still answer for the actor.
+    fn settled(&self) -> BoxFuture<'static, Result<(), TurnError>>;
+
+    /// Why the actor's state here can no longer be trusted, once it cannot.
+    fn broken(&self) -> Option<TurnError>;
+
+    /// True when a snapshot would compact the actor's log.
+    fn wants_snapshot(&self) -> bool;
+
+    /// Takes a snapshot at `head`, made once everything before it settled.
+    fn snapshot(&self, head: u64, ltx: Vec<u8>);
+}

@@ -1,0 +1,161 @@
+//! Actors in cluster mode: the placement the actor host runs with, so that
+//! each actor runs on the one node that owns it, opens at its owner row's
+//! head, and ships every commit through its fence.
+//!
+//! Invariant owned here: an actor's object key is
+//! `actor/<app>/<class>/<name>`, the same on every node, so every node
+//! names the same row for the same actor.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use weir_actors::placement::{BoxFuture, Durable, Opened};
+use weir_actors::{ActorAddress, Forwarded, Location, Placement, Refusal, TurnError};
+use weir_store::Durability;
+use weir_store::actor::{ActorDb, PAGE_BYTES};
+use weir_store::replica::LogEntry;
+
+use crate::coordinator::Entry;
+use crate::envelope::Target;
+use crate::error_code::ClusterErrorCode;
+use crate::internal::Forwarder;
+use crate::ownership::{Located, Ownership};
+use crate::replicas::Replicas;
+use crate::shipper::{Records, Shipper};
+
+/// The object key of an actor of `app`.
+pub fn actor_key(app: &str, actor: &ActorAddress) -> String {
+    format!("actor/{app}/{}/{}", actor.class, actor.name)
+}
+
+/// The app, class and name an actor's object key names.
+pub fn parse_actor_key(key: &str) -> Option<(&str, &str, &str)> {
+    let mut parts = key.strip_prefix("actor/")?.splitn(3, '/');
+    Some((parts.next()?, parts.next()?, parts.next()?))
+}
+
+/// The placement of one app's actors.
+pub struct ActorPlacement {
+    pub app: String,
+    pub ownership: Arc<Ownership>,
+    pub records: Arc<Records>,
+    pub replicas: Arc<Replicas>,
+    pub forwarder: Forwarder,
+    pub durability: Durability,
+}
+
+/// A shipper as an actor's durable half.
+struct ActorDurable(Shipper);
+
+fn entries(log: Vec<LogEntry>) -> (Vec<Entry>, u64) {
+    let db_bytes = log
+        .last()
+        .map_or(0, |e| u64::from(e.db_pages) * u64::from(PAGE_BYTES));
+    let entries = log
+        .into_iter()
+        .map(|e| Entry {
+            head: e.head,
+            ltx: e.ltx,
+            checksum: e.checksum.into_inner(),
+        })
+        .collect();
+    (entries, db_bytes)
+}
+
+impl Durable for ActorDurable {
+    fn ship(&self, log: Vec<LogEntry>, alarm: Option<i64>) {
+        let (entries, db_bytes) = entries(log);
+        self.0.ship(entries, alarm, db_bytes);
+    }
+
+    fn settled(&self) -> BoxFuture<'static, Result<(), TurnError>> {
+        let settled = self.0.settled();
+        Box::pin(async move { settled.await.map_err(TurnError::from) })
+    }
+
+    fn broken(&self) -> Option<TurnError> {
+        self.0.broken().map(TurnError::from)
+    }
+
+    fn wants_snapshot(&self) -> bool {
+        self.0.wants_snapshot()
+    }
+
+    fn snapshot(&self, head: u64, ltx: Vec<u8>) {
+        self.0.snapshot(head, ltx);
+    }
+}
+
+impl Placement for ActorPlacement {
+    fn locate<'a>(
+        &'a self,
+        actor: &'a ActorAddress,
+        refresh: bool,
+        forwarded: bool,
+    ) -> BoxFuture<'a, Result<Location, TurnError>> {
+        Box::pin(async move {
+            let key = actor_key(&self.app, actor);
+            match self.ownership.locate(&key, refresh, forwarded).await {
+                Ok(Located::Here(_)) => Ok(Location::Here),
+                Ok(Located::Elsewhere(node)) => Ok(Location::Elsewhere(node)),
+                Err(code) => Err(code.into()),
+            }
+        })
+    }
+
+    fn forward(
+        &self,
+        node: Arc<str>,
+        actor: ActorAddress,
+        request: http::Request<Bytes>,
+    ) -> BoxFuture<'static, Forwarded> {
+        let forwarder = self.forwarder.clone();
+        let target = Target::Actor {
+            app: self.app.clone(),
+            class: actor.class.clone(),
+            name: actor.name.clone(),
+        };
+        Box::pin(async move { forwarder.call(&node, &target, request).await })
+    }
+
+    fn open<'a>(
+        &'a self,
+        actor: &'a ActorAddress,
+        path: &'a Path,
+    ) -> BoxFuture<'a, Result<Opened, TurnError>> {
+        Box::pin(async move {
+            let key = actor_key(&self.app, actor);
+            let owned = self
+                .ownership
+                .owned(&key)
+                .ok_or(ClusterErrorCode::OwnershipLost)?;
+            let start = self.replicas.prepare(&key, path, PAGE_BYTES, owned).await?;
+            let db = ActorDb::open_replica(path, self.durability, start).map_err(|e| {
+                tracing::error!(key, error = %e, "cannot open an actor's replica");
+                TurnError::from(ClusterErrorCode::StorageUnavailable)
+            })?;
+            let shipper = Shipper::new(&key, self.ownership.clone(), self.records.clone(), owned);
+            Ok((db, Arc::new(ActorDurable(shipper)) as Arc<dyn Durable>))
+        })
+    }
+
+    fn unsupported(&self, feature: &str) -> Option<Refusal> {
+        tracing::info!(feature, "refused: not supported in cluster mode");
+        Some(ClusterErrorCode::Unsupported.refusal())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_actor_key_names_its_app_class_and_name_and_reads_back() {
+        let actor = ActorAddress::new("room", "b.eu").unwrap();
+        let key = actor_key("chat", &actor);
+        assert_eq!(key, "actor/chat/room/b.eu");
+        assert_eq!(parse_actor_key(&key), Some(("chat", "room", "b.eu")));
+        assert_eq!(parse_actor_key("kv/chat/x"), None);
+    }
+}

@@ -1,0 +1,75 @@
+//! Orphaned alarms: actors whose timer is due while no live node owns them
+//! (their owner died) are claimed by some live node and woken there.
+//!
+//! Invariant owned here: every actor's earliest timer is mirrored in its
+//! owner row by the same fenced commit that set it, so a due alarm is
+//! found whatever became of the node that set it; the claim that takes it
+//! skips rows another node is claiming at that moment (`SKIP LOCKED`), and
+//! the woken actor runs its due timers from its own restored storage, so a
+//! timer fires at least once and under the usual retry rule.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use weir_actors::ActorHost;
+
+use crate::actors::parse_actor_key;
+use crate::ownership::Ownership;
+
+/// Orphaned actors claimed in one sweep at most.
+pub const SWEEP_BATCH: i64 = 256;
+
+/// The shortest pause between sweeps.
+pub const MIN_SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The longest pause between sweeps: an orphaned alarm fires at most this
+/// late, past the lease of the node that died.
+pub const MAX_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Sweeps for orphaned due alarms every third of the lease (within the
+/// bounds above) until `stop` turns true.
+pub async fn sweep(
+    ownership: Arc<Ownership>,
+    actors: HashMap<String, Arc<ActorHost>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let interval = (ownership.lease().ttl() / 3).clamp(MIN_SWEEP_INTERVAL, MAX_SWEEP_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = crate::lease::stopped(&mut stop) => return,
+        }
+        let Some(held) = ownership.lease().held() else {
+            continue;
+        };
+        let due = match ownership
+            .coordinator()
+            .claim_due(held.session, SWEEP_BATCH)
+            .await
+        {
+            Ok(due) => due,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot sweep for orphaned alarms");
+                continue;
+            }
+        };
+        for object in due {
+            ownership.adopt(&object.key, object.state, held);
+            let woken = parse_actor_key(&object.key).and_then(|(app, class, name)| {
+                actors
+                    .get(app)
+                    .map(|host| host.wake_at(class, name, object.alarm_at))
+            });
+            match woken {
+                Some(Ok(())) => {
+                    tracing::info!(key = %object.key, epoch = object.state.epoch, "claimed an actor whose owner is gone, for its due alarm")
+                }
+                _ => {
+                    tracing::warn!(key = %object.key, "claimed an orphaned alarm this node has no class for")
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The coordinator: everything the cluster protocol asks of the one
+//! database every node trusts (PostgreSQL, in [`crate::postgres`]). Leases,
+//! ownership rows and the fenced log are its state; each call below is one
+//! atomic step of the protocol, and the protocol's safety rests on these
+//! steps alone:
+//!
+//! - a session's lease is renewed only while it has not expired (by the
+//!   coordinator's clock); an expired session stays expired;
+//! - an object is claimed only when it has no owner or its owner's lease
+//!   expired, only by a session whose own lease is live, and every claim
+//!   moves its epoch forward;
+//! - a commit is accepted only from the owning session, at the object's
+//!   current epoch and head, while that session's lease is live; it
+//!   appends its log entries and moves the head in one step, or does
+//!   nothing.
+//!
+//! A second implementation (the deterministic simulation's, in the tests)
+//! keeps the same rules in memory, so the node-side protocol code that runs
+//! against PostgreSQL in production runs unchanged under simulated faults.
+
+use async_trait::async_trait;
+
+/// A node's registration: a new one at every start and after every lease
+/// that was lost.
+pub type SessionId = i64;
+
+/// A live node, as the coordinator lists them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub session: SessionId,
+    pub name: String,
+    /// Where its internal listener is reached.
+    pub address: String,
+}
+
+/// An object's row: its identity, its fence and where its history stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectState {
+    pub id: i64,
+    pub epoch: i64,
+    /// The last commit accepted.
+    pub head: u64,
+    /// The database's checksum after it (LTX's running CRC-64).
+    pub checksum: u64,
+    /// Log bytes accepted since the last snapshot.
+    pub log_bytes: u64,
+}
+
+/// Who owns an object, as the coordinator knows it now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Owner {
+    /// No row yet, or a row nobody live owns.
+    Nobody,
+    /// This session.
+    Me(ObjectState),
+    /// Another live session, reached at `address`.
+    Other { session: SessionId, address: String },
+}
+
+/// What a commit or snapshot is fenced by: the owning session and the
+/// epoch its claim created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub object: i64,
+    pub epoch: i64,
+    pub session: SessionId,
+}
+
+/// One log entry as shipped.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub head: u64,
+    pub ltx: Vec<u8>,
+    pub checksum: u64,
+}
+
+/// How a claim ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claimed {
+    /// This session owns the object now (or already did).
+    Owned(ObjectState),
+    /// Another live session owns it.
+    Other { session: SessionId, address: String },
+    /// This session's lease is not live: it may claim nothing.
+    LeaseLost,
+}
+
+/// How a lease renewal ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// Renewed; the live nodes now.
+    Renewed(Vec<NodeInfo>),
+    /// The lease had expired: the session is over.
+    Expired,
+}
+
+/// How a registration ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Registration {
+    Registered {
+        session: SessionId,
+        nodes: Vec<NodeInfo>,
+    },
+    /// A live session of the same name exists (an earlier run of this
+    /// node whose lease has not expired yet): try again later.
+    NameInUse,
+}
+
+/// An object's history, as far as a given head: its newest snapshot at or
+/// before it and the log entries after that.
+#[derive(Clone, Debug, Default)]
+pub struct History {
+    pub snapshot: Option<(u64, Vec<u8>)>,
+    pub log: Vec<(u64, Vec<u8>)>,
+}
+
+/// An object claimed because its alarm was due and its owner was gone.
+#[derive(Clone, Debug)]
+pub struct DueObject {
+    pub key: String,
+    pub state: ObjectState,
+    pub alarm_at: i64,
+}
+
+/// Why the coordinator could not answer.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum CoordError {
+    /// It could not be reached, or did not answer in time; a step that
+    /// was sent may or may not have taken effect.
+    #[error("the cluster database is unavailable: {0}")]
+    Unavailable(String),
+    /// It answered with an error.
+    #[error("the cluster database refused: {0}")]
+    Refused(String),
+}
+
+/// The protocol's steps, each atomic at the coordinator.
+#[async_trait]
+pub trait Coordinator: Send + Sync + 'static {
+    /// Starts a session for node `name`, unless a live one of that name
+    /// exists; its lease lasts `ttl_ms` from now (the coordinator's now).
+    async fn register(
+        &self,
+        name: &str,
+        address: &str,
+        ttl_ms: u64,
+    ) -> Result<Registration, CoordError>;
+
+    /// Renews a live lease by `ttl_ms` from now.
+    async fn renew(&self, session: SessionId, ttl_ms: u64) -> Result<Renewal, CoordError>;
+
+    /// Ends a session: its objects are released for others to claim at
+    /// once, and its lease is gone.
+    async fn release(&self, session: SessionId) -> Result<(), CoordError>;
+
+    /// Who owns `key` now, from `session`'s point of view.
+    async fn lookup(&self, key: &str, session: SessionId) -> Result<Owner, CoordError>;
+
+    /// Claims `key` for `session` if nobody live owns it (creating its row
+    /// at head 0 with `empty_checksum` if it has none).
+    async fn claim(
+        &self,
+        key: &str,
+        session: SessionId,
+        empty_checksum: u64,
+    ) -> Result<Claimed, CoordError>;
+
+    /// Appends `entries` (which continue from `previous`, the head the
+    /// fence last accepted) and moves the head to the last of them, with
+    /// the object's next alarm; `false` when the fence no longer holds
+    /// (another owner, another epoch, another head, or a lapsed lease) and
+    /// nothing was written.
+    async fn commit(
+        &self,
+        fence: Fence,
+        previous: u64,
+        entries: &[Entry],
+        alarm: Option<i64>,
+    ) -> Result<bool, CoordError>;
+
+    /// Stores a snapshot at `head` and drops the log and snapshots it
+    /// makes redundant; `false` when the fence no longer holds.
+    async fn snapshot(&self, fence: Fence, head: u64, ltx: &[u8]) -> Result<bool, CoordError>;
+
+    /// The history of object `id` up to `head`.
+    async fn history(&self, id: i64, head: u64) -> Result<History, CoordError>;
+
+    /// Claims, for `session`, up to `limit` actors whose alarm is due (by
+    /// the coordinator's clock) and whose owner is gone.
+    async fn claim_due(&self, session: SessionId, limit: i64)
+    -> Result<Vec<DueObject>, CoordError>;
+}

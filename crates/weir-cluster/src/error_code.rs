@@ -1,0 +1,93 @@
+//! The errors Weir answers for what cluster mode adds, each with one
+//! stable code and status, answered like every other of Weir's errors.
+//!
+//! Invariant owned here: no cluster code is also a runtime's or an actor's
+//! code; the README's error table lists them all.
+
+use weir_actors::{Refusal, TurnError};
+use weir_runtime::WeirError;
+
+/// A failure cluster mode answers itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ClusterErrorCode {
+    /// 503: another node took the object over while this one served it;
+    /// this node dropped its copy, and the call's writes were not kept.
+    OwnershipLost,
+    /// 503: the cluster database could not be reached (or this node's
+    /// lease could not be renewed in time): nothing was written or claimed,
+    /// or whether a write was kept is not known.
+    StorageUnavailable,
+    /// 502: the node that owns the object could not be reached, or did
+    /// not answer a call that may have run there; it is never resent.
+    OwnerUnreachable,
+    /// 501: what does not run in cluster mode yet (resident processes,
+    /// actors' WebSockets), named in the log.
+    Unsupported,
+}
+
+impl ClusterErrorCode {
+    pub const ALL: &'static [ClusterErrorCode] = &[
+        ClusterErrorCode::OwnershipLost,
+        ClusterErrorCode::StorageUnavailable,
+        ClusterErrorCode::OwnerUnreachable,
+        ClusterErrorCode::Unsupported,
+    ];
+
+    /// The code as an actor placement's refusal.
+    pub fn refusal(self) -> Refusal {
+        Refusal {
+            code: self.as_str(),
+            status: self.status(),
+        }
+    }
+}
+
+impl WeirError for ClusterErrorCode {
+    fn as_str(self) -> &'static str {
+        match self {
+            ClusterErrorCode::OwnershipLost => "ownership_lost",
+            ClusterErrorCode::StorageUnavailable => "storage_unavailable",
+            ClusterErrorCode::OwnerUnreachable => "owner_unreachable",
+            ClusterErrorCode::Unsupported => "cluster_unsupported",
+        }
+    }
+
+    fn status(self) -> u16 {
+        match self {
+            ClusterErrorCode::OwnershipLost | ClusterErrorCode::StorageUnavailable => 503,
+            ClusterErrorCode::OwnerUnreachable => 502,
+            ClusterErrorCode::Unsupported => 501,
+        }
+    }
+}
+
+impl From<ClusterErrorCode> for TurnError {
+    fn from(code: ClusterErrorCode) -> Self {
+        TurnError::Placement(code.refusal())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_actors::ActorErrorCode;
+    use weir_runtime::ErrorCode;
+
+    #[test]
+    fn cluster_codes_are_their_own() {
+        for code in ClusterErrorCode::ALL {
+            assert!(
+                ErrorCode::ALL.iter().all(|r| r.as_str() != code.as_str()),
+                "{code:?}"
+            );
+            assert!(
+                ActorErrorCode::ALL
+                    .iter()
+                    .all(|a| a.as_str() != code.as_str()),
+                "{code:?}"
+            );
+            let v: serde_json::Value = serde_json::from_str(&code.body()).unwrap();
+            assert_eq!(v["error"], code.as_str());
+        }
+    }
+}

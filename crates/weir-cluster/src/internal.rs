@@ -1,0 +1,284 @@
+//! The internal listener: where other nodes hand this node the calls it
+//! owns, and the client that hands calls to them.
+//!
+//! Invariants owned here:
+//! - a call between nodes carries the cluster's shared secret; one
+//!   without it is refused (401) before its body is read, and the
+//!   comparison takes the same time whatever the guess;
+//! - a call is run only if this node owns its target now (claiming it if
+//!   nobody does); otherwise the answer says it did not run, and nothing
+//!   ran;
+//! - a call that was sent and got no answer (the connection broke, the
+//!   node did not answer in time) is reported as possibly run, never
+//!   retried; only a call that never left (no connection) may be.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use sha2::{Digest, Sha256};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use weir_actors::{ActorAddress, ActorHost, Forwarded};
+
+use crate::envelope::{self, Answer, Target};
+use crate::error_code::ClusterErrorCode;
+
+/// The path calls between nodes are posted to.
+pub const CALL_PATH: &str = "/weir/cluster/v1/call";
+
+/// The header that carries the shared secret.
+pub const SECRET_HEADER: &str = "x-weir-cluster-secret";
+
+/// Largest envelope accepted, either way: a call's body is bounded by the
+/// forwarding node's request limits, and an answer's by the response
+/// limit (64 MiB by default); the rest is room for the head.
+pub const MAX_ENVELOPE_BYTES: usize = (64 << 20) + (1 << 20);
+
+/// Connections from other nodes served at once, at most.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// How long a connection to another node may take to open before the call
+/// counts as never sent.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long a forwarded call may take in all: past a turn's own deadlines
+/// and its wait in the owner's mailbox, so only a node that stopped
+/// answering reaches it.
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The secret as compared: its digest, so a comparison's time does not
+/// depend on how much of a guess was right.
+#[derive(Clone)]
+pub struct Secret([u8; 32]);
+
+impl Secret {
+    pub fn new(secret: &str) -> Secret {
+        Secret(Sha256::digest(secret.as_bytes()).into())
+    }
+
+    fn admits(&self, offered: &[u8]) -> bool {
+        let offered: [u8; 32] = Sha256::digest(offered).into();
+        offered
+            .iter()
+            .zip(self.0.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+}
+
+/// What this node serves to the others: each app's actors.
+#[derive(Default)]
+pub struct Served {
+    actors: OnceLock<HashMap<String, Arc<ActorHost>>>,
+}
+
+impl Served {
+    /// Binds the apps' actor hosts once they exist (later calls are
+    /// ignored); until then calls are answered "not run".
+    pub fn connect(&self, actors: HashMap<String, Arc<ActorHost>>) {
+        let _ = self.actors.set(actors);
+    }
+
+    async fn call(&self, target: Target, request: Request<Bytes>) -> Answer {
+        match target {
+            Target::Actor { app, class, name } => {
+                let Some(host) = self.actors.get().and_then(|a| a.get(&app)) else {
+                    return Answer::NotRun;
+                };
+                let Ok(address) = ActorAddress::new(&class, &name) else {
+                    return Answer::NotRun;
+                };
+                match host.call_forwarded(address, request).await {
+                    Some(response) => Answer::Answered(response),
+                    None => Answer::NotRun,
+                }
+            }
+        }
+    }
+}
+
+fn plain(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *response.status_mut() = status;
+    response
+}
+
+async fn handle(
+    request: Request<Incoming>,
+    secret: &Secret,
+    served: &Served,
+) -> Response<Full<Bytes>> {
+    let offered = request
+        .headers()
+        .get(SECRET_HEADER)
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
+    if !secret.admits(offered) {
+        return plain(StatusCode::UNAUTHORIZED, "the cluster secret is required\n");
+    }
+    if request.method() != http::Method::POST || request.uri().path() != CALL_PATH {
+        return plain(StatusCode::NOT_FOUND, "not a cluster call\n");
+    }
+    let body = match Limited::new(request.into_body(), MAX_ENVELOPE_BYTES)
+        .collect()
+        .await
+    {
+        Ok(body) => body.to_bytes(),
+        Err(_) => return plain(StatusCode::PAYLOAD_TOO_LARGE, "envelope too large\n"),
+    };
+    let (target, call) = match envelope::decode_request(body) {
+        Ok(decoded) => decoded,
+        Err(e) => {
+            tracing::warn!(error = %e, "a malformed call from another node");
+            return plain(StatusCode::BAD_REQUEST, "malformed envelope\n");
+        }
+    };
+    let answer = served.call(target, call).await;
+    match envelope::encode_answer(&answer) {
+        Ok(bytes) => Response::new(Full::new(bytes)),
+        Err(e) => {
+            tracing::warn!(error = %e, "an answer that cannot travel back");
+            plain(StatusCode::INTERNAL_SERVER_ERROR, "unencodable answer\n")
+        }
+    }
+}
+
+/// Serves the internal listener until `stop` turns true.
+pub async fn serve(
+    listener: TcpListener,
+    secret: Secret,
+    served: Arc<Served>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let permit = tokio::select! {
+            permit = slots.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+            _ = crate::lease::stopped(&mut stop) => return,
+        };
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot accept a connection from another node");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = crate::lease::stopped(&mut stop) => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let secret = secret.clone();
+        let served = served.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let secret = secret.clone();
+                let served = served.clone();
+                async move { Ok::<_, Infallible>(handle(request, &secret, &served).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+            drop(permit);
+        });
+    }
+}
+
+/// Hands calls to other nodes.
+#[derive(Clone)]
+pub struct Forwarder {
+    client: Client<HttpConnector, Full<Bytes>>,
+    secret: Arc<str>,
+}
+
+impl Forwarder {
+    pub fn new(secret: &str) -> Forwarder {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        Forwarder {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            secret: Arc::from(secret),
+        }
+    }
+
+    /// Hands a call to `target` to the node at `node`.
+    pub async fn call(&self, node: &str, target: &Target, request: Request<Bytes>) -> Forwarded {
+        let failed = |why: &str, sent: bool| {
+            tracing::warn!(node, why, sent, "a call to another node failed");
+            let code = ClusterErrorCode::OwnerUnreachable.into();
+            if sent {
+                Forwarded::Failed(code)
+            } else {
+                Forwarded::NotRun(code)
+            }
+        };
+        let body = match envelope::encode_request(target, &request) {
+            Ok(body) => body,
+            Err(e) => return failed(&e.to_string(), false),
+        };
+        let uri = format!("http://{node}{CALL_PATH}");
+        let Ok(call) = Request::post(uri)
+            .header(SECRET_HEADER, self.secret.as_ref())
+            .body(Full::new(body))
+        else {
+            return failed("an unusable node address", false);
+        };
+        let response = match tokio::time::timeout(FORWARD_TIMEOUT, self.client.request(call)).await
+        {
+            Ok(Ok(response)) => response,
+            // No connection was made: the call never left.
+            Ok(Err(e)) if e.is_connect() => return failed(&e.to_string(), false),
+            Ok(Err(e)) => return failed(&e.to_string(), true),
+            Err(_) => return failed("no answer in time", true),
+        };
+        if response.status() != StatusCode::OK {
+            // Refused before it ran (a wrong secret, a malformed call).
+            return failed(&format!("refused with {}", response.status()), false);
+        }
+        let body = match Limited::new(response.into_body(), MAX_ENVELOPE_BYTES)
+            .collect()
+            .await
+        {
+            Ok(body) => body.to_bytes(),
+            Err(e) => return failed(&e.to_string(), true),
+        };
+        match envelope::decode_answer(body) {
+            Ok(Answer::Answered(response)) => Forwarded::Answered(response),
+            Ok(Answer::NotRun) => Forwarded::NotRun(ClusterErrorCode::OwnerUnreachable.into()),
+            Err(e) => failed(&e.to_string(), true),
+        }
+    }
+}
+
+/// Binds the internal listener.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_secret_itself_is_admitted() {
+        let secret = Secret::new("0123456789abcdef");
+        assert!(secret.admits(b"0123456789abcdef"));
+        assert!(!secret.admits(b"0123456789abcdeF"));
+        assert!(!secret.admits(b""));
+        assert!(!secret.admits(b"0123456789abcdef0"));
+    }
+}

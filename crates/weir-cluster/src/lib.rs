@@ -1,0 +1,226 @@
+//! Cluster mode: several Weir nodes sharing one PostgreSQL database, each
+//! actor (and each key-value store and SQL database) owned by exactly one
+//! node at a time, and nothing acknowledged ever lost when a node dies.
+//!
+//! PostgreSQL holds membership (each node's lease), ownership (one row per
+//! object: its owner and epoch) and the durable copy of every object's
+//! storage (its log of commits and snapshots). A node runs an object's
+//! turns on its local SQLite copy as on one machine; each commit's pages
+//! go to PostgreSQL in a fenced statement before anything that followed
+//! them leaves the node.
+//!
+//! - [`coordinator`]: the protocol's atomic steps, and [`postgres`] their
+//!   implementation;
+//! - [`lease`]: the node's session and its own judgement of it;
+//! - [`ownership`]: who owns what, claims and placement;
+//! - [`shipper`]: commits made durable through the fence, in order;
+//! - [`replicas`]: local copies made current before they open;
+//! - [`actors`]: the actor placement; [`alarms`]: alarms of actors whose
+//!   owner died;
+//! - [`internal`] and [`envelope`]: calls between nodes;
+//! - [`config`], [`error_code`]: settings and the errors cluster mode adds.
+
+pub mod actors;
+pub mod alarms;
+pub mod config;
+pub mod coordinator;
+pub mod envelope;
+pub mod error_code;
+pub mod internal;
+pub mod lease;
+pub mod limits;
+pub mod ownership;
+pub mod postgres;
+pub mod replicas;
+pub mod shipper;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use weir_actors::{ActorHost, Placement};
+use weir_store::Durability;
+
+pub use config::{ClusterConfig, ConfigError};
+pub use error_code::ClusterErrorCode;
+pub use limits::ClusterLimits;
+
+use crate::coordinator::{CoordError, Coordinator};
+use crate::internal::{Forwarder, Secret, Served};
+use crate::lease::Lease;
+use crate::ownership::Ownership;
+use crate::replicas::Replicas;
+use crate::shipper::Records;
+
+/// Why a node could not join its cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{database}: {source}")]
+    Database {
+        database: String,
+        source: CoordError,
+    },
+    #[error("cannot listen for other nodes on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// This node's part in its cluster.
+pub struct Cluster {
+    config: ClusterConfig,
+    address: String,
+    internal_addr: SocketAddr,
+    lease: Arc<Lease>,
+    ownership: Arc<Ownership>,
+    records: Arc<Records>,
+    replicas: Arc<Replicas>,
+    forwarder: Forwarder,
+    served: Arc<Served>,
+    stop: watch::Sender<bool>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// What `/status` shows of the cluster.
+#[derive(Debug, Serialize)]
+pub struct ClusterStatus {
+    pub node: String,
+    pub address: String,
+    pub session: Option<i64>,
+    pub lease_held: bool,
+    pub lease_ms: u64,
+    pub nodes: Vec<String>,
+}
+
+impl Cluster {
+    /// Joins the cluster: connects to its database (creating the schema on
+    /// first use), binds the internal listener and registers this node,
+    /// waiting while an earlier run of it still holds a lease.
+    pub async fn start(config: ClusterConfig) -> Result<Arc<Cluster>, ClusterError> {
+        config.check()?;
+        let database = postgres::redacted(&config.database);
+        let coordinator: Arc<dyn Coordinator> = Arc::new(
+            postgres::Postgres::connect(&config.database)
+                .await
+                .map_err(|source| ClusterError::Database {
+                    database: database.clone(),
+                    source,
+                })?,
+        );
+        let listener =
+            internal::bind(config.listen)
+                .await
+                .map_err(|source| ClusterError::Listen {
+                    addr: config.listen,
+                    source,
+                })?;
+        let internal_addr = listener
+            .local_addr()
+            .map_err(|source| ClusterError::Listen {
+                addr: config.listen,
+                source,
+            })?;
+        let address = config
+            .advertise
+            .clone()
+            .unwrap_or_else(|| internal_addr.to_string());
+        let lease = Lease::new(&config.node, &address, config.lease);
+        lease
+            .register(coordinator.as_ref(), |_| true)
+            .await
+            .map_err(|source| ClusterError::Database {
+                database: database.clone(),
+                source,
+            })?;
+        let ownership = Arc::new(Ownership::new(coordinator.clone(), lease.clone()));
+        let records = Arc::new(Records::default());
+        let (stop, stopped) = watch::channel(false);
+        let served = Arc::new(Served::default());
+        let keeper = tokio::spawn(lease.clone().keep(coordinator, stopped.clone()));
+        let listening = tokio::spawn(internal::serve(
+            listener,
+            Secret::new(&config.secret),
+            served.clone(),
+            stopped,
+        ));
+        Ok(Arc::new(Cluster {
+            forwarder: Forwarder::new(&config.secret),
+            replicas: Arc::new(Replicas {
+                ownership: ownership.clone(),
+                records: records.clone(),
+            }),
+            config,
+            address,
+            internal_addr,
+            lease,
+            ownership,
+            records,
+            served,
+            stop,
+            tasks: Mutex::new(vec![keeper, listening]),
+        }))
+    }
+
+    /// Where the internal listener is bound.
+    pub fn internal_addr(&self) -> SocketAddr {
+        self.internal_addr
+    }
+
+    /// The placement of `app`'s actors on this node.
+    pub fn actor_placement(&self, app: &str, durability: Durability) -> Arc<dyn Placement> {
+        Arc::new(actors::ActorPlacement {
+            app: app.to_string(),
+            ownership: self.ownership.clone(),
+            records: self.records.clone(),
+            replicas: self.replicas.clone(),
+            forwarder: self.forwarder.clone(),
+            durability,
+        })
+    }
+
+    /// Serves the apps' actors to the other nodes and starts claiming the
+    /// due alarms of actors whose owner died.
+    pub fn serve(&self, actors: HashMap<String, Arc<ActorHost>>) {
+        self.served.connect(actors.clone());
+        let sweeper = tokio::spawn(alarms::sweep(
+            self.ownership.clone(),
+            actors,
+            self.stop.subscribe(),
+        ));
+        self.tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(sweeper);
+    }
+
+    /// Leaves the cluster: stops serving other nodes, and releases this
+    /// node's lease and everything it owns, so other nodes take its
+    /// objects over at once instead of after the lease.
+    pub async fn stop(&self) {
+        self.stop.send_replace(true);
+        let tasks: Vec<JoinHandle<()>> =
+            std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+
+    /// The cluster as `/status` shows it.
+    pub fn status(&self) -> ClusterStatus {
+        let held = self.lease.held();
+        ClusterStatus {
+            node: self.config.node.clone(),
+            address: self.address.clone(),
+            session: held.map(|h| h.session),
+            lease_held: held.is_some(),
+            lease_ms: self.config.lease.as_millis() as u64,
+            nodes: self.lease.nodes().into_iter().map(|n| n.name).collect(),
+        }
+    }
+}

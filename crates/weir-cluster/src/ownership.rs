@@ -1,0 +1,236 @@
+//! Ownership: which objects (actors, key-value stores, SQL databases) this
+//! node owns, and where the others are run.
+//!
+//! Invariants owned here:
+//! - the coordinator's row is the authority: this node treats an object
+//!   as its own only after the coordinator said so (a claim, or a lookup
+//!   naming this session), and only while the lease of the session that
+//!   claimed it is held; a new session owns nothing until it claims again;
+//! - placement prefers the node a rendezvous hash of the object's key
+//!   picks among the live nodes, so that nodes agree where an unowned
+//!   object should go without asking each other; but a call forwarded once
+//!   claims the object where it lands, so a call never travels twice for
+//!   want of an owner;
+//! - what is remembered of other nodes' objects is a hint: a call sent on
+//!   a stale hint is answered "not owner" without running, and the next
+//!   attempt asks the coordinator.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use sha2::{Digest, Sha256};
+
+use crate::coordinator::{Claimed, CoordError, Coordinator, Fence, NodeInfo, ObjectState, Owner};
+use crate::error_code::ClusterErrorCode;
+use crate::lease::{Held, Lease};
+
+/// Other nodes' objects remembered at most; past it the hints start over
+/// (each costs a lookup again, nothing more).
+pub const MAX_REMEMBERED_OWNERS: usize = 65_536;
+
+/// An object this node owns, as of its claim and its last accepted commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owned {
+    pub state: ObjectState,
+    /// The session that claimed it.
+    pub held: Held,
+}
+
+impl Owned {
+    /// What this node's commits to it are fenced by.
+    pub fn fence(&self) -> Fence {
+        Fence {
+            object: self.state.id,
+            epoch: self.state.epoch,
+            session: self.held.session,
+        }
+    }
+}
+
+/// Where an object is run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Located {
+    Here(Owned),
+    /// On the node at this internal address.
+    Elsewhere(Arc<str>),
+}
+
+/// What this node knows of who owns what.
+pub struct Ownership {
+    coordinator: Arc<dyn Coordinator>,
+    lease: Arc<Lease>,
+    owned: Mutex<HashMap<String, Owned>>,
+    elsewhere: Mutex<HashMap<String, Arc<str>>>,
+}
+
+/// The node that rendezvous hashing picks for `key` among `nodes`.
+pub fn preferred<'a>(nodes: &'a [NodeInfo], key: &str) -> Option<&'a NodeInfo> {
+    nodes.iter().max_by_key(|node| {
+        let mut hash = Sha256::new();
+        hash.update(node.name.as_bytes());
+        hash.update([0]);
+        hash.update(key.as_bytes());
+        let digest = hash.finalize();
+        (
+            u64::from_be_bytes(digest[..8].try_into().expect("8 bytes")),
+            node.name.clone(),
+        )
+    })
+}
+
+fn unavailable(e: CoordError) -> ClusterErrorCode {
+    tracing::warn!(error = %e, "the cluster database did not answer");
+    ClusterErrorCode::StorageUnavailable
+}
+
+impl Ownership {
+    pub fn new(coordinator: Arc<dyn Coordinator>, lease: Arc<Lease>) -> Ownership {
+        Ownership {
+            coordinator,
+            lease,
+            owned: Mutex::new(HashMap::new()),
+            elsewhere: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn lease(&self) -> &Arc<Lease> {
+        &self.lease
+    }
+
+    pub fn coordinator(&self) -> &Arc<dyn Coordinator> {
+        &self.coordinator
+    }
+
+    fn owned_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Owned>> {
+        self.owned.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn hints(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<str>>> {
+        self.elsewhere.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The object, if this node owns it now.
+    pub fn owned(&self, key: &str) -> Option<Owned> {
+        let held = self.lease.held()?;
+        let mut owned = self.owned_map();
+        match owned.get(key) {
+            Some(o) if o.held == held => Some(*o),
+            Some(_) => {
+                // Claimed under a session that is over.
+                owned.remove(key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn remember_owned(&self, key: &str, owned: Owned) {
+        self.owned_map().insert(key.to_string(), owned);
+        self.hints().remove(key);
+    }
+
+    fn remember_elsewhere(&self, key: &str, address: &str) -> Arc<str> {
+        let address: Arc<str> = Arc::from(address);
+        let mut hints = self.hints();
+        if hints.len() >= MAX_REMEMBERED_OWNERS {
+            hints.clear();
+        }
+        hints.insert(key.to_string(), address.clone());
+        address
+    }
+
+    /// Where `key` runs. `refresh`: what was remembered proved wrong.
+    /// `forwarded`: the call already took its hop, so an unowned object
+    /// is claimed here rather than sent on (and so it is on a refresh).
+    pub async fn locate(
+        &self,
+        key: &str,
+        refresh: bool,
+        forwarded: bool,
+    ) -> Result<Located, ClusterErrorCode> {
+        let held = self
+            .lease
+            .held()
+            .ok_or(ClusterErrorCode::StorageUnavailable)?;
+        if let Some(owned) = self.owned(key) {
+            return Ok(Located::Here(owned));
+        }
+        if refresh {
+            self.hints().remove(key);
+        } else if let Some(address) = self.hints().get(key) {
+            return Ok(Located::Elsewhere(address.clone()));
+        }
+        match self
+            .coordinator
+            .lookup(key, held.session)
+            .await
+            .map_err(unavailable)?
+        {
+            Owner::Me(state) => {
+                let owned = Owned { state, held };
+                self.remember_owned(key, owned);
+                return Ok(Located::Here(owned));
+            }
+            Owner::Other { address, .. } => {
+                return Ok(Located::Elsewhere(self.remember_elsewhere(key, &address)));
+            }
+            Owner::Nobody => {}
+        }
+        // A second attempt claims here: the preferred node may be the one
+        // that just failed to answer.
+        if !forwarded && !refresh {
+            let nodes = self.lease.nodes();
+            if let Some(node) = preferred(&nodes, key)
+                && node.session != held.session
+            {
+                // Its preferred node claims it when the call arrives.
+                return Ok(Located::Elsewhere(Arc::from(node.address.as_str())));
+            }
+        }
+        self.claim(key, held).await
+    }
+
+    /// Claims `key` for this node's session.
+    async fn claim(&self, key: &str, held: Held) -> Result<Located, ClusterErrorCode> {
+        let empty = weir_store::replica::EMPTY.into_inner();
+        match self
+            .coordinator
+            .claim(key, held.session, empty)
+            .await
+            .map_err(unavailable)?
+        {
+            Claimed::Owned(state) => {
+                tracing::debug!(key, epoch = state.epoch, head = state.head, "claimed");
+                let owned = Owned { state, held };
+                self.remember_owned(key, owned);
+                Ok(Located::Here(owned))
+            }
+            Claimed::Other { address, .. } => {
+                Ok(Located::Elsewhere(self.remember_elsewhere(key, &address)))
+            }
+            Claimed::LeaseLost => Err(ClusterErrorCode::StorageUnavailable),
+        }
+    }
+
+    /// Records objects the node claimed in one step of its own (due
+    /// alarms of objects whose owner died).
+    pub fn adopt(&self, key: &str, state: ObjectState, held: Held) {
+        self.remember_owned(key, Owned { state, held });
+    }
+
+    /// A commit of `key` was accepted: its row moved to `head`.
+    pub fn advanced(&self, key: &str, held: Held, head: u64, checksum: u64, log_bytes: u64) {
+        if let Some(owned) = self.owned_map().get_mut(key)
+            && owned.held == held
+        {
+            owned.state.head = head;
+            owned.state.checksum = checksum;
+            owned.state.log_bytes = log_bytes;
+        }
+    }
+
+    /// `key` is not this node's any more (a fenced commit told so).
+    pub fn lost(&self, key: &str) {
+        self.owned_map().remove(key);
+    }
+}

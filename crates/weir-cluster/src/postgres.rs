@@ -1,0 +1,580 @@
+//! The coordinator on PostgreSQL: each protocol step is one statement (or
+//! one transaction), so PostgreSQL's own atomicity and row locks make it
+//! atomic, and PostgreSQL's clock (`now()`) is the one that decides when a
+//! lease has expired.
+//!
+//! Invariants owned here: every statement a node sends is bounded by
+//! [`CALL_TIMEOUT`] (a hung database is an unavailable one, never a hung
+//! node); a connection error, a timeout and a server that is shutting down
+//! are all [`CoordError::Unavailable`]; the schema is created once, under
+//! an advisory lock, whichever nodes start together.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+use tokio_postgres::error::SqlState;
+
+use crate::coordinator::{
+    Claimed, CoordError, Coordinator, DueObject, Entry, Fence, History, NodeInfo, ObjectState,
+    Owner, Registration, Renewal, SessionId,
+};
+
+/// Connections one node keeps to PostgreSQL at most: every actor shipping
+/// at once shares them, and PostgreSQL's default allows 100 in all.
+pub const POOL_SIZE: usize = 16;
+
+/// The longest one statement may take, connecting included, before the
+/// database counts as unavailable: long enough for a commit behind a slow
+/// fsync, short enough that a caller gets a named error instead of waiting.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a new connection may take to open.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The advisory lock that serializes schema creation between nodes.
+const SCHEMA_LOCK: i64 = 0x7765_6972; // "weir"
+
+/// The version of [`SCHEMA`], kept in `weir_schema`.
+const SCHEMA_VERSION: i32 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS weir_schema (version INT NOT NULL);
+CREATE TABLE IF NOT EXISTS weir_nodes (
+    session BIGSERIAL PRIMARY KEY,
+    name TEXT NOT NULL,
+    address TEXT NOT NULL,
+    started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    expires_at TIMESTAMPTZ NOT NULL
+);
+CREATE INDEX IF NOT EXISTS weir_nodes_name ON weir_nodes (name);
+CREATE TABLE IF NOT EXISTS weir_objects (
+    id BIGSERIAL PRIMARY KEY,
+    key TEXT NOT NULL UNIQUE,
+    owner BIGINT,
+    epoch BIGINT NOT NULL,
+    head BIGINT NOT NULL,
+    checksum BIGINT NOT NULL,
+    log_bytes BIGINT NOT NULL DEFAULT 0,
+    alarm_at BIGINT
+);
+CREATE INDEX IF NOT EXISTS weir_objects_owner ON weir_objects (owner);
+CREATE INDEX IF NOT EXISTS weir_objects_alarm ON weir_objects (alarm_at) WHERE alarm_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS weir_log (
+    object BIGINT NOT NULL,
+    head BIGINT NOT NULL,
+    ltx BYTEA NOT NULL,
+    PRIMARY KEY (object, head)
+);
+CREATE TABLE IF NOT EXISTS weir_snapshots (
+    object BIGINT NOT NULL,
+    head BIGINT NOT NULL,
+    ltx BYTEA NOT NULL,
+    PRIMARY KEY (object, head)
+);
+";
+
+/// `session`'s lease is live, by PostgreSQL's clock.
+const LIVE: &str =
+    "EXISTS (SELECT 1 FROM weir_nodes n WHERE n.session = $2 AND n.expires_at > now())";
+
+/// The coordinator on one PostgreSQL database.
+pub struct Postgres {
+    pool: Pool,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> CoordError {
+    CoordError::Unavailable(e.to_string())
+}
+
+/// Sorts a database error: what says the server or the connection is gone
+/// (or going) is unavailability; anything else is a refusal.
+fn classify(e: tokio_postgres::Error) -> CoordError {
+    let gone = e.is_closed()
+        || e.code().is_none()
+        || e.code().is_some_and(|c| {
+            [
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+                SqlState::CONNECTION_FAILURE,
+                SqlState::CONNECTION_EXCEPTION,
+                SqlState::T_R_SERIALIZATION_FAILURE,
+                SqlState::T_R_DEADLOCK_DETECTED,
+                SqlState::QUERY_CANCELED,
+            ]
+            .contains(c)
+        });
+    if gone {
+        unavailable(e)
+    } else {
+        CoordError::Refused(e.to_string())
+    }
+}
+
+fn state(row: &tokio_postgres::Row, at: usize) -> ObjectState {
+    ObjectState {
+        id: row.get(at),
+        epoch: row.get(at + 1),
+        head: row.get::<_, i64>(at + 2) as u64,
+        checksum: row.get::<_, i64>(at + 3) as u64,
+        log_bytes: row.get::<_, i64>(at + 4).max(0) as u64,
+    }
+}
+
+/// A database URL with its password replaced, for messages and logs.
+pub fn redacted(url: &str) -> String {
+    match url.parse::<tokio_postgres::Config>() {
+        Ok(config) => {
+            let hosts: Vec<String> = config
+                .get_hosts()
+                .iter()
+                .map(|h| match h {
+                    tokio_postgres::config::Host::Tcp(h) => h.clone(),
+                    tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+                })
+                .collect();
+            format!(
+                "postgres://{}@{}/{}",
+                config.get_user().unwrap_or(""),
+                hosts.join(","),
+                config.get_dbname().unwrap_or("")
+            )
+        }
+        Err(_) => "<an unreadable database URL>".into(),
+    }
+}
+
+impl Postgres {
+    /// Connects to the database at `url` and makes sure its schema exists.
+    pub async fn connect(url: &str) -> Result<Postgres, CoordError> {
+        let mut config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| CoordError::Refused(format!("{}: {e}", redacted(url))))?;
+        config.connect_timeout(CONNECT_TIMEOUT);
+        config.application_name("weir");
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .wait_timeout(Some(CALL_TIMEOUT))
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(unavailable)?;
+        let postgres = Postgres { pool };
+        postgres.migrate().await?;
+        Ok(postgres)
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, CoordError> {
+        self.pool.get().await.map_err(unavailable)
+    }
+
+    async fn migrate(&self) -> Result<(), CoordError> {
+        timed(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(classify)?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
+                .await
+                .map_err(classify)?;
+            tx.batch_execute(SCHEMA).await.map_err(classify)?;
+            let version: Option<i32> = tx
+                .query_opt("SELECT version FROM weir_schema", &[])
+                .await
+                .map_err(classify)?
+                .map(|r| r.get(0));
+            match version {
+                None => {
+                    tx.execute(
+                        "INSERT INTO weir_schema (version) VALUES ($1)",
+                        &[&SCHEMA_VERSION],
+                    )
+                    .await
+                    .map_err(classify)?;
+                }
+                Some(v) if v > SCHEMA_VERSION => {
+                    return Err(CoordError::Refused(format!(
+                        "the cluster database has schema version {v}; this build knows {SCHEMA_VERSION}"
+                    )));
+                }
+                Some(_) => {}
+            }
+            tx.commit().await.map_err(classify)
+        })
+        .await
+    }
+
+    async fn nodes(client: &deadpool_postgres::Object) -> Result<Vec<NodeInfo>, CoordError> {
+        let stmt = client
+            .prepare_cached(
+                "SELECT session, name, address FROM weir_nodes WHERE expires_at > now() ORDER BY session",
+            )
+            .await
+            .map_err(classify)?;
+        Ok(client
+            .query(&stmt, &[])
+            .await
+            .map_err(classify)?
+            .iter()
+            .map(|r| NodeInfo {
+                session: r.get(0),
+                name: r.get(1),
+                address: r.get(2),
+            })
+            .collect())
+    }
+}
+
+/// Bounds one call by [`CALL_TIMEOUT`].
+async fn timed<T>(call: impl Future<Output = Result<T, CoordError>>) -> Result<T, CoordError> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(result) => result,
+        Err(_) => Err(CoordError::Unavailable(format!(
+            "no answer within {} ms",
+            CALL_TIMEOUT.as_millis()
+        ))),
+    }
+}
+
+fn ttl(ttl_ms: u64) -> f64 {
+    ttl_ms as f64 / 1000.0
+}
+
+#[async_trait]
+impl Coordinator for Postgres {
+    async fn register(
+        &self,
+        name: &str,
+        address: &str,
+        ttl_ms: u64,
+    ) -> Result<Registration, CoordError> {
+        timed(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(classify)?;
+            // One registration of a name at a time.
+            tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&name])
+                .await
+                .map_err(classify)?;
+            let live = tx
+                .query_opt(
+                    "SELECT session FROM weir_nodes WHERE name = $1 AND expires_at > now()",
+                    &[&name],
+                )
+                .await
+                .map_err(classify)?;
+            if live.is_some() {
+                return Ok(Registration::NameInUse);
+            }
+            // Expired sessions of this name own nothing anyone waits for.
+            tx.execute(
+                "DELETE FROM weir_nodes WHERE name = $1 AND expires_at <= now()
+                   AND NOT EXISTS (SELECT 1 FROM weir_objects o WHERE o.owner = weir_nodes.session)",
+                &[&name],
+            )
+            .await
+            .map_err(classify)?;
+            let row = tx
+                .query_one(
+                    "INSERT INTO weir_nodes (name, address, expires_at)
+                     VALUES ($1, $2, now() + make_interval(secs => $3)) RETURNING session",
+                    &[&name, &address, &ttl(ttl_ms)],
+                )
+                .await
+                .map_err(classify)?;
+            tx.commit().await.map_err(classify)?;
+            let nodes = Postgres::nodes(&client).await?;
+            Ok(Registration::Registered {
+                session: row.get(0),
+                nodes,
+            })
+        })
+        .await
+    }
+
+    async fn renew(&self, session: SessionId, ttl_ms: u64) -> Result<Renewal, CoordError> {
+        timed(async {
+            let client = self.client().await?;
+            let stmt = client
+                .prepare_cached(
+                    "UPDATE weir_nodes SET expires_at = now() + make_interval(secs => $2)
+                     WHERE session = $1 AND expires_at > now() RETURNING session",
+                )
+                .await
+                .map_err(classify)?;
+            let renewed = client
+                .query_opt(&stmt, &[&session, &ttl(ttl_ms)])
+                .await
+                .map_err(classify)?;
+            if renewed.is_none() {
+                return Ok(Renewal::Expired);
+            }
+            Ok(Renewal::Renewed(Postgres::nodes(&client).await?))
+        })
+        .await
+    }
+
+    async fn release(&self, session: SessionId) -> Result<(), CoordError> {
+        timed(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(classify)?;
+            tx.execute(
+                "UPDATE weir_objects SET owner = NULL WHERE owner = $1",
+                &[&session],
+            )
+            .await
+            .map_err(classify)?;
+            tx.execute("DELETE FROM weir_nodes WHERE session = $1", &[&session])
+                .await
+                .map_err(classify)?;
+            tx.commit().await.map_err(classify)
+        })
+        .await
+    }
+
+    async fn lookup(&self, key: &str, session: SessionId) -> Result<Owner, CoordError> {
+        timed(async {
+            let client = self.client().await?;
+            let stmt = client
+                .prepare_cached(
+                    "SELECT o.id, o.epoch, o.head, o.checksum, o.log_bytes, o.owner, n.address,
+                            COALESCE(n.expires_at > now(), false)
+                     FROM weir_objects o LEFT JOIN weir_nodes n ON n.session = o.owner
+                     WHERE o.key = $1",
+                )
+                .await
+                .map_err(classify)?;
+            let Some(row) = client.query_opt(&stmt, &[&key]).await.map_err(classify)? else {
+                return Ok(Owner::Nobody);
+            };
+            let owner: Option<i64> = row.get(5);
+            let live: bool = row.get(7);
+            Ok(match owner {
+                Some(owner) if live && owner == session => Owner::Me(state(&row, 0)),
+                Some(owner) if live => Owner::Other {
+                    session: owner,
+                    address: row.get(6),
+                },
+                _ => Owner::Nobody,
+            })
+        })
+        .await
+    }
+
+    async fn claim(
+        &self,
+        key: &str,
+        session: SessionId,
+        empty_checksum: u64,
+    ) -> Result<Claimed, CoordError> {
+        let claimed = timed(async {
+            let client = self.client().await?;
+            let stmt = client
+                .prepare_cached(&format!(
+                    "INSERT INTO weir_objects (key, owner, epoch, head, checksum)
+                     SELECT $1, $2, 1, 0, $3 WHERE {LIVE}
+                     ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, epoch = weir_objects.epoch + 1
+                     WHERE weir_objects.owner IS NULL OR NOT EXISTS (
+                         SELECT 1 FROM weir_nodes n
+                         WHERE n.session = weir_objects.owner AND n.expires_at > now())
+                     RETURNING id, epoch, head, checksum, log_bytes"
+                ))
+                .await
+                .map_err(classify)?;
+            Ok(client
+                .query_opt(&stmt, &[&key, &session, &(empty_checksum as i64)])
+                .await
+                .map_err(classify)?
+                .map(|row| state(&row, 0)))
+        })
+        .await?;
+        if let Some(state) = claimed {
+            return Ok(Claimed::Owned(state));
+        }
+        // Not claimed: somebody live owns it (this session, perhaps), or
+        // this session's lease is not live.
+        Ok(match self.lookup(key, session).await? {
+            Owner::Me(state) => Claimed::Owned(state),
+            Owner::Other { session, address } => Claimed::Other { session, address },
+            Owner::Nobody => Claimed::LeaseLost,
+        })
+    }
+
+    async fn commit(
+        &self,
+        fence: Fence,
+        previous: u64,
+        entries: &[Entry],
+        alarm: Option<i64>,
+    ) -> Result<bool, CoordError> {
+        let Some(last) = entries.last() else {
+            return Ok(true);
+        };
+        let heads: Vec<i64> = entries.iter().map(|e| e.head as i64).collect();
+        let ltx: Vec<&[u8]> = entries.iter().map(|e| e.ltx.as_slice()).collect();
+        let bytes: i64 = entries.iter().map(|e| e.ltx.len() as i64).sum();
+        timed(async {
+            let client = self.client().await?;
+            // One statement, so one round trip and one transaction: the
+            // fence moves the head only if it still holds, and the entries
+            // are written only where it moved.
+            let stmt = client
+                .prepare_cached(&format!(
+                    "WITH fence AS (
+                        UPDATE weir_objects o
+                        SET head = $5, checksum = $6, alarm_at = $7, log_bytes = o.log_bytes + $8
+                        WHERE o.id = $1 AND o.owner = $2 AND o.epoch = $3 AND o.head = $4 AND {LIVE}
+                        RETURNING o.id
+                     ), logged AS (
+                        INSERT INTO weir_log (object, head, ltx)
+                        SELECT fence.id, e.head, e.ltx FROM fence, unnest($9::bigint[], $10::bytea[]) AS e(head, ltx)
+                        RETURNING 1
+                     )
+                     SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM logged)"
+                ))
+                .await
+                .map_err(classify)?;
+            let row = client
+                .query_one(
+                    &stmt,
+                    &[
+                        &fence.object,
+                        &fence.session,
+                        &fence.epoch,
+                        &(previous as i64),
+                        &(last.head as i64),
+                        &(last.checksum as i64),
+                        &alarm,
+                        &bytes,
+                        &heads,
+                        &ltx,
+                    ],
+                )
+                .await
+                .map_err(classify)?;
+            let fenced: i64 = row.get(0);
+            Ok(fenced == 1)
+        })
+        .await
+    }
+
+    async fn snapshot(&self, fence: Fence, head: u64, ltx: &[u8]) -> Result<bool, CoordError> {
+        timed(async {
+            let client = self.client().await?;
+            let stmt = client
+                .prepare_cached(&format!(
+                    "WITH fence AS (
+                        UPDATE weir_objects o SET log_bytes = 0
+                        WHERE o.id = $1 AND o.owner = $2 AND o.epoch = $3 AND o.head >= $4 AND {LIVE}
+                        RETURNING o.id
+                     ), stored AS (
+                        INSERT INTO weir_snapshots (object, head, ltx)
+                        SELECT id, $4, $5 FROM fence ON CONFLICT DO NOTHING RETURNING 1
+                     ), old_log AS (
+                        DELETE FROM weir_log WHERE object = $1 AND head <= $4 AND EXISTS (SELECT 1 FROM fence)
+                     ), old_snapshots AS (
+                        DELETE FROM weir_snapshots WHERE object = $1 AND head < $4 AND EXISTS (SELECT 1 FROM fence)
+                     )
+                     SELECT count(*) FROM fence"
+                ))
+                .await
+                .map_err(classify)?;
+            let row = client
+                .query_one(
+                    &stmt,
+                    &[&fence.object, &fence.session, &fence.epoch, &(head as i64), &ltx],
+                )
+                .await
+                .map_err(classify)?;
+            Ok(row.get::<_, i64>(0) == 1)
+        })
+        .await
+    }
+
+    async fn history(&self, id: i64, head: u64) -> Result<History, CoordError> {
+        timed(async {
+            let mut client = self.client().await?;
+            // One snapshot of the database for both reads: a compaction in
+            // between cannot take the log from under the snapshot read.
+            let tx = client
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .map_err(classify)?;
+            let head = head as i64;
+            let snapshot = tx
+                .query_opt(
+                    "SELECT head, ltx FROM weir_snapshots WHERE object = $1 AND head <= $2
+                     ORDER BY head DESC LIMIT 1",
+                    &[&id, &head],
+                )
+                .await
+                .map_err(classify)?
+                .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, Vec<u8>>(1)));
+            let from = snapshot.as_ref().map_or(0, |(h, _)| *h as i64);
+            let log = tx
+                .query(
+                    "SELECT head, ltx FROM weir_log WHERE object = $1 AND head > $2 AND head <= $3
+                     ORDER BY head",
+                    &[&id, &from, &head],
+                )
+                .await
+                .map_err(classify)?
+                .iter()
+                .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, Vec<u8>>(1)))
+                .collect();
+            tx.commit().await.map_err(classify)?;
+            Ok(History { snapshot, log })
+        })
+        .await
+    }
+
+    async fn claim_due(
+        &self,
+        session: SessionId,
+        limit: i64,
+    ) -> Result<Vec<DueObject>, CoordError> {
+        timed(async {
+            let client = self.client().await?;
+            let stmt = client
+                .prepare_cached(&format!(
+                    "WITH due AS (
+                        SELECT o.id FROM weir_objects o
+                        WHERE o.alarm_at <= (extract(epoch from now()) * 1000)::bigint
+                          AND o.key LIKE 'actor/%'
+                          AND (o.owner IS NULL OR NOT EXISTS (
+                              SELECT 1 FROM weir_nodes n WHERE n.session = o.owner AND n.expires_at > now()))
+                          AND {LIVE}
+                        ORDER BY o.alarm_at
+                        LIMIT $1
+                        FOR UPDATE SKIP LOCKED
+                     )
+                     UPDATE weir_objects o SET owner = $2, epoch = o.epoch + 1
+                     FROM due WHERE o.id = due.id
+                     RETURNING o.id, o.epoch, o.head, o.checksum, o.log_bytes, o.key, o.alarm_at"
+                ))
+                .await
+                .map_err(classify)?;
+            Ok(client
+                .query(&stmt, &[&limit, &session])
+                .await
+                .map_err(classify)?
+                .iter()
+                .map(|row| DueObject {
+                    state: state(row, 0),
+                    key: row.get(5),
+                    alarm_at: row.get(6),
+                })
+                .collect())
+        })
+        .await
+    }
+}

@@ -1,0 +1,399 @@
+//! Shipping: an owned object's commits made durable at the coordinator —
+//! in order, fenced, several at a time — and the tickets that hold each
+//! effect back until the commits before it are durable.
+//!
+//! Invariants owned here:
+//! - entries go to the coordinator in head order, each batch continuing
+//!   from the last head the coordinator accepted; a batch is sent only
+//!   while the session that claimed the object holds its lease;
+//! - the first batch that fails ends the shipper: a fenced one (another
+//!   node owns the object now) as `ownership_lost`, an unanswered one as
+//!   `storage_unavailable` (it may or may not have been kept); every
+//!   ticket waiting then, and every later one, fails with it, and its
+//!   holder resets the object rather than trusting its local copy;
+//! - a ticket ([`Shipper::settled`]) resolves `Ok` only once everything
+//!   shipped before it was accepted and the node still holds the lease it
+//!   claimed the object under, so nothing leaves on a lapsed lease;
+//! - while a batch is in flight, newer entries wait and go together in the
+//!   next one: one round trip carries as many commits as arrived during
+//!   the last.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+
+use crate::coordinator::{CoordError, Entry};
+use crate::error_code::ClusterErrorCode;
+use crate::ownership::{Owned, Ownership};
+
+/// Entries sent in one batch at most: bounds one statement's size.
+pub const MAX_BATCH_ENTRIES: usize = 256;
+
+/// Bytes of LTX sent in one batch at most (a batch always takes at least
+/// one entry, whatever its size).
+pub const MAX_BATCH_BYTES: usize = 8 << 20;
+
+/// Log bytes since the last snapshot past which a snapshot is taken,
+/// at least; a snapshot is also due once the log outgrows the database,
+/// so that a restore never replays much more than it rebuilds.
+pub const SNAPSHOT_MIN_LOG_BYTES: u64 = 1 << 20;
+
+/// What became of the last shipped commit, for the placement that opens
+/// the object next: whether its local copy can be trusted without being
+/// read again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Record {
+    head: u64,
+    checksum: u64,
+    shipped: u64,
+    broken: bool,
+}
+
+/// Every object's [`Record`], kept across hibernation.
+#[derive(Default)]
+pub struct Records(Mutex<HashMap<String, Record>>);
+
+impl Records {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Record>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The head and checksum the local copy of `key` holds, when every
+    /// commit made on it was accepted (and none failed).
+    pub fn clean(&self, key: &str) -> Option<(u64, u64)> {
+        self.lock()
+            .get(key)
+            .filter(|r| !r.broken && r.shipped == r.head)
+            .map(|r| (r.head, r.checksum))
+    }
+
+    /// The local copy of `key` is at `head` (opened, restored or checked).
+    pub fn opened(&self, key: &str, head: u64, checksum: u64) {
+        self.lock().insert(
+            key.to_string(),
+            Record {
+                head,
+                checksum,
+                shipped: head,
+                broken: false,
+            },
+        );
+    }
+
+    fn queued(&self, key: &str, head: u64, checksum: u64) {
+        if let Some(r) = self.lock().get_mut(key) {
+            r.head = head;
+            r.checksum = checksum;
+        }
+    }
+
+    fn shipped(&self, key: &str, head: u64) {
+        if let Some(r) = self.lock().get_mut(key) {
+            r.shipped = head;
+        }
+    }
+
+    fn broken(&self, key: &str) {
+        if let Some(r) = self.lock().get_mut(key) {
+            r.broken = true;
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Progress {
+    shipped: u64,
+    failure: Option<ClusterErrorCode>,
+}
+
+struct State {
+    /// Entries to ship, each with the object's next alarm after it.
+    queue: Vec<(Entry, Option<i64>)>,
+    /// The object's next alarm after the last queued entry.
+    alarm: Option<i64>,
+    queued: u64,
+    shipped: u64,
+    failure: Option<ClusterErrorCode>,
+    /// Log bytes accepted since the last snapshot.
+    log_bytes: u64,
+    /// The database's size at the last queued entry, in bytes.
+    db_bytes: u64,
+    snapshot: Option<(u64, Vec<u8>)>,
+    running: bool,
+}
+
+struct Inner {
+    key: String,
+    ownership: Arc<Ownership>,
+    records: Arc<Records>,
+    owned: Owned,
+    state: Mutex<State>,
+    progress: watch::Sender<Progress>,
+}
+
+/// The shipper of one open object.
+#[derive(Clone)]
+pub struct Shipper {
+    inner: Arc<Inner>,
+}
+
+impl Shipper {
+    /// A shipper for `key`, owned as `owned` (its head is where shipping
+    /// continues from).
+    pub fn new(
+        key: &str,
+        ownership: Arc<Ownership>,
+        records: Arc<Records>,
+        owned: Owned,
+    ) -> Shipper {
+        let head = owned.state.head;
+        Shipper {
+            inner: Arc::new(Inner {
+                key: key.to_string(),
+                ownership,
+                records,
+                owned,
+                state: Mutex::new(State {
+                    queue: Vec::new(),
+                    alarm: None,
+                    queued: head,
+                    shipped: head,
+                    failure: None,
+                    log_bytes: owned.state.log_bytes,
+                    db_bytes: 0,
+                    snapshot: None,
+                    running: false,
+                }),
+                progress: watch::channel(Progress {
+                    shipped: head,
+                    failure: None,
+                })
+                .0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `entries` (continuing the last queued head) with the
+    /// object's next alarm after them, and the database's size after them.
+    pub fn ship(&self, entries: Vec<Entry>, alarm: Option<i64>, db_bytes: u64) {
+        let Some(last) = entries.last() else { return };
+        let (head, checksum) = (last.head, last.checksum);
+        let start = {
+            let mut s = self.lock();
+            if s.failure.is_some() {
+                return;
+            }
+            debug_assert_eq!(entries[0].head, s.queued + 1, "entries continue the log");
+            // Within one call only the alarm after the last entry is
+            // known; the earlier ones get the earlier of it and the one
+            // before, so a mirrored alarm is at worst early (a wake that
+            // finds nothing due), never missing.
+            let between = match (s.alarm, alarm) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let n = entries.len();
+            for (i, entry) in entries.into_iter().enumerate() {
+                let after = if i + 1 == n { alarm } else { between };
+                s.queue.push((entry, after));
+            }
+            s.queued = head;
+            s.alarm = alarm;
+            s.db_bytes = db_bytes;
+            !std::mem::replace(&mut s.running, true)
+        };
+        self.inner.records.queued(&self.inner.key, head, checksum);
+        if start {
+            tokio::spawn(self.clone().run());
+        }
+    }
+
+    /// Resolves once everything queued until now was accepted and this
+    /// node may still answer for the object.
+    pub fn settled(&self) -> impl Future<Output = Result<(), ClusterErrorCode>> + Send + 'static {
+        let target = self.lock().queued;
+        let mut progress = self.inner.progress.subscribe();
+        let inner = self.inner.clone();
+        async move {
+            loop {
+                let now = *progress.borrow_and_update();
+                if let Some(failure) = now.failure {
+                    return Err(failure);
+                }
+                if now.shipped >= target {
+                    break;
+                }
+                if progress.changed().await.is_err() {
+                    return Err(ClusterErrorCode::StorageUnavailable);
+                }
+            }
+            inner.may_answer()
+        }
+    }
+
+    /// Why the object's state here can no longer be trusted, once it
+    /// cannot: a batch failed, or the session it was claimed under ended.
+    pub fn broken(&self) -> Option<ClusterErrorCode> {
+        if let Some(failure) = self.lock().failure {
+            return Some(failure);
+        }
+        let lease = self.inner.ownership.lease();
+        (lease.generation() != self.inner.owned.held.generation)
+            .then_some(ClusterErrorCode::OwnershipLost)
+    }
+
+    /// True when a snapshot would compact the log.
+    pub fn wants_snapshot(&self) -> bool {
+        let s = self.lock();
+        s.failure.is_none()
+            && s.snapshot.is_none()
+            && s.log_bytes >= SNAPSHOT_MIN_LOG_BYTES.max(s.db_bytes)
+    }
+
+    /// Stores a snapshot at `head` once everything before it is accepted.
+    pub fn snapshot(&self, head: u64, ltx: Vec<u8>) {
+        let start = {
+            let mut s = self.lock();
+            if s.failure.is_some() {
+                return;
+            }
+            s.snapshot = Some((head, ltx));
+            !std::mem::replace(&mut s.running, true)
+        };
+        if start {
+            tokio::spawn(self.clone().run());
+        }
+    }
+
+    fn fail(&self, failure: ClusterErrorCode) {
+        {
+            let mut s = self.lock();
+            s.failure = Some(failure);
+            s.queue.clear();
+            s.snapshot = None;
+        }
+        self.inner.records.broken(&self.inner.key);
+        if failure == ClusterErrorCode::OwnershipLost {
+            self.inner.ownership.lost(&self.inner.key);
+        }
+        self.inner
+            .progress
+            .send_modify(|p| p.failure = Some(failure));
+    }
+
+    /// Ships batches until the queue is empty.
+    async fn run(self) {
+        let fence = self.inner.owned.fence();
+        let coordinator = self.inner.ownership.coordinator().clone();
+        loop {
+            let (batch, alarm, previous, snapshot) = {
+                let mut s = self.lock();
+                if s.failure.is_some() || (s.queue.is_empty() && s.snapshot.is_none()) {
+                    s.running = false;
+                    return;
+                }
+                let mut bytes = 0;
+                let take = s
+                    .queue
+                    .iter()
+                    .take(MAX_BATCH_ENTRIES)
+                    .take_while(|(e, _)| {
+                        bytes += e.ltx.len();
+                        bytes <= MAX_BATCH_BYTES
+                    })
+                    .count()
+                    .max(1)
+                    .min(s.queue.len());
+                let mut alarm = None;
+                let batch: Vec<Entry> = s
+                    .queue
+                    .drain(..take)
+                    .map(|(entry, after)| {
+                        alarm = after;
+                        entry
+                    })
+                    .collect();
+                let snapshot = if batch.is_empty() {
+                    s.snapshot.take()
+                } else {
+                    None
+                };
+                (batch, alarm, s.shipped, snapshot)
+            };
+            if let Some((head, ltx)) = snapshot {
+                match coordinator.snapshot(fence, head, &ltx).await {
+                    Ok(true) => self.lock().log_bytes = 0,
+                    Ok(false) => {
+                        self.fail(ClusterErrorCode::OwnershipLost);
+                        return;
+                    }
+                    Err(e) => {
+                        // Only compaction waits: the log stays whole.
+                        tracing::warn!(key = %self.inner.key, error = %e, "cannot store a snapshot; the log keeps growing until the next try");
+                    }
+                }
+                continue;
+            }
+            if let Err(failure) = self.inner.may_answer() {
+                self.fail(failure);
+                return;
+            }
+            let last = batch.last().expect("a batch is never empty");
+            let bytes: u64 = batch.iter().map(|e| e.ltx.len() as u64).sum();
+            match coordinator.commit(fence, previous, &batch, alarm).await {
+                Ok(true) => {
+                    let (head, checksum) = (last.head, last.checksum);
+                    let log_bytes = {
+                        let mut s = self.lock();
+                        s.shipped = head;
+                        s.log_bytes += bytes;
+                        s.log_bytes
+                    };
+                    self.inner.ownership.advanced(
+                        &self.inner.key,
+                        self.inner.owned.held,
+                        head,
+                        checksum,
+                        log_bytes,
+                    );
+                    self.inner.records.shipped(&self.inner.key, head);
+                    self.inner.progress.send_modify(|p| p.shipped = head);
+                }
+                Ok(false) => {
+                    tracing::warn!(key = %self.inner.key, epoch = fence.epoch, "a commit was fenced: another node owns the object now");
+                    self.fail(ClusterErrorCode::OwnershipLost);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(key = %self.inner.key, error = %e, "a commit did not reach the cluster database");
+                    self.fail(match e {
+                        CoordError::Unavailable(_) | CoordError::Refused(_) => {
+                            ClusterErrorCode::StorageUnavailable
+                        }
+                    });
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Whether this node may answer for the object now: it holds the lease
+    /// it claimed the object under.
+    fn may_answer(&self) -> Result<(), ClusterErrorCode> {
+        match self.ownership.lease().held() {
+            Some(held) if held == self.owned.held => Ok(()),
+            Some(_) => Err(ClusterErrorCode::OwnershipLost),
+            None if self.ownership.lease().generation() != self.owned.held.generation => {
+                Err(ClusterErrorCode::OwnershipLost)
+            }
+            None => Err(ClusterErrorCode::StorageUnavailable),
+        }
+    }
+}
