@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use crate::coordinator::{CoordError, Entry};
+use crate::coordinator::{CoordError, Coordinator, Entry, Owner};
 use crate::error_code::ClusterErrorCode;
 use crate::ownership::{Owned, Ownership};
 
@@ -339,7 +339,7 @@ impl Shipper {
                 }
                 continue;
             }
-            if let Err(failure) = self.inner.may_answer() {
+            if let Err(failure) = self.inner.may_commit(&*coordinator).await {
                 self.fail(failure);
                 return;
             }
@@ -384,6 +384,25 @@ impl Shipper {
 }
 
 impl Inner {
+    /// Whether this node may send a commit of the object now: it holds
+    /// the lease it claimed the object under. A lapsed lease sends nothing;
+    /// it only asks (a read) whether another node has the object now, so
+    /// that the error says which happened.
+    async fn may_commit(&self, coordinator: &dyn Coordinator) -> Result<(), ClusterErrorCode> {
+        match self.may_answer() {
+            Err(ClusterErrorCode::StorageUnavailable) => {
+                match coordinator.lookup(&self.key, self.owned.held.session).await {
+                    Ok(Owner::Me(state)) if state.epoch == self.owned.state.epoch => {
+                        Err(ClusterErrorCode::StorageUnavailable)
+                    }
+                    Ok(_) => Err(ClusterErrorCode::OwnershipLost),
+                    Err(_) => Err(ClusterErrorCode::StorageUnavailable),
+                }
+            }
+            other => other,
+        }
+    }
+
     /// Whether this node may answer for the object now: it holds the lease
     /// it claimed the object under.
     fn may_answer(&self) -> Result<(), ClusterErrorCode> {

@@ -49,7 +49,13 @@ pub struct AdminState {
     /// The bearer token `/actors`, `/images`, `/processes` and `/apps`
     /// require.
     pub token: String,
+    /// More of `/status`, by name, from the layers this crate does not
+    /// know (the cluster).
+    pub sections: Vec<(&'static str, StatusSection)>,
 }
+
+/// One named part of `/status`, read when it is asked for.
+pub type StatusSection = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 /// What one app holds besides its versions: its actor host and its
 /// resident processes.
@@ -190,6 +196,9 @@ pub fn status_json(state: &AdminState) -> serde_json::Value {
         })
         .collect();
     let mut status = json!({ "apps": apps });
+    for (name, section) in &state.sections {
+        status[*name] = section();
+    }
     // Per app, and at the top when one app has them (a single-app server).
     let actors = |host: &ActorHost| json!({ "unreadable": host.status().unreadable });
     let processes = |table: &ProcessTable| {

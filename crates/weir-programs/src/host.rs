@@ -75,6 +75,10 @@ pub struct ProgramsConfig {
     /// Each actor class's secrets, by name, as the server's configuration
     /// gives them (what `secret-env` names resolve to).
     pub secrets: Secrets,
+    /// Why resident processes cannot be spawned on this server, if they
+    /// cannot (cluster mode: a process is held by one node's memory, and
+    /// cannot follow its owner to another yet).
+    pub spawns_refused: Option<&'static str>,
 }
 
 /// Secrets by actor class, then by name.

@@ -45,6 +45,9 @@ impl ProgramsHost {
         spec: processes::SpawnSpec,
     ) -> Result<processes::Spawned, types::Error> {
         let seat = seat.ok_or(types::Error::NotAnActor)?;
+        if let Some(why) = self.config.spawns_refused {
+            return Err(types::Error::Failed(why.to_string()));
+        }
         let (scope, _op) = operation(scope)?;
         let digest = parse_digest(&spec.image)?;
         let owner = owner_of(&seat);

@@ -34,6 +34,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use weir_actors::{ActorHost, ActorMetrics};
+use weir_cluster::{Cluster, ClusterConfig};
 use weir_http::websocket::SocketHub;
 use weir_http::{AdminState, ServeOptions, Tenant as AdminTenant};
 use weir_programs::ImageStore;
@@ -96,6 +97,9 @@ pub struct ServerConfig {
     pub receipts: Option<Arc<dyn ReceiptSink>>,
     /// What compiles components that are not in the data dir's code cache.
     pub compiler: Compiler,
+    /// Cluster mode: the node's settings (its lease is `cluster_lease_ms`
+    /// of [`ServerConfig::limits`]).
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl ServerConfig {
@@ -113,6 +117,7 @@ impl ServerConfig {
             durability: Durability::Process,
             receipts: None,
             compiler: Compiler::InProcess,
+            cluster: None,
         }
     }
 }
@@ -151,6 +156,8 @@ pub enum ServerError {
     Images(#[from] weir_programs::ImageError),
     #[error(transparent)]
     Spec(#[from] SpecError),
+    #[error("cluster: {0}")]
+    Cluster(#[from] weir_cluster::ClusterError),
     #[error("{0}")]
     Config(String),
     #[error("{0}")]
@@ -186,6 +193,7 @@ pub struct Server {
     /// The budget holds its reclaimer weakly.
     _reclaimers: Arc<dyn Reclaim>,
     data_dir: DataDir,
+    cluster: Option<Arc<Cluster>>,
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
@@ -211,6 +219,21 @@ impl Server {
         if let Some(admin) = &admin_listener {
             own.push(local_addr(admin));
         }
+        // Cluster mode: the node joins before any app loads (its actors
+        // need their placement), and its internal listener is one of the
+        // server's own addresses no guest may reach.
+        let cluster = match &config.cluster {
+            Some(cluster) => {
+                let cluster = Cluster::start(ClusterConfig {
+                    lease: config.limits.cluster.cluster_lease,
+                    ..cluster.clone()
+                })
+                .await?;
+                own.push(cluster.internal_addr());
+                Some(cluster)
+            }
+            None => None,
+        };
         let server_limits = &config.limits.runtime;
         let mut lanes = 0;
         for spec in &config.apps {
@@ -268,11 +291,20 @@ impl Server {
             own,
             lane_capacity,
             qualified: config.apps.iter().any(|a| a.data_subdir.is_some()),
+            cluster: cluster.clone(),
         });
         metrics.watch_budget(budget.clone());
         let apps = Apps::start(shared, &config.apps).await?;
         let tenants = apps.tenants().await;
         let actors: Vec<Arc<ActorHost>> = tenants.iter().filter_map(|t| t.actors.clone()).collect();
+        if let Some(cluster) = &cluster {
+            cluster.serve(
+                tenants
+                    .iter()
+                    .filter_map(|t| Some((t.name.clone(), t.actors.clone()?)))
+                    .collect(),
+            );
+        }
         let reclaimers: Arc<dyn Reclaim> = Arc::new(Reclaimers(actors.clone()));
         budget.set_reclaimer(&reclaimers);
         // Everything this server runs is loaded: older artifacts go.
@@ -303,6 +335,16 @@ impl Server {
                 images: Some(images),
                 deployer: Some(deployer),
                 token,
+                sections: cluster
+                    .iter()
+                    .map(|cluster| {
+                        let cluster = cluster.clone();
+                        let section: weir_http::admin::StatusSection = Arc::new(move || {
+                            serde_json::to_value(cluster.status()).unwrap_or_default()
+                        });
+                        ("cluster", section)
+                    })
+                    .collect(),
             });
             (listener, state)
         });
@@ -320,6 +362,7 @@ impl Server {
             metrics,
             _reclaimers: reclaimers,
             data_dir,
+            cluster,
         })
     }
 
@@ -368,6 +411,7 @@ impl Server {
             actors,
             options,
             data_dir,
+            cluster,
             ..
         } = self;
         let admin_task =
@@ -375,6 +419,11 @@ impl Server {
         weir_http::serve(listener, apps.router().clone(), options, shutdown).await;
         if let Some(task) = admin_task {
             task.abort();
+        }
+        // Everything answered: this node's actors go to the others now,
+        // not after its lease.
+        if let Some(cluster) = cluster {
+            cluster.stop().await;
         }
         // The engines (and their tickers) live until serving stops, and
         // the data dir is held until the end.

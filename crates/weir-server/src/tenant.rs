@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use weir_actors::{ActorClass, ActorDirectory, ActorHost, ActorInterfaces, ActorMetrics};
+use weir_cluster::Cluster;
 use weir_http::websocket::{ActorSockets, SocketHub, SocketInterfaces};
 use weir_programs::RunLimits;
 use weir_programs::host::{ProgramInterfaces, ProgramsConfig, ProgramsHost};
@@ -60,6 +61,8 @@ pub(crate) struct Shared {
     /// Names in metrics carry the app's name (a server of declared apps);
     /// a single-app server keeps its metrics as they were.
     pub qualified: bool,
+    /// This node's part in its cluster, in cluster mode.
+    pub cluster: Option<Arc<Cluster>>,
 }
 
 impl Shared {
@@ -185,6 +188,10 @@ impl Tenant {
             program_metrics: shared.program_metrics.for_app(&spec.name),
             receipts: shared.receipts.clone(),
             secrets: spec.secrets.clone(),
+            spawns_refused: shared
+                .cluster
+                .as_ref()
+                .map(|_| "cluster_unsupported: resident processes do not run in cluster mode yet"),
         });
         // Owners reach their processes at `<pid>.process.internal`.
         let process_router: Arc<dyn InternalRouter> = Arc::new(ProcessRouter {
@@ -222,19 +229,28 @@ impl Tenant {
                 )?);
             }
             let directory = ActorDirectory::new(&dir, shared.durability);
-            let host = ActorHost::new(built, directory, shared.receipts.clone(), None).map_err(
-                |source| ServerError::Actors {
+            // In cluster mode each actor runs on the node that owns it, its
+            // storage shipped to the cluster's database.
+            let placement = shared
+                .cluster
+                .as_ref()
+                .map(|c| c.actor_placement(&spec.name, shared.durability));
+            let clustered = placement.is_some();
+            let host = ActorHost::new(built, directory, shared.receipts.clone(), placement)
+                .map_err(|source| ServerError::Actors {
                     dir: dir.clone(),
                     source,
-                },
-            )?;
+                })?;
             actor_sockets.connect(&host);
             let router: Arc<dyn InternalRouter> = host.clone();
             stores.routes.connect(&[router, process_router.clone()]);
             host.start();
             // Owners whose processes the last run did not see end get them
-            // back now, without waiting for a request.
-            programs.recover(&host).await;
+            // back now, without waiting for a request (none run in cluster
+            // mode).
+            if !clustered {
+                programs.recover(&host).await;
+            }
             Some(host)
         };
         Ok(Tenant {

@@ -123,6 +123,21 @@ struct ServeArgs {
     /// /PREFIX/NAME/<path>, without going through the app; repeatable.
     #[arg(long = "actor-route", value_name = "CLASS=/PREFIX", action = clap::ArgAction::Append)]
     actor_routes: Vec<String>,
+    /// Cluster mode: the PostgreSQL database every node shares
+    /// (postgres://…); the secret every node shares is read from
+    /// WEIR_CLUSTER_SECRET unless [cluster] names its source.
+    #[arg(long, value_name = "URL")]
+    cluster: Option<String>,
+    /// This node's name in its cluster (unique, the same across restarts).
+    #[arg(long, value_name = "NAME")]
+    node: Option<String>,
+    /// Where this node listens for the other nodes of its cluster
+    /// (default 127.0.0.1:7070).
+    #[arg(long, value_name = "ADDR")]
+    cluster_listen: Option<SocketAddr>,
+    /// Where the other nodes reach this one, if not its --cluster-listen.
+    #[arg(long, value_name = "HOST:PORT")]
+    cluster_advertise: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -230,6 +245,10 @@ impl ServeArgs {
             durability: self.durability.as_deref(),
             actors: &self.actors,
             actor_routes: &self.actor_routes,
+            cluster: self.cluster.as_deref(),
+            node: self.node.as_deref(),
+            cluster_listen: self.cluster_listen,
+            cluster_advertise: self.cluster_advertise.as_deref(),
         }
     }
 
@@ -274,6 +293,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             program: std::env::current_exe().context("cannot find the weir executable")?,
             args: vec!["compile-artifact".into()],
         },
+        cluster: config.cluster,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -25,6 +25,7 @@
 //! | `POST /large?bytes=N` | writes `large`, answers N bytes |
 //! | `POST /memory` | counts in instance memory only; answers the count |
 //! | `POST /grow?mb=N` | allocates and keeps N MiB |
+//! | `ANY /echo?status=S` | counts the run (`echoes`), answers S (default 200) with the request as JSON (method, path, headers in order, body as bytes), `x-echo-count` and two `set-cookie` headers |
 //!
 //! Alarm handlers: `tick` logs; `rearm` logs and re-arms itself 150 ms
 //! later, three times; `self-now` logs and schedules itself for "now"
@@ -305,6 +306,10 @@ impl wasi::exports::http::incoming_handler::Guest for Probe {
             drop(out);
             return;
         }
+        if path.split('?').next() == Some("/echo") {
+            echo(&request, &path, out);
+            return;
+        }
         match handle(&request, &path) {
             Ok((200, body)) if body.starts_with('{') || body.starts_with('[') => {
                 json(out, serde_json::from_str(&body).unwrap_or_default())
@@ -316,6 +321,55 @@ impl wasi::exports::http::incoming_handler::Guest for Probe {
 }
 
 wasi::http::proxy::export!(Probe);
+
+/// The request as the actor saw it, and how many times `/echo` ran.
+fn echo(request: &IncomingRequest, path: &str, out: ResponseOutparam) {
+    let count = (|| -> Result<u64, Error> {
+        let n: u64 = storage::get("echoes")?.unwrap_or(0) + 1;
+        storage::put("echoes", &n)?;
+        Ok(n)
+    })();
+    let count = match count {
+        Ok(n) => n,
+        Err(e) => return text(out, error_status(&e), &e.to_string()),
+    };
+    let method = match request.method() {
+        wasi::http::types::Method::Get => "GET".to_string(),
+        wasi::http::types::Method::Post => "POST".to_string(),
+        wasi::http::types::Method::Put => "PUT".to_string(),
+        wasi::http::types::Method::Delete => "DELETE".to_string(),
+        wasi::http::types::Method::Patch => "PATCH".to_string(),
+        wasi::http::types::Method::Head => "HEAD".to_string(),
+        wasi::http::types::Method::Options => "OPTIONS".to_string(),
+        wasi::http::types::Method::Connect => "CONNECT".to_string(),
+        wasi::http::types::Method::Trace => "TRACE".to_string(),
+        wasi::http::types::Method::Other(o) => o,
+    };
+    let headers: Vec<(String, Vec<u8>)> = request.headers().entries();
+    let body = read_body(request, MAX_BODY);
+    let status: u16 = query(path, "status")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
+    let seen = serde_json::json!({
+        "method": method,
+        "path": path,
+        "headers": headers,
+        "body": body,
+        "count": count,
+    });
+    let count = count.to_string();
+    respond(
+        out,
+        status,
+        &[
+            ("content-type", b"application/json"),
+            ("x-echo-count", count.as_bytes()),
+            ("set-cookie", b"a=1"),
+            ("set-cookie", b"b=2"),
+        ],
+        seen.to_string().as_bytes(),
+    );
+}
 
 fn tick() -> Result<Option<u64>, String> {
     log(&format!("tick@{}", timers::now_ms())).map_err(|e| e.to_string())?;

@@ -31,7 +31,7 @@ pub(super) struct ActorSection {
 /// Where a secret's value comes from: never the config file itself.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct SecretSource {
+pub struct SecretSource {
     /// An environment variable of the `weir serve` process.
     env: Option<String>,
     /// A file (relative to the config file), its content without a
@@ -41,8 +41,8 @@ pub(super) struct SecretSource {
 
 impl SecretSource {
     /// The value now; read at every start, so a restart re-resolves it.
-    fn resolve(&self, class: &str, name: &str, base: Option<&Path>) -> Result<String, UsageError> {
-        let what = format!("secret `{name}` of actor class `{class}`");
+    /// `what` names the secret in errors.
+    pub(super) fn resolve(&self, what: &str, base: Option<&Path>) -> Result<String, UsageError> {
         match (&self.env, &self.file) {
             (Some(var), None) => std::env::var(var).map_err(|_| {
                 UsageError(format!(
@@ -203,7 +203,8 @@ pub(super) fn app_spec(
     routes.extend(parts.more_routes);
     for (class, section) in &parts.actors {
         for (name, source) in &section.secrets {
-            let value = source.resolve(class, name, base)?;
+            let value =
+                source.resolve(&format!("secret `{name}` of actor class `{class}`"), base)?;
             spec.secrets
                 .entry(class.clone())
                 .or_default()

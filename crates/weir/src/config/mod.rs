@@ -11,11 +11,13 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use weir_build::BuildRequest;
+use weir_cluster::ClusterConfig;
 use weir_server::{AppSpec, ServerLimits};
 use weir_store::Durability;
 
 use app_section::{
-    ActorSection, AppParts, AppSection, DatabasesSection, app_spec, limit_pairs, relative,
+    ActorSection, AppParts, AppSection, DatabasesSection, SecretSource, app_spec, limit_pairs,
+    relative,
 };
 
 /// A mistake in how Weir was invoked or configured; exits with code 2.
@@ -47,7 +49,32 @@ struct File {
     /// Apps by name: a server of several apps.
     #[serde(default)]
     apps: std::collections::BTreeMap<String, AppSection>,
+    /// Cluster mode.
+    cluster: Option<ClusterSection>,
 }
+
+/// `[cluster]`: this node of a cluster.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterSection {
+    /// The PostgreSQL database every node shares.
+    database: Option<String>,
+    /// This node's name: unique in the cluster, the same across restarts.
+    node: Option<String>,
+    /// Where this node listens for the other nodes.
+    listen: Option<SocketAddr>,
+    /// Where the other nodes reach it, if not its listen address.
+    advertise: Option<String>,
+    /// The secret every node shares (`{ env = "VAR" }` or `{ file = "PATH" }`).
+    secret: Option<SecretSource>,
+}
+
+/// The environment variable the cluster secret is read from when the
+/// configuration names no source for it.
+pub const CLUSTER_SECRET_ENV: &str = "WEIR_CLUSTER_SECRET";
+
+/// Where a node listens for the others unless told otherwise.
+pub const DEFAULT_CLUSTER_LISTEN: &str = "127.0.0.1:7070";
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -72,6 +99,8 @@ pub struct Config {
     pub limits: ServerLimits,
     pub data_dir: PathBuf,
     pub durability: Durability,
+    /// This node's cluster settings, in cluster mode.
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// What the command line adds to the config file.
@@ -87,6 +116,11 @@ pub struct Overrides<'a> {
     pub actors: &'a [String],
     /// `CLASS=/PREFIX` routes.
     pub actor_routes: &'a [String],
+    /// `--cluster`, `--node`, `--cluster-listen`, `--cluster-advertise`.
+    pub cluster: Option<&'a str>,
+    pub node: Option<&'a str>,
+    pub cluster_listen: Option<SocketAddr>,
+    pub cluster_advertise: Option<&'a str>,
 }
 
 /// `NAME=VALUE` pairs of a repeatable flag, each checked.
@@ -158,6 +192,7 @@ impl Config {
         outbound.extend(overrides.allow_outbound.iter().cloned());
         let (listen, admin, receipt_headers) =
             (parsed.listen, parsed.admin, parsed.receipt_headers);
+        let cluster = cluster(parsed.cluster.take(), overrides, base)?;
 
         let apps = if parsed.apps.is_empty() {
             vec![single_app(parsed, app, base, overrides, outbound)?]
@@ -185,8 +220,76 @@ impl Config {
             limits,
             data_dir,
             durability,
+            cluster,
         })
     }
+}
+
+/// This node's cluster settings, from `[cluster]` and the command line
+/// (which wins); none when neither asks for cluster mode.
+fn cluster(
+    section: Option<ClusterSection>,
+    overrides: Overrides<'_>,
+    base: Option<&Path>,
+) -> Result<Option<ClusterConfig>, UsageError> {
+    let asked = section.is_some()
+        || overrides.cluster.is_some()
+        || overrides.node.is_some()
+        || overrides.cluster_listen.is_some()
+        || overrides.cluster_advertise.is_some();
+    if !asked {
+        return Ok(None);
+    }
+    let section = section.unwrap_or(ClusterSection {
+        database: None,
+        node: None,
+        listen: None,
+        advertise: None,
+        secret: None,
+    });
+    let database = overrides
+        .cluster
+        .map(str::to_string)
+        .or(section.database)
+        .ok_or_else(|| {
+            UsageError("cluster mode needs its database: --cluster postgres://… or `database` in [cluster]".into())
+        })?;
+    let node = overrides
+        .node
+        .map(str::to_string)
+        .or(section.node)
+        .ok_or_else(|| {
+            UsageError(
+                "cluster mode needs this node's name: --node NAME or `node` in [cluster]".into(),
+            )
+        })?;
+    let listen = match overrides.cluster_listen.or(section.listen) {
+        Some(listen) => listen,
+        None => DEFAULT_CLUSTER_LISTEN.parse().expect("a valid address"),
+    };
+    let secret = match &section.secret {
+        Some(source) => source.resolve("the cluster secret", base)?,
+        None => std::env::var(CLUSTER_SECRET_ENV).map_err(|_| {
+            UsageError(format!(
+                "cluster mode needs the secret every node shares: set {CLUSTER_SECRET_ENV}, or `secret = {{ env = \"VAR\" }}` or `{{ file = \"PATH\" }}` in [cluster]"
+            ))
+        })?,
+    };
+    let config = ClusterConfig {
+        database,
+        node,
+        listen,
+        advertise: overrides
+            .cluster_advertise
+            .map(str::to_string)
+            .or(section.advertise),
+        secret,
+        lease: weir_cluster::config::DEFAULT_LEASE,
+    };
+    config
+        .check()
+        .map_err(|e| UsageError(format!("cluster: {e}")))?;
+    Ok(Some(config))
 }
 
 /// The one app of a file without `[apps]` (or of no file at all).

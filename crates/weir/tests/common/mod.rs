@@ -5,6 +5,7 @@
 pub mod actors;
 pub mod apps;
 pub mod autobahn;
+pub mod cluster;
 pub mod hostile;
 pub mod programs;
 pub mod websocket;
@@ -163,6 +164,11 @@ impl Weir {
     /// Starts `weir serve <args> --listen 127.0.0.1:0 --admin 127.0.0.1:0`
     /// (and a fresh `--data-dir` unless `args` name one).
     pub fn start_with(args: &[&str]) -> Weir {
+        Self::start_with_env(args, &[])
+    }
+
+    /// [`Weir::start_with`], with more environment variables.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Weir {
         let mut command = weir_command();
         command
             .arg("serve")
@@ -171,6 +177,7 @@ impl Weir {
         if !args.contains(&"--data-dir") {
             command.arg("--data-dir").arg(fresh_data_dir());
         }
+        command.envs(env.iter().copied());
         let mut child = command
             .env("WEIR_LOG", "info")
             .stdin(Stdio::null())

@@ -1,0 +1,244 @@
+//! Cluster mode, from outside: a real PostgreSQL, real `weir` nodes on
+//! loopback, real clients. Each actor runs on the one node that owns it,
+//! every node reaches it, and nothing acknowledged is lost when nodes die,
+//! pause, or lose the database.
+
+mod common;
+
+use bytes::Bytes;
+use common::cluster::{Postgres, actor_key, node, node_dir};
+use common::{Weir, try_send_to};
+use http::Request;
+use http_body_util::Full;
+
+async fn incr(node: &Weir, actor: &str) -> common::Resp {
+    node.send(
+        Request::post(format!("/probe/{actor}/incr"))
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await
+}
+
+/// The receipts of turns of `actor` a node's log holds.
+fn turns_of(node: &Weir, actor: &str) -> usize {
+    node.actor_receipts()
+        .iter()
+        .filter(|r| r["name"] == actor && r["turn"] == "request")
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_actor_runs_on_one_node_and_every_node_reaches_it() {
+    let pg = Postgres::start();
+    let nodes: Vec<Weir> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|n| node(&pg, n, &node_dir("one-owner", n), &[]))
+        .collect();
+    // Thirty increments, round robin over the nodes: one counter.
+    for i in 1..=30u64 {
+        let r = incr(&nodes[(i as usize) % 3], "a").await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        assert_eq!(r.text(), i.to_string());
+    }
+    // Every turn ran on the owner the database names, none elsewhere.
+    let owner = pg.owner(&actor_key("a")).expect("an owner");
+    tokio::time::sleep(common::SETTLE).await;
+    for (n, name) in nodes.iter().zip(["n1", "n2", "n3"]) {
+        let ran = turns_of(n, "a");
+        if name == owner {
+            assert_eq!(ran, 30, "{name} owns it");
+        } else {
+            assert_eq!(ran, 0, "{name} does not own it");
+        }
+    }
+    // The log in the database holds every commit; the head is the last.
+    let head: u64 = pg
+        .psql(
+            "weir",
+            &format!(
+                "SELECT head FROM weir_objects WHERE key = '{}'",
+                actor_key("a")
+            ),
+        )
+        .parse()
+        .unwrap();
+    let logged: u64 = pg
+        .psql(
+            "weir",
+            &format!(
+                "SELECT count(*) FROM weir_log l JOIN weir_objects o ON o.id = l.object WHERE o.key = '{}'",
+                actor_key("a")
+            ),
+        )
+        .parse()
+        .unwrap();
+    assert!(head >= 32, "schema, incarnation and 30 turns: {head}");
+    assert_eq!(logged, head, "no snapshot yet: the whole log");
+    // Many actors spread over the nodes (rendezvous placement).
+    for i in 0..60 {
+        let r = incr(&nodes[i % 3], &format!("spread{i}")).await;
+        assert_eq!(r.status, 200);
+    }
+    let spread = pg.psql(
+        "weir",
+        "SELECT count(DISTINCT owner) FROM weir_objects WHERE key LIKE 'actor/gateway/probe/spread%'",
+    );
+    assert_eq!(spread, "3", "60 actors land on all three nodes");
+    // `/status` names the cluster.
+    let status = nodes[0].admin_get("/status").await.json();
+    assert_eq!(status["cluster"]["node"], "n1");
+    assert_eq!(status["cluster"]["lease_held"], true);
+    let mut seen: Vec<String> = serde_json::from_value(status["cluster"]["nodes"].clone()).unwrap();
+    seen.sort();
+    assert_eq!(seen, ["n1", "n2", "n3"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_call_keeps_everything_and_runs_once() {
+    let pg = Postgres::start();
+    let nodes: Vec<Weir> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|n| node(&pg, n, &node_dir("forward", n), &[]))
+        .collect();
+    // The actor's owner is whoever claims it first; then call it from the
+    // other two.
+    let first = nodes[0]
+        .send(
+            Request::post("/direct/fwd/echo")
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(first.status, 200);
+    let owner = pg.owner(&actor_key("fwd")).unwrap();
+    let others: Vec<&Weir> = nodes
+        .iter()
+        .zip(["n1", "n2", "n3"])
+        .filter(|(_, n)| *n != owner)
+        .map(|(w, _)| w)
+        .collect();
+    assert_eq!(others.len(), 2);
+    let body: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    let mut count = 1;
+    for node in &others {
+        let request = Request::builder()
+            .method("PATCH")
+            .uri("/direct/fwd/echo?status=207&q=a%20b&q=c")
+            .header("x-one", "1")
+            .header("x-many", "first")
+            .header("x-many", "second")
+            .header("content-type", "application/octet-stream")
+            .body(Full::new(Bytes::from(body.clone())))
+            .unwrap();
+        let r = node.send(request).await;
+        count += 1;
+        assert_eq!(r.status.as_u16(), 207, "{:?}", r.body);
+        let cookies: Vec<_> = r.headers.get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["a=1", "b=2"], "repeated response headers");
+        assert_eq!(r.headers["x-echo-count"], count.to_string().as_str());
+        let seen = r.json();
+        assert_eq!(seen["method"], "PATCH");
+        assert_eq!(seen["path"], "/echo?status=207&q=a%20b&q=c");
+        let headers: Vec<(String, Vec<u8>)> =
+            serde_json::from_value(seen["headers"].clone()).unwrap();
+        let many: Vec<&[u8]> = headers
+            .iter()
+            .filter(|(k, _)| k == "x-many")
+            .map(|(_, v)| v.as_slice())
+            .collect();
+        assert_eq!(many, [b"first".as_slice(), b"second"]);
+        assert!(headers.iter().any(|(k, v)| k == "x-one" && v == b"1"));
+        let echoed: Vec<u8> = serde_json::from_value(seen["body"].clone()).unwrap();
+        assert_eq!(echoed, body, "the body, byte for byte");
+        assert_eq!(seen["count"], count);
+    }
+    // Each call ran once, on the owner: three runs in all.
+    tokio::time::sleep(common::SETTLE).await;
+    let runs: usize = nodes.iter().map(|n| turns_of(n, "fwd")).sum();
+    assert_eq!(runs, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_internal_listener_refuses_strangers_and_guests_cannot_reach_it() {
+    let pg = Postgres::start();
+    let n1 = node(&pg, "n1", &node_dir("strangers", "n1"), &[]);
+    let status = n1.admin_get("/status").await.json();
+    let internal: std::net::SocketAddr = status["cluster"]["address"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // No secret, a wrong one: refused before anything is read or run.
+    for secret in [None, Some("not-the-secret-at-all-0000")] {
+        let mut req = Request::post("/weir/cluster/v1/call").header("host", internal.to_string());
+        if let Some(s) = secret {
+            req = req.header("x-weir-cluster-secret", s);
+        }
+        let r = try_send_to(
+            internal,
+            req.body(Full::new(Bytes::from_static(b"\x01"))).unwrap(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 401);
+    }
+    // The secret with a malformed envelope: 400, nothing runs.
+    let r = try_send_to(
+        internal,
+        Request::post("/weir/cluster/v1/call")
+            .header("host", internal.to_string())
+            .header("x-weir-cluster-secret", common::cluster::SECRET)
+            .body(Full::new(Bytes::from_static(b"\x01\x00")))
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 400);
+    drop(n1);
+    // A guest allowed every loopback port still cannot reach the node's
+    // internal listener: it is one of the server's own addresses.
+    let n2 = common::cluster::node_with_app(
+        &pg,
+        "n2",
+        &node_dir("strangers", "n2"),
+        &common::probe(),
+        &["--allow-outbound", "http://127.0.0.1:*"],
+    );
+    let status = n2.admin_get("/status").await.json();
+    let internal = status["cluster"]["address"].as_str().unwrap().to_string();
+    let port = internal.rsplit_once(':').unwrap().1;
+    for url in [
+        format!("http://{internal}/weir/cluster/v1/call"),
+        format!("http://localhost:{port}/"),
+        format!("http://0.0.0.0:{port}/"),
+    ] {
+        let r = n2.get(&format!("/fetch?url={url}")).await;
+        assert_eq!(r.status, 502, "{url}");
+        assert_eq!(r.text(), "ErrorCode::HttpRequestDenied", "{url}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_does_not_run_in_cluster_mode_is_refused_by_name() {
+    let pg = Postgres::start();
+    let n1 = node(&pg, "n1", &node_dir("refused", "n1"), &[]);
+    // An actor's WebSocket: 501 cluster_unsupported, before the guest.
+    let r = n1
+        .send(
+            Request::get("/direct/sock/whoami")
+                .header("connection", "upgrade")
+                .header("upgrade", "websocket")
+                .header("sec-websocket-version", "13")
+                .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(r.status, 501);
+    assert_eq!(r.json()["error"], "cluster_unsupported");
+    // Inspecting an actor: only its owner knows what is committed.
+    let r = n1.admin_send("GET", "/actors/probe/a").await;
+    assert_eq!(r.status, 501, "{:?}", r.body);
+    assert_eq!(r.json()["error"], "not_in_cluster_mode");
+}

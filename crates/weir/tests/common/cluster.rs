@@ -1,0 +1,301 @@
+//! Helpers of the cluster tests: a real PostgreSQL of the test's own
+//! (`initdb` in a temporary directory, run as an unprivileged user when the
+//! tests run as root, as PostgreSQL requires) and real `weir` nodes joined
+//! to it, each with the `gateway` worker in front of the `actor-probe`
+//! class, which clients also reach directly at `/direct/NAME/…`.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{Weir, guest};
+
+/// The secret every test node shares.
+pub const SECRET: &str = "weir-test-cluster-secret-0123456789";
+
+/// The lease the tests' nodes run with: short, so failovers are quick.
+pub const LEASE_MS: u64 = 1000;
+
+/// Where the PostgreSQL programs are: the newest installed major version.
+fn bindir() -> PathBuf {
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .filter(|p| p.join("postgres").is_file())
+        .collect();
+    found.sort_by_key(|p| {
+        p.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    found.pop().unwrap_or_else(|| {
+        panic!(
+            "PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/postgres): \
+             the cluster tests run a real one; `.ci/run` installs Debian's `postgresql`"
+        )
+    })
+}
+
+/// Runs as root? PostgreSQL refuses to, so its programs run as `postgres`
+/// (the Debian package's user) or, failing that, `nobody`.
+fn unprivileged() -> Option<&'static str> {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    if !root {
+        return None;
+    }
+    let exists = |user: &str| {
+        Command::new("id")
+            .arg(user)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    Some(if exists("postgres") {
+        "postgres"
+    } else {
+        "nobody"
+    })
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A PostgreSQL server of one test.
+pub struct Postgres {
+    dir: PathBuf,
+    bin: PathBuf,
+    user: Option<&'static str>,
+    pub port: u16,
+    server: Option<Child>,
+}
+
+impl Postgres {
+    fn command(&self, program: &str) -> Command {
+        let path = self.bin.join(program);
+        match self.user {
+            Some(user) => {
+                let mut c = Command::new("setpriv");
+                c.args([
+                    &format!("--reuid={user}"),
+                    &format!("--regid={user}"),
+                    "--init-groups",
+                ])
+                .arg(path);
+                c
+            }
+            None => Command::new(path),
+        }
+    }
+
+    /// A fresh cluster on a free port, started, with a database `weir`.
+    pub fn start() -> Postgres {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("weir-pg-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let user = unprivileged();
+        if let Some(user) = user {
+            let ok = Command::new("chown")
+                .args([&format!("{user}:"), dir.to_str().unwrap()])
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "chown {}", dir.display());
+        }
+        let mut pg = Postgres {
+            dir,
+            bin: bindir(),
+            user,
+            port: free_port(),
+            server: None,
+        };
+        let out = pg
+            .command("initdb")
+            .args([
+                "-D",
+                pg.data().to_str().unwrap(),
+                "-A",
+                "trust",
+                "-U",
+                "weir",
+            ])
+            .args(["--no-sync", "-E", "UTF8"])
+            .output()
+            .expect("initdb runs");
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        pg.run();
+        pg.psql("postgres", "CREATE DATABASE weir");
+        pg
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// Starts the server (again) and waits until it answers.
+    pub fn run(&mut self) {
+        assert!(self.server.is_none(), "already running");
+        let log = std::fs::File::create(self.dir.join(format!("log-{}", self.port))).unwrap();
+        let child = self
+            .command("postgres")
+            .args(["-D", self.data().to_str().unwrap()])
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-k",
+                self.dir.to_str().unwrap(),
+            ])
+            .args([
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "max_connections=200",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("postgres starts");
+        self.server = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let ready = self
+                .command("pg_isready")
+                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-q"])
+                .status()
+                .is_ok_and(|s| s.success());
+            if ready {
+                return;
+            }
+            assert!(Instant::now() < deadline, "postgres did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops the server: `INT` is a fast shutdown (connections cut,
+    /// everything committed kept), `QUIT` an immediate one (a crash, as
+    /// far as its clients can tell).
+    pub fn stop(&mut self, signal: &str) {
+        let Some(mut child) = self.server.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://weir@127.0.0.1:{}/weir", self.port)
+    }
+
+    /// Runs `sql` in `db` with psql; its unaligned output, trimmed.
+    pub fn psql(&self, db: &str, sql: &str) -> String {
+        let out = Command::new(self.bin.join("psql"))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "weir",
+            ])
+            .args(["-d", db, "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .expect("psql runs");
+        assert!(
+            out.status.success(),
+            "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// The node that owns `key` now (by the database's clock), if any.
+    pub fn owner(&self, key: &str) -> Option<String> {
+        let name = self.psql(
+            "weir",
+            &format!(
+                "SELECT n.name FROM weir_objects o JOIN weir_nodes n ON n.session = o.owner \
+                 WHERE o.key = '{key}' AND n.expires_at > now()"
+            ),
+        );
+        (!name.is_empty()).then_some(name)
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.stop("QUIT");
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The object key of actor `name` of the test class.
+pub fn actor_key(name: &str) -> String {
+    format!("actor/gateway/probe/{name}")
+}
+
+/// A node's data directory, fresh for the test.
+pub fn node_dir(test: &str, node: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("weir-cluster-{test}-{node}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Starts node `name` of the cluster on `pg`, its data under `dir`: the
+/// `gateway` worker, the `probe` class (also at `/direct/NAME/…`).
+pub fn node(pg: &Postgres, name: &str, dir: &Path, extra: &[&str]) -> Weir {
+    let actor = format!("probe={}", guest("actor_probe").display());
+    let mut args = vec!["--actor", &actor, "--actor-route", "probe=/direct"];
+    args.extend_from_slice(extra);
+    node_with_app(pg, name, dir, &guest("gateway"), &args)
+}
+
+/// Starts node `name` serving `app`, with `extra` arguments.
+pub fn node_with_app(pg: &Postgres, name: &str, dir: &Path, app: &Path, extra: &[&str]) -> Weir {
+    let url = pg.url();
+    let lease = format!("cluster_lease_ms={LEASE_MS}");
+    let mut args = vec![
+        app.to_str().unwrap(),
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--cluster",
+        &url,
+        "--node",
+        name,
+        "--cluster-listen",
+        "127.0.0.1:0",
+        "--limit",
+        &lease,
+    ];
+    args.extend_from_slice(extra);
+    Weir::start_with_env(&args, &[("WEIR_CLUSTER_SECRET", SECRET)])
+}
