@@ -61,10 +61,13 @@ impl TurnGate {
     pub fn with_durable(db: ActorDb, durable: Option<Arc<dyn Durable>>) -> Arc<TurnGate> {
         Arc::new(TurnGate {
             state: Mutex::new(GateState {
+                // A replica may have just come from another node, timers
+                // and all: its first turn puts its next deadline into the
+                // timer index.
+                timers_changed: durable.is_some(),
                 db,
                 dirty: false,
                 failed: None,
-                timers_changed: false,
             }),
             durable,
         })
