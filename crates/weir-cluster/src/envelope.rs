@@ -25,9 +25,16 @@ pub enum Target {
         class: String,
         name: String,
     },
+    /// A key-value call to store `store` of `app` (the request's body is
+    /// the call, see [`crate::store_wire`]).
+    Kv { app: String, store: String },
+    /// A SQL batch for database `database` of `app`.
+    Sql { app: String, database: String },
 }
 
 const ACTOR: u8 = 1;
+const KV: u8 = 2;
+const SQL: u8 = 3;
 const ANSWERED: u8 = 0;
 const NOT_RUN: u8 = 1;
 
@@ -118,6 +125,16 @@ pub fn encode_request(target: &Target, request: &http::Request<Bytes>) -> Result
             put_str16(&mut out, class.as_bytes())?;
             put_str16(&mut out, name.as_bytes())?;
         }
+        Target::Kv { app, store } => {
+            out.put_u8(KV);
+            put_str16(&mut out, app.as_bytes())?;
+            put_str16(&mut out, store.as_bytes())?;
+        }
+        Target::Sql { app, database } => {
+            out.put_u8(SQL);
+            put_str16(&mut out, app.as_bytes())?;
+            put_str16(&mut out, database.as_bytes())?;
+        }
     }
     put_str16(&mut out, request.method().as_str().as_bytes())?;
     put_bytes32(&mut out, request.uri().to_string().as_bytes())?;
@@ -134,6 +151,14 @@ pub fn decode_request(mut buf: Bytes) -> Result<(Target, http::Request<Bytes>), 
             class: get_string(&mut buf)?,
             name: get_string(&mut buf)?,
         },
+        KV => Target::Kv {
+            app: get_string(&mut buf)?,
+            store: get_string(&mut buf)?,
+        },
+        SQL => Target::Sql {
+            app: get_string(&mut buf)?,
+            database: get_string(&mut buf)?,
+        },
         _ => return Err(Malformed("an unknown target")),
     };
     let method = Method::from_bytes(&get_str16(&mut buf)?).map_err(|_| Malformed("a method"))?;
@@ -145,6 +170,14 @@ pub fn decode_request(mut buf: Bytes) -> Result<(Target, http::Request<Bytes>), 
     *request.uri_mut() = uri;
     *request.headers_mut() = headers;
     Ok((target, request))
+}
+
+/// A storage call as the request an envelope carries: its body is the
+/// call.
+pub fn store_call(body: Bytes) -> http::Request<Bytes> {
+    let mut request = http::Request::new(body);
+    *request.method_mut() = Method::POST;
+    request
 }
 
 /// What came back from a forwarded call.

@@ -32,6 +32,7 @@ use weir_actors::{ActorAddress, ActorHost, Forwarded};
 
 use crate::envelope::{self, Answer, Target};
 use crate::error_code::ClusterErrorCode;
+use crate::stores::StorePlacement;
 
 /// The path calls between nodes are posted to.
 pub const CALL_PATH: &str = "/weir/cluster/v1/call";
@@ -76,17 +77,28 @@ impl Secret {
     }
 }
 
-/// What this node serves to the others: each app's actors.
+/// What this node serves to the others: each app's actors, stores and
+/// databases.
 #[derive(Default)]
 pub struct Served {
     actors: OnceLock<HashMap<String, Arc<ActorHost>>>,
+    stores: OnceLock<HashMap<String, Arc<StorePlacement>>>,
 }
 
 impl Served {
-    /// Binds the apps' actor hosts once they exist (later calls are
-    /// ignored); until then calls are answered "not run".
-    pub fn connect(&self, actors: HashMap<String, Arc<ActorHost>>) {
+    /// Binds the apps' actor hosts and stores once they exist (later
+    /// calls are ignored); until then calls are answered "not run".
+    pub fn connect(
+        &self,
+        actors: HashMap<String, Arc<ActorHost>>,
+        stores: HashMap<String, Arc<StorePlacement>>,
+    ) {
         let _ = self.actors.set(actors);
+        let _ = self.stores.set(stores);
+    }
+
+    fn stores_of(&self, app: &str) -> Option<&Arc<StorePlacement>> {
+        self.stores.get().and_then(|s| s.get(app))
     }
 
     async fn call(&self, target: Target, request: Request<Bytes>) -> Answer {
@@ -100,6 +112,24 @@ impl Served {
                 };
                 match host.call_forwarded(address, request).await {
                     Some(response) => Answer::Answered(response),
+                    None => Answer::NotRun,
+                }
+            }
+            Target::Kv { app, store } => {
+                let Some(stores) = self.stores_of(&app) else {
+                    return Answer::NotRun;
+                };
+                match stores.forwarded_kv(&store, request.into_body()).await {
+                    Some(body) => Answer::Answered(Response::new(body)),
+                    None => Answer::NotRun,
+                }
+            }
+            Target::Sql { app, database } => {
+                let Some(stores) = self.stores_of(&app) else {
+                    return Answer::NotRun;
+                };
+                match stores.forwarded_sql(&database, request.into_body()).await {
+                    Some(body) => Answer::Answered(Response::new(body)),
                     None => Answer::NotRun,
                 }
             }

@@ -33,6 +33,8 @@ pub mod ownership;
 pub mod postgres;
 pub mod replicas;
 pub mod shipper;
+pub mod store_wire;
+pub mod stores;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -184,10 +186,38 @@ impl Cluster {
         })
     }
 
-    /// Serves the apps' actors to the other nodes and starts claiming the
-    /// due alarms of actors whose owner died.
-    pub fn serve(&self, actors: HashMap<String, Arc<ActorHost>>) {
-        self.served.connect(actors.clone());
+    /// The placement of `app`'s key-value stores and SQL databases (under
+    /// `data_dir`) on this node; their calls run on `pool`.
+    pub fn store_placement(
+        &self,
+        app: &str,
+        data_dir: &std::path::Path,
+        stores: &[String],
+        databases: &[String],
+        durability: Durability,
+        pool: Arc<weir_runtime::sql_pool::SqlPool>,
+    ) -> Arc<stores::StorePlacement> {
+        stores::StorePlacement::new(
+            app,
+            data_dir.to_path_buf(),
+            stores,
+            databases,
+            durability,
+            self.ownership.clone(),
+            self.replicas.clone(),
+            self.forwarder.clone(),
+            pool,
+        )
+    }
+
+    /// Serves the apps' actors, stores and databases to the other nodes,
+    /// and starts claiming the due alarms of actors whose owner died.
+    pub fn serve(
+        &self,
+        actors: HashMap<String, Arc<ActorHost>>,
+        stores: HashMap<String, Arc<stores::StorePlacement>>,
+    ) {
+        self.served.connect(actors.clone(), stores);
         let sweeper = tokio::spawn(alarms::sweep(
             self.ownership.clone(),
             actors,

@@ -125,6 +125,9 @@ struct State {
 
 struct Inner {
     key: String,
+    /// Where the shipping task runs: commits may be handed over from the
+    /// storage threads, which are not the runtime's.
+    runtime: tokio::runtime::Handle,
     ownership: Arc<Ownership>,
     records: Arc<Records>,
     owned: Owned,
@@ -140,7 +143,7 @@ pub struct Shipper {
 
 impl Shipper {
     /// A shipper for `key`, owned as `owned` (its head is where shipping
-    /// continues from).
+    /// continues from). Made inside the async runtime it ships on.
     pub fn new(
         key: &str,
         ownership: Arc<Ownership>,
@@ -151,6 +154,7 @@ impl Shipper {
         Shipper {
             inner: Arc::new(Inner {
                 key: key.to_string(),
+                runtime: tokio::runtime::Handle::current(),
                 ownership,
                 records,
                 owned,
@@ -209,7 +213,7 @@ impl Shipper {
         };
         self.inner.records.queued(&self.inner.key, head, checksum);
         if start {
-            tokio::spawn(self.clone().run());
+            self.inner.runtime.spawn(self.clone().run());
         }
     }
 
@@ -266,7 +270,7 @@ impl Shipper {
             !std::mem::replace(&mut s.running, true)
         };
         if start {
-            tokio::spawn(self.clone().run());
+            self.inner.runtime.spawn(self.clone().run());
         }
     }
 

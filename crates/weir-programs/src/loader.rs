@@ -80,6 +80,7 @@ impl Loader {
                 pool: Arc::new(pool),
                 routes: Default::default(),
                 interfaces: Vec::new(),
+                router: None,
             },
         })
     }

@@ -85,6 +85,9 @@ pub struct Stores {
     pub pool: Arc<SqlPool>,
     pub routes: InternalRoutes,
     pub interfaces: Vec<Arc<dyn HostInterfaces>>,
+    /// Where the stores and databases are, when a layer above decides
+    /// (cluster mode); `kv` and `sql` are then empty.
+    pub router: Option<Arc<dyn crate::extension::StoreRouter>>,
 }
 
 /// The export a kind of code is entered by: its pre-instantiated form,
@@ -131,6 +134,8 @@ pub struct AppCode<E: Entry = ProxyPre<GenerationState>> {
     pub kv: Arc<KvStores>,
     pub sql: Arc<SqlDatabases>,
     pub pool: Arc<SqlPool>,
+    /// Where the stores are, in cluster mode.
+    pub router: Option<Arc<dyn crate::extension::StoreRouter>>,
     /// The guest memory budget every instance reserves from.
     pub budget: Arc<MemoryBudget>,
     pub routes: InternalRoutes,
@@ -224,6 +229,7 @@ impl<E: Entry> AppCode<E> {
             kv: stores.kv,
             sql: stores.sql,
             pool: stores.pool,
+            router: stores.router,
             budget,
             routes: stores.routes,
             component: component.clone(),

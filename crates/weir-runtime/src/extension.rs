@@ -37,6 +37,60 @@ pub trait OutputGate: Send + Sync {
     }
 }
 
+/// Where an app's key-value stores and SQL databases are, when a layer
+/// above decides it (cluster mode): every call runs on the node that owns
+/// its store, wherever the guest that made it runs. Without a router a
+/// call runs on this node's own stores.
+pub trait StoreRouter: Send + Sync + 'static {
+    /// True when the app declares a key-value store of that name.
+    fn has_store(&self, name: &str) -> bool;
+
+    /// True when the app declares a SQL database of that name.
+    fn has_database(&self, name: &str) -> bool;
+
+    /// Runs a key-value call on `store`. `stop` ends a listing here;
+    /// `deadline` ends it on another node.
+    fn kv(
+        &self,
+        store: String,
+        op: weir_store::kv_op::KvOp,
+        call: StoreCall,
+    ) -> Pin<
+        Box<
+            dyn Future<Output = Result<weir_store::kv_op::KvAnswer, weir_store::StoreError>> + Send,
+        >,
+    >;
+
+    /// Runs a batch on `database`, in one transaction.
+    fn sql(
+        &self,
+        database: String,
+        statements: Vec<weir_store::sql::Statement>,
+        call: StoreCall,
+    ) -> Pin<
+        Box<
+            dyn Future<
+                    Output = Result<
+                        Vec<weir_store::sql::StatementResult>,
+                        weir_store::sql::BatchError,
+                    >,
+                > + Send,
+        >,
+    >;
+}
+
+/// The bounds of one storage call: what stops it, and what it may hand
+/// back.
+#[derive(Clone)]
+pub struct StoreCall {
+    /// The event's stop check (its deadline or abandonment), for a call
+    /// that runs here.
+    pub stop: Option<weir_store::confinement::StopCheck>,
+    /// The event's deadline, for a call that runs on another node.
+    pub deadline: Option<std::time::Instant>,
+    pub max_result_bytes: usize,
+}
+
 /// What an output gate leaves to wait for before a request goes.
 pub type Settle = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 

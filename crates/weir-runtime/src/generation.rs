@@ -117,6 +117,7 @@ pub fn new_store<E: Entry>(
         kv: code.kv.clone(),
         sql: code.sql.clone(),
         pool: code.pool.clone(),
+        router: code.router.clone(),
         max_result_bytes: code.limits.max_sql_result_bytes,
         memory: MemoryLimiter::new(code.limits.memory_limit_bytes as usize, code.budget.clone()),
     };

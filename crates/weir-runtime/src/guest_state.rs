@@ -31,6 +31,7 @@ pub struct GenerationState {
     pub(crate) kv: Arc<KvStores>,
     pub(crate) sql: Arc<SqlDatabases>,
     pub(crate) pool: Arc<SqlPool>,
+    pub(crate) router: Option<Arc<dyn crate::extension::StoreRouter>>,
     pub(crate) max_result_bytes: usize,
     pub(crate) memory: MemoryLimiter,
     /// The guest's output budget (shared by its stdout and stderr).
@@ -57,6 +58,7 @@ impl GenerationState {
         KeyValueView {
             table: &mut self.table,
             stores: &self.kv,
+            router: self.router.as_ref(),
             scope: self.outbound.scope.as_ref(),
             pool: &self.pool,
             max_result_bytes: self.max_result_bytes,
@@ -69,6 +71,7 @@ impl GenerationState {
     pub(crate) fn sql(&mut self) -> SqlView<'_> {
         SqlView {
             databases: &self.sql,
+            router: self.router.as_ref(),
             scope: self.outbound.scope.as_ref(),
             pool: &self.pool,
             max_result_bytes: self.max_result_bytes,

@@ -18,7 +18,10 @@
 use std::sync::Arc;
 
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable, ResourceTableError};
+use weir_store::kv_op::{KvAnswer, KvOp};
 use weir_store::{KvStore, KvStores, StoreError};
+
+use crate::extension::{StoreCall, StoreRouter};
 
 use crate::scope::EventScope;
 use crate::sql_pool::SqlPool;
@@ -39,9 +42,11 @@ mod generated {
 
 use generated::wasi::keyvalue;
 
-/// A guest's open bucket: one declared store.
+/// A guest's open bucket: one declared store, open here or (cluster
+/// mode) reached through the app's store router.
 pub struct Bucket {
-    store: Arc<KvStore>,
+    name: String,
+    store: Option<Arc<KvStore>>,
 }
 
 /// An error on its way to the guest.
@@ -69,41 +74,73 @@ impl From<StoreError> for KvError {
 pub struct KeyValueView<'a> {
     pub table: &'a mut ResourceTable,
     pub stores: &'a KvStores,
+    pub router: Option<&'a Arc<dyn StoreRouter>>,
     pub scope: Option<&'a Arc<EventScope>>,
     pub pool: &'a Arc<SqlPool>,
     pub max_result_bytes: usize,
 }
 
+/// The answer a call should have had, when it had another.
+fn unexpected(answer: KvAnswer) -> KvError {
+    KvError::Other(format!("internal: an unexpected answer {answer:?}"))
+}
+
 impl KeyValueView<'_> {
-    /// Runs one storage call on the SQL pool as an operation of the
-    /// event's scope, stopped at the event's deadline or abandonment.
-    async fn operation<T: Send + 'static>(
+    /// Runs one call as an operation of the event's scope, stopped at the
+    /// event's deadline or abandonment: on the SQL pool when the store is
+    /// open here, else where the app's router sends it.
+    async fn operation(
         &mut self,
         bucket: &Resource<Bucket>,
-        f: impl FnOnce(&KvStore) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, KvError> {
-        let op = match self.scope {
-            Some(scope) => scope
-                .register()
-                .map_err(|e| KvError::Other(e.to_string()))?,
+        op: KvOp,
+    ) -> Result<KvAnswer, KvError> {
+        let (registered, call) = match self.scope {
+            Some(scope) => (
+                scope
+                    .register()
+                    .map_err(|e| KvError::Other(e.to_string()))?,
+                StoreCall {
+                    stop: Some(scope.stop_check()),
+                    deadline: scope.deadline(),
+                    max_result_bytes: self.max_result_bytes,
+                },
+            ),
             None => return Err(KvError::Other("event_scope_closed".into())),
         };
-        let store = self.table.get(bucket)?.store.clone();
-        self.pool
-            .run(move || {
-                let _op = op;
-                f(&store)
-            })
-            .await
-            .map_err(|e| KvError::Other(e.to_string()))?
-            .map_err(KvError::from)
+        let bucket = self.table.get(bucket)?;
+        match (&bucket.store, self.router) {
+            (Some(store), _) => {
+                let store = store.clone();
+                self.pool
+                    .run(move || {
+                        let _op = registered;
+                        store.apply(op, call.stop, call.max_result_bytes)
+                    })
+                    .await
+                    .map_err(|e| KvError::Other(e.to_string()))?
+                    .map_err(KvError::from)
+            }
+            (None, Some(router)) => {
+                let answer = router.kv(bucket.name.clone(), op, call).await;
+                drop(registered);
+                answer.map_err(KvError::from)
+            }
+            (None, None) => Err(KvError::NoSuchStore),
+        }
     }
 }
 
 impl keyvalue::store::Host for KeyValueView<'_> {
     async fn open(&mut self, identifier: String) -> Result<Resource<Bucket>, KvError> {
-        let store = self.stores.get(&identifier)?;
-        Ok(self.table.push(Bucket { store })?)
+        let store = match self.router {
+            Some(router) if router.has_store(&identifier) => None,
+            Some(_) => return Err(KvError::NoSuchStore),
+            None => Some(self.stores.get(&identifier)?),
+        };
+        Ok(self.table.push(Bucket {
+            name: identifier,
+            store,
+        })?)
     }
 
     fn convert_error(&mut self, err: KvError) -> wasmtime::Result<keyvalue::store::Error> {
@@ -120,7 +157,10 @@ impl keyvalue::store::HostBucket for KeyValueView<'_> {
         bucket: Resource<Bucket>,
         key: String,
     ) -> Result<Option<Vec<u8>>, KvError> {
-        self.operation(&bucket, move |s| s.get(&key)).await
+        match self.operation(&bucket, KvOp::Get(key)).await? {
+            KvAnswer::Value(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
     }
 
     async fn set(
@@ -129,15 +169,20 @@ impl keyvalue::store::HostBucket for KeyValueView<'_> {
         key: String,
         value: Vec<u8>,
     ) -> Result<(), KvError> {
-        self.operation(&bucket, move |s| s.set(&key, &value)).await
+        self.operation(&bucket, KvOp::Set(key, value))
+            .await
+            .map(drop)
     }
 
     async fn delete(&mut self, bucket: Resource<Bucket>, key: String) -> Result<(), KvError> {
-        self.operation(&bucket, move |s| s.delete(&key)).await
+        self.operation(&bucket, KvOp::Delete(key)).await.map(drop)
     }
 
     async fn exists(&mut self, bucket: Resource<Bucket>, key: String) -> Result<bool, KvError> {
-        self.operation(&bucket, move |s| s.exists(&key)).await
+        match self.operation(&bucket, KvOp::Exists(key)).await? {
+            KvAnswer::Exists(b) => Ok(b),
+            other => Err(unexpected(other)),
+        }
     }
 
     async fn list_keys(
@@ -147,14 +192,13 @@ impl keyvalue::store::HostBucket for KeyValueView<'_> {
     ) -> Result<keyvalue::store::KeyResponse, KvError> {
         // A page far into a large store scans every key before it: the
         // scan stops at the event's deadline.
-        let stop = self.scope.map(|s| s.stop_check());
-        let page = self
-            .operation(&bucket, move |s| s.list_keys(cursor, stop))
-            .await?;
-        Ok(keyvalue::store::KeyResponse {
-            keys: page.keys,
-            cursor: page.cursor,
-        })
+        match self.operation(&bucket, KvOp::ListKeys(cursor)).await? {
+            KvAnswer::Keys(page) => Ok(keyvalue::store::KeyResponse {
+                keys: page.keys,
+                cursor: page.cursor,
+            }),
+            other => Err(unexpected(other)),
+        }
     }
 
     async fn drop(&mut self, bucket: Resource<Bucket>) -> wasmtime::Result<()> {
@@ -170,8 +214,10 @@ impl keyvalue::atomics::Host for KeyValueView<'_> {
         key: String,
         delta: u64,
     ) -> Result<u64, KvError> {
-        self.operation(&bucket, move |s| s.increment(&key, delta))
-            .await
+        match self.operation(&bucket, KvOp::Increment(key, delta)).await? {
+            KvAnswer::Count(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
     }
 }
 
@@ -181,9 +227,10 @@ impl keyvalue::batch::Host for KeyValueView<'_> {
         bucket: Resource<Bucket>,
         keys: Vec<String>,
     ) -> Result<Vec<Option<weir_store::Entry>>, KvError> {
-        let max = self.max_result_bytes;
-        self.operation(&bucket, move |s| s.get_many(&keys, max))
-            .await
+        match self.operation(&bucket, KvOp::GetMany(keys)).await? {
+            KvAnswer::Entries(entries) => Ok(entries),
+            other => Err(unexpected(other)),
+        }
     }
 
     async fn set_many(
@@ -191,8 +238,9 @@ impl keyvalue::batch::Host for KeyValueView<'_> {
         bucket: Resource<Bucket>,
         key_values: Vec<(String, Vec<u8>)>,
     ) -> Result<(), KvError> {
-        self.operation(&bucket, move |s| s.set_many(&key_values))
+        self.operation(&bucket, KvOp::SetMany(key_values))
             .await
+            .map(drop)
     }
 
     async fn delete_many(
@@ -200,7 +248,9 @@ impl keyvalue::batch::Host for KeyValueView<'_> {
         bucket: Resource<Bucket>,
         keys: Vec<String>,
     ) -> Result<(), KvError> {
-        self.operation(&bucket, move |s| s.delete_many(&keys)).await
+        self.operation(&bucket, KvOp::DeleteMany(keys))
+            .await
+            .map(drop)
     }
 }
 

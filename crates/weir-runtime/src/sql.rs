@@ -37,6 +37,8 @@ use generated::weir::sql::batch;
 /// What the SQL host functions see of a generation.
 pub struct SqlView<'a> {
     pub databases: &'a Arc<SqlDatabases>,
+    /// Where the databases are, in cluster mode.
+    pub router: Option<&'a Arc<dyn crate::extension::StoreRouter>>,
     pub scope: Option<&'a Arc<EventScope>>,
     pub pool: &'a Arc<SqlPool>,
     pub max_result_bytes: usize,
@@ -109,27 +111,46 @@ impl batch::Host for SqlView<'_> {
         if let Err(e) = store::check(&statements) {
             return Ok(Err(to_guest_error(e)));
         }
-        let db = match self.databases.get(&database) {
-            Ok(db) => db,
-            Err(e) => return Ok(Err(to_guest_error(e))),
+        let db = match self.router {
+            Some(router) if router.has_database(&database) => None,
+            Some(_) => return Ok(Err(batch::Error::NoSuchDatabase(database))),
+            None => match self.databases.get(&database) {
+                Ok(db) => Some(db),
+                Err(e) => return Ok(Err(to_guest_error(e))),
+            },
         };
-        let (op, stop) = match self.scope {
+        let (op, stop, deadline) = match self.scope {
             Some(scope) => match scope.register() {
-                Ok(op) => (op, scope.stop_check()),
+                Ok(op) => (op, scope.stop_check(), scope.deadline()),
                 Err(e) => return Ok(Err(batch::Error::Refused(e.to_string()))),
             },
             None => return Ok(Err(batch::Error::Refused("event_scope_closed".into()))),
         };
         let max_result_bytes = self.max_result_bytes;
-        let ran = self
-            .pool
-            .run(move || {
-                // The operation ends when the batch has committed or rolled
-                // back, whatever happened to the event meanwhile.
-                let _op = op;
-                db.run(&statements, stop, max_result_bytes)
-            })
-            .await;
+        let ran = match (db, self.router) {
+            (Some(db), _) => {
+                self.pool
+                    .run(move || {
+                        // The operation ends when the batch has committed or
+                        // rolled back, whatever happened to the event
+                        // meanwhile.
+                        let _op = op;
+                        db.run(&statements, stop, max_result_bytes)
+                    })
+                    .await
+            }
+            (None, Some(router)) => {
+                let call = crate::extension::StoreCall {
+                    stop: Some(stop),
+                    deadline,
+                    max_result_bytes,
+                };
+                let ran = router.sql(database, statements, call).await;
+                drop(op);
+                Ok(ran)
+            }
+            (None, None) => return Ok(Err(batch::Error::NoSuchDatabase(database))),
+        };
         Ok(match ran {
             Ok(Ok(results)) => Ok(results
                 .into_iter()

@@ -303,6 +303,10 @@ impl Server {
                     .iter()
                     .filter_map(|t| Some((t.name.clone(), t.actors.clone()?)))
                     .collect(),
+                tenants
+                    .iter()
+                    .filter_map(|t| Some((t.name.clone(), t.store_placement.clone()?)))
+                    .collect(),
             );
         }
         let reclaimers: Arc<dyn Reclaim> = Arc::new(Reclaimers(actors.clone()));

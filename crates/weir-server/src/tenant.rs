@@ -143,6 +143,8 @@ pub(crate) struct Tenant {
     pub programs: Arc<ProgramsHost>,
     /// Held here: the internal routes hold their routers weakly.
     _process_router: Arc<dyn InternalRouter>,
+    /// Where its stores and databases run, in cluster mode.
+    pub store_placement: Option<Arc<weir_cluster::stores::StorePlacement>>,
     /// What the app was started with that only a restart changes.
     pub kv_stores: Vec<String>,
     pub sql_databases: Vec<String>,
@@ -163,9 +165,26 @@ impl Tenant {
             dir: dir.clone(),
             source,
         };
-        let kv = KvStores::open(&dir, &spec.kv_stores, shared.durability).map_err(stores_error)?;
-        let sql = SqlDatabases::open(&dir, &spec.sql_databases, shared.durability)
-            .map_err(stores_error)?;
+        // In cluster mode each store and database runs on the node that
+        // owns it, opened there when it is claimed; none is opened here now.
+        let store_placement = shared.cluster.as_ref().map(|cluster| {
+            cluster.store_placement(
+                &spec.name,
+                &dir,
+                &spec.kv_stores,
+                &spec.sql_databases,
+                shared.durability,
+                shared.pool.clone(),
+            )
+        });
+        let (kv, sql) = match &store_placement {
+            Some(_) => (KvStores::default(), SqlDatabases::default()),
+            None => (
+                KvStores::open(&dir, &spec.kv_stores, shared.durability).map_err(stores_error)?,
+                SqlDatabases::open(&dir, &spec.sql_databases, shared.durability)
+                    .map_err(stores_error)?,
+            ),
+        };
         let programs_metrics = format!(
             "{}{}",
             shared.prefix(&spec.name),
@@ -213,6 +232,9 @@ impl Tenant {
             pool: shared.pool.clone(),
             routes: InternalRoutes::default(),
             interfaces,
+            router: store_placement
+                .clone()
+                .map(|p| p as Arc<dyn weir_runtime::extension::StoreRouter>),
         };
         let actors = if classes.is_empty() {
             None
@@ -259,6 +281,7 @@ impl Tenant {
             actors,
             programs,
             _process_router: process_router,
+            store_placement,
             kv_stores: spec.kv_stores.clone(),
             sql_databases: spec.sql_databases.clone(),
             classes: spec.actors.iter().map(|(c, _)| c.clone()).collect(),

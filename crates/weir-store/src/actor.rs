@@ -185,19 +185,7 @@ impl ActorDb {
         )?;
         let capture = match replica {
             None => None,
-            Some(start) => {
-                // Only the capture decides when pages leave the WAL.
-                conn.pragma_update(None, "wal_autocheckpoint", 0)?;
-                Some(match start {
-                    ReplicaStart::Fresh => Capture::fresh(path, PAGE_BYTES),
-                    ReplicaStart::Resume { head, checksum } => {
-                        // What the WAL holds is part of `head`: into the
-                        // file with it, so the file is the starting point.
-                        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
-                        Capture::resume(path, PAGE_BYTES, head, checksum)
-                    }
-                })
-            }
+            Some(start) => Some(crate::replica::attach(&conn, path, start)?),
         };
         // The schema is created once; a wake only checks its version.
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
@@ -253,12 +241,19 @@ impl ActorDb {
     /// checkpointed into the file first): `(head, LTX)`. Refused while
     /// commits are not yet taken, or outside a replica.
     pub fn snapshot(&mut self) -> Result<Option<(u64, Vec<u8>)>, ActorStoreError> {
-        if self.capture.is_none() || self.in_turn {
+        if self.in_turn {
             return Ok(None);
         }
-        self.checkpoint()?;
-        let capture = self.capture.as_ref().expect("a replica");
-        Ok(Some((capture.head(), capture.snapshot()?)))
+        let Some(capture) = &mut self.capture else {
+            return Ok(None);
+        };
+        match crate::replica::snapshot(&self.conn, capture)? {
+            Some(snapshot) => {
+                self.commits = 0;
+                Ok(Some(snapshot))
+            }
+            None => Err(ActorStoreError::Untaken),
+        }
     }
 
     /// Bounds what one call hands back to the guest (`max_sql_result_bytes`).
@@ -348,12 +343,9 @@ impl ActorDb {
                     .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
             }
             Some(capture) => {
-                if capture.untaken()? {
+                if !crate::replica::checkpoint(&self.conn, capture)? {
                     return Err(ActorStoreError::Untaken);
                 }
-                self.conn
-                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
-                capture.checkpointed();
             }
         }
         self.commits = 0;

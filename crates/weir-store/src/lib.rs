@@ -22,6 +22,7 @@ pub mod confinement;
 pub mod data_dir;
 pub mod entries;
 pub mod journal;
+pub mod kv_op;
 pub mod replica;
 pub mod sql;
 pub mod timers;
@@ -74,12 +75,18 @@ pub enum StoreError {
     },
     #[error(transparent)]
     ResultTooLarge(#[from] confinement::ResultTooLarge),
+    #[error(transparent)]
+    Replica(#[from] replica::ReplicaError),
+    /// Cluster mode: the call could not be run where the store is owned;
+    /// the message names why (`storage_unavailable`, `ownership_lost`, …).
+    #[error("{0}")]
+    Unavailable(String),
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
 }
 
 /// One page of keys and the cursor of the next, if any.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyPage {
     pub keys: Vec<String>,
     pub cursor: Option<u64>,
@@ -95,6 +102,8 @@ pub struct KvStore {
     /// Read from the connection when it opened; kept so that `/status`
     /// never waits for a running call.
     synchronous: &'static str,
+    /// A replica's capture of its commits (cluster mode).
+    capture: Option<replica::SharedCapture>,
 }
 
 fn check_key(key: &str) -> Result<(), StoreError> {
@@ -198,7 +207,33 @@ pub(crate) fn open_named<T>(
 
 impl KvStore {
     fn open(path: &Path, name: &str, durability: Durability) -> Result<KvStore, StoreError> {
+        KvStore::open_with(path, name, durability, None)
+    }
+
+    /// Opens a store as a replica starting at `start`: every commit is
+    /// captured for shipping ([`KvStore::ship_with`]).
+    pub fn open_replica(
+        path: &Path,
+        name: &str,
+        durability: Durability,
+        start: replica::ReplicaStart,
+    ) -> Result<KvStore, StoreError> {
+        KvStore::open_with(path, name, durability, Some(start))
+    }
+
+    fn open_with(
+        path: &Path,
+        name: &str,
+        durability: Durability,
+        start: Option<replica::ReplicaStart>,
+    ) -> Result<KvStore, StoreError> {
         let conn = connect(path, durability)?;
+        let capture = match start {
+            Some(start) => Some(replica::SharedCapture::new(replica::attach(
+                &conn, path, start,
+            )?)),
+            None => None,
+        };
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;",
         )?;
@@ -206,7 +241,24 @@ impl KvStore {
             name: name.to_string(),
             synchronous: synchronous_mode(&conn)?,
             conn: Mutex::new(conn),
+            capture,
         })
+    }
+
+    /// A replica's capture (cluster mode): what ships its commits and
+    /// takes its snapshots.
+    pub fn capture(&self) -> Option<&replica::SharedCapture> {
+        self.capture.as_ref()
+    }
+
+    /// A replica's snapshot at its last taken commit (see
+    /// [`replica::snapshot`]); `None` outside a replica or while commits
+    /// are not yet taken.
+    pub fn snapshot(&self) -> Result<Option<(u64, Vec<u8>)>, replica::ReplicaError> {
+        match &self.capture {
+            Some(capture) => capture.snapshot(&self.conn()),
+            None => Ok(None),
+        }
     }
 
     pub fn name(&self) -> &str {

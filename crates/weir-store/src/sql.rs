@@ -72,7 +72,7 @@ impl From<ValueRef<'_>> for Value {
 }
 
 /// One statement of a batch.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Statement {
     pub sql: String,
     pub params: Vec<Value>,
@@ -114,6 +114,8 @@ pub struct SqlDatabase {
     /// Read from the connection when it opened (guests cannot change it);
     /// kept so that `/status` never waits for a running batch.
     synchronous: &'static str,
+    /// A replica's capture of its commits (cluster mode).
+    capture: Option<crate::replica::SharedCapture>,
 }
 
 /// Why a guest's statement failed: refused by the confinement, stopped by
@@ -186,14 +188,54 @@ pub(crate) fn run_guest_statement(
 
 impl SqlDatabase {
     fn open(path: &Path, durability: Durability) -> Result<Self, StoreError> {
+        SqlDatabase::open_with(path, durability, None)
+    }
+
+    /// Opens a database as a replica starting at `start`: every commit is
+    /// captured for shipping ([`SqlDatabase::capture`]).
+    pub fn open_replica(
+        path: &Path,
+        durability: Durability,
+        start: crate::replica::ReplicaStart,
+    ) -> Result<Self, StoreError> {
+        SqlDatabase::open_with(path, durability, Some(start))
+    }
+
+    fn open_with(
+        path: &Path,
+        durability: Durability,
+        start: Option<crate::replica::ReplicaStart>,
+    ) -> Result<Self, StoreError> {
         let conn = crate::connect(path, durability)?;
+        let capture = match start {
+            Some(start) => Some(crate::replica::SharedCapture::new(crate::replica::attach(
+                &conn, path, start,
+            )?)),
+            None => None,
+        };
         confinement::harden(&conn, MAX_SQL_VALUE_BYTES)?;
         let confinement = Confinement::install(&conn, None);
         Ok(SqlDatabase {
             synchronous: crate::synchronous_mode(&conn)?,
             conn: Mutex::new(conn),
             confinement,
+            capture,
         })
+    }
+
+    /// A replica's capture (cluster mode): what ships its commits and
+    /// takes its snapshots.
+    pub fn capture(&self) -> Option<&crate::replica::SharedCapture> {
+        self.capture.as_ref()
+    }
+
+    /// A replica's snapshot at its last taken commit; `None` outside a
+    /// replica or while commits are not yet taken.
+    pub fn snapshot(&self) -> Result<Option<(u64, Vec<u8>)>, crate::replica::ReplicaError> {
+        match &self.capture {
+            Some(capture) => capture.snapshot(&self.conn.lock().unwrap_or_else(|p| p.into_inner())),
+            None => Ok(None),
+        }
     }
 
     /// Runs a batch in one transaction, stopping it when `stop` says so and

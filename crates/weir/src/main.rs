@@ -43,7 +43,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve a wasi:http/proxy component.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Build a guest crate into a wasi:http component.
     Build(BuildArgs),
     /// List, inspect or delete the actors of a running server (through its
@@ -170,7 +170,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Build(args) => build(args),
         Command::Actors(args) => actors_cli::run(args),
         Command::Run(args) => return programs_cli::run(args),

@@ -297,6 +297,93 @@ impl Capture {
     }
 }
 
+/// Makes `conn`, just opened on the database at `path` (in WAL mode), a
+/// replica's connection starting at `start`: SQLite never checkpoints it
+/// on its own or at close, and what its WAL holds at a resume is folded
+/// into the file first, so the capture starts from a file that holds the
+/// whole state. Its page size is the database's.
+pub fn attach(
+    conn: &rusqlite::Connection,
+    path: &Path,
+    start: ReplicaStart,
+) -> Result<Capture, rusqlite::Error> {
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+        true,
+    )?;
+    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+    let page_size: u32 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+    Ok(match start {
+        ReplicaStart::Fresh => Capture::fresh(path, page_size),
+        ReplicaStart::Resume { head, checksum } => {
+            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+            Capture::resume(path, page_size, head, checksum)
+        }
+    })
+}
+
+/// Checkpoints a replica's WAL into its file and truncates it — refused
+/// (`Ok(false)`) while it holds commits not yet taken.
+pub fn checkpoint(
+    conn: &rusqlite::Connection,
+    capture: &mut Capture,
+) -> Result<bool, ReplicaError> {
+    if capture.untaken()? {
+        return Ok(false);
+    }
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .map_err(|e| ReplicaError::Io(std::io::Error::other(e)))?;
+    capture.checkpointed();
+    Ok(true)
+}
+
+/// A snapshot of a replica at its last taken commit, its WAL checkpointed
+/// first: `(head, LTX)`, or `None` while commits are not yet taken.
+pub fn snapshot(
+    conn: &rusqlite::Connection,
+    capture: &mut Capture,
+) -> Result<Option<(u64, Vec<u8>)>, ReplicaError> {
+    if !checkpoint(conn, capture)? {
+        return Ok(None);
+    }
+    Ok(Some((capture.head(), capture.snapshot()?)))
+}
+
+/// The capture of a database shared between threads (a store or a SQL
+/// database, whose calls run on the SQL pool).
+pub struct SharedCapture(std::sync::Mutex<Capture>);
+
+impl SharedCapture {
+    pub fn new(capture: Capture) -> SharedCapture {
+        SharedCapture(std::sync::Mutex::new(capture))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Capture> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hands what the database committed since the last call to `ship`,
+    /// in commit order: calls are serialized, so whichever call takes a
+    /// commit ships it before any later one.
+    pub fn ship_with(&self, ship: impl FnOnce(Vec<LogEntry>)) -> Result<(), ReplicaError> {
+        let mut capture = self.lock();
+        let log = capture.take()?;
+        if !log.is_empty() {
+            ship(log);
+        }
+        Ok(())
+    }
+
+    /// [`snapshot`] of the database `conn` is open on (its caller holds
+    /// the connection, so no call commits meanwhile).
+    pub fn snapshot(
+        &self,
+        conn: &rusqlite::Connection,
+    ) -> Result<Option<(u64, Vec<u8>)>, ReplicaError> {
+        snapshot(conn, &mut self.lock())
+    }
+}
+
 /// The WAL file of the database at `db_path`.
 pub fn wal_path(db_path: &Path) -> PathBuf {
     PathBuf::from(format!("{}-wal", db_path.display()))

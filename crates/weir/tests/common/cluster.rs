@@ -9,7 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{Weir, guest};
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+
+use super::{Resp, Weir, guest};
 
 /// The secret every test node shares.
 pub const SECRET: &str = "weir-test-cluster-secret-0123456789";
@@ -298,4 +302,25 @@ pub fn node_with_app(pg: &Postgres, name: &str, dir: &Path, app: &Path, extra: &
     ];
     args.extend_from_slice(extra);
     Weir::start_with_env(&args, &[("WEIR_CLUSTER_SECRET", SECRET)])
+}
+
+/// Sends until the answer is 200 (a node may still be failing over),
+/// for at most 30 s; the last answer.
+pub async fn until_ok(node: &Weir, method: &str, path: &str, body: &str) -> Resp {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = node
+            .send(
+                Request::builder()
+                    .method(method)
+                    .uri(path)
+                    .body(Full::new(Bytes::from(body.to_string())))
+                    .unwrap(),
+            )
+            .await;
+        if r.status == 200 || Instant::now() > deadline {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

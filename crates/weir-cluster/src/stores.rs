@@ -1,0 +1,509 @@
+//! Key-value stores and SQL databases in cluster mode: each is owned by one
+//! node at a time, like an actor, and every call to it — from a worker on
+//! any node — runs on its owner's local replica, whose commits ship
+//! through the owner row's fence before the call answers.
+//!
+//! Invariants owned here:
+//! - a store's object key is `kv/<app>/<store>` (a database's
+//!   `sql/<app>/<database>`), the same on every node;
+//! - a call runs on a replica opened at the owner row's head under this
+//!   node's current claim; a replica whose shipping failed, or whose claim
+//!   is over, is closed and never used again (the next call reopens it,
+//!   checked or rebuilt);
+//! - a call answers only once the commits it made or read are durable at
+//!   the coordinator; if they are not, it answers that it could not say
+//!   (`storage_unavailable`, `ownership_lost`) rather than success.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use weir_actors::Forwarded;
+use weir_runtime::WeirError;
+use weir_runtime::extension::{StoreCall, StoreRouter};
+use weir_runtime::sql_pool::SqlPool;
+use weir_store::confinement::StopCheck;
+use weir_store::kv_op::{KvAnswer, KvOp};
+use weir_store::replica::{LogEntry, SharedCapture};
+use weir_store::sql::{BatchError, SqlDatabase, Statement, StatementResult};
+use weir_store::{Durability, KvStore, StoreError};
+
+use crate::coordinator::Entry;
+use crate::envelope::{self, Target};
+use crate::error_code::ClusterErrorCode;
+use crate::internal::Forwarder;
+use crate::ownership::{Located, Owned, Ownership};
+use crate::replicas::Replicas;
+use crate::shipper::Shipper;
+use crate::store_wire::{self, Bounds};
+
+/// The page size of stores and databases: SQLite's default, which guests
+/// cannot change (their SQL may not set pragmas).
+pub const STORE_PAGE_BYTES: u32 = 4096;
+
+/// Which kind of storage a key names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Kv,
+    Sql,
+}
+
+/// A replica open here.
+enum Replica {
+    Kv(Arc<KvStore>),
+    Sql(Arc<SqlDatabase>),
+}
+
+impl Replica {
+    fn capture(&self) -> Option<&SharedCapture> {
+        match self {
+            Replica::Kv(s) => s.capture(),
+            Replica::Sql(d) => d.capture(),
+        }
+    }
+
+    fn snapshot(&self) -> Result<Option<(u64, Vec<u8>)>, weir_store::replica::ReplicaError> {
+        match self {
+            Replica::Kv(s) => s.snapshot(),
+            Replica::Sql(d) => d.snapshot(),
+        }
+    }
+}
+
+struct Open {
+    replica: Replica,
+    shipper: Shipper,
+    owned: Owned,
+}
+
+/// The stores and databases of one app, wherever their owners are.
+pub struct StorePlacement {
+    pub(crate) app: String,
+    /// The app's data directory (stores under `kv/`, databases under `sql/`).
+    pub(crate) data_dir: PathBuf,
+    pub(crate) stores: HashSet<String>,
+    pub(crate) databases: HashSet<String>,
+    pub(crate) durability: Durability,
+    pub(crate) ownership: Arc<Ownership>,
+    pub(crate) replicas: Arc<Replicas>,
+    pub(crate) forwarder: Forwarder,
+    pub(crate) pool: Arc<SqlPool>,
+    open: Mutex<HashMap<String, Arc<Open>>>,
+    /// Opening a replica is one at a time (it may rebuild it).
+    opening: tokio::sync::Mutex<()>,
+    /// Itself, for the futures its calls return.
+    me: std::sync::Weak<StorePlacement>,
+}
+
+fn unavailable(code: ClusterErrorCode) -> StoreError {
+    StoreError::Unavailable(code.as_str().to_string())
+}
+
+fn batch_unavailable(code: ClusterErrorCode) -> BatchError {
+    BatchError::OutcomeUnknown(code.as_str().to_string())
+}
+
+/// A stop check that fires at `left` from now (a call from another node).
+fn stop_after(bounds: Bounds) -> Option<StopCheck> {
+    let deadline = Instant::now() + bounds.left?;
+    Some(Arc::new(move || Instant::now() >= deadline))
+}
+
+fn bounds(call: &StoreCall) -> Bounds {
+    Bounds {
+        left: call
+            .deadline
+            .map(|d| d.saturating_duration_since(Instant::now())),
+        max_result_bytes: call.max_result_bytes,
+    }
+}
+
+impl StorePlacement {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        app: &str,
+        data_dir: PathBuf,
+        stores: &[String],
+        databases: &[String],
+        durability: Durability,
+        ownership: Arc<Ownership>,
+        replicas: Arc<Replicas>,
+        forwarder: Forwarder,
+        pool: Arc<SqlPool>,
+    ) -> Arc<StorePlacement> {
+        Arc::new_cyclic(|me| StorePlacement {
+            me: me.clone(),
+            app: app.to_string(),
+            data_dir,
+            stores: stores.iter().cloned().collect(),
+            databases: databases.iter().cloned().collect(),
+            durability,
+            ownership,
+            replicas,
+            forwarder,
+            pool,
+            open: Mutex::new(HashMap::new()),
+            opening: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn key(&self, kind: Kind, name: &str) -> String {
+        match kind {
+            Kind::Kv => format!("kv/{}/{name}", self.app),
+            Kind::Sql => format!("sql/{}/{name}", self.app),
+        }
+    }
+
+    fn open_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Open>>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn usable(&self, key: &str, owned: &Owned) -> Option<Arc<Open>> {
+        let open = self.open_map().get(key).cloned()?;
+        (open.shipper.broken().is_none() && open.owned.fence() == owned.fence()).then_some(open)
+    }
+
+    /// The replica of `name` open here under `owned`, opened (its local
+    /// copy checked or rebuilt) when it is not.
+    async fn replica(
+        &self,
+        kind: Kind,
+        name: &str,
+        owned: Owned,
+    ) -> Result<Arc<Open>, ClusterErrorCode> {
+        let key = self.key(kind, name);
+        if let Some(open) = self.usable(&key, &owned) {
+            return Ok(open);
+        }
+        let _one = self.opening.lock().await;
+        if let Some(open) = self.usable(&key, &owned) {
+            return Ok(open);
+        }
+        // The old replica (if any) goes: nothing of it is trusted.
+        self.open_map().remove(&key);
+        let dir = self.data_dir.join(match kind {
+            Kind::Kv => "kv",
+            Kind::Sql => "sql",
+        });
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            tracing::error!(key, error = %e, "cannot make a store's directory");
+            ClusterErrorCode::StorageUnavailable
+        })?;
+        let path = dir.join(format!("{name}.sqlite3"));
+        let start = self
+            .replicas
+            .prepare(&key, &path, STORE_PAGE_BYTES, owned)
+            .await?;
+        let (durability, name_owned) = (self.durability, name.to_string());
+        let opened = tokio::task::spawn_blocking(move || match kind {
+            Kind::Kv => KvStore::open_replica(&path, &name_owned, durability, start)
+                .map(|s| Replica::Kv(Arc::new(s))),
+            Kind::Sql => SqlDatabase::open_replica(&path, durability, start)
+                .map(|d| Replica::Sql(Arc::new(d))),
+        })
+        .await
+        .map_err(|_| ClusterErrorCode::StorageUnavailable)?
+        .map_err(|e| {
+            tracing::error!(key, error = %e, "cannot open a store's replica");
+            ClusterErrorCode::StorageUnavailable
+        })?;
+        let shipper = Shipper::new(
+            &key,
+            self.ownership.clone(),
+            self.replicas.records.clone(),
+            owned,
+        );
+        let open = Arc::new(Open {
+            replica: opened,
+            shipper,
+            owned,
+        });
+        // Whatever opening committed (a new store's table) ships first.
+        ship(&open)?;
+        self.open_map().insert(key, open.clone());
+        Ok(open)
+    }
+
+    /// Waits for the call's commits (and those it read) to be durable,
+    /// then snapshots the replica if its log has grown enough.
+    async fn settle(&self, open: &Arc<Open>) -> Result<(), ClusterErrorCode> {
+        open.shipper.settled().await?;
+        if open.shipper.wants_snapshot() {
+            let taken = open.clone();
+            let snapshot = self
+                .pool
+                .run(move || {
+                    ship(&taken)?;
+                    taken.replica.snapshot().map_err(|e| {
+                        tracing::warn!(error = %e, "cannot snapshot a store");
+                        ClusterErrorCode::StorageUnavailable
+                    })
+                })
+                .await;
+            if let Ok(Ok(Some((head, ltx)))) = snapshot {
+                open.shipper.snapshot(head, ltx);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a key-value call on the replica here.
+    async fn kv_here(
+        &self,
+        store: &str,
+        owned: Owned,
+        op: KvOp,
+        stop: Option<StopCheck>,
+        max_result_bytes: usize,
+    ) -> Result<KvAnswer, StoreError> {
+        let open = self
+            .replica(Kind::Kv, store, owned)
+            .await
+            .map_err(unavailable)?;
+        let taken = open.clone();
+        let answer = self
+            .pool
+            .run(move || {
+                let Replica::Kv(kv) = &taken.replica else {
+                    unreachable!("a key-value key opens a store")
+                };
+                let answer = kv.apply(op, stop, max_result_bytes);
+                ship(&taken).map_err(unavailable)?;
+                answer
+            })
+            .await
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        self.settle(&open).await.map_err(unavailable)?;
+        answer
+    }
+
+    /// Runs a SQL batch on the replica here.
+    async fn sql_here(
+        &self,
+        database: &str,
+        owned: Owned,
+        statements: Vec<Statement>,
+        stop: StopCheck,
+        max_result_bytes: usize,
+    ) -> Result<Vec<StatementResult>, BatchError> {
+        let open = self
+            .replica(Kind::Sql, database, owned)
+            .await
+            .map_err(batch_unavailable)?;
+        let taken = open.clone();
+        let ran = self
+            .pool
+            .run(move || {
+                let Replica::Sql(db) = &taken.replica else {
+                    unreachable!("a SQL key opens a database")
+                };
+                let ran = db.run(&statements, stop, max_result_bytes);
+                ship(&taken).map_err(batch_unavailable)?;
+                ran
+            })
+            .await
+            .map_err(|e| BatchError::OutcomeUnknown(e.to_string()))?;
+        self.settle(&open).await.map_err(batch_unavailable)?;
+        ran
+    }
+
+    /// Where `name` runs, or the refusal.
+    async fn locate(
+        &self,
+        kind: Kind,
+        name: &str,
+        refresh: bool,
+        forwarded: bool,
+    ) -> Result<Located, ClusterErrorCode> {
+        self.ownership
+            .locate(&self.key(kind, name), refresh, forwarded)
+            .await
+    }
+
+    /// Runs a call here if this node owns `name`, else where it is owned;
+    /// handed on again (once) only when it did not run where it was sent.
+    async fn route<T>(
+        &self,
+        kind: Kind,
+        name: &str,
+        body: Bytes,
+        here: impl AsyncFnOnce(Owned) -> T,
+        answer: impl Fn(Bytes) -> Result<T, envelope::Malformed>,
+        failed: impl Fn(ClusterErrorCode) -> T,
+    ) -> T {
+        let target = match kind {
+            Kind::Kv => Target::Kv {
+                app: self.app.clone(),
+                store: name.to_string(),
+            },
+            Kind::Sql => Target::Sql {
+                app: self.app.clone(),
+                database: name.to_string(),
+            },
+        };
+        let mut last = ClusterErrorCode::OwnerUnreachable;
+        for attempt in 0..2 {
+            match self.locate(kind, name, attempt > 0, false).await {
+                Ok(Located::Here(owned)) => return here(owned).await,
+                Ok(Located::Elsewhere(node)) => {
+                    match self
+                        .forwarder
+                        .call(&node, &target, envelope::store_call(body.clone()))
+                        .await
+                    {
+                        Forwarded::Answered(response) => {
+                            return answer(response.into_body()).unwrap_or_else(|e| {
+                                tracing::warn!(error = %e, "a storage answer from another node is malformed");
+                                failed(ClusterErrorCode::OwnerUnreachable)
+                            });
+                        }
+                        Forwarded::NotRun(_) => last = ClusterErrorCode::OwnerUnreachable,
+                        Forwarded::Failed(_) => return failed(ClusterErrorCode::OwnerUnreachable),
+                    }
+                }
+                Err(code) => return failed(code),
+            }
+        }
+        failed(last)
+    }
+
+    /// A key-value call another node sent: run here, or `None` when this
+    /// node does not own the store (nothing ran).
+    pub(crate) async fn forwarded_kv(&self, store: &str, body: Bytes) -> Option<Bytes> {
+        let answer = match store_wire::decode_kv(body) {
+            Err(e) => Err(StoreError::Unavailable(e.to_string())),
+            Ok(_) if !self.stores.contains(store) => {
+                Err(StoreError::NoSuchStore(store.to_string()))
+            }
+            Ok((op, bounds)) => match self.locate(Kind::Kv, store, false, true).await {
+                Ok(Located::Here(owned)) => {
+                    self.kv_here(
+                        store,
+                        owned,
+                        op,
+                        stop_after(bounds),
+                        bounds.max_result_bytes,
+                    )
+                    .await
+                }
+                Ok(Located::Elsewhere(_)) => return None,
+                Err(code) => Err(unavailable(code)),
+            },
+        };
+        Some(store_wire::encode_kv_answer(&answer))
+    }
+
+    /// A SQL batch another node sent: run here, or `None` when this node
+    /// does not own the database (nothing ran).
+    pub(crate) async fn forwarded_sql(&self, database: &str, body: Bytes) -> Option<Bytes> {
+        let answer = match store_wire::decode_sql(body) {
+            Err(e) => Err(BatchError::Refused {
+                index: 0,
+                message: e.to_string(),
+            }),
+            Ok(_) if !self.databases.contains(database) => {
+                Err(BatchError::NoSuchDatabase(database.to_string()))
+            }
+            Ok((statements, bounds)) => match self.locate(Kind::Sql, database, false, true).await {
+                Ok(Located::Here(owned)) => {
+                    let stop = stop_after(bounds).unwrap_or_else(|| Arc::new(|| false));
+                    self.sql_here(database, owned, statements, stop, bounds.max_result_bytes)
+                        .await
+                }
+                Ok(Located::Elsewhere(_)) => return None,
+                Err(code) => Err(batch_unavailable(code)),
+            },
+        };
+        Some(store_wire::encode_sql_answer(&answer))
+    }
+}
+
+/// Hands what the replica committed to its shipper (in commit order).
+fn ship(open: &Open) -> Result<(), ClusterErrorCode> {
+    let Some(capture) = open.replica.capture() else {
+        return Ok(());
+    };
+    capture
+        .ship_with(|log: Vec<LogEntry>| {
+            let db_bytes = log
+                .last()
+                .map_or(0, |e| u64::from(e.db_pages) * u64::from(STORE_PAGE_BYTES));
+            let entries = log
+                .into_iter()
+                .map(|e| Entry {
+                    head: e.head,
+                    ltx: e.ltx,
+                    checksum: e.checksum.into_inner(),
+                })
+                .collect();
+            open.shipper.ship(entries, None, db_bytes);
+        })
+        .map_err(|e| {
+            tracing::error!(error = %e, "cannot capture a store's commits");
+            ClusterErrorCode::StorageUnavailable
+        })
+}
+
+type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl StoreRouter for StorePlacement {
+    fn has_store(&self, name: &str) -> bool {
+        self.stores.contains(name)
+    }
+
+    fn has_database(&self, name: &str) -> bool {
+        self.databases.contains(name)
+    }
+
+    fn kv(&self, store: String, op: KvOp, call: StoreCall) -> Boxed<Result<KvAnswer, StoreError>> {
+        let this = self.clone_handle();
+        Box::pin(async move {
+            let body = store_wire::encode_kv(&op, bounds(&call));
+            let (stop, max) = (call.stop.clone(), call.max_result_bytes);
+            this.route(
+                Kind::Kv,
+                &store,
+                body,
+                async |owned| this.kv_here(&store, owned, op, stop, max).await,
+                store_wire::decode_kv_answer,
+                |code| Err(unavailable(code)),
+            )
+            .await
+        })
+    }
+
+    fn sql(
+        &self,
+        database: String,
+        statements: Vec<Statement>,
+        call: StoreCall,
+    ) -> Boxed<Result<Vec<StatementResult>, BatchError>> {
+        let this = self.clone_handle();
+        Box::pin(async move {
+            let body = store_wire::encode_sql(&statements, bounds(&call));
+            let stop = call.stop.clone().unwrap_or_else(|| Arc::new(|| false));
+            let max = call.max_result_bytes;
+            this.route(
+                Kind::Sql,
+                &database,
+                body,
+                async |owned| this.sql_here(&database, owned, statements, stop, max).await,
+                store_wire::decode_sql_answer,
+                |code| Err(batch_unavailable(code)),
+            )
+            .await
+        })
+    }
+}
+
+impl StorePlacement {
+    /// A handle the router's futures own (they outlive the borrow).
+    fn clone_handle(&self) -> Arc<StorePlacement> {
+        self.me
+            .upgrade()
+            .expect("a store placement is used through its Arc")
+    }
+}

@@ -1,0 +1,533 @@
+//! Cluster mode under failure, from outside: owners killed under writes,
+//! an owner paused past its lease, PostgreSQL stopped and started, and
+//! calls cut mid-hop. A real PostgreSQL, real `weir` nodes, real clients;
+//! nothing acknowledged may be lost, and every refusal is named.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::cluster::{Postgres, actor_key, node, node_dir, until_ok};
+use common::{Weir, try_send_to};
+use http::Request;
+use http_body_util::Full;
+
+/// A small seeded generator for kill moments and node choices (printed,
+/// so a failure can be replayed with `WEIR_TEST_SEED`).
+struct Rng(u64);
+
+impl Rng {
+    fn seeded() -> Rng {
+        let seed = std::env::var("WEIR_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+            });
+        println!("WEIR_TEST_SEED={seed}");
+        Rng(seed | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The addresses of the nodes that are up, shared with the writers.
+type Live = std::sync::Arc<std::sync::Mutex<Vec<std::net::SocketAddr>>>;
+
+/// What the writers saw.
+#[derive(Default)]
+struct Seen {
+    /// Keys whose put was acknowledged (200), with the time of the ack.
+    acked: Vec<(String, Instant)>,
+    /// Values the counter answered (200).
+    counted: Vec<u64>,
+    /// Every non-200 answer's error code, and how many.
+    refused: std::collections::BTreeMap<String, usize>,
+    /// Requests that got no HTTP answer (a node killed under them).
+    cut: usize,
+}
+
+/// One request to a random live node: the response, or `None` when the
+/// connection was cut or no node is up.
+async fn to_any(live: &Live, seed: u64, request: Request<Full<Bytes>>) -> Option<common::Resp> {
+    let addr = {
+        let live = live.lock().unwrap();
+        if live.is_empty() {
+            return None;
+        }
+        live[(seed % live.len() as u64) as usize]
+    };
+    let (mut parts, body) = request.into_parts();
+    parts
+        .headers
+        .insert("host", addr.to_string().parse().unwrap());
+    let request = Request::from_parts(parts, body);
+    match tokio::time::timeout(Duration::from_secs(30), try_send_to(addr, request)).await {
+        Ok(Ok(r)) => Some(r),
+        Ok(Err(_)) => None,
+        Err(_) => panic!("a request to {addr} hung for 30 s"),
+    }
+}
+
+/// Writers against actor `actor` until `stop`: writer 0 increments its
+/// counter, the others put keys of their own (`w<writer>-<n>`).
+fn writers(
+    live: &Live,
+    actor: &'static str,
+    n: usize,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    seen: &std::sync::Arc<std::sync::Mutex<Seen>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..n)
+        .map(|w| {
+            let (live, stop, seen) = (live.clone(), stop.clone(), seen.clone());
+            tokio::spawn(async move {
+                let mut seq = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    seq += 1;
+                    let key = format!("w{w}-{seq}");
+                    let request = if w == 0 {
+                        Request::post(format!("/direct/{actor}/incr"))
+                            .body(Full::new(Bytes::new()))
+                            .unwrap()
+                    } else {
+                        Request::post(format!("/direct/{actor}/put?key={key}"))
+                            .body(Full::new(Bytes::from(key.clone())))
+                            .unwrap()
+                    };
+                    let r = to_any(&live, seq * 7 + w as u64, request).await;
+                    let cut = r.is_none();
+                    {
+                        let mut seen = seen.lock().unwrap();
+                        match r {
+                            Some(r) if r.status == 200 => {
+                                if w == 0 {
+                                    seen.counted.push(r.text().parse().unwrap());
+                                } else {
+                                    seen.acked.push((key, Instant::now()));
+                                }
+                            }
+                            Some(r) => {
+                                let code = serde_json::from_slice::<serde_json::Value>(
+                                    r.body.as_deref().unwrap_or_default(),
+                                )
+                                .ok()
+                                .and_then(|v| v["error"].as_str().map(str::to_string))
+                                .unwrap_or_else(|| format!("status {}", r.status));
+                                *seen.refused.entry(code).or_default() += 1;
+                            }
+                            None => seen.cut += 1,
+                        }
+                    }
+                    if cut {
+                        // No node answered: give the survivors a moment.
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// Reads every acknowledged key back through the nodes in turn, and
+/// checks the counter never answered the same value twice (a lost
+/// increment would be counted again).
+async fn every_ack_is_readable(nodes: &[&Weir], actor: &str, seen: &Seen) {
+    for (i, (key, _)) in seen.acked.iter().enumerate() {
+        let node = nodes[i % nodes.len()];
+        let r = node.get(&format!("/direct/{actor}/get?key={key}")).await;
+        assert_eq!(r.status, 200, "acknowledged {key} is gone: {:?}", r.body);
+        assert_eq!(r.text(), *key);
+    }
+    let distinct: std::collections::BTreeSet<u64> = seen.counted.iter().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        seen.counted.len(),
+        "an acknowledged increment was lost and counted again"
+    );
+    if let Some(max) = seen.counted.iter().max() {
+        let r = nodes[0].get(&format!("/direct/{actor}/get?key=n")).await;
+        let now: u64 = r.text().parse().unwrap();
+        assert!(now >= *max, "the counter went back: {now} < {max}");
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_the_owner_fifty_times_under_writes_loses_no_acknowledged_write() {
+    const KILLS: usize = 50;
+    let pg = Postgres::start();
+    let names = ["n1", "n2", "n3"];
+    let dirs: Vec<_> = names.iter().map(|n| node_dir("kills", n)).collect();
+    let mut nodes: Vec<Option<Weir>> = names
+        .iter()
+        .zip(&dirs)
+        .map(|(n, d)| Some(node(&pg, n, d, &[])))
+        .collect();
+    let live: Live = std::sync::Arc::new(std::sync::Mutex::new(
+        nodes.iter().flatten().map(|w| w.addr).collect(),
+    ));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Seen::default()));
+    let tasks = writers(&live, "hot", 4, &stop, &seen);
+    let mut rng = Rng::seeded();
+    let mut failovers = Vec::new();
+    for round in 0..KILLS {
+        // Writes flow for a random moment, then the owner dies.
+        tokio::time::sleep(Duration::from_millis(100 + rng.below(600))).await;
+        let owner = loop {
+            if let Some(owner) = pg.owner(&actor_key("hot")) {
+                break owner;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let i = names.iter().position(|n| *n == owner).unwrap();
+        let mut dead = nodes[i].take().unwrap();
+        live.lock().unwrap().retain(|a| *a != dead.addr);
+        dead.signal("KILL");
+        dead.wait_exit(Duration::from_secs(10)).expect("killed");
+        let killed = Instant::now();
+        drop(dead);
+        // The actor answers again through the live nodes.
+        let acks_before = seen.lock().unwrap().acked.len();
+        let deadline = killed + Duration::from_secs(60);
+        loop {
+            let answered = {
+                let seen = seen.lock().unwrap();
+                seen.acked[acks_before..]
+                    .iter()
+                    .find(|(_, at)| *at > killed)
+                    .map(|(_, at)| *at)
+            };
+            if let Some(at) = answered {
+                failovers.push(at - killed);
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: no write succeeded for 60 s after the kill"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The killed node comes back (after its old lease ends).
+        let back = node(&pg, names[i], &dirs[i], &[]);
+        live.lock().unwrap().push(back.addr);
+        nodes[i] = Some(back);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    let up: Vec<&Weir> = nodes.iter().flatten().collect();
+    every_ack_is_readable(&up, "hot", &seen).await;
+    failovers.sort();
+    println!(
+        "{KILLS} kills: {} puts and {} increments acknowledged, refused {:?}, {} cut by a kill; \
+         answering again after p50 {:?}, p90 {:?}, max {:?} (lease {} ms)",
+        seen.acked.len(),
+        seen.counted.len(),
+        seen.refused,
+        seen.cut,
+        percentile(&failovers, 0.5),
+        percentile(&failovers, 0.9),
+        failovers.last().unwrap(),
+        common::cluster::LEASE_MS,
+    );
+    // Whatever was refused was refused by name.
+    for code in seen.refused.keys() {
+        assert!(
+            ["ownership_lost", "storage_unavailable", "owner_unreachable"].contains(&code.as_str()),
+            "refused with {code}"
+        );
+    }
+    assert!(
+        seen.acked.len() > KILLS * 10,
+        "writes flowed: {}",
+        seen.acked.len()
+    );
+}
+
+/// The three test nodes and which of them owns `actor` (created first).
+async fn three_and_the_owner(pg: &Postgres, test: &str, actor: &str) -> (Vec<Weir>, usize) {
+    let nodes: Vec<Weir> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|n| node(pg, n, &node_dir(test, n), &[]))
+        .collect();
+    let r = nodes[0]
+        .send(
+            Request::post(format!("/direct/{actor}/incr"))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let owner = pg.owner(&actor_key(actor)).unwrap();
+    let i = ["n1", "n2", "n3"].iter().position(|n| *n == owner).unwrap();
+    (nodes, i)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_owner_is_fenced_and_never_overwrites_the_new_owner() {
+    let pg = Postgres::start();
+    let (nodes, x) = three_and_the_owner(&pg, "paused", "split").await;
+    let y = (x + 1) % 3;
+    let r = until_ok(&nodes[x], "POST", "/direct/split/put?key=before", "before").await;
+    assert_eq!(r.status, 200);
+    // A turn on the owner that writes, waits, writes and then commits;
+    // the owner is stopped in the middle of it, past its lease.
+    let owner_addr = nodes[x].addr;
+    let pending = tokio::spawn(async move {
+        try_send_to(
+            owner_addr,
+            Request::post("/direct/split/pair?i=777&gap_ms=1500")
+                .header("host", owner_addr.to_string())
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    nodes[x].signal("STOP");
+    tokio::time::sleep(Duration::from_millis(common::cluster::LEASE_MS + 1000)).await;
+    // Another node takes the actor over and writes.
+    for i in 0..5 {
+        let key = format!("after{i}");
+        let r = until_ok(
+            &nodes[y],
+            "POST",
+            &format!("/direct/split/put?key={key}"),
+            &key,
+        )
+        .await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+    }
+    let new_owner = pg.owner(&actor_key("split")).unwrap();
+    assert_ne!(new_owner, ["n1", "n2", "n3"][x], "taken over");
+    // The old owner wakes up; its pending commit is refused by the fence.
+    nodes[x].signal("CONT");
+    let r = pending.await.unwrap().expect("an answer");
+    assert_eq!(r.status, 503, "{:?}", r.body);
+    assert_eq!(r.json()["error"], "ownership_lost");
+    // The state is exactly the new owner's history, seen from every node
+    // (the old owner too, once it has rejoined).
+    for node in &nodes {
+        let r = until_ok(node, "GET", "/direct/split/pairs", "").await;
+        assert_eq!(
+            r.json(),
+            serde_json::json!({ "x": [], "y": [] }),
+            "no half of the fenced turn"
+        );
+        for key in ["before", "after0", "after4"] {
+            let r = until_ok(node, "GET", &format!("/direct/split/get?key={key}"), "").await;
+            assert_eq!(r.text(), key);
+        }
+    }
+    // And the old owner writes again through the cluster.
+    let r = until_ok(
+        &nodes[x],
+        "POST",
+        "/direct/split/put?key=rejoined",
+        "rejoined",
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let r = until_ok(&nodes[y], "GET", "/direct/split/get?key=rejoined", "").await;
+    assert_eq!(r.text(), "rejoined");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_may_have_run_is_never_sent_again() {
+    let pg = Postgres::start();
+    let (mut nodes, x) = three_and_the_owner(&pg, "once", "once").await;
+    let y = (x + 1) % 3;
+    // Through another node, a turn that writes, waits and writes; its
+    // owner dies in the wait. The hop cannot know whether it ran.
+    let via = nodes[y].addr;
+    let call = tokio::spawn(async move {
+        try_send_to(
+            via,
+            Request::post("/direct/once/pair?i=5&gap_ms=2000")
+                .header("host", via.to_string())
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    nodes[x].signal("KILL");
+    let r = call
+        .await
+        .unwrap()
+        .expect("an answer from the node it went through");
+    assert_eq!(r.status, 502, "{:?}", r.body);
+    assert_eq!(r.json()["error"], "owner_unreachable");
+    let dead = nodes.remove(x);
+    drop(dead);
+    // After the failover the turn is nowhere: it did not commit where it
+    // ran, and it was not sent to the new owner.
+    for node in &nodes {
+        let r = until_ok(node, "GET", "/direct/once/pairs", "").await;
+        assert_eq!(r.json(), serde_json::json!({ "x": [], "y": [] }));
+    }
+    // The survivors ran no pair turn: the new owner's turns were reads.
+    tokio::time::sleep(common::SETTLE).await;
+    let pairs_run: usize = nodes
+        .iter()
+        .map(|n| {
+            n.actor_receipts()
+                .iter()
+                .filter(|r| r["name"] == "once" && r["turn"] == "request")
+                .filter(|r| r["wasm_us"].as_u64().unwrap_or(0) >= 1_500_000)
+                .count()
+        })
+        .sum();
+    assert_eq!(pairs_run, 0, "the pair was not sent to the new owner");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timers_of_an_owner_that_died_fire_on_another_node() {
+    let pg = Postgres::start();
+    let (mut nodes, x) = three_and_the_owner(&pg, "timers", "t").await;
+    let r = until_ok(
+        &nodes[x],
+        "POST",
+        "/direct/t/schedule?reason=tick&in_ms=1500",
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    nodes[x].signal("KILL");
+    let dead = nodes.remove(x);
+    drop(dead);
+    // Nobody calls the actor: its alarm alone brings it back, elsewhere.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let fired_on = loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let fired: Vec<usize> = (0..2)
+            .filter(|i| {
+                nodes[*i]
+                    .actor_receipts()
+                    .iter()
+                    .any(|r| r["name"] == "t" && r["turn"] == "alarm" && r["reason"] == "tick")
+            })
+            .collect();
+        if let Some(i) = fired.first() {
+            break *i;
+        }
+        assert!(Instant::now() < deadline, "the orphaned alarm never fired");
+    };
+    let log = until_ok(&nodes[fired_on], "GET", "/direct/t/log", "")
+        .await
+        .json();
+    let ticks = log
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l.as_str().unwrap().starts_with("tick@"))
+        .count();
+    assert!(ticks >= 1, "{log}");
+    // It is gone from the owner row once delivered.
+    let alarm = pg.psql(
+        "weir",
+        &format!(
+            "SELECT coalesce(alarm_at::text, 'none') FROM weir_objects WHERE key = '{}'",
+            actor_key("t")
+        ),
+    );
+    assert_eq!(alarm, "none");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_stopped_and_started_under_load_loses_nothing_and_service_resumes() {
+    let mut pg = Postgres::start();
+    let names = ["n1", "n2", "n3"];
+    let nodes: Vec<Weir> = names
+        .iter()
+        .map(|n| node(&pg, n, &node_dir("pgdown", n), &[]))
+        .collect();
+    let live: Live = std::sync::Arc::new(std::sync::Mutex::new(
+        nodes.iter().map(|w| w.addr).collect(),
+    ));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Seen::default()));
+    let tasks = writers(&live, "pgdown", 4, &stop, &seen);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = seen.lock().unwrap().acked.len();
+    assert!(before > 0, "writes flowed before the outage");
+    pg.stop("INT");
+    let down = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let refused_while_down = seen.lock().unwrap().refused.clone();
+    pg.run();
+    let up = Instant::now();
+    // Service resumes by itself: writes are acknowledged again.
+    let deadline = up + Duration::from_secs(60);
+    loop {
+        let resumed = seen.lock().unwrap().acked.iter().any(|(_, at)| *at > up);
+        if resumed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no write acknowledged for 60 s after the database returned"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let resumed = seen
+        .lock()
+        .unwrap()
+        .acked
+        .iter()
+        .find(|(_, at)| *at > up)
+        .unwrap()
+        .1
+        - up;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    println!(
+        "outage of {:?}: refused meanwhile {refused_while_down:?}; resumed {resumed:?} after the database returned; \
+         {} puts and {} increments acknowledged in all, {} cut",
+        up - down,
+        seen.acked.len(),
+        seen.counted.len(),
+        seen.cut
+    );
+    // While the database was down, calls were refused by name, and
+    // nothing was acknowledged that it does not hold.
+    assert!(
+        refused_while_down
+            .get("storage_unavailable")
+            .is_some_and(|n| *n > 0),
+        "{refused_while_down:?}"
+    );
+    for code in seen.refused.keys() {
+        assert!(
+            ["ownership_lost", "storage_unavailable", "owner_unreachable"].contains(&code.as_str()),
+            "refused with {code}"
+        );
+    }
+    assert_eq!(seen.cut, 0, "no node went away");
+    let all: Vec<&Weir> = nodes.iter().collect();
+    every_ack_is_readable(&all, "pgdown", &seen).await;
+}
