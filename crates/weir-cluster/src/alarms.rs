@@ -1,5 +1,7 @@
 //! Orphaned alarms: actors whose timer is due while no live node owns them
-//! (their owner died) are claimed by some live node and woken there.
+//! (their owner died) are claimed by some live node and woken there; a
+//! node also wakes the due actors it owns but does not hold (claimed for a
+//! call whose turn never opened them).
 //!
 //! Invariant owned here: every actor's earliest timer is mirrored in its
 //! owner row by the same fenced commit that set it, so a due alarm is
@@ -16,6 +18,7 @@ use tokio::sync::watch;
 use weir_actors::ActorHost;
 
 use crate::actors::parse_actor_key;
+use crate::coordinator::DueObject;
 use crate::ownership::Ownership;
 
 /// Orphaned actors claimed in one sweep at most.
@@ -29,11 +32,31 @@ pub const MIN_SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 pub const MAX_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Sweeps for orphaned due alarms every third of the lease (within the
-/// bounds above) until `stop` turns true.
+/// bounds above) until `stop` turns true, waking each claimed actor of the
+/// apps' hosts.
 pub async fn sweep(
     ownership: Arc<Ownership>,
     actors: HashMap<String, Arc<ActorHost>>,
+    stop: watch::Receiver<bool>,
+) {
+    sweep_with(ownership, stop, move |object| {
+        parse_actor_key(&object.key)
+            .and_then(|(app, class, name)| {
+                actors
+                    .get(app)
+                    .map(|host| host.wake_at(class, name, object.alarm_at))
+            })
+            .is_some_and(|woken| woken.is_ok())
+    })
+    .await
+}
+
+/// [`sweep`], handing each claimed object to `wake` (false: this node has
+/// nothing to wake it with).
+pub async fn sweep_with(
+    ownership: Arc<Ownership>,
     mut stop: watch::Receiver<bool>,
+    wake: impl Fn(&DueObject) -> bool,
 ) {
     let interval = (ownership.lease().ttl() / 3).clamp(MIN_SWEEP_INTERVAL, MAX_SWEEP_INTERVAL);
     loop {
@@ -57,18 +80,10 @@ pub async fn sweep(
         };
         for object in due {
             ownership.adopt(&object.key, object.state, held);
-            let woken = parse_actor_key(&object.key).and_then(|(app, class, name)| {
-                actors
-                    .get(app)
-                    .map(|host| host.wake_at(class, name, object.alarm_at))
-            });
-            match woken {
-                Some(Ok(())) => {
-                    tracing::info!(key = %object.key, epoch = object.state.epoch, "claimed an actor whose owner is gone, for its due alarm")
-                }
-                _ => {
-                    tracing::warn!(key = %object.key, "claimed an orphaned alarm this node has no class for")
-                }
+            if wake(&object) {
+                tracing::info!(key = %object.key, epoch = object.state.epoch, "claimed an actor whose owner is gone, for its due alarm");
+            } else {
+                tracing::warn!(key = %object.key, "claimed an orphaned alarm this node has no class for");
             }
         }
     }

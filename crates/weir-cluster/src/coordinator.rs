@@ -186,7 +186,9 @@ pub trait Coordinator: Send + Sync + 'static {
     async fn history(&self, id: i64, head: u64) -> Result<History, CoordError>;
 
     /// Claims, for `session`, up to `limit` actors whose alarm is due (by
-    /// the coordinator's clock) and whose owner is gone.
+    /// the coordinator's clock) and whose owner is gone; with them, the
+    /// due actors `session` owns already (their epoch unchanged), so an
+    /// alarm of an actor this node claimed but never opened fires too.
     async fn claim_due(&self, session: SessionId, limit: i64)
     -> Result<Vec<DueObject>, CoordError>;
 }

@@ -213,9 +213,21 @@ impl Ownership {
     }
 
     /// Records objects the node claimed in one step of its own (due
-    /// alarms of objects whose owner died).
+    /// alarms of objects whose owner died, or of its own): an object it
+    /// already holds under the same claim keeps what it knows, which may
+    /// be newer than the row read a moment ago.
     pub fn adopt(&self, key: &str, state: ObjectState, held: Held) {
-        self.remember_owned(key, Owned { state, held });
+        let mut owned = self.owned_map();
+        match owned.get(key) {
+            Some(o)
+                if o.held == held && o.state.epoch == state.epoch && o.state.head >= state.head => {
+            }
+            _ => {
+                owned.insert(key.to_string(), Owned { state, held });
+            }
+        }
+        drop(owned);
+        self.hints().remove(key);
     }
 
     /// A commit of `key` was accepted: its row moved to `head`.

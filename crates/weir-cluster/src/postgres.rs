@@ -550,14 +550,15 @@ impl Coordinator for Postgres {
                         SELECT o.id FROM weir_objects o
                         WHERE o.alarm_at <= (extract(epoch from now()) * 1000)::bigint
                           AND o.key LIKE 'actor/%'
-                          AND (o.owner IS NULL OR NOT EXISTS (
+                          AND (o.owner IS NULL OR o.owner = $2 OR NOT EXISTS (
                               SELECT 1 FROM weir_nodes n WHERE n.session = o.owner AND n.expires_at > now()))
                           AND {LIVE}
                         ORDER BY o.alarm_at
                         LIMIT $1
                         FOR UPDATE SKIP LOCKED
                      )
-                     UPDATE weir_objects o SET owner = $2, epoch = o.epoch + 1
+                     UPDATE weir_objects o SET owner = $2,
+                         epoch = CASE WHEN o.owner = $2 THEN o.epoch ELSE o.epoch + 1 END
                      FROM due WHERE o.id = due.id
                      RETURNING o.id, o.epoch, o.head, o.checksum, o.log_bytes, o.key, o.alarm_at"
                 ))

@@ -1,0 +1,3 @@
+//! The simulation's parts.
+
+pub mod model;
