@@ -74,8 +74,14 @@ mod tests {
     use weir_runtime::ErrorCode;
 
     #[test]
-    fn cluster_codes_are_their_own() {
+    fn cluster_codes_are_their_own_and_the_readme_lists_each() {
+        let readme = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+        )
+        .unwrap();
         for code in ClusterErrorCode::ALL {
+            let row = format!("| {} | `{}` |", code.status(), code.as_str());
+            assert!(readme.contains(&row), "README lacks the row `{row}`");
             assert!(
                 ErrorCode::ALL.iter().all(|r| r.as_str() != code.as_str()),
                 "{code:?}"

@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""Cluster benchmark: Weir's cluster mode on PostgreSQL, next to single-node
+Weir and workerd's Durable Objects, in one run on this machine.
+
+- one hot actor, get + put per request (the `gateway` worker calling the
+  `actor-probe` class's `/incr`, as bench/actors.py): single-node Weir;
+  cluster mode with the load on the actor's owner; cluster mode with the
+  load on a node that forwards every call to the owner (one hop); and
+  workerd's Durable Object counter of the same shape;
+- 1,000 actors uniform over 3 nodes, the load spread over all three;
+- forwarding overhead: sequential calls to one actor through its owner and
+  through another node, p50 and p99 of each and what the hop adds;
+- failover: the hot actor's owner is SIGKILLed N times at random moments
+  under a stream of writes (cluster_lease_ms=1000): the time from the kill
+  to the next acknowledged write, p50 and max.
+
+PostgreSQL is Debian's (initdb'd in a temporary directory, fsync on, as an
+unprivileged user when run as root). workerd comes from npm as in
+bench/actors.py; without it (or with --no-workerd) its row is skipped.
+
+Usage: python3 bench/cluster.py [--duration 8] [--connections 32] [--kills 50]
+"""
+
+import argparse
+import concurrent.futures
+import http.client
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hello import ROOT, free_port, run_wrk_script, wait_ready  # noqa: E402
+from actors import WRK, find_workerd, start_workerd, pct  # noqa: E402
+
+SECRET = "weir-bench-cluster-secret-0123456789"
+GUESTS = ROOT / "guests/target/wasm32-wasip2/release"
+
+
+def pg_bindir():
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"),
+                   key=lambda p: int(p.parent.parent.name))
+    if not found:
+        sys.exit("PostgreSQL is not installed: apt-get install postgresql")
+    return found[-1].parent
+
+
+class Postgres:
+    """A PostgreSQL of the benchmark's own, on a free port."""
+
+    def __init__(self, tmp):
+        self.bin = pg_bindir()
+        self.dir = tmp / "pg"
+        self.dir.mkdir()
+        self.user = None
+        if os.geteuid() == 0:
+            self.user = "postgres"
+            shutil.chown(self.dir, self.user)
+        self.port = free_port()
+        self.run("initdb", "-D", str(self.dir / "data"), "-A", "trust", "-U", "weir", "-E", "UTF8")
+        self.proc = subprocess.Popen(
+            self.cmd("postgres", "-D", str(self.dir / "data"), "-p", str(self.port), "-k", str(self.dir),
+                     "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(600):
+            if subprocess.run(self.cmd("pg_isready", "-h", "127.0.0.1", "-p", str(self.port), "-q")).returncode == 0:
+                break
+            time.sleep(0.05)
+        self.psql("postgres", "CREATE DATABASE weir")
+
+    def cmd(self, program, *args):
+        path = str(self.bin / program)
+        if self.user:
+            return ["setpriv", f"--reuid={self.user}", f"--regid={self.user}", "--init-groups", path, *args]
+        return [path, *args]
+
+    def run(self, program, *args):
+        subprocess.run(self.cmd(program, *args), check=True, capture_output=True)
+
+    def psql(self, db, sql):
+        return subprocess.run([str(self.bin / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "weir",
+                               "-d", db, "-At", "-c", sql], check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    def url(self):
+        return f"postgres://weir@127.0.0.1:{self.port}/weir"
+
+    def owner(self, key):
+        return self.psql("weir", "SELECT n.name FROM weir_objects o JOIN weir_nodes n ON n.session = o.owner "
+                                 f"WHERE o.key = '{key}' AND n.expires_at > now()")
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGQUIT)
+        self.proc.wait()
+
+
+def start_weir(data, cluster=None, node=None, lease_ms=None):
+    port = free_port()
+    args = [str(ROOT / "target/release/weir"), "serve", str(GUESTS / "gateway.wasm"),
+            "--actor", f"probe={GUESTS / 'actor_probe.wasm'}", "--actor-route", "probe=/direct",
+            "--listen", f"127.0.0.1:{port}", "--data-dir", str(data)]
+    env = dict(os.environ)
+    if cluster:
+        args += ["--cluster", cluster, "--node", node, "--cluster-listen", "127.0.0.1:0"]
+        if lease_ms:
+            args += ["--limit", f"cluster_lease_ms={lease_ms}"]
+        env["WEIR_CLUSTER_SECRET"] = SECRET
+    env["WEIR_LOG"] = "warn"
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    return port, proc
+
+
+def kill(proc):
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def post(port, path, timeout=30):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("POST", path, body=b"")
+        r = c.getresponse()
+        r.read()
+        return r.status
+    except OSError:
+        return None
+    finally:
+        c.close()
+
+
+def timed(port, path, n):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        c.request("POST", path, body=b"")
+        r = c.getresponse()
+        r.read()
+        out.append((time.perf_counter() - t) * 1e3)
+        if r.status != 200:
+            raise RuntimeError(f"{path}: {r.status}")
+    return out
+
+
+def report(label, r):
+    print(f"{label:52} {r['rps']:>8.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms"
+          + (f"  non-2xx {r['non2xx']}" if r["non2xx"] else "")
+          + (f"  socket errors {r['socket_errors']}" if r["socket_errors"] else ""), flush=True)
+
+
+def spread_over(ports, duration, connections, script, path):
+    """One wrk per node at once, the connections split between them; their sums."""
+    per = max(1, connections // len(ports))
+    with concurrent.futures.ThreadPoolExecutor(len(ports)) as pool:
+        rs = list(pool.map(lambda p: run_wrk_script(p, duration, per, 1, script, path), ports))
+    return {
+        "rps": sum(r["rps"] for r in rs),
+        "p50": max(r["p50"] for r in rs),
+        "p99": max(r["p99"] for r in rs),
+        "non2xx": sum(r["non2xx"] for r in rs),
+        "socket_errors": "; ".join(r["socket_errors"] for r in rs if r["socket_errors"]),
+    }
+
+
+def failover(pg, tmp, kills):
+    """SIGKILLs the hot actor's owner `kills` times under writes; the time
+    from each kill to the next acknowledged write."""
+    names = ["f1", "f2", "f3"]
+    nodes = {n: start_weir(tmp / f"fail-{n}", pg.url(), n, 1000) for n in names}
+    for n, (port, proc) in nodes.items():
+        wait_ready(port, proc, method="POST", path="/direct/warm/incr")
+    acks = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def writer(seed):
+        rng = random.Random(seed)
+        while not stop.is_set():
+            with lock:
+                ports = [p for p, _ in nodes.values()]
+            status = post(rng.choice(ports), "/direct/hot/incr", timeout=10)
+            if status == 200:
+                with lock:
+                    acks.append(time.monotonic())
+            elif status is None:
+                time.sleep(0.002)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    rng = random.Random(42)
+    times = []
+    try:
+        for _ in range(kills):
+            time.sleep(0.2 + rng.random() * 0.8)
+            owner = pg.owner("actor/gateway/probe/hot")
+            if owner not in nodes:
+                continue
+            with lock:
+                port, proc = nodes.pop(owner)
+            kill(proc)
+            killed = time.monotonic()
+            while True:
+                with lock:
+                    after = [a for a in acks[-200:] if a > killed]
+                if after:
+                    times.append(after[0] - killed)
+                    break
+                if time.monotonic() - killed > 60:
+                    raise RuntimeError("no write acknowledged for 60 s after a kill")
+                time.sleep(0.002)
+            port, proc = start_weir(tmp / f"fail-{owner}", pg.url(), owner, 1000)
+            wait_ready(port, proc, method="POST", path="/direct/warm/incr", timeout=120)
+            with lock:
+                nodes[owner] = (port, proc)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        for _, proc in nodes.values():
+            kill(proc)
+    times.sort()
+    return times
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--duration", type=int, default=8)
+    ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kills", type=int, default=50)
+    ap.add_argument("--no-workerd", action="store_true")
+    args = ap.parse_args()
+
+    subprocess.run(["cargo", "build", "--release", "-p", "weir"], cwd=ROOT, check=True)
+    subprocess.run(["cargo", "build", "--release", "--target", "wasm32-wasip2", "--manifest-path",
+                    str(ROOT / "guests/Cargo.toml"), "--target-dir", str(ROOT / "guests/target")], check=True)
+    tmp = Path(tempfile.mkdtemp(prefix="weir-cluster-bench-"))
+    os.chmod(tmp, 0o755)
+    d, c, t = args.duration, args.connections, args.threads
+    hot = str(WRK / "actor_post.lua")
+    spread = str(WRK / "actor_spread.lua")
+    results = {}
+
+    # Single node, embedded SQLite only.
+    port, proc = start_weir(tmp / "single")
+    try:
+        wait_ready(port, proc, method="POST", path="/probe/hot/incr")
+        results["single"] = run_wrk_script(port, d, c, t, hot, "/probe/hot/incr")
+        report("single node: one hot actor (get+put)", results["single"])
+    finally:
+        kill(proc)
+
+    pg = Postgres(tmp)
+    nodes = []
+    try:
+        for n in ["n1", "n2", "n3"]:
+            nodes.append((n, *start_weir(tmp / n, pg.url(), n)))
+        for n, port, proc in nodes:
+            wait_ready(port, proc, method="POST", path="/probe/warm/incr", timeout=120)
+        # The hot actor's owner, and a node that is not it.
+        post(nodes[0][1], "/probe/hot/incr")
+        owner = pg.owner("actor/gateway/probe/hot")
+        owner_port = next(p for n, p, _ in nodes if n == owner)
+        other_port = next(p for n, p, _ in nodes if n != owner)
+        results["owner"] = run_wrk_script(owner_port, d, c, t, hot, "/probe/hot/incr")
+        report("cluster: one hot actor, load on its owner", results["owner"])
+        results["hop"] = run_wrk_script(other_port, d, c, t, hot, "/probe/hot/incr")
+        report("cluster: one hot actor, load through another node", results["hop"])
+        results["spread"] = spread_over([p for _, p, _ in nodes], d, c, spread, "/probe/NAME/incr")
+        report("cluster: 1,000 actors over 3 nodes, load on all 3", results["spread"])
+        owners = pg.psql("weir", "SELECT n.name, count(*) FROM weir_objects o JOIN weir_nodes n "
+                                 "ON n.session = o.owner WHERE o.key LIKE 'actor/gateway/probe/a%' "
+                                 "GROUP BY n.name ORDER BY n.name")
+        print(f"  actors per node: {owners.replace(chr(10), ', ')}")
+        # What one hop adds, sequential calls on one connection.
+        post(owner_port, "/direct/seq/incr")
+        direct = timed(owner_port, "/direct/seq/incr", 2000)
+        hop = timed(other_port, "/direct/seq/incr", 2000)
+        print(f"sequential calls through the owner:  p50 {pct(direct, 50):.3f} ms  p99 {pct(direct, 99):.3f} ms")
+        print(f"sequential calls through a hop:      p50 {pct(hop, 50):.3f} ms  p99 {pct(hop, 99):.3f} ms"
+              f"  (one hop adds p50 {pct(hop, 50) - pct(direct, 50):.3f} ms)")
+    finally:
+        for _, _, proc in nodes:
+            kill(proc)
+
+    workerd = None if args.no_workerd else find_workerd(ROOT / "bench/.cache/workerd")
+    if workerd:
+        port, proc = start_workerd(workerd, tmp / "workerd")
+        try:
+            wait_ready(port, proc, method="POST", path="/hot")
+            results["workerd"] = run_wrk_script(port, d, c, t, hot, "/hot")
+            report("workerd: one hot Durable Object (get+put)", results["workerd"])
+        finally:
+            kill(proc)
+
+    print()
+    print(f"cluster (owner) / single node: {results['owner']['rps'] / results['single']['rps']:.2f}x req/s")
+    print(f"cluster (one hop) / single node: {results['hop']['rps'] / results['single']['rps']:.2f}x req/s")
+    if "workerd" in results:
+        for key, label in [("owner", "on its owner"), ("hop", "through another node")]:
+            print(f"cluster ({label}) / workerd: {results[key]['rps'] / results['workerd']['rps']:.2f}x req/s, "
+                  f"p99 {results[key]['p99']:.2f} vs {results['workerd']['p99']:.2f} ms")
+
+    if args.kills:
+        times = failover(pg, tmp, args.kills)
+        print(f"failover over {len(times)} kills (cluster_lease_ms=1000): p50 {pct(times, 50):.2f} s, "
+              f"p90 {pct(times, 90):.2f} s, max {times[-1]:.2f} s")
+    pg.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
