@@ -280,9 +280,12 @@ def main():
                                  "GROUP BY n.name ORDER BY n.name")
         print(f"  actors per node: {owners.replace(chr(10), ', ')}")
         # What one hop adds, sequential calls on one connection.
-        post(owner_port, "/direct/seq/incr")
-        direct = timed(owner_port, "/direct/seq/incr", 2000)
-        hop = timed(other_port, "/direct/seq/incr", 2000)
+        post(nodes[0][1], "/direct/seq/incr")
+        seq_owner = pg.owner("actor/gateway/probe/seq")
+        seq_port = next(p for n, p, _ in nodes if n == seq_owner)
+        seq_other = next(p for n, p, _ in nodes if n != seq_owner)
+        direct = timed(seq_port, "/direct/seq/incr", 2000)
+        hop = timed(seq_other, "/direct/seq/incr", 2000)
         print(f"sequential calls through the owner:  p50 {pct(direct, 50):.3f} ms  p99 {pct(direct, 99):.3f} ms")
         print(f"sequential calls through a hop:      p50 {pct(hop, 50):.3f} ms  p99 {pct(hop, 99):.3f} ms"
               f"  (one hop adds p50 {pct(hop, 50) - pct(direct, 50):.3f} ms)")

@@ -79,6 +79,12 @@ impl ActorHost {
             Ok(()) => {
                 self.after_turn(&cell, &live, true);
                 crate::mailbox::compact(&address, live.gate.clone()).await;
+                // Held until its commits settled: an actor leaves memory
+                // (and its WAL may be checkpointed) only once what it
+                // committed is durable where its placement keeps it.
+                if let Some(settled) = live.gate.as_ref().and_then(|g| g.settled()) {
+                    let _ = settled.await;
+                }
             }
             Err(why) => {
                 tracing::warn!(actor = %address, error = %why, "cannot wake an actor for its timers; retrying");

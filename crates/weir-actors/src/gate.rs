@@ -117,6 +117,20 @@ impl TurnGate {
         self.durable.as_ref().map(|d| d.settled())
     }
 
+    /// Calls `done` once what the turn produced may leave (at once on one
+    /// machine).
+    pub fn on_settled(&self, done: Box<dyn FnOnce(Result<(), TurnError>) + Send>) {
+        match &self.durable {
+            Some(durable) => durable.on_settled(done),
+            None => done(Ok(())),
+        }
+    }
+
+    /// True when answers wait for a durable half (cluster mode).
+    pub fn replicated(&self) -> bool {
+        self.durable.is_some()
+    }
+
     /// Why the actor's state here can no longer be trusted, if it cannot.
     pub fn broken(&self) -> Option<TurnError> {
         self.durable.as_ref().and_then(|d| d.broken())
@@ -137,6 +151,22 @@ impl TurnGate {
             durable.snapshot(head, ltx);
         }
         Ok(())
+    }
+
+    /// True when a replica's WAL has grown enough to be checkpointed (see
+    /// [`TurnGate::checkpoint_shipped`]).
+    pub fn checkpoint_due(&self) -> bool {
+        self.durable.is_some()
+            && self.lock().db.wal_frames() > weir_store::replica::CHECKPOINT_WAL_FRAMES
+    }
+
+    /// Checkpoints a replica's WAL into its file: called between turns,
+    /// once everything shipped has settled, so only shipped commits leave
+    /// the WAL.
+    pub fn checkpoint_shipped(&self) -> Result<(), String> {
+        let mut s = self.lock();
+        self.ship(&mut s.db)?;
+        s.db.checkpoint_live().map_err(|e| e.to_string())
     }
 
     /// True when a snapshot would compact the log now.

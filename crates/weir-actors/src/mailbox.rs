@@ -211,12 +211,12 @@ impl ActorHost {
                 ended,
                 claim,
             };
-            match live.gate.as_ref().and_then(|g| g.settled()) {
+            match live.gate.clone().filter(|g| g.replicated()) {
                 None => {
                     drop(live);
                     self.answer(&cell, &class, answer, None);
                 }
-                Some(settled) => {
+                Some(gate) => {
                     // Cluster mode: the next turn runs while this one's
                     // commits travel; its answer leaves once they are
                     // durable (the output gate), or not at all.
@@ -224,10 +224,9 @@ impl ActorHost {
                     drop(live);
                     let host = self.clone();
                     let cell = cell.clone();
-                    tokio::spawn(async move {
-                        let settled = settled.await.err();
-                        host.answer(&cell, &class, answer, settled);
-                    });
+                    gate.on_settled(Box::new(move |settled| {
+                        host.answer(&cell, &class, answer, settled.err());
+                    }));
                 }
             }
         }
@@ -251,7 +250,12 @@ impl ActorHost {
             ended,
             claim,
         } = answer;
-        if let Some(code) = unsettled {
+        // A turn that failed answers its own error; one that succeeded
+        // answers only if what it wrote or read is durable and this node
+        // may still speak for the actor.
+        if let Some(code) = unsettled
+            && report.error.is_none()
+        {
             report.fail(
                 code,
                 Some("the turn's commits did not become durable".into()),
@@ -277,19 +281,21 @@ impl ActorHost {
     }
 }
 
-/// Snapshots a replica whose log has grown enough, between its turns, once
-/// everything it shipped has settled (a brief pause of the actor, once per
-/// log of about its size).
+/// Between a replica's turns: snapshots it when its log has grown enough
+/// (read through SQLite, queued behind its commits: nothing waits), and
+/// checkpoints its WAL when that has grown long, once everything shipped
+/// has settled (a brief pause of the actor, every 32,768 frames).
 pub(crate) async fn compact(address: &ActorAddress, gate: Option<Arc<crate::gate::TurnGate>>) {
     let Some(gate) = gate else { return };
-    if !gate.wants_snapshot() {
-        return;
-    }
-    if let Some(ready) = gate.settled()
-        && ready.await.is_ok()
-        && let Err(why) = gate.snapshot_if_wanted()
-    {
+    if let Err(why) = gate.snapshot_if_wanted() {
         tracing::warn!(actor = %address, error = %why, "cannot snapshot an actor; its log keeps growing until the next try");
+    }
+    if gate.checkpoint_due()
+        && let Some(ready) = gate.settled()
+        && ready.await.is_ok()
+        && let Err(why) = gate.checkpoint_shipped()
+    {
+        tracing::warn!(actor = %address, error = %why, "cannot checkpoint an actor's WAL");
     }
 }
 

@@ -109,6 +109,14 @@ pub trait Durable: Send + Sync {
     /// may still answer for the actor.
     fn settled(&self) -> BoxFuture<'static, Result<(), TurnError>>;
 
+    /// Calls `done` once everything shipped so far is durable (as
+    /// [`Durable::settled`] resolves), in the order of the calls, without
+    /// a task of its own: how answers leave a busy actor.
+    fn on_settled(&self, done: Box<dyn FnOnce(Result<(), TurnError>) + Send>) {
+        let settled = self.settled();
+        tokio::spawn(async move { done(settled.await) });
+    }
+
     /// Why the actor's state here can no longer be trusted, once it cannot.
     fn broken(&self) -> Option<TurnError>;
 

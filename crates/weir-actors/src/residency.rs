@@ -191,6 +191,7 @@ fn close(evicted: Vec<Arc<Cell>>) {
         // Nobody holds an evicted cell: the lock is free.
         if let Ok(live) = cell.live.try_lock()
             && let Some(gate) = &live.gate
+            && gate.broken().is_none()
         {
             gate.with_db(|db| {
                 if db.commits_since_checkpoint() >= CHECKPOINT_ON_CLOSE_COMMITS {

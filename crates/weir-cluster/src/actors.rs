@@ -74,6 +74,12 @@ impl Durable for ActorDurable {
         Box::pin(async move { settled.await.map_err(TurnError::from) })
     }
 
+    fn on_settled(&self, done: Box<dyn FnOnce(Result<(), TurnError>) + Send>) {
+        self.0.on_settled(Box::new(move |result| {
+            done(result.map_err(TurnError::from))
+        }));
+    }
+
     fn broken(&self) -> Option<TurnError> {
         self.0.broken().map(TurnError::from)
     }

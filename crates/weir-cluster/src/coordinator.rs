@@ -74,6 +74,17 @@ pub struct Entry {
     pub checksum: u64,
 }
 
+/// One object's batch of entries for one commit step: they continue from
+/// `previous` (the head its fence last had accepted), and `alarm` is the
+/// object's next alarm after the last of them.
+#[derive(Clone, Debug)]
+pub struct ShipBatch {
+    pub fence: Fence,
+    pub previous: u64,
+    pub entries: Vec<Entry>,
+    pub alarm: Option<i64>,
+}
+
 /// How a claim ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Claimed {
@@ -165,18 +176,13 @@ pub trait Coordinator: Send + Sync + 'static {
         empty_checksum: u64,
     ) -> Result<Claimed, CoordError>;
 
-    /// Appends `entries` (which continue from `previous`, the head the
-    /// fence last accepted) and moves the head to the last of them, with
-    /// the object's next alarm; `false` when the fence no longer holds
-    /// (another owner, another epoch, another head, or a lapsed lease) and
-    /// nothing was written.
-    async fn commit(
-        &self,
-        fence: Fence,
-        previous: u64,
-        entries: &[Entry],
-        alarm: Option<i64>,
-    ) -> Result<bool, CoordError>;
+    /// For each batch (of distinct objects, one session's), appends its
+    /// entries and moves its object's head to the last of them, with the
+    /// object's next alarm — where the batch's fence still holds; each
+    /// batch is kept or not on its own, and the answer says which
+    /// (`false`: another owner, another epoch, another head, or a lapsed
+    /// lease; nothing of it was written). One atomic step.
+    async fn commit_many(&self, batches: &[ShipBatch]) -> Result<Vec<bool>, CoordError>;
 
     /// Stores a snapshot at `head` and drops the log and snapshots it
     /// makes redundant; `false` when the fence no longer holds.

@@ -13,7 +13,8 @@
 //!   implementation;
 //! - [`lease`]: the node's session and its own judgement of it;
 //! - [`ownership`]: who owns what, claims and placement;
-//! - [`shipper`]: commits made durable through the fence, in order;
+//! - [`shipper`]: commits made durable through the fence, in order, and
+//!   [`committer`]: several objects' commits in one statement;
 //! - [`replicas`]: local copies made current before they open;
 //! - [`actors`]: the actor placement; [`alarms`]: alarms of actors whose
 //!   owner died;
@@ -22,6 +23,7 @@
 
 pub mod actors;
 pub mod alarms;
+pub mod committer;
 pub mod config;
 pub mod coordinator;
 pub mod envelope;

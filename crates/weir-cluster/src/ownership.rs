@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
+use crate::committer::Committer;
 use crate::coordinator::{Claimed, CoordError, Coordinator, Fence, NodeInfo, ObjectState, Owner};
 use crate::error_code::ClusterErrorCode;
 use crate::lease::{Held, Lease};
@@ -58,6 +59,7 @@ pub enum Located {
 /// What this node knows of who owns what.
 pub struct Ownership {
     coordinator: Arc<dyn Coordinator>,
+    committer: Committer,
     lease: Arc<Lease>,
     owned: Mutex<HashMap<String, Owned>>,
     elsewhere: Mutex<HashMap<String, Arc<str>>>,
@@ -84,8 +86,11 @@ fn unavailable(e: CoordError) -> ClusterErrorCode {
 }
 
 impl Ownership {
+    /// The node's ownership, with its committer (started on the runtime
+    /// this is called in).
     pub fn new(coordinator: Arc<dyn Coordinator>, lease: Arc<Lease>) -> Ownership {
         Ownership {
+            committer: Committer::start(coordinator.clone()),
             coordinator,
             lease,
             owned: Mutex::new(HashMap::new()),
@@ -99,6 +104,11 @@ impl Ownership {
 
     pub fn coordinator(&self) -> &Arc<dyn Coordinator> {
         &self.coordinator
+    }
+
+    /// Where this node's commits go, several objects' at a time.
+    pub fn committer(&self) -> &Committer {
+        &self.committer
     }
 
     fn owned_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Owned>> {

@@ -17,8 +17,8 @@ use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
 use crate::coordinator::{
-    Claimed, CoordError, Coordinator, DueObject, Entry, Fence, History, NodeInfo, ObjectState,
-    Owner, Registration, Renewal, SessionId,
+    Claimed, CoordError, Coordinator, DueObject, Fence, History, NodeInfo, ObjectState, Owner,
+    Registration, Renewal, SessionId, ShipBatch,
 };
 
 /// Connections one node keeps to PostgreSQL at most: every actor shipping
@@ -406,62 +406,97 @@ impl Coordinator for Postgres {
         })
     }
 
-    async fn commit(
-        &self,
-        fence: Fence,
-        previous: u64,
-        entries: &[Entry],
-        alarm: Option<i64>,
-    ) -> Result<bool, CoordError> {
-        let Some(last) = entries.last() else {
-            return Ok(true);
+    async fn commit_many(&self, all: &[ShipBatch]) -> Result<Vec<bool>, CoordError> {
+        let batches: Vec<&ShipBatch> = all.iter().filter(|b| !b.entries.is_empty()).collect();
+        let Some(first) = batches.first() else {
+            return Ok(vec![true; all.len()]);
         };
-        let heads: Vec<i64> = entries.iter().map(|e| e.head as i64).collect();
-        let ltx: Vec<&[u8]> = entries.iter().map(|e| e.ltx.as_slice()).collect();
-        let bytes: i64 = entries.iter().map(|e| e.ltx.len() as i64).sum();
-        timed(async {
+        let session = first.fence.session;
+        // Per object: its fence, where it was, where it goes.
+        let mut objects = Vec::with_capacity(batches.len());
+        let mut epochs = Vec::with_capacity(batches.len());
+        let mut previous = Vec::with_capacity(batches.len());
+        let mut heads = Vec::with_capacity(batches.len());
+        let mut checksums = Vec::with_capacity(batches.len());
+        let mut alarms = Vec::with_capacity(batches.len());
+        let mut bytes = Vec::with_capacity(batches.len());
+        // Per entry.
+        let mut entry_objects = Vec::new();
+        let mut entry_heads = Vec::new();
+        let mut entry_ltx: Vec<&[u8]> = Vec::new();
+        for b in &batches {
+            let last = b.entries.last().expect("not empty");
+            objects.push(b.fence.object);
+            epochs.push(b.fence.epoch);
+            previous.push(b.previous as i64);
+            heads.push(last.head as i64);
+            checksums.push(last.checksum as i64);
+            alarms.push(b.alarm);
+            bytes.push(b.entries.iter().map(|e| e.ltx.len() as i64).sum::<i64>());
+            for e in &b.entries {
+                entry_objects.push(b.fence.object);
+                entry_heads.push(e.head as i64);
+                entry_ltx.push(&e.ltx);
+            }
+        }
+        let kept: Vec<i64> = timed(async {
             let client = self.client().await?;
-            // One statement, so one round trip and one transaction: the
-            // fence moves the head only if it still holds, and the entries
-            // are written only where it moved.
+            // One statement, so one round trip and one transaction: each
+            // object's fence moves its head only if it still holds, and
+            // its entries are written only where it moved.
             let stmt = client
-                .prepare_cached(&format!(
-                    "WITH fence AS (
+                .prepare_cached(
+                    "WITH input AS (
+                        SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[],
+                                             $5::bigint[], $6::bigint[], $7::bigint[])
+                            AS i(object, epoch, previous, head, checksum, alarm, bytes)
+                     ), fence AS (
                         UPDATE weir_objects o
-                        SET head = $5, checksum = $6, alarm_at = $7, log_bytes = o.log_bytes + $8
-                        WHERE o.id = $1 AND o.owner = $2 AND o.epoch = $3 AND o.head = $4 AND {LIVE}
+                        SET head = i.head, checksum = i.checksum, alarm_at = i.alarm,
+                            log_bytes = o.log_bytes + i.bytes
+                        FROM input i
+                        WHERE o.id = i.object AND o.owner = $8 AND o.epoch = i.epoch
+                          AND o.head = i.previous
+                          AND EXISTS (SELECT 1 FROM weir_nodes n WHERE n.session = $8 AND n.expires_at > now())
                         RETURNING o.id
                      ), logged AS (
                         INSERT INTO weir_log (object, head, ltx)
-                        SELECT fence.id, e.head, e.ltx FROM fence, unnest($9::bigint[], $10::bytea[]) AS e(head, ltx)
+                        SELECT e.object, e.head, e.ltx
+                        FROM unnest($9::bigint[], $10::bigint[], $11::bytea[]) AS e(object, head, ltx)
+                        WHERE e.object IN (SELECT id FROM fence)
                         RETURNING 1
                      )
-                     SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM logged)"
-                ))
+                     SELECT coalesce(array_agg(id), '{}') FROM fence",
+                )
                 .await
                 .map_err(classify)?;
             let row = client
                 .query_one(
                     &stmt,
                     &[
-                        &fence.object,
-                        &fence.session,
-                        &fence.epoch,
-                        &(previous as i64),
-                        &(last.head as i64),
-                        &(last.checksum as i64),
-                        &alarm,
-                        &bytes,
+                        &objects,
+                        &epochs,
+                        &previous,
                         &heads,
-                        &ltx,
+                        &checksums,
+                        &alarms,
+                        &bytes,
+                        &session,
+                        &entry_objects,
+                        &entry_heads,
+                        &entry_ltx,
                     ],
                 )
                 .await
                 .map_err(classify)?;
-            let fenced: i64 = row.get(0);
-            Ok(fenced == 1)
+            Ok(row.get(0))
         })
-        .await
+        .await?;
+        // An empty batch moves nothing and is kept as it is.
+        Ok(all
+            .iter()
+            .map(|b| b.entries.is_empty() || kept.contains(&b.fence.object))
+            .collect())
     }
 
     async fn snapshot(&self, fence: Fence, head: u64, ltx: &[u8]) -> Result<bool, CoordError> {
@@ -476,10 +511,6 @@ impl Coordinator for Postgres {
                      ), stored AS (
                         INSERT INTO weir_snapshots (object, head, ltx)
                         SELECT id, $4, $5 FROM fence ON CONFLICT DO NOTHING RETURNING 1
-                     ), old_log AS (
-                        DELETE FROM weir_log WHERE object = $1 AND head <= $4 AND EXISTS (SELECT 1 FROM fence)
-                     ), old_snapshots AS (
-                        DELETE FROM weir_snapshots WHERE object = $1 AND head < $4 AND EXISTS (SELECT 1 FROM fence)
                      )
                      SELECT count(*) FROM fence"
                 ))
@@ -492,7 +523,34 @@ impl Coordinator for Postgres {
                 )
                 .await
                 .map_err(classify)?;
-            Ok(row.get::<_, i64>(0) == 1)
+            let stored = row.get::<_, i64>(0) == 1;
+            if stored {
+                // What the snapshot makes redundant goes in a transaction
+                // of its own, outside the owner row's lock and off the
+                // shipper's way (its next commit does not wait for it):
+                // history up to a stored snapshot never changes, and
+                // commits meanwhile write only later heads.
+                let pool = self.pool.clone();
+                let (object, head) = (fence.object, head as i64);
+                tokio::spawn(async move {
+                    let dropped = timed(async {
+                        let client = pool.get().await.map_err(unavailable)?;
+                        client
+                            .execute(
+                                "WITH old_log AS (DELETE FROM weir_log WHERE object = $1 AND head <= $2)
+                                 DELETE FROM weir_snapshots WHERE object = $1 AND head < $2",
+                                &[&object, &head],
+                            )
+                            .await
+                            .map_err(classify)
+                    })
+                    .await;
+                    if let Err(e) = dropped {
+                        tracing::warn!(error = %e, "cannot drop a log a snapshot made redundant; the next snapshot will");
+                    }
+                });
+            }
+            Ok(stored)
         })
         .await
     }

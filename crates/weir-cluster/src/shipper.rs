@@ -121,7 +121,13 @@ struct State {
     db_bytes: u64,
     snapshot: Option<(u64, Vec<u8>)>,
     running: bool,
+    /// What waits for a head to be accepted, in head order: released by
+    /// the shipping task itself, with no task of their own.
+    waiters: std::collections::VecDeque<(u64, Waiter)>,
 }
+
+/// Something to do once the commits before it are accepted (or failed).
+pub type Waiter = Box<dyn FnOnce(Result<(), ClusterErrorCode>) + Send>;
 
 struct Inner {
     key: String,
@@ -168,6 +174,7 @@ impl Shipper {
                     db_bytes: 0,
                     snapshot: None,
                     running: false,
+                    waiters: std::collections::VecDeque::new(),
                 }),
                 progress: watch::channel(Progress {
                     shipped: head,
@@ -240,6 +247,53 @@ impl Shipper {
         }
     }
 
+    /// Calls `done` once everything queued until now was accepted (with
+    /// whether this node may still answer for the object), or failed: at
+    /// once if it is settled already, else from the shipping task, in the
+    /// order the calls were made.
+    pub fn on_settled(&self, done: Waiter) {
+        let ready = {
+            let mut s = self.lock();
+            match s.failure {
+                Some(failure) => Err(failure),
+                None if s.shipped >= s.queued => Ok(()),
+                None => {
+                    let target = s.queued;
+                    s.waiters.push_back((target, done));
+                    return;
+                }
+            }
+        };
+        done(ready.and_then(|()| self.inner.may_answer()));
+    }
+
+    /// Calls the waiters whose heads are accepted now (or all of them,
+    /// with the failure).
+    fn release(&self) {
+        let (ready, result) = {
+            let mut s = self.lock();
+            let result = match s.failure {
+                Some(failure) => Err(failure),
+                None => Ok(()),
+            };
+            let mut ready = Vec::new();
+            while let Some((target, _)) = s.waiters.front() {
+                if result.is_ok() && *target > s.shipped {
+                    break;
+                }
+                ready.push(s.waiters.pop_front().expect("a front").1);
+            }
+            (ready, result)
+        };
+        if ready.is_empty() {
+            return;
+        }
+        let result = result.and_then(|()| self.inner.may_answer());
+        for done in ready {
+            done(result);
+        }
+    }
+
     /// Why the object's state here can no longer be trusted, once it
     /// cannot: a batch failed, or the session it was claimed under ended.
     pub fn broken(&self) -> Option<ClusterErrorCode> {
@@ -249,6 +303,12 @@ impl Shipper {
         let lease = self.inner.ownership.lease();
         (lease.generation() != self.inner.owned.held.generation)
             .then_some(ClusterErrorCode::OwnershipLost)
+    }
+
+    /// True when everything queued was accepted and nothing failed.
+    pub fn idle(&self) -> bool {
+        let s = self.lock();
+        s.failure.is_none() && s.shipped == s.queued
     }
 
     /// True when a snapshot would compact the log.
@@ -288,12 +348,14 @@ impl Shipper {
         self.inner
             .progress
             .send_modify(|p| p.failure = Some(failure));
+        self.release();
     }
 
     /// Ships batches until the queue is empty.
     async fn run(self) {
         let fence = self.inner.owned.fence();
         let coordinator = self.inner.ownership.coordinator().clone();
+        let ownership = self.inner.ownership.clone();
         loop {
             let (batch, alarm, previous, snapshot) = {
                 let mut s = self.lock();
@@ -349,9 +411,16 @@ impl Shipper {
             }
             let last = batch.last().expect("a batch is never empty");
             let bytes: u64 = batch.iter().map(|e| e.ltx.len() as u64).sum();
-            match coordinator.commit(fence, previous, &batch, alarm).await {
+            let sent = std::time::Instant::now();
+            let (entries, last) = (batch.len(), (last.head, last.checksum));
+            let committed = ownership
+                .committer()
+                .commit(fence, previous, batch, alarm)
+                .await;
+            tracing::debug!(key = %self.inner.key, entries, bytes, us = sent.elapsed().as_micros() as u64, "shipped");
+            match committed {
                 Ok(true) => {
-                    let (head, checksum) = (last.head, last.checksum);
+                    let (head, checksum) = last;
                     let log_bytes = {
                         let mut s = self.lock();
                         s.shipped = head;
@@ -367,6 +436,7 @@ impl Shipper {
                     );
                     self.inner.records.shipped(&self.inner.key, head);
                     self.inner.progress.send_modify(|p| p.shipped = head);
+                    self.release();
                 }
                 Ok(false) => {
                     tracing::warn!(key = %self.inner.key, epoch = fence.epoch, "a commit was fenced: another node owns the object now");
@@ -395,7 +465,9 @@ impl Inner {
     async fn may_commit(&self, coordinator: &dyn Coordinator) -> Result<(), ClusterErrorCode> {
         match self.may_answer() {
             Err(ClusterErrorCode::StorageUnavailable) => {
-                match coordinator.lookup(&self.key, self.owned.held.session).await {
+                let owner = coordinator.lookup(&self.key, self.owned.held.session).await;
+                tracing::warn!(key = %self.key, ?owner, "this node's lease lapsed before a commit was sent");
+                match owner {
                     Ok(Owner::Me(state)) if state.epoch == self.owned.state.epoch => {
                         Err(ClusterErrorCode::StorageUnavailable)
                     }

@@ -71,6 +71,13 @@ impl Replica {
             Replica::Sql(d) => d.snapshot(),
         }
     }
+
+    fn checkpoint(&self) -> Result<bool, weir_store::replica::ReplicaError> {
+        match self {
+            Replica::Kv(s) => s.checkpoint(),
+            Replica::Sql(d) => d.checkpoint(),
+        }
+    }
 }
 
 struct Open {
@@ -228,15 +235,23 @@ impl StorePlacement {
     }
 
     /// Waits for the call's commits (and those it read) to be durable,
-    /// then snapshots the replica if its log has grown enough.
+    /// then snapshots the replica if its log has grown enough, and
+    /// checkpoints its WAL if that has grown long and all of it is shipped.
     async fn settle(&self, open: &Arc<Open>) -> Result<(), ClusterErrorCode> {
         open.shipper.settled().await?;
-        if open.shipper.wants_snapshot() {
+        let checkpoint = open.replica.capture().is_some_and(|c| c.checkpoint_due());
+        if open.shipper.wants_snapshot() || checkpoint {
             let taken = open.clone();
             let snapshot = self
                 .pool
                 .run(move || {
                     ship(&taken)?;
+                    if checkpoint && taken.shipper.idle() {
+                        let _ = taken.replica.checkpoint();
+                    }
+                    if !taken.shipper.wants_snapshot() {
+                        return Ok(None);
+                    }
                     taken.replica.snapshot().map_err(|e| {
                         tracing::warn!(error = %e, "cannot snapshot a store");
                         ClusterErrorCode::StorageUnavailable

@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use weir_cluster::coordinator::{
     Claimed, CoordError, Coordinator, DueObject, Entry, Fence, History, Owner, Registration,
-    Renewal, SessionId,
+    Renewal, SessionId, ShipBatch,
 };
 use weir_cluster::lease::Lease;
 use weir_cluster::ownership::{Located, Owned, Ownership};
@@ -214,16 +214,15 @@ impl Coordinator for Link {
         self.call(move |m| m.claim(&key, session, empty)).await
     }
 
-    async fn commit(
-        &self,
-        fence: Fence,
-        previous: u64,
-        entries: &[Entry],
-        alarm: Option<i64>,
-    ) -> Result<bool, CoordError> {
-        let entries = entries.to_vec();
-        self.call(move |m| m.commit(fence, previous, &entries, alarm))
-            .await
+    async fn commit_many(&self, batches: &[ShipBatch]) -> Result<Vec<bool>, CoordError> {
+        let batches = batches.to_vec();
+        self.call(move |m| {
+            batches
+                .iter()
+                .map(|b| m.commit(b.fence, b.previous, &b.entries, b.alarm))
+                .collect()
+        })
+        .await
     }
 
     async fn snapshot(&self, _fence: Fence, _head: u64, _ltx: &[u8]) -> Result<bool, CoordError> {

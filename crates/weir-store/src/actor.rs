@@ -206,7 +206,9 @@ impl ActorDb {
         // SQLite checkpoints the WAL itself every 1,000 pages (its default,
         // kept: a longer WAL makes each checkpoint's fsync longer), and
         // keeps the file at most this size afterwards.
-        conn.pragma_update(None, "journal_size_limit", WAL_KEEP_BYTES)?;
+        if capture.is_none() {
+            conn.pragma_update(None, "journal_size_limit", WAL_KEEP_BYTES)?;
+        }
         let confinement = Confinement::install(&conn, Some(RESERVED_PREFIX));
         Ok(ActorDb {
             conn,
@@ -248,12 +250,14 @@ impl ActorDb {
             return Ok(None);
         };
         match crate::replica::snapshot(&self.conn, capture)? {
-            Some(snapshot) => {
-                self.commits = 0;
-                Ok(Some(snapshot))
-            }
+            Some(snapshot) => Ok(Some(snapshot)),
             None => Err(ActorStoreError::Untaken),
         }
+    }
+
+    /// Frames a replica's WAL has grown to since its last checkpoint.
+    pub fn wal_frames(&self) -> u64 {
+        self.capture.as_ref().map_or(0, |c| c.wal_frames())
     }
 
     /// Bounds what one call hands back to the guest (`max_sql_result_bytes`).
@@ -331,9 +335,19 @@ impl ActorDb {
     /// starts over.
     ///
     /// A replica's WAL is checkpointed only when every commit in it was
-    /// taken, and truncated, so that its capture starts over from a file
-    /// that holds the whole state.
+    /// taken, so that its capture starts over from a file that holds the
+    /// whole state; here (as the actor closes) its WAL is also truncated.
     pub fn checkpoint(&mut self) -> Result<(), ActorStoreError> {
+        self.checkpoint_with(crate::replica::Fold::Closing)
+    }
+
+    /// [`ActorDb::checkpoint`] of a replica in use: its WAL starts over in
+    /// the same file.
+    pub fn checkpoint_live(&mut self) -> Result<(), ActorStoreError> {
+        self.checkpoint_with(crate::replica::Fold::Live)
+    }
+
+    fn checkpoint_with(&mut self, fold: crate::replica::Fold) -> Result<(), ActorStoreError> {
         if self.in_turn {
             return Ok(());
         }
@@ -343,7 +357,7 @@ impl ActorDb {
                     .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
             }
             Some(capture) => {
-                if !crate::replica::checkpoint(&self.conn, capture)? {
+                if !crate::replica::checkpoint(&self.conn, capture, fold)? {
                     return Err(ActorStoreError::Untaken);
                 }
             }

@@ -261,6 +261,15 @@ impl KvStore {
         }
     }
 
+    /// Checkpoints a replica's WAL into its file (its caller knows it is
+    /// all shipped); false when commits were not yet taken.
+    pub fn checkpoint(&self) -> Result<bool, replica::ReplicaError> {
+        match &self.capture {
+            Some(capture) => capture.checkpoint(&self.conn()),
+            None => Ok(false),
+        }
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

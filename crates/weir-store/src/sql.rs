@@ -229,6 +229,17 @@ impl SqlDatabase {
         self.capture.as_ref()
     }
 
+    /// Checkpoints a replica's WAL into its file (its caller knows it is
+    /// all shipped); false when commits were not yet taken.
+    pub fn checkpoint(&self) -> Result<bool, crate::replica::ReplicaError> {
+        match &self.capture {
+            Some(capture) => {
+                capture.checkpoint(&self.conn.lock().unwrap_or_else(|p| p.into_inner()))
+            }
+            None => Ok(false),
+        }
+    }
+
     /// A replica's snapshot at its last taken commit; `None` outside a
     /// replica or while commits are not yet taken.
     pub fn snapshot(&self) -> Result<Option<(u64, Vec<u8>)>, crate::replica::ReplicaError> {

@@ -264,11 +264,17 @@ async fn killing_the_owner_fifty_times_under_writes_loses_no_acknowledged_write(
     );
 }
 
-/// The three test nodes and which of them owns `actor` (created first).
-async fn three_and_the_owner(pg: &Postgres, test: &str, actor: &str) -> (Vec<Weir>, usize) {
+/// The three test nodes (with `extra` arguments) and which of them owns
+/// `actor` (created first).
+async fn three_and_the_owner(
+    pg: &Postgres,
+    test: &str,
+    actor: &str,
+    extra: &[&str],
+) -> (Vec<Weir>, usize) {
     let nodes: Vec<Weir> = ["n1", "n2", "n3"]
         .iter()
-        .map(|n| node(pg, n, &node_dir(test, n), &[]))
+        .map(|n| node(pg, n, &node_dir(test, n), extra))
         .collect();
     let r = nodes[0]
         .send(
@@ -286,7 +292,10 @@ async fn three_and_the_owner(pg: &Postgres, test: &str, actor: &str) -> (Vec<Wei
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_owner_is_fenced_and_never_overwrites_the_new_owner() {
     let pg = Postgres::start();
-    let (nodes, x) = three_and_the_owner(&pg, "paused", "split").await;
+    // The stopped turn must outlive the pause: its deadline is longer, so
+    // that it reaches its commit when the node runs again.
+    let (nodes, x) =
+        three_and_the_owner(&pg, "paused", "split", &["--limit", "event_limit_ms=10000"]).await;
     let y = (x + 1) % 3;
     let r = until_ok(&nodes[x], "POST", "/direct/split/put?key=before", "before").await;
     assert_eq!(r.status, 200);
@@ -355,7 +364,8 @@ async fn a_paused_owner_is_fenced_and_never_overwrites_the_new_owner() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_that_may_have_run_is_never_sent_again() {
     let pg = Postgres::start();
-    let (mut nodes, x) = three_and_the_owner(&pg, "once", "once").await;
+    let (mut nodes, x) =
+        three_and_the_owner(&pg, "once", "once", &["--limit", "event_limit_ms=10000"]).await;
     let y = (x + 1) % 3;
     // Through another node, a turn that writes, waits and writes; its
     // owner dies in the wait. The hop cannot know whether it ran.
@@ -404,7 +414,7 @@ async fn a_call_that_may_have_run_is_never_sent_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timers_of_an_owner_that_died_fire_on_another_node() {
     let pg = Postgres::start();
-    let (mut nodes, x) = three_and_the_owner(&pg, "timers", "t").await;
+    let (mut nodes, x) = three_and_the_owner(&pg, "timers", "t", &[]).await;
     let r = until_ok(
         &nodes[x],
         "POST",

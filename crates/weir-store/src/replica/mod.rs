@@ -33,6 +33,12 @@ use litetx::{Encoder, Header, HeaderFlags, PageChecksum, PageNum, PageSize, TXID
 
 use self::wal::{WalCursor, WalError};
 
+/// Frames past which a replica's WAL is checkpointed into its file, once
+/// everything in it is shipped: 64 MiB of 2 KiB pages. Rarely, because the
+/// checkpoint waits for the shipments in flight (snapshots never need
+/// one: they read the database through SQLite).
+pub const CHECKPOINT_WAL_FRAMES: u64 = 32_768;
+
 /// The checksum of a database with no pages: where every history starts.
 pub const EMPTY: Checksum = Checksum::new(0);
 
@@ -114,6 +120,8 @@ pub struct Capture {
     /// The database is new: its file holds nothing of the history (SQLite
     /// may have written a header page when it switched to WAL mode).
     fresh: bool,
+    /// The WAL, open once it exists.
+    wal: Option<File>,
 }
 
 impl Capture {
@@ -134,6 +142,7 @@ impl Capture {
             changed: HashMap::new(),
             file_pages,
             fresh: false,
+            wal: None,
         }
     }
 
@@ -191,7 +200,15 @@ impl Capture {
 
     /// The commits made since the last call, as log entries, in order.
     pub fn take(&mut self) -> Result<Vec<LogEntry>, ReplicaError> {
-        let commits = wal::read_commits(&self.wal_path, self.page_size, &mut self.cursor)?;
+        if self.wal.is_none() {
+            match File::open(&self.wal_path) {
+                Ok(file) => self.wal = Some(file),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let wal = self.wal.as_ref().expect("opened above");
+        let commits = wal::read_commits_from(wal, self.page_size, &mut self.cursor)?;
         let mut entries = Vec::with_capacity(commits.len());
         let mut file = None;
         for commit in commits {
@@ -257,7 +274,7 @@ impl Capture {
     }
 
     /// The file holds the whole state again: its owner checkpointed the
-    /// WAL into it and truncated the WAL (after [`Capture::take`]).
+    /// WAL into it (after [`Capture::take`]), and the WAL starts over.
     pub fn checkpointed(&mut self) {
         self.changed.clear();
         self.file_pages = self.db_pages;
@@ -265,20 +282,32 @@ impl Capture {
         self.cursor = WalCursor::default();
     }
 
-    /// A snapshot of every page at the last captured commit, read from
-    /// the file, which must hold the whole state (right after
-    /// [`Capture::checkpointed`]). Its checksum is checked against the
-    /// running one: a file that is not what the history says is refused.
-    pub fn snapshot(&self) -> Result<Vec<u8>, ReplicaError> {
-        let file = File::open(&self.db_path)?;
+    /// A snapshot of every page at the last captured commit, from
+    /// `image`, the database as SQLite reads it now (its file and WAL
+    /// together, see [`snapshot`]). Its checksum is checked against the
+    /// running one: an image that is not what the history says is refused.
+    pub fn snapshot_of(&self, image: &[u8]) -> Result<Vec<u8>, ReplicaError> {
+        let size = self.page_size as usize;
+        if image.len() != self.db_pages as usize * size {
+            return Err(ReplicaError::Discontinuous(format!(
+                "the database holds {} bytes; its history says {} pages",
+                image.len(),
+                self.db_pages
+            )));
+        }
         let lock = lock_page(self.page_size);
-        let mut pages = Vec::with_capacity(self.db_pages as usize);
         let mut sum = EMPTY;
-        for pgno in (1..=self.db_pages).filter(|p| *p != lock) {
-            let mut page = vec![0u8; self.page_size as usize];
-            file.read_exact_at(&mut page, u64::from(pgno - 1) * u64::from(self.page_size))?;
-            sum = sum ^ page.page_checksum(page_num(pgno)?);
-            pages.push((pgno, page));
+        let pages: Vec<(u32, &[u8])> = (1..=self.db_pages)
+            .filter(|p| *p != lock)
+            .map(|pgno| {
+                (
+                    pgno,
+                    &image[(pgno as usize - 1) * size..pgno as usize * size],
+                )
+            })
+            .collect();
+        for (pgno, page) in &pages {
+            sum = sum ^ page.page_checksum(page_num(*pgno)?);
         }
         if sum != self.checksum {
             return Err(ReplicaError::Checksum {
@@ -291,9 +320,15 @@ impl Capture {
             self.db_pages.max(1),
             (txid(0), txid(self.head)),
             None,
-            pages.iter().map(|(p, d)| (*p, d.as_slice())),
+            pages.into_iter(),
             sum,
         )
+    }
+
+    /// Frames of the WAL read so far: how long the WAL has grown since
+    /// its last checkpoint.
+    pub fn wal_frames(&self) -> u64 {
+        self.cursor.frames
     }
 }
 
@@ -302,6 +337,11 @@ impl Capture {
 /// on its own or at close, and what its WAL holds at a resume is folded
 /// into the file first, so the capture starts from a file that holds the
 /// whole state. Its page size is the database's.
+///
+/// A replica's file is a cache of its durable copy, never trusted after a
+/// restart until its checksum says it is current (see
+/// [`restore::settle`]): it is written without fsyncs (`synchronous =
+/// OFF`), so neither commits nor checkpoints wait for the disk.
 pub fn attach(
     conn: &rusqlite::Connection,
     path: &Path,
@@ -312,6 +352,10 @@ pub fn attach(
         true,
     )?;
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+    conn.pragma_update(None, "synchronous", "OFF")?;
+    // A WAL starting over after a live checkpoint keeps its file whole:
+    // truncating it then would make a commit wait for the file system.
+    conn.pragma_update(None, "journal_size_limit", -1)?;
     let page_size: u32 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
     Ok(match start {
         ReplicaStart::Fresh => Capture::fresh(path, page_size),
@@ -322,31 +366,52 @@ pub fn attach(
     })
 }
 
-/// Checkpoints a replica's WAL into its file and truncates it — refused
-/// (`Ok(false)`) while it holds commits not yet taken.
+/// How a replica's WAL is checkpointed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fold {
+    /// While it is in use: the WAL's pages go into the file and its next
+    /// commit starts the WAL over, in the same file (nothing is freed on
+    /// the way, so nothing waits for the file system).
+    Live,
+    /// When it closes: the WAL file is also truncated, its space returned.
+    Closing,
+}
+
+/// Checkpoints a replica's WAL into its file — refused (`Ok(false)`)
+/// while it holds commits not yet taken.
 pub fn checkpoint(
     conn: &rusqlite::Connection,
     capture: &mut Capture,
+    fold: Fold,
 ) -> Result<bool, ReplicaError> {
     if capture.untaken()? {
         return Ok(false);
     }
-    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+    let pragma = match fold {
+        Fold::Live => "PRAGMA wal_checkpoint(PASSIVE)",
+        Fold::Closing => "PRAGMA wal_checkpoint(TRUNCATE)",
+    };
+    conn.query_row(pragma, [], |_| Ok(()))
         .map_err(|e| ReplicaError::Io(std::io::Error::other(e)))?;
     capture.checkpointed();
     Ok(true)
 }
 
-/// A snapshot of a replica at its last taken commit, its WAL checkpointed
-/// first: `(head, LTX)`, or `None` while commits are not yet taken.
+/// A snapshot of a replica at its last taken commit: `(head, LTX)`, or
+/// `None` while commits are not yet taken.
 pub fn snapshot(
     conn: &rusqlite::Connection,
     capture: &mut Capture,
 ) -> Result<Option<(u64, Vec<u8>)>, ReplicaError> {
-    if !checkpoint(conn, capture)? {
+    if capture.untaken()? {
         return Ok(None);
     }
-    Ok(Some((capture.head(), capture.snapshot()?)))
+    // The database as SQLite reads it, WAL and all: no checkpoint, so
+    // nothing waits and nothing is written.
+    let image = conn
+        .serialize(rusqlite::MAIN_DB)
+        .map_err(|e| ReplicaError::Io(std::io::Error::other(e)))?;
+    Ok(Some((capture.head(), capture.snapshot_of(&image)?)))
 }
 
 /// The capture of a database shared between threads (a store or a SQL
@@ -372,6 +437,17 @@ impl SharedCapture {
             ship(log);
         }
         Ok(())
+    }
+
+    /// True when the WAL has grown past [`CHECKPOINT_WAL_FRAMES`].
+    pub fn checkpoint_due(&self) -> bool {
+        self.lock().wal_frames() > CHECKPOINT_WAL_FRAMES
+    }
+
+    /// A live [`checkpoint`] of the database `conn` is open on; false
+    /// when commits were not yet taken.
+    pub fn checkpoint(&self, conn: &rusqlite::Connection) -> Result<bool, ReplicaError> {
+        checkpoint(conn, &mut self.lock(), Fold::Live)
     }
 
     /// [`snapshot`] of the database `conn` is open on (its caller holds

@@ -283,15 +283,22 @@ mod tests {
         );
         assert_eq!(rows(&replica).len(), 34);
 
-        // A snapshot at head 53, then more commits: the snapshot and the
-        // entries after it rebuild the same database.
-        let snapshot = capture.snapshot().unwrap();
+        // A snapshot at head 54 (read through SQLite, WAL and all: this
+        // commit is not checkpointed), then more commits: the snapshot and
+        // the entries after it rebuild the same database.
+        conn.execute("INSERT INTO t (v) VALUES (x'bb')", [])
+            .unwrap();
+        assert_eq!(capture.take().unwrap().len(), 1);
+        let (at, snapshot) = super::super::snapshot(&conn, &mut capture)
+            .unwrap()
+            .unwrap();
+        assert_eq!(at, 54);
         conn.execute("UPDATE t SET v = x'ff' WHERE id = 1", [])
             .unwrap();
         conn.execute("INSERT INTO t (v) VALUES (x'aa')", [])
             .unwrap();
         let tail = capture.take().unwrap();
-        assert_eq!(tail.iter().map(|e| e.head).collect::<Vec<_>>(), [54, 55]);
+        assert_eq!(tail.iter().map(|e| e.head).collect::<Vec<_>>(), [55, 56]);
         let again = dir.join("again.sqlite3");
         let restored = restore(
             &again,
@@ -300,7 +307,7 @@ mod tests {
             tail.iter().map(|e| e.ltx.as_slice()),
         )
         .unwrap();
-        assert_eq!(restored.head, 55);
+        assert_eq!(restored.head, 56);
         assert_eq!(restored.checksum, capture.checksum());
         drop(conn);
         assert_eq!(rows(&again), rows(&source));
@@ -347,5 +354,41 @@ mod tests {
         );
         assert_eq!(std::fs::read(&target).unwrap(), b"the old copy");
         assert!(!dir.join("target.sqlite3-restoring").exists());
+    }
+
+    #[test]
+    fn a_live_checkpoint_starts_the_wal_over_and_the_log_still_rebuilds_it() {
+        let dir = dir("live");
+        let source = dir.join("source.sqlite3");
+        let conn = open(&source);
+        let mut capture = Capture::fresh(&source, 2048);
+        conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
+            .unwrap();
+        let mut log = Vec::new();
+        for round in 0..4 {
+            for i in 0..20 {
+                conn.execute(
+                    "INSERT INTO t (v) VALUES (?1)",
+                    [vec![round as u8; 100 + i * 30]],
+                )
+                .unwrap();
+            }
+            log.extend(capture.take().unwrap());
+            // The WAL's pages go into the file; the next commit writes
+            // the WAL from its start again, under new salts.
+            assert!(
+                super::super::checkpoint(&conn, &mut capture, super::super::Fold::Live).unwrap()
+            );
+        }
+        let wal = std::fs::metadata(super::super::wal_path(&source))
+            .unwrap()
+            .len();
+        assert!(wal > 0, "a live checkpoint keeps the WAL's file");
+        let replica = dir.join("replica.sqlite3");
+        let restored = restore(&replica, 2048, None, log.iter().map(|e| e.ltx.as_slice())).unwrap();
+        assert_eq!(restored.head, 81);
+        assert_eq!(restored.checksum, capture.checksum());
+        drop(conn);
+        assert_eq!(rows(&replica), rows(&source));
     }
 }

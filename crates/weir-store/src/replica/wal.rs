@@ -92,11 +92,21 @@ pub fn read_commits(
     page_size: u32,
     cursor: &mut WalCursor,
 ) -> Result<Vec<WalCommit>, WalError> {
-    let file = match File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e.into()),
-    };
+    match File::open(path) {
+        Ok(file) => read_commits_from(&file, page_size, cursor),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// [`read_commits`] from a WAL file already open (a checkpoint that
+/// truncates the WAL keeps the file, so one handle serves a replica's
+/// life).
+pub fn read_commits_from(
+    file: &File,
+    page_size: u32,
+    cursor: &mut WalCursor,
+) -> Result<Vec<WalCommit>, WalError> {
     let len = file.metadata()?.len();
     if len < HEADER_BYTES {
         return Ok(Vec::new());
