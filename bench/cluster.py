@@ -254,10 +254,21 @@ def main():
         wait_ready(port, proc, method="POST", path="/probe/hot/incr")
         results["single"] = run_wrk_script(port, d, c, t, hot, "/probe/hot/incr")
         report("single node: one hot actor (get+put)", results["single"])
+        results["single-spread"] = run_wrk_script(port, d, c, t, spread, "/probe/NAME/incr")
+        report("single node: 1,000 actors uniform", results["single-spread"])
     finally:
         kill(proc)
 
     pg = Postgres(tmp)
+    # What one commit costs this machine's PostgreSQL (its fsync), for
+    # context: every acknowledged write waits for one.
+    pg.psql("weir", "CREATE TABLE bench_commit (id int PRIMARY KEY, n bigint); INSERT INTO bench_commit VALUES (1, 0)")
+    script = tmp / "commit.sql"
+    script.write_text("UPDATE bench_commit SET n = n + 1 WHERE id = 1;\n")
+    out = subprocess.run([str(pg.bin / "pgbench"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "weir", "-n",
+                          "-f", str(script), "-c", "1", "-T", "3", "weir"], capture_output=True, text=True).stdout
+    latency = next((line.split("=")[1].strip() for line in out.splitlines() if "latency average" in line), "?")
+    print(f"PostgreSQL: one commit (pgbench, 1 client, fsync on): {latency}")
     nodes = []
     try:
         for n in ["n1", "n2", "n3"]:
@@ -305,6 +316,8 @@ def main():
 
     print()
     print(f"cluster (owner) / single node: {results['owner']['rps'] / results['single']['rps']:.2f}x req/s")
+    print(f"cluster, 1,000 actors / single node: "
+          f"{results['spread']['rps'] / results['single-spread']['rps']:.2f}x req/s")
     print(f"cluster (one hop) / single node: {results['hop']['rps'] / results['single']['rps']:.2f}x req/s")
     if "workerd" in results:
         for key, label in [("owner", "on its owner"), ("hop", "through another node")]:

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::coordinator::{CoordError, Coordinator, Entry, Fence, ShipBatch};
+use crate::counters::{Counters, add};
 
 /// Statements in flight at once, at most: enough that a light load never
 /// waits for another object's statement, few enough to leave the
@@ -42,9 +43,9 @@ pub struct Committer {
 
 impl Committer {
     /// A committer on `coordinator`, its loop running until it is dropped.
-    pub fn start(coordinator: Arc<dyn Coordinator>) -> Committer {
+    pub fn start(coordinator: Arc<dyn Coordinator>, counters: Arc<Counters>) -> Committer {
         let (submit, waiting) = mpsc::unbounded_channel();
-        tokio::spawn(run(coordinator, waiting));
+        tokio::spawn(run(coordinator, waiting, counters));
         Committer { submit }
     }
 
@@ -73,7 +74,11 @@ impl Committer {
     }
 }
 
-async fn run(coordinator: Arc<dyn Coordinator>, mut waiting: mpsc::UnboundedReceiver<Submission>) {
+async fn run(
+    coordinator: Arc<dyn Coordinator>,
+    mut waiting: mpsc::UnboundedReceiver<Submission>,
+    counters: Arc<Counters>,
+) {
     let slots = Arc::new(Semaphore::new(MAX_STATEMENTS_IN_FLIGHT));
     while let Some(first) = waiting.recv().await {
         // While every slot is busy, more batches arrive and go together.
@@ -97,16 +102,24 @@ async fn run(coordinator: Arc<dyn Coordinator>, mut waiting: mpsc::UnboundedRece
             }
         }
         let coordinator = coordinator.clone();
+        let counters = counters.clone();
         tokio::spawn(async move {
             let (batches, answers): (Vec<ShipBatch>, Vec<_>) =
                 group.into_iter().map(|s| (s.batch, s.done)).unzip();
+            add(&counters.statements, 1);
             match coordinator.commit_many(&batches).await {
                 Ok(kept) => {
-                    for (answer, kept) in answers.into_iter().zip(kept) {
+                    for ((answer, kept), batch) in answers.into_iter().zip(kept).zip(&batches) {
+                        if kept {
+                            add(&counters.commits, batch.entries.len() as u64);
+                        } else {
+                            add(&counters.fenced, 1);
+                        }
                         let _ = answer.send(Ok(kept));
                     }
                 }
                 Err(e) => {
+                    add(&counters.unanswered, answers.len() as u64);
                     for answer in answers {
                         let _ = answer.send(Err(e.clone()));
                     }

@@ -30,6 +30,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use weir_actors::{ActorAddress, ActorHost, Forwarded};
 
+use crate::counters::{Counters, add};
 use crate::envelope::{self, Answer, Target};
 use crate::error_code::ClusterErrorCode;
 use crate::stores::StorePlacement;
@@ -79,13 +80,21 @@ impl Secret {
 
 /// What this node serves to the others: each app's actors, stores and
 /// databases.
-#[derive(Default)]
 pub struct Served {
     actors: OnceLock<HashMap<String, Arc<ActorHost>>>,
     stores: OnceLock<HashMap<String, Arc<StorePlacement>>>,
+    counters: Arc<Counters>,
 }
 
 impl Served {
+    pub fn new(counters: Arc<Counters>) -> Served {
+        Served {
+            actors: OnceLock::new(),
+            stores: OnceLock::new(),
+            counters,
+        }
+    }
+
     /// Binds the apps' actor hosts and stores once they exist (later
     /// calls are ignored); until then calls are answered "not run".
     pub fn connect(
@@ -174,6 +183,10 @@ async fn handle(
         }
     };
     let answer = served.call(target, call).await;
+    match answer {
+        Answer::Answered(_) => add(&served.counters.served, 1),
+        Answer::NotRun => add(&served.counters.not_run, 1),
+    }
     match envelope::encode_answer(&answer) {
         Ok(bytes) => Response::new(Full::new(bytes)),
         Err(e) => {
@@ -232,21 +245,24 @@ pub async fn serve(
 pub struct Forwarder {
     client: Client<HttpConnector, Full<Bytes>>,
     secret: Arc<str>,
+    counters: Arc<Counters>,
 }
 
 impl Forwarder {
-    pub fn new(secret: &str) -> Forwarder {
+    pub fn new(secret: &str, counters: Arc<Counters>) -> Forwarder {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         Forwarder {
             client: Client::builder(TokioExecutor::new()).build(connector),
             secret: Arc::from(secret),
+            counters,
         }
     }
 
     /// Hands a call to `target` to the node at `node`.
     pub async fn call(&self, node: &str, target: &Target, request: Request<Bytes>) -> Forwarded {
+        add(&self.counters.forwarded, 1);
         let failed = |why: &str, sent: bool| {
             tracing::warn!(node, why, sent, "a call to another node failed");
             let code = ClusterErrorCode::OwnerUnreachable.into();

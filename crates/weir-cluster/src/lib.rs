@@ -26,6 +26,7 @@ pub mod alarms;
 pub mod committer;
 pub mod config;
 pub mod coordinator;
+pub mod counters;
 pub mod envelope;
 pub mod error_code;
 pub mod internal;
@@ -100,6 +101,8 @@ pub struct ClusterStatus {
     pub lease_held: bool,
     pub lease_ms: u64,
     pub nodes: Vec<String>,
+    /// What this node shipped, claimed, rebuilt and handed on so far.
+    pub counters: counters::CounterValues,
 }
 
 impl Cluster {
@@ -145,7 +148,7 @@ impl Cluster {
         let ownership = Arc::new(Ownership::new(coordinator.clone(), lease.clone()));
         let records = Arc::new(Records::default());
         let (stop, stopped) = watch::channel(false);
-        let served = Arc::new(Served::default());
+        let served = Arc::new(Served::new(ownership.counters().clone()));
         let keeper = tokio::spawn(lease.clone().keep(coordinator, stopped.clone()));
         let listening = tokio::spawn(internal::serve(
             listener,
@@ -154,7 +157,7 @@ impl Cluster {
             stopped,
         ));
         Ok(Arc::new(Cluster {
-            forwarder: Forwarder::new(&config.secret),
+            forwarder: Forwarder::new(&config.secret, ownership.counters().clone()),
             replicas: Arc::new(Replicas {
                 ownership: ownership.clone(),
                 records: records.clone(),
@@ -253,6 +256,7 @@ impl Cluster {
             lease_held: held.is_some(),
             lease_ms: self.config.lease.as_millis() as u64,
             nodes: self.lease.nodes().into_iter().map(|n| n.name).collect(),
+            counters: self.ownership.counters().values(),
         }
     }
 }

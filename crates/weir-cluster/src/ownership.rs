@@ -22,6 +22,7 @@ use sha2::{Digest, Sha256};
 
 use crate::committer::Committer;
 use crate::coordinator::{Claimed, CoordError, Coordinator, Fence, NodeInfo, ObjectState, Owner};
+use crate::counters::{Counters, add};
 use crate::error_code::ClusterErrorCode;
 use crate::lease::{Held, Lease};
 
@@ -60,6 +61,7 @@ pub enum Located {
 pub struct Ownership {
     coordinator: Arc<dyn Coordinator>,
     committer: Committer,
+    counters: Arc<Counters>,
     lease: Arc<Lease>,
     owned: Mutex<HashMap<String, Owned>>,
     elsewhere: Mutex<HashMap<String, Arc<str>>>,
@@ -89,8 +91,10 @@ impl Ownership {
     /// The node's ownership, with its committer (started on the runtime
     /// this is called in).
     pub fn new(coordinator: Arc<dyn Coordinator>, lease: Arc<Lease>) -> Ownership {
+        let counters = Arc::new(Counters::default());
         Ownership {
-            committer: Committer::start(coordinator.clone()),
+            committer: Committer::start(coordinator.clone(), counters.clone()),
+            counters,
             coordinator,
             lease,
             owned: Mutex::new(HashMap::new()),
@@ -104,6 +108,11 @@ impl Ownership {
 
     pub fn coordinator(&self) -> &Arc<dyn Coordinator> {
         &self.coordinator
+    }
+
+    /// What this node counts.
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
     }
 
     /// Where this node's commits go, several objects' at a time.
@@ -211,6 +220,7 @@ impl Ownership {
         {
             Claimed::Owned(state) => {
                 tracing::debug!(key, epoch = state.epoch, head = state.head, "claimed");
+                add(&self.counters.claims, 1);
                 let owned = Owned { state, held };
                 self.remember_owned(key, owned);
                 Ok(Located::Here(owned))

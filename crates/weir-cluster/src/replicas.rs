@@ -14,6 +14,7 @@ use std::sync::Arc;
 use weir_store::replica::restore::{restore, settle};
 use weir_store::replica::{Checksum, ReplicaStart};
 
+use crate::counters::add;
 use crate::error_code::ClusterErrorCode;
 use crate::ownership::{Owned, Ownership};
 use crate::shipper::Records;
@@ -77,6 +78,7 @@ impl Replicas {
             return Ok(ReplicaStart::Fresh);
         }
         if self.records.clean(key) == Some((state.head, wanted.into_inner())) {
+            add(&self.ownership.counters().copies_kept, 1);
             return Ok(resume);
         }
         let local = blocking({
@@ -87,6 +89,7 @@ impl Replicas {
         .map_err(|e| failed(key, "cannot read the local copy", e))?;
         if local.is_some_and(|(checksum, _)| checksum == wanted) {
             self.records.opened(key, state.head, wanted.into_inner());
+            add(&self.ownership.counters().copies_kept, 1);
             return Ok(resume);
         }
         let history = self
@@ -128,6 +131,7 @@ impl Replicas {
             ));
         }
         tracing::info!(key, head = state.head, "rebuilt from the cluster's history");
+        add(&self.ownership.counters().rebuilt, 1);
         self.records.opened(key, state.head, wanted.into_inner());
         Ok(resume)
     }

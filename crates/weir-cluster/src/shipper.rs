@@ -393,7 +393,10 @@ impl Shipper {
             };
             if let Some((head, ltx)) = snapshot {
                 match coordinator.snapshot(fence, head, &ltx).await {
-                    Ok(true) => self.lock().log_bytes = 0,
+                    Ok(true) => {
+                        self.lock().log_bytes = 0;
+                        crate::counters::add(&ownership.counters().snapshots, 1);
+                    }
                     Ok(false) => {
                         self.fail(ClusterErrorCode::OwnershipLost);
                         return;

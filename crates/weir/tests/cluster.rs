@@ -85,6 +85,19 @@ async fn each_actor_runs_on_one_node_and_every_node_reaches_it() {
         "SELECT count(DISTINCT owner) FROM weir_objects WHERE key LIKE 'actor/gateway/probe/spread%'",
     );
     assert_eq!(spread, "3", "60 actors land on all three nodes");
+    // Each node counts what it shipped and handed on: the owner shipped
+    // every commit and served the others' calls; the others forwarded.
+    for (n, name) in nodes.iter().zip(["n1", "n2", "n3"]) {
+        let counters = n.admin_get("/status").await.json()["cluster"]["counters"].clone();
+        if name == owner {
+            assert!(counters["commits"].as_u64().unwrap() >= 32, "{counters}");
+            assert!(counters["claims"].as_u64().unwrap() >= 1, "{counters}");
+            assert!(counters["served"].as_u64().unwrap() >= 20, "{counters}");
+            assert_eq!(counters["fenced"], 0, "{counters}");
+        } else {
+            assert!(counters["forwarded"].as_u64().unwrap() >= 10, "{counters}");
+        }
+    }
     // `/status` names the cluster.
     let status = nodes[0].admin_get("/status").await.json();
     assert_eq!(status["cluster"]["node"], "n1");
