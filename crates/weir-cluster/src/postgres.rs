@@ -59,7 +59,6 @@ CREATE TABLE IF NOT EXISTS weir_objects (
     log_bytes BIGINT NOT NULL DEFAULT 0,
     alarm_at BIGINT
 );
-CREATE INDEX IF NOT EXISTS weir_objects_owner ON weir_objects (owner);
 CREATE INDEX IF NOT EXISTS weir_objects_alarm ON weir_objects (alarm_at) WHERE alarm_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS weir_log (
     object BIGINT NOT NULL,
@@ -455,7 +454,10 @@ impl Coordinator for Postgres {
                         SET head = i.head, checksum = i.checksum, alarm_at = i.alarm,
                             log_bytes = o.log_bytes + i.bytes
                         FROM input i
-                        WHERE o.id = i.object AND o.owner = $8 AND o.epoch = i.epoch
+                        -- `= ANY` lets the plan reach each row by its key,
+                        -- whatever the planner guesses of `input`'s size.
+                        WHERE o.id = ANY($1::bigint[]) AND o.id = i.object
+                          AND o.owner = $8 AND o.epoch = i.epoch
                           AND o.head = i.previous
                           AND EXISTS (SELECT 1 FROM weir_nodes n WHERE n.session = $8 AND n.expires_at > now())
                         RETURNING o.id
