@@ -16,7 +16,6 @@ use weir_store::Durability;
 use weir_store::actor::{ActorDb, PAGE_BYTES};
 use weir_store::replica::LogEntry;
 
-use crate::coordinator::Entry;
 use crate::envelope::Target;
 use crate::error_code::ClusterErrorCode;
 use crate::internal::Forwarder;
@@ -48,25 +47,10 @@ pub struct ActorPlacement {
 /// A shipper as an actor's durable half.
 struct ActorDurable(Shipper);
 
-fn entries(log: Vec<LogEntry>) -> (Vec<Entry>, u64) {
-    let db_bytes = log
-        .last()
-        .map_or(0, |e| u64::from(e.db_pages) * u64::from(PAGE_BYTES));
-    let entries = log
-        .into_iter()
-        .map(|e| Entry {
-            head: e.head,
-            ltx: e.ltx,
-            checksum: e.checksum.into_inner(),
-        })
-        .collect();
-    (entries, db_bytes)
-}
-
 impl Durable for ActorDurable {
     fn ship(&self, log: Vec<LogEntry>, alarm: Option<i64>) {
-        let (entries, db_bytes) = entries(log);
-        self.0.ship(entries, alarm, db_bytes);
+        let db_bytes = log.last().map_or(0, LogEntry::db_bytes);
+        self.0.ship(log, alarm, db_bytes);
     }
 
     fn settled(&self) -> BoxFuture<'static, Result<(), TurnError>> {

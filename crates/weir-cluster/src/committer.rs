@@ -113,7 +113,7 @@ async fn run(
                 Ok(kept) => {
                     for ((answer, kept), batch) in answers.into_iter().zip(kept).zip(&batches) {
                         if kept {
-                            add(&counters.commits, batch.entries.len() as u64);
+                            add(&counters.commits, batch.commits());
                         } else {
                             add(&counters.fenced, 1);
                         }

@@ -66,7 +66,7 @@ pub struct Fence {
     pub session: SessionId,
 }
 
-/// One log entry as shipped.
+/// One log entry as shipped: the run of commits that ends at `head`.
 #[derive(Clone, Debug)]
 pub struct Entry {
     pub head: u64,
@@ -83,6 +83,16 @@ pub struct ShipBatch {
     pub previous: u64,
     pub entries: Vec<Entry>,
     pub alarm: Option<i64>,
+}
+
+impl ShipBatch {
+    /// The commits it carries: its entries span every head after
+    /// `previous` up to the last one's.
+    pub fn commits(&self) -> u64 {
+        self.entries
+            .last()
+            .map_or(0, |e| e.head.saturating_sub(self.previous))
+    }
 }
 
 /// How a claim ended.

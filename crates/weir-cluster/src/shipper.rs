@@ -14,25 +14,68 @@
 //! - a ticket ([`Shipper::settled`]) resolves `Ok` only once everything
 //!   shipped before it was accepted and the node still holds the lease it
 //!   claimed the object under, so nothing leaves on a lapsed lease;
-//! - while a batch is in flight, newer entries wait and go together in the
-//!   next one: one round trip carries as many commits as arrived during
-//!   the last.
+//! - while a batch is in flight, newer commits wait and go together in the
+//!   next one, as one log entry spanning them ([`Commit::encode_run`]): one
+//!   round trip, one encode and one log row carry as many commits as
+//!   arrived during the last; a run never crosses the head of a pending
+//!   snapshot, so every snapshot falls on an entry's boundary and a
+//!   restore replays whole entries after it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
+use weir_store::replica::{LogEntry, encode_run};
+
 use crate::coordinator::{CoordError, Coordinator, Entry, Owner};
 use crate::error_code::ClusterErrorCode;
 use crate::ownership::{Owned, Ownership};
 
-/// Entries sent in one batch at most: bounds one statement's size.
-pub const MAX_BATCH_ENTRIES: usize = 256;
+/// Commits sent in one batch at most: bounds the work of one encode and
+/// the size of one log row.
+pub const MAX_BATCH_COMMITS: usize = 256;
 
-/// Bytes of LTX sent in one batch at most (a batch always takes at least
-/// one entry, whatever its size).
+/// Bytes of pages sent in one batch at most, before compression (a batch
+/// always takes at least one commit, whatever its size): bounds one log
+/// row and one statement.
 pub const MAX_BATCH_BYTES: usize = 8 << 20;
+
+/// A commit as a shipper queues it: the commits that go to the
+/// coordinator in one batch become one log entry.
+pub trait Commit: Send + 'static {
+    /// Its number in the object's history.
+    fn head(&self) -> u64;
+    /// The object's checksum after it.
+    fn checksum(&self) -> u64;
+    /// The bytes it holds, against [`MAX_BATCH_BYTES`].
+    fn bytes(&self) -> usize;
+    /// One log entry for a run of consecutive commits, which a restore
+    /// applies as it would apply each of them in turn.
+    fn encode_run(run: &[Self]) -> Result<Vec<u8>, String>
+    where
+        Self: Sized;
+}
+
+/// A replica's commit: its pages, encoded with the rest of its run as one
+/// LTX file.
+impl Commit for LogEntry {
+    fn head(&self) -> u64 {
+        self.head
+    }
+
+    fn checksum(&self) -> u64 {
+        self.checksum.into_inner()
+    }
+
+    fn bytes(&self) -> usize {
+        self.page_bytes()
+    }
+
+    fn encode_run(run: &[LogEntry]) -> Result<Vec<u8>, String> {
+        encode_run(run).map_err(|e| e.to_string())
+    }
+}
 
 /// Log bytes since the last snapshot past which a snapshot is taken,
 /// at least; a snapshot is also due once the log outgrows the database,
@@ -107,17 +150,17 @@ struct Progress {
     failure: Option<ClusterErrorCode>,
 }
 
-struct State {
-    /// Entries to ship, each with the object's next alarm after it.
-    queue: Vec<(Entry, Option<i64>)>,
-    /// The object's next alarm after the last queued entry.
+struct State<C> {
+    /// Commits to ship, each with the object's next alarm after it.
+    queue: Vec<(C, Option<i64>)>,
+    /// The object's next alarm after the last queued commit.
     alarm: Option<i64>,
     queued: u64,
     shipped: u64,
     failure: Option<ClusterErrorCode>,
     /// Log bytes accepted since the last snapshot.
     log_bytes: u64,
-    /// The database's size at the last queued entry, in bytes.
+    /// The database's size at the last queued commit, in bytes.
     db_bytes: u64,
     snapshot: Option<(u64, Vec<u8>)>,
     running: bool,
@@ -129,7 +172,7 @@ struct State {
 /// Something to do once the commits before it are accepted (or failed).
 pub type Waiter = Box<dyn FnOnce(Result<(), ClusterErrorCode>) + Send>;
 
-struct Inner {
+struct Inner<C> {
     key: String,
     /// Where the shipping task runs: commits may be handed over from the
     /// storage threads, which are not the runtime's.
@@ -137,17 +180,25 @@ struct Inner {
     ownership: Arc<Ownership>,
     records: Arc<Records>,
     owned: Owned,
-    state: Mutex<State>,
+    state: Mutex<State<C>>,
     progress: watch::Sender<Progress>,
 }
 
-/// The shipper of one open object.
-#[derive(Clone)]
-pub struct Shipper {
-    inner: Arc<Inner>,
+/// The shipper of one open object (of a replica's commits, unless said
+/// otherwise).
+pub struct Shipper<C = LogEntry> {
+    inner: Arc<Inner<C>>,
 }
 
-impl Shipper {
+impl<C> Clone for Shipper<C> {
+    fn clone(&self) -> Self {
+        Shipper {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<C: Commit> Shipper<C> {
     /// A shipper for `key`, owned as `owned` (its head is where shipping
     /// continues from). Made inside the async runtime it ships on.
     pub fn new(
@@ -155,7 +206,7 @@ impl Shipper {
         ownership: Arc<Ownership>,
         records: Arc<Records>,
         owned: Owned,
-    ) -> Shipper {
+    ) -> Shipper<C> {
         let head = owned.state.head;
         Shipper {
             inner: Arc::new(Inner {
@@ -185,21 +236,21 @@ impl Shipper {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<C>> {
         self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queues `entries` (continuing the last queued head) with the
+    /// Queues `commits` (continuing the last queued head) with the
     /// object's next alarm after them, and the database's size after them.
-    pub fn ship(&self, entries: Vec<Entry>, alarm: Option<i64>, db_bytes: u64) {
-        let Some(last) = entries.last() else { return };
-        let (head, checksum) = (last.head, last.checksum);
+    pub fn ship(&self, commits: Vec<C>, alarm: Option<i64>, db_bytes: u64) {
+        let Some(last) = commits.last() else { return };
+        let (head, checksum) = (last.head(), last.checksum());
         let start = {
             let mut s = self.lock();
             if s.failure.is_some() {
                 return;
             }
-            debug_assert_eq!(entries[0].head, s.queued + 1, "entries continue the log");
+            debug_assert_eq!(commits[0].head(), s.queued + 1, "commits continue the log");
             // Within one call only the alarm after the last entry is
             // known; the earlier ones get the earlier of it and the one
             // before, so a mirrored alarm is at worst early (a wake that
@@ -208,10 +259,10 @@ impl Shipper {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            let n = entries.len();
-            for (i, entry) in entries.into_iter().enumerate() {
+            let n = commits.len();
+            for (i, commit) in commits.into_iter().enumerate() {
                 let after = if i + 1 == n { alarm } else { between };
-                s.queue.push((entry, after));
+                s.queue.push((commit, after));
             }
             s.queued = head;
             s.alarm = alarm;
@@ -357,39 +408,44 @@ impl Shipper {
         let coordinator = self.inner.ownership.coordinator().clone();
         let ownership = self.inner.ownership.clone();
         loop {
-            let (batch, alarm, previous, snapshot) = {
+            let (run, alarm, previous, snapshot) = {
                 let mut s = self.lock();
                 if s.failure.is_some() || (s.queue.is_empty() && s.snapshot.is_none()) {
                     s.running = false;
                     return;
                 }
+                // A pending snapshot's head ends the run it falls in.
+                let boundary = match (&s.snapshot, s.queue.first()) {
+                    (Some((at, _)), Some((first, _))) if first.head() <= *at => *at,
+                    _ => u64::MAX,
+                };
                 let mut bytes = 0;
                 let take = s
                     .queue
                     .iter()
-                    .take(MAX_BATCH_ENTRIES)
-                    .take_while(|(e, _)| {
-                        bytes += e.ltx.len();
-                        bytes <= MAX_BATCH_BYTES
+                    .take(MAX_BATCH_COMMITS)
+                    .take_while(|(c, _)| {
+                        bytes += c.bytes();
+                        bytes <= MAX_BATCH_BYTES && c.head() <= boundary
                     })
                     .count()
                     .max(1)
                     .min(s.queue.len());
                 let mut alarm = None;
-                let batch: Vec<Entry> = s
+                let run: Vec<C> = s
                     .queue
                     .drain(..take)
-                    .map(|(entry, after)| {
+                    .map(|(commit, after)| {
                         alarm = after;
-                        entry
+                        commit
                     })
                     .collect();
-                let snapshot = if batch.is_empty() {
+                let snapshot = if run.is_empty() {
                     s.snapshot.take()
                 } else {
                     None
                 };
-                (batch, alarm, s.shipped, snapshot)
+                (run, alarm, s.shipped, snapshot)
             };
             if let Some((head, ltx)) = snapshot {
                 match coordinator.snapshot(fence, head, &ltx).await {
@@ -412,15 +468,29 @@ impl Shipper {
                 self.fail(failure);
                 return;
             }
-            let last = batch.last().expect("a batch is never empty");
-            let bytes: u64 = batch.iter().map(|e| e.ltx.len() as u64).sum();
+            let last = run.last().expect("a batch is never empty");
+            let last = (last.head(), last.checksum());
             let sent = std::time::Instant::now();
-            let (entries, last) = (batch.len(), (last.head, last.checksum));
+            let commits = run.len();
+            let entry = match C::encode_run(&run) {
+                Ok(ltx) => Entry {
+                    head: last.0,
+                    ltx,
+                    checksum: last.1,
+                },
+                Err(e) => {
+                    tracing::error!(key = %self.inner.key, error = %e, "cannot encode the commits to ship");
+                    self.fail(ClusterErrorCode::StorageUnavailable);
+                    return;
+                }
+            };
+            drop(run);
+            let bytes = entry.ltx.len() as u64;
             let committed = ownership
                 .committer()
-                .commit(fence, previous, batch, alarm)
+                .commit(fence, previous, vec![entry], alarm)
                 .await;
-            tracing::debug!(key = %self.inner.key, entries, bytes, us = sent.elapsed().as_micros() as u64, "shipped");
+            tracing::debug!(key = %self.inner.key, commits, bytes, us = sent.elapsed().as_micros() as u64, "shipped");
             match committed {
                 Ok(true) => {
                     let (head, checksum) = last;
@@ -460,7 +530,7 @@ impl Shipper {
     }
 }
 
-impl Inner {
+impl<C> Inner<C> {
     /// Whether this node may send a commit of the object now: it holds
     /// the lease it claimed the object under. A lapsed lease sends nothing;
     /// it only asks (a read) whether another node has the object now, so

@@ -31,7 +31,6 @@ use weir_store::replica::{LogEntry, SharedCapture};
 use weir_store::sql::{BatchError, SqlDatabase, Statement, StatementResult};
 use weir_store::{Durability, KvStore, StoreError};
 
-use crate::coordinator::Entry;
 use crate::envelope::{self, Target};
 use crate::error_code::ClusterErrorCode;
 use crate::internal::Forwarder;
@@ -443,18 +442,8 @@ fn ship(open: &Open) -> Result<(), ClusterErrorCode> {
     };
     capture
         .ship_with(|log: Vec<LogEntry>| {
-            let db_bytes = log
-                .last()
-                .map_or(0, |e| u64::from(e.db_pages) * u64::from(STORE_PAGE_BYTES));
-            let entries = log
-                .into_iter()
-                .map(|e| Entry {
-                    head: e.head,
-                    ltx: e.ltx,
-                    checksum: e.checksum.into_inner(),
-                })
-                .collect();
-            open.shipper.ship(entries, None, db_bytes);
+            let db_bytes = log.last().map_or(0, LogEntry::db_bytes);
+            open.shipper.ship(log, None, db_bytes);
         })
         .map_err(|e| {
             tracing::error!(error = %e, "cannot capture a store's commits");

@@ -27,12 +27,12 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use weir_cluster::coordinator::{
-    Claimed, CoordError, Coordinator, DueObject, Entry, Fence, History, Owner, Registration,
-    Renewal, SessionId, ShipBatch,
+    Claimed, CoordError, Coordinator, DueObject, Fence, History, Owner, Registration, Renewal,
+    SessionId, ShipBatch,
 };
 use weir_cluster::lease::Lease;
 use weir_cluster::ownership::{Located, Owned, Ownership};
-use weir_cluster::shipper::{Records, Shipper};
+use weir_cluster::shipper::{Commit, Records, Shipper};
 
 use sim::model::Model;
 
@@ -54,6 +54,9 @@ const ALARM_AFTER_MS: i64 = 2_500;
 /// A call the link has not answered in this long counts as unavailable
 /// (production bounds every statement the same way).
 const CALL_TIMEOUT: Duration = Duration::from_millis(2_000);
+
+/// One write in this many asks for a snapshot of its object at its head.
+const SNAPSHOT_ONE_IN: u64 = 6;
 
 /// splitmix64: small, fast, and the same on every machine.
 struct Rng(u64);
@@ -225,8 +228,9 @@ impl Coordinator for Link {
         .await
     }
 
-    async fn snapshot(&self, _fence: Fence, _head: u64, _ltx: &[u8]) -> Result<bool, CoordError> {
-        Ok(true)
+    async fn snapshot(&self, fence: Fence, head: u64, ltx: &[u8]) -> Result<bool, CoordError> {
+        let bytes = ltx.to_vec();
+        self.call(move |m| m.snapshot(fence, head, &bytes)).await
     }
 
     async fn history(&self, id: i64, head: u64) -> Result<History, CoordError> {
@@ -270,6 +274,25 @@ fn encode(write: Write, alarm_at: i64) -> Vec<u8> {
     }
 }
 
+/// A node's copy of an object, whole: what a snapshot holds.
+fn encode_state(state: &State) -> Vec<u8> {
+    let mut v = Vec::with_capacity(25);
+    v.extend_from_slice(&state.head.to_be_bytes());
+    v.extend_from_slice(&state.checksum.to_be_bytes());
+    v.push(u8::from(state.alarm.is_some()));
+    v.extend_from_slice(&state.alarm.unwrap_or(0).to_be_bytes());
+    v
+}
+
+fn decode_state(bytes: &[u8]) -> State {
+    let word = |at: usize| u64::from_be_bytes(bytes[at..at + 8].try_into().unwrap());
+    State {
+        head: word(0),
+        checksum: word(8),
+        alarm: (bytes[16] == 1).then(|| word(17) as i64),
+    }
+}
+
 fn replay(state: &mut State, entry: &[u8]) {
     match entry[0] {
         b'w' if state.head == 0 || state.alarm.is_some() => {
@@ -286,11 +309,43 @@ fn replay(state: &mut State, entry: &[u8]) {
         .wrapping_add(entry.iter().map(|b| *b as u64).sum::<u64>() + state.head);
 }
 
+/// A write as a node's shipper queues it. A run of them goes to the
+/// model as one entry, each write framed by its length, and the model
+/// takes it apart again (see `sim::model::unframe`).
+struct SimCommit {
+    head: u64,
+    checksum: u64,
+    bytes: Vec<u8>,
+}
+
+impl Commit for SimCommit {
+    fn head(&self) -> u64 {
+        self.head
+    }
+
+    fn checksum(&self) -> u64 {
+        self.checksum
+    }
+
+    fn bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn encode_run(run: &[SimCommit]) -> Result<Vec<u8>, String> {
+        let mut framed = Vec::new();
+        for commit in run {
+            framed.extend_from_slice(&(commit.bytes.len() as u32).to_be_bytes());
+            framed.extend_from_slice(&commit.bytes);
+        }
+        Ok(framed)
+    }
+}
+
 /// An object open on a node.
 struct Open {
     owned: Owned,
     state: State,
-    shipper: Shipper,
+    shipper: Shipper<SimCommit>,
     /// The first write set the alarm already (replayed or written here).
     written: bool,
 }
@@ -504,9 +559,16 @@ impl Cluster {
                 Err(_) => return Reply::Failed,
             };
             // Claims make new rows with the empty database's checksum.
-            let mut state = State {
-                checksum: weir_store::replica::EMPTY.into_inner(),
-                ..State::default()
+            let mut state = match &history.snapshot {
+                Some((at, bytes)) => {
+                    let state = decode_state(bytes);
+                    assert_eq!(state.head, *at, "a snapshot holds its own head");
+                    state
+                }
+                None => State {
+                    checksum: weir_store::replica::EMPTY.into_inner(),
+                    ..State::default()
+                },
             };
             for (head, entry) in &history.log {
                 assert_eq!(*head, state.head + 1, "a history without gaps");
@@ -534,14 +596,20 @@ impl Cluster {
         replay(&mut open.state, &bytes);
         open.written = true;
         open.shipper.ship(
-            vec![Entry {
+            vec![SimCommit {
                 head: open.state.head,
-                ltx: bytes,
+                bytes,
                 checksum: open.state.checksum,
             }],
             open.state.alarm,
             0,
         );
+        // Now and then the object is compacted at this head, while the
+        // commits up to it may still be queued and later ones join them.
+        if self.faults.rng().chance(SNAPSHOT_ONE_IN) {
+            open.shipper
+                .snapshot(open.state.head, encode_state(&open.state));
+        }
         let settled = open.shipper.settled();
         drop(guard);
         match settled.await {
@@ -704,11 +772,12 @@ async fn schedule(seed: u64, fenced: bool) -> Result<String, String> {
     for i in 0..NODES {
         cluster.crash(i);
     }
-    let (takeovers, refused) = cluster.model.counts();
+    let (takeovers, refused, runs, snapshots) = cluster.model.counts();
     if wrong.is_empty() {
         Ok(format!(
             "{acked_total} acknowledged, {delivered} alarms delivered, {takeovers} takeovers, \
-             {refused} commits refused by the fence, replies {replies:?}"
+             {refused} commits refused by the fence, {runs} entries of several writes, \
+             {snapshots} snapshots, replies {replies:?}"
         ))
     } else {
         Err(wrong.join("\n"))
@@ -765,6 +834,7 @@ fn the_protocol_keeps_its_invariants_over_ten_thousand_seeded_schedules() {
         .unwrap_or(SCHEDULES);
     let started = std::time::Instant::now();
     let (mut acked, mut takeovers, mut refused) = (0u64, 0u64, 0u64);
+    let (mut runs, mut snapshots) = (0u64, 0u64);
     let number = |summary: &str, i: usize| {
         summary
             .split(", ")
@@ -779,13 +849,16 @@ fn the_protocol_keeps_its_invariants_over_ten_thousand_seeded_schedules() {
                 acked += number(&summary, 0);
                 takeovers += number(&summary, 2);
                 refused += number(&summary, 3);
+                runs += number(&summary, 4);
+                snapshots += number(&summary, 5);
             }
             Err(wrong) => panic!("seed {seed} (replay with WEIR_SIM_SEED={seed}):\n{wrong}"),
         }
     }
     println!(
         "{schedules} schedules: {acked} acknowledged writes, {takeovers} takeovers, \
-         {refused} commits refused by the fence; every invariant held, in {:?}",
+         {refused} commits refused by the fence, {runs} entries of several writes, {snapshots} snapshots; \
+         every invariant held, in {:?}",
         started.elapsed()
     );
     assert!(
@@ -793,4 +866,8 @@ fn the_protocol_keeps_its_invariants_over_ten_thousand_seeded_schedules() {
         "the faults moved objects between nodes"
     );
     assert!(refused > 0, "the fence refused stale commits");
+    assert!(
+        runs > 0,
+        "writes queued during a round trip went as one entry"
+    );
 }

@@ -692,7 +692,12 @@ mod tests {
             &copy,
             PAGE_BYTES,
             None,
-            log.iter().chain(&more).map(|e| e.ltx.as_slice()),
+            log.iter()
+                .chain(&more)
+                .map(|e| e.ltx().unwrap())
+                .collect::<Vec<_>>()
+                .iter()
+                .map(Vec::as_slice),
         )
         .unwrap();
         assert_eq!(

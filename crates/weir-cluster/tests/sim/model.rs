@@ -3,7 +3,7 @@
 //! clock deciding leases. It also records what the invariants are checked
 //! against: which session committed at each epoch.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use tokio::time::Instant;
@@ -46,6 +46,14 @@ struct State {
     takeovers: u64,
     /// Commits the fence refused.
     refused: u64,
+    /// Accepted entries that carried more than one write.
+    runs: u64,
+    /// Where each accepted entry ended: `(object, head)`.
+    ends: BTreeSet<(i64, u64)>,
+    /// Each object's latest stored snapshot: its head and bytes.
+    snapshots: BTreeMap<i64, (u64, Vec<u8>)>,
+    /// Snapshots stored.
+    stored: u64,
 }
 
 /// The model.
@@ -66,10 +74,11 @@ impl Model {
         }
     }
 
-    /// Takeovers and refused commits so far.
-    pub fn counts(&self) -> (u64, u64) {
+    /// Takeovers, refused commits, entries that carried more than one
+    /// write, and stored snapshots, so far.
+    pub fn counts(&self) -> (u64, u64, u64, u64) {
         let s = self.lock();
-        (s.takeovers, s.refused)
+        (s.takeovers, s.refused, s.runs, s.stored)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -262,10 +271,31 @@ impl Model {
             }
         }
         let bytes: u64 = entries.iter().map(|e| e.ltx.len() as u64).sum();
-        let log = s.log.entry(fence.object).or_default();
+        // Each entry is a run of writes ending at its head: taken apart,
+        // they must number on from the head before it, without a gap.
+        let mut writes = Vec::new();
+        let mut at = previous;
         for e in entries {
-            log.push((e.head, e.ltx.clone()));
+            let run = unframe(&e.ltx);
+            if e.head != at + run.len() as u64 || run.is_empty() {
+                let v = format!(
+                    "object {}: an entry of {} writes ends at head {} after head {at}",
+                    fence.object,
+                    run.len(),
+                    e.head
+                );
+                s.violations.push(v);
+            }
+            if run.len() > 1 {
+                s.runs += 1;
+            }
+            for (i, write) in run.into_iter().enumerate() {
+                writes.push((at + 1 + i as u64, write));
+            }
+            at = e.head;
+            s.ends.insert((fence.object, e.head));
         }
+        s.log.entry(fence.object).or_default().extend(writes);
         let row = s.rows.get_mut(&key).unwrap();
         row.head = last.head;
         row.checksum = last.checksum;
@@ -274,14 +304,56 @@ impl Model {
         true
     }
 
+    /// Stores a snapshot at `head` while the fence holds and the row is
+    /// at or past it (as PostgreSQL's does). A snapshot must fall where an
+    /// entry ended: a restore replays whole entries after it.
+    pub fn snapshot(&self, fence: Fence, head: u64, bytes: &[u8]) -> bool {
+        let mut s = self.lock();
+        let live = Model::live(&s, fence.session);
+        let Some(row) = s.rows.values().find(|r| r.id == fence.object).copied() else {
+            return false;
+        };
+        let holds = row.owner == Some(fence.session) && row.epoch == fence.epoch && live;
+        if (self.fenced && !holds) || row.head < head {
+            return false;
+        }
+        if head > 0 && !s.ends.contains(&(fence.object, head)) {
+            let v = format!(
+                "object {}: a snapshot at head {head} falls inside a log entry",
+                fence.object
+            );
+            s.violations.push(v);
+        }
+        if s.snapshots
+            .get(&fence.object)
+            .is_none_or(|(at, _)| *at < head)
+        {
+            s.snapshots.insert(fence.object, (head, bytes.to_vec()));
+        }
+        s.stored += 1;
+        if let Some(row) = s.rows.values_mut().find(|r| r.id == fence.object) {
+            row.log_bytes = 0;
+        }
+        true
+    }
+
+    /// The latest snapshot at or before `head` and the writes after it
+    /// (the model keeps every write, for the checks).
     pub fn history(&self, id: i64, head: u64) -> History {
         let s = self.lock();
+        let snapshot = s.snapshots.get(&id).filter(|(at, _)| *at <= head).cloned();
+        let from = snapshot.as_ref().map_or(0, |(at, _)| *at);
         History {
-            snapshot: None,
+            snapshot,
             log: s
                 .log
                 .get(&id)
-                .map(|l| l.iter().filter(|(h, _)| *h <= head).cloned().collect())
+                .map(|l| {
+                    l.iter()
+                        .filter(|(h, _)| *h > from && *h <= head)
+                        .cloned()
+                        .collect()
+                })
                 .unwrap_or_default(),
         }
     }
@@ -355,4 +427,15 @@ impl Model {
         }
         wrong
     }
+}
+
+/// The writes of one shipped entry: each after its length.
+pub fn unframe(mut framed: &[u8]) -> Vec<Vec<u8>> {
+    let mut writes = Vec::new();
+    while framed.len() >= 4 {
+        let n = u32::from_be_bytes(framed[..4].try_into().unwrap()) as usize;
+        writes.push(framed[4..4 + n].to_vec());
+        framed = &framed[4 + n..];
+    }
+    writes
 }

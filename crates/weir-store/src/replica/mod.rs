@@ -53,17 +53,90 @@ pub enum ReplicaStart {
     Resume { head: u64, checksum: Checksum },
 }
 
-/// One commit of a replica, ready to ship.
+/// One commit of a replica, as captured: the pages it wrote, not yet
+/// encoded, so that the commits that ship together become one LTX file
+/// ([`encode_run`]).
 #[derive(Clone, Debug)]
 pub struct LogEntry {
     /// The commit's number in the database's history (1 for its first).
     pub head: u64,
-    /// The pages it wrote, as an LTX file.
-    pub ltx: Vec<u8>,
+    /// The database's checksum before it.
+    pub before: Checksum,
     /// The database's checksum after it.
     pub checksum: Checksum,
     /// The database's size after it, in pages.
     pub db_pages: u32,
+    /// The database's page size, in bytes.
+    pub page_size: u32,
+    /// The pages it wrote, in ascending order, each once.
+    pub pages: Vec<(u32, Vec<u8>)>,
+}
+
+impl LogEntry {
+    /// Bytes of page data it holds.
+    pub fn page_bytes(&self) -> usize {
+        self.pages.len() * self.page_size as usize
+    }
+
+    /// The database's size after it, in bytes.
+    pub fn db_bytes(&self) -> u64 {
+        u64::from(self.db_pages) * u64::from(self.page_size)
+    }
+
+    /// This commit alone, as an LTX file.
+    pub fn ltx(&self) -> Result<Vec<u8>, ReplicaError> {
+        encode_run(std::slice::from_ref(self))
+    }
+}
+
+/// A run of consecutive commits as one LTX file spanning their
+/// transactions: each page as the last of them left it, the size after
+/// the last, the checksum before the first and after the last. Applying
+/// it to the state before the first gives the state after the last, page
+/// for page, as applying each in turn would. A run that is not
+/// consecutive (by number and by checksum) is refused.
+pub fn encode_run(run: &[LogEntry]) -> Result<Vec<u8>, ReplicaError> {
+    let (Some(first), Some(last)) = (run.first(), run.last()) else {
+        return Err(ReplicaError::Discontinuous(
+            "an empty run of commits".into(),
+        ));
+    };
+    for pair in run.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if b.head != a.head + 1 || b.before != a.checksum || b.page_size != a.page_size {
+            return Err(ReplicaError::Discontinuous(format!(
+                "commit {} does not continue commit {}",
+                b.head, a.head
+            )));
+        }
+    }
+    let header = (
+        first.page_size,
+        last.db_pages,
+        (txid(first.head), txid(last.head)),
+        Some(first.before),
+    );
+    if run.len() == 1 {
+        let pages = first.pages.iter().map(|(p, d)| (*p, d.as_slice()));
+        return encode(header.0, header.1, header.2, header.3, pages, last.checksum);
+    }
+    // The last copy of each page wins; a page past the last size was cut
+    // off by a later commit of the run.
+    let mut pages: BTreeMap<u32, &[u8]> = BTreeMap::new();
+    for entry in run {
+        for (pgno, data) in &entry.pages {
+            pages.insert(*pgno, data);
+        }
+    }
+    pages.retain(|pgno, _| *pgno <= last.db_pages);
+    encode(
+        header.0,
+        header.1,
+        header.2,
+        header.3,
+        pages.into_iter(),
+        last.checksum,
+    )
 }
 
 /// Why a replica's commits could not be captured or its history applied.
@@ -248,19 +321,13 @@ impl Capture {
             }
             self.head += 1;
             self.checksum = sum;
-            let ltx = encode(
-                self.page_size,
-                self.db_pages,
-                (txid(self.head), txid(self.head)),
-                Some(before),
-                pages.iter().map(|(p, d)| (*p, d.as_slice())),
-                sum,
-            )?;
             entries.push(LogEntry {
                 head: self.head,
-                ltx,
+                before,
                 checksum: sum,
                 db_pages: self.db_pages,
+                page_size: self.page_size,
+                pages: pages.into_iter().collect(),
             });
         }
         Ok(entries)

@@ -214,8 +214,13 @@ pub fn file_checksum(path: &Path, page_size: u32) -> Result<(Checksum, u32), Rep
 
 #[cfg(test)]
 mod tests {
-    use super::super::Capture;
+    use super::super::{Capture, LogEntry, encode_run};
     use super::*;
+
+    /// Each commit as an LTX file of its own.
+    fn each(log: &[LogEntry]) -> Vec<Vec<u8>> {
+        log.iter().map(|e| e.ltx().unwrap()).collect()
+    }
     use rusqlite::Connection;
 
     fn dir(name: &str) -> PathBuf {
@@ -266,7 +271,7 @@ mod tests {
         assert_eq!(log.len(), 53);
         assert_eq!(capture.head(), 53);
         let replica = dir.join("replica.sqlite3");
-        let restored = restore(&replica, 2048, None, log.iter().map(|e| e.ltx.as_slice())).unwrap();
+        let restored = restore(&replica, 2048, None, each(&log).iter().map(Vec::as_slice)).unwrap();
         assert_eq!(restored.head, 53);
         assert_eq!(restored.checksum, capture.checksum());
         conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
@@ -304,7 +309,7 @@ mod tests {
             &again,
             2048,
             Some(&snapshot),
-            tail.iter().map(|e| e.ltx.as_slice()),
+            each(&tail).iter().map(Vec::as_slice),
         )
         .unwrap();
         assert_eq!(restored.head, 56);
@@ -335,12 +340,17 @@ mod tests {
                 &target,
                 2048,
                 None,
-                skipped.iter().map(|e| e.ltx.as_slice())
+                skipped
+                    .iter()
+                    .map(|e| e.ltx().unwrap())
+                    .collect::<Vec<_>>()
+                    .iter()
+                    .map(Vec::as_slice)
             ),
             Err(ReplicaError::Discontinuous(_))
         ));
         // A flipped byte: the LTX file's own checksum fails.
-        let mut forged = log[1].ltx.clone();
+        let mut forged = log[1].ltx().unwrap();
         let at = forged.len() / 2;
         forged[at] ^= 1;
         assert!(
@@ -348,7 +358,7 @@ mod tests {
                 &target,
                 2048,
                 None,
-                [log[0].ltx.as_slice(), forged.as_slice()]
+                [log[0].ltx().unwrap().as_slice(), forged.as_slice()]
             )
             .is_err()
         );
@@ -385,10 +395,86 @@ mod tests {
             .len();
         assert!(wal > 0, "a live checkpoint keeps the WAL's file");
         let replica = dir.join("replica.sqlite3");
-        let restored = restore(&replica, 2048, None, log.iter().map(|e| e.ltx.as_slice())).unwrap();
+        let restored = restore(&replica, 2048, None, each(&log).iter().map(Vec::as_slice)).unwrap();
         assert_eq!(restored.head, 81);
         assert_eq!(restored.checksum, capture.checksum());
         drop(conn);
         assert_eq!(rows(&replica), rows(&source));
+    }
+
+    #[test]
+    fn runs_of_commits_as_one_entry_each_rebuild_the_same_database() {
+        let dir = dir("runs");
+        let source = dir.join("source.sqlite3");
+        let conn = open(&source);
+        let mut capture = Capture::fresh(&source, 2048);
+        conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
+            .unwrap();
+        let mut log = capture.take().unwrap();
+        // Growth, rewrites of the same pages, a shrink (VACUUM) and growth
+        // again after it: a run may span any of them.
+        for i in 0..30 {
+            conn.execute(
+                "INSERT INTO t (v) VALUES (?1)",
+                [vec![i as u8; 200 + i * 60]],
+            )
+            .unwrap();
+            conn.execute("UPDATE t SET v = ?1 WHERE id = 1", [vec![i as u8; 90]])
+                .unwrap();
+        }
+        conn.execute_batch("DELETE FROM t WHERE id > 4; VACUUM;")
+            .unwrap();
+        for i in 0..6 {
+            conn.execute("INSERT INTO t (v) VALUES (?1)", [vec![i as u8; 700]])
+                .unwrap();
+        }
+        log.extend(capture.take().unwrap());
+        let heads = log.len();
+        let shrink = log
+            .windows(2)
+            .position(|w| w[1].db_pages < w[0].db_pages)
+            .expect("the VACUUM shrank the database");
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        let expected = std::fs::read(&source).unwrap();
+        // Runs of every length from 1 to the whole log, and one that
+        // starts right before the shrink and ends after the growth.
+        let mut splits: Vec<Vec<usize>> = (1..=heads).map(|n| vec![n]).collect();
+        splits.push(vec![shrink, heads - shrink]);
+        for lengths in splits {
+            let mut entries = Vec::new();
+            let mut at = 0;
+            for n in lengths.iter().cycle() {
+                if at == heads {
+                    break;
+                }
+                let end = (at + n).min(heads);
+                entries.push(encode_run(&log[at..end]).unwrap());
+                at = end;
+            }
+            let replica = dir.join("replica.sqlite3");
+            let restored =
+                restore(&replica, 2048, None, entries.iter().map(Vec::as_slice)).unwrap();
+            assert_eq!(restored.head, heads as u64, "runs of {lengths:?}");
+            assert_eq!(restored.checksum, capture.checksum(), "runs of {lengths:?}");
+            assert_eq!(
+                std::fs::read(&replica).unwrap(),
+                expected,
+                "runs of {lengths:?}: page for page"
+            );
+        }
+        // A run with a gap, or out of order, is refused when encoded.
+        assert!(matches!(
+            encode_run(&[log[0].clone(), log[2].clone()]),
+            Err(ReplicaError::Discontinuous(_))
+        ));
+        assert!(matches!(
+            encode_run(&[log[1].clone(), log[0].clone()]),
+            Err(ReplicaError::Discontinuous(_))
+        ));
+        assert!(matches!(
+            encode_run(&[]),
+            Err(ReplicaError::Discontinuous(_))
+        ));
     }
 }
