@@ -12,13 +12,21 @@ Weir and workerd's Durable Objects, in one run on this machine.
   through another node, p50 and p99 of each and what the hop adds;
 - failover: the hot actor's owner is SIGKILLed N times at random moments
   under a stream of writes (cluster_lease_ms=1000): the time from the kill
-  to the next acknowledged write, p50 and max.
+  to the next acknowledged write, p50 and max; then the counter must count
+  every acknowledged write (nothing acknowledged was lost, snapshots and
+  restores included).
+
+With --baseline BIN, only the owner row runs, for this build and BIN in
+alternating order over --rounds rounds (each on fresh nodes and a fresh
+database), and the medians and their ratio are printed: an A/B of two
+builds on the path the p99 bar is about.
 
 PostgreSQL is Debian's (initdb'd in a temporary directory, fsync on, as an
 unprivileged user when run as root). workerd comes from npm as in
 bench/actors.py; without it (or with --no-workerd) its row is skipped.
 
 Usage: python3 bench/cluster.py [--duration 8] [--connections 32] [--kills 50]
+       python3 bench/cluster.py --baseline /path/to/weir [--rounds 6]
 """
 
 import argparse
@@ -100,9 +108,12 @@ class Postgres:
         self.proc.wait()
 
 
-def start_weir(data, cluster=None, node=None, lease_ms=None):
+WEIR = ROOT / "target/release/weir"
+
+
+def start_weir(data, cluster=None, node=None, lease_ms=None, binary=WEIR):
     port = free_port()
-    args = [str(ROOT / "target/release/weir"), "serve", str(GUESTS / "gateway.wasm"),
+    args = [str(binary), "serve", str(GUESTS / "gateway.wasm"),
             "--actor", f"probe={GUESTS / 'actor_probe.wasm'}", "--actor-route", "probe=/direct",
             "--listen", f"127.0.0.1:{port}", "--data-dir", str(data)]
     env = dict(os.environ)
@@ -121,15 +132,15 @@ def kill(proc):
     proc.wait()
 
 
-def post(port, path, timeout=30):
+def post(port, path, timeout=30, body=False):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         c.request("POST", path, body=b"")
         r = c.getresponse()
-        r.read()
-        return r.status
+        data = r.read()
+        return (r.status, data) if body else r.status
     except OSError:
-        return None
+        return (None, b"") if body else None
     finally:
         c.close()
 
@@ -176,6 +187,7 @@ def failover(pg, tmp, kills):
     for n, (port, proc) in nodes.items():
         wait_ready(port, proc, method="POST", path="/direct/warm/incr")
     acks = []
+    sent = [0]
     lock = threading.Lock()
     stop = threading.Event()
 
@@ -184,7 +196,8 @@ def failover(pg, tmp, kills):
         while not stop.is_set():
             with lock:
                 ports = [p for p, _ in nodes.values()]
-            status = post(rng.choice(ports), "/direct/hot/incr", timeout=10)
+                sent[0] += 1
+            status = post(rng.choice(ports), "/direct/fo/incr", timeout=10)
             if status == 200:
                 with lock:
                     acks.append(time.monotonic())
@@ -199,7 +212,7 @@ def failover(pg, tmp, kills):
     try:
         for _ in range(kills):
             time.sleep(0.2 + rng.random() * 0.8)
-            owner = pg.owner("actor/gateway/probe/hot")
+            owner = pg.owner("actor/gateway/probe/fo")
             if owner not in nodes:
                 continue
             with lock:
@@ -219,6 +232,22 @@ def failover(pg, tmp, kills):
             wait_ready(port, proc, method="POST", path="/direct/warm/incr", timeout=120)
             with lock:
                 nodes[owner] = (port, proc)
+        stop.set()
+        for t in threads:
+            t.join()
+        # Every acknowledged write is in the counter, and no write twice (a
+        # write that failed may be there: it may have committed before its
+        # answer was lost).
+        counted = None
+        for _ in range(100):
+            status, data = post(next(iter(nodes.values()))[0], "/direct/fo/incr", body=True)
+            if status == 200:
+                counted = int(data) - 1
+                break
+            time.sleep(0.1)
+        if counted is None or not len(acks) <= counted <= sent[0]:
+            raise RuntimeError(f"the counter holds {counted} writes; {len(acks)} were acknowledged "
+                               f"of {sent[0]} sent")
     finally:
         stop.set()
         for t in threads:
@@ -226,7 +255,46 @@ def failover(pg, tmp, kills):
         for _, proc in nodes.values():
             kill(proc)
     times.sort()
-    return times
+    return times, len(acks), counted, sent[0]
+
+
+def owner_row(pg, tmp, label, binary, d, c, t, hot):
+    """The owner row on fresh nodes of `binary` and a fresh database."""
+    pg.psql("postgres", "DROP DATABASE IF EXISTS weir WITH (FORCE)")
+    pg.psql("postgres", "CREATE DATABASE weir")
+    nodes = []
+    try:
+        for n in ["n1", "n2", "n3"]:
+            data = tmp / f"{label}-{n}"
+            shutil.rmtree(data, ignore_errors=True)
+            nodes.append((n, *start_weir(data, pg.url(), n, binary=binary)))
+        for n, port, proc in nodes:
+            wait_ready(port, proc, method="POST", path="/probe/warm/incr", timeout=120)
+        post(nodes[0][1], "/probe/hot/incr")
+        owner = pg.owner("actor/gateway/probe/hot")
+        owner_port = next(p for n, p, _ in nodes if n == owner)
+        return run_wrk_script(owner_port, d, c, t, hot, "/probe/hot/incr")
+    finally:
+        for _, _, proc in nodes:
+            kill(proc)
+
+
+def ab(pg, tmp, baseline, rounds, d, c, t, hot):
+    """This build against `baseline` on the owner row, alternating order."""
+    runs = {"this build": [], "baseline": []}
+    builds = [("this build", WEIR), ("baseline", Path(baseline))]
+    for i in range(rounds):
+        for label, binary in (builds if i % 2 == 0 else builds[::-1]):
+            r = owner_row(pg, tmp, label.replace(" ", "-"), binary, d, c, t, hot)
+            runs[label].append(r)
+            report(f"round {i + 1}: {label}, one hot actor on its owner", r)
+    med = {k: {m: pct([r[m] for r in v], 50) for m in ("rps", "p50", "p99")} for k, v in runs.items()}
+    print()
+    for k, m in med.items():
+        print(f"{k:12} median {m['rps']:8.0f} req/s  p50 {m['p50']:6.2f} ms  p99 {m['p99']:6.2f} ms")
+    per_round = ", ".join(f"{a['rps'] / b['rps']:.3f}" for a, b in zip(runs["this build"], runs["baseline"]))
+    print(f"this build / baseline: {med['this build']['rps'] / med['baseline']['rps']:.3f}x req/s "
+          f"(per round {per_round})")
 
 
 def main():
@@ -236,6 +304,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kills", type=int, default=50)
     ap.add_argument("--no-workerd", action="store_true")
+    ap.add_argument("--baseline", help="another weir binary: A/B of the owner row only")
+    ap.add_argument("--rounds", type=int, default=6)
     args = ap.parse_args()
 
     subprocess.run(["cargo", "build", "--release", "-p", "weir"], cwd=ROOT, check=True)
@@ -247,6 +317,15 @@ def main():
     hot = str(WRK / "actor_post.lua")
     spread = str(WRK / "actor_spread.lua")
     results = {}
+
+    if args.baseline:
+        pg = Postgres(tmp)
+        try:
+            ab(pg, tmp, args.baseline, args.rounds, d, c, t, hot)
+        finally:
+            pg.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
 
     # Single node, embedded SQLite only.
     port, proc = start_weir(tmp / "single")
@@ -325,9 +404,10 @@ def main():
                   f"p99 {results[key]['p99']:.2f} vs {results['workerd']['p99']:.2f} ms")
 
     if args.kills:
-        times = failover(pg, tmp, args.kills)
+        times, acked, counted, sent = failover(pg, tmp, args.kills)
         print(f"failover over {len(times)} kills (cluster_lease_ms=1000): p50 {pct(times, 50):.2f} s, "
-              f"p90 {pct(times, 90):.2f} s, max {times[-1]:.2f} s")
+              f"p90 {pct(times, 90):.2f} s, max {times[-1]:.2f} s; {acked} writes acknowledged, "
+              f"the counter holds {counted} of {sent} sent")
     pg.stop()
     shutil.rmtree(tmp, ignore_errors=True)
 
