@@ -240,6 +240,18 @@ mod tests {
         conn
     }
 
+    /// A fresh replica with one table, in a directory of its own: the
+    /// directory, the database's path, its connection and its capture.
+    fn source(name: &str) -> (PathBuf, PathBuf, Connection, Capture) {
+        let dir = dir(name);
+        let source = dir.join("source.sqlite3");
+        let conn = open(&source);
+        let capture = Capture::fresh(&source, 2048);
+        conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
+            .unwrap();
+        (dir, source, conn, capture)
+    }
+
     fn rows(path: &Path) -> Vec<(i64, Vec<u8>)> {
         let conn = Connection::open(path).unwrap();
         let mut stmt = conn.prepare("SELECT id, v FROM t ORDER BY id").unwrap();
@@ -251,12 +263,7 @@ mod tests {
 
     #[test]
     fn a_log_rebuilds_the_database_page_for_page_and_a_snapshot_compacts_it() {
-        let dir = dir("rebuild");
-        let source = dir.join("source.sqlite3");
-        let conn = open(&source);
-        let mut capture = Capture::fresh(&source, 2048);
-        conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
-            .unwrap();
+        let (dir, source, conn, mut capture) = source("rebuild");
         let mut log = capture.take().unwrap();
         for i in 0..50 {
             conn.execute(
@@ -320,12 +327,7 @@ mod tests {
 
     #[test]
     fn a_log_that_skips_or_forges_an_entry_replaces_nothing() {
-        let dir = dir("refused");
-        let source = dir.join("source.sqlite3");
-        let conn = open(&source);
-        let mut capture = Capture::fresh(&source, 2048);
-        conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
-            .unwrap();
+        let (dir, _, conn, mut capture) = source("refused");
         for i in 0..3 {
             conn.execute("INSERT INTO t (v) VALUES (?1)", [vec![i as u8; 10]])
                 .unwrap();
@@ -368,12 +370,7 @@ mod tests {
 
     #[test]
     fn a_live_checkpoint_starts_the_wal_over_and_the_log_still_rebuilds_it() {
-        let dir = dir("live");
-        let source = dir.join("source.sqlite3");
-        let conn = open(&source);
-        let mut capture = Capture::fresh(&source, 2048);
-        conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
-            .unwrap();
+        let (dir, source, conn, mut capture) = source("live");
         let mut log = Vec::new();
         for round in 0..4 {
             for i in 0..20 {
@@ -404,12 +401,7 @@ mod tests {
 
     #[test]
     fn runs_of_commits_as_one_entry_each_rebuild_the_same_database() {
-        let dir = dir("runs");
-        let source = dir.join("source.sqlite3");
-        let conn = open(&source);
-        let mut capture = Capture::fresh(&source, 2048);
-        conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
-            .unwrap();
+        let (dir, source, conn, mut capture) = source("runs");
         let mut log = capture.take().unwrap();
         // Growth, rewrites of the same pages, a shrink (VACUUM) and growth
         // again after it: a run may span any of them.
