@@ -49,8 +49,7 @@ struct ActorDurable(Shipper);
 
 impl Durable for ActorDurable {
     fn ship(&self, log: Vec<LogEntry>, alarm: Option<i64>) {
-        let db_bytes = log.last().map_or(0, LogEntry::db_bytes);
-        self.0.ship(log, alarm, db_bytes);
+        self.0.ship(log, alarm);
     }
 
     fn settled(&self) -> BoxFuture<'static, Result<(), TurnError>> {

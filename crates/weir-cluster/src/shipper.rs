@@ -50,6 +50,8 @@ pub trait Commit: Send + 'static {
     fn checksum(&self) -> u64;
     /// The bytes it holds, against [`MAX_BATCH_BYTES`].
     fn bytes(&self) -> usize;
+    /// The object's size after it, in bytes (when a snapshot is due).
+    fn db_bytes(&self) -> u64;
     /// One log entry for a run of consecutive commits, which a restore
     /// applies as it would apply each of them in turn.
     fn encode_run(run: &[Self]) -> Result<Vec<u8>, String>
@@ -70,6 +72,10 @@ impl Commit for LogEntry {
 
     fn bytes(&self) -> usize {
         self.page_bytes()
+    }
+
+    fn db_bytes(&self) -> u64 {
+        LogEntry::db_bytes(self)
     }
 
     fn encode_run(run: &[LogEntry]) -> Result<Vec<u8>, String> {
@@ -241,10 +247,10 @@ impl<C: Commit> Shipper<C> {
     }
 
     /// Queues `commits` (continuing the last queued head) with the
-    /// object's next alarm after them, and the database's size after them.
-    pub fn ship(&self, commits: Vec<C>, alarm: Option<i64>, db_bytes: u64) {
+    /// object's next alarm after them.
+    pub fn ship(&self, commits: Vec<C>, alarm: Option<i64>) {
         let Some(last) = commits.last() else { return };
-        let (head, checksum) = (last.head(), last.checksum());
+        let (head, checksum, db_bytes) = (last.head(), last.checksum(), last.db_bytes());
         let start = {
             let mut s = self.lock();
             if s.failure.is_some() {

@@ -441,10 +441,7 @@ fn ship(open: &Open) -> Result<(), ClusterErrorCode> {
         return Ok(());
     };
     capture
-        .ship_with(|log: Vec<LogEntry>| {
-            let db_bytes = log.last().map_or(0, LogEntry::db_bytes);
-            open.shipper.ship(log, None, db_bytes);
-        })
+        .ship_with(|log: Vec<LogEntry>| open.shipper.ship(log, None))
         .map_err(|e| {
             tracing::error!(error = %e, "cannot capture a store's commits");
             ClusterErrorCode::StorageUnavailable

@@ -23,18 +23,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use weir_cluster::coordinator::{
-    Claimed, CoordError, Coordinator, DueObject, Fence, History, Owner, Registration, Renewal,
-    SessionId, ShipBatch,
-};
+use weir_cluster::coordinator::Coordinator;
 use weir_cluster::lease::Lease;
 use weir_cluster::ownership::{Located, Owned, Ownership};
-use weir_cluster::shipper::{Commit, Records, Shipper};
+use weir_cluster::shipper::{Records, Shipper};
 
+use sim::link::{Faults, Link, Rng};
 use sim::model::Model;
+use sim::object::{SimCommit, State, Write, decode_state, encode, encode_state, replay};
 
 /// Schedules run by default; `WEIR_SIM_SCHEDULES` sets another number.
 const SCHEDULES: u64 = 10_000;
@@ -51,295 +49,8 @@ const RUN_FOR: Duration = Duration::from_millis(16_000);
 const WRITE_EVERY_MS: u64 = 60;
 /// An object's alarm falls due this long after its first write.
 const ALARM_AFTER_MS: i64 = 2_500;
-/// A call the link has not answered in this long counts as unavailable
-/// (production bounds every statement the same way).
-const CALL_TIMEOUT: Duration = Duration::from_millis(2_000);
-
 /// One write in this many asks for a snapshot of its object at its head.
 const SNAPSHOT_ONE_IN: u64 = 6;
-
-/// splitmix64: small, fast, and the same on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn chance(&mut self, one_in: u64) -> bool {
-        self.below(one_in) == 0
-    }
-}
-
-/// What the simulation injects, shared by every link.
-struct Faults {
-    rng: Mutex<Rng>,
-    healed: AtomicBool,
-    /// Until when each node is cut off from the coordinator.
-    partitioned: Mutex<BTreeMap<usize, Instant>>,
-}
-
-/// What happens to one call.
-struct Fate {
-    before: Duration,
-    after: Duration,
-    lose_request: bool,
-    lose_answer: bool,
-}
-
-impl Faults {
-    fn rng(&self) -> std::sync::MutexGuard<'_, Rng> {
-        self.rng.lock().unwrap()
-    }
-
-    fn fate(&self, node: usize) -> Fate {
-        let mut rng = self.rng();
-        let before = Duration::from_micros(rng.below(4_000));
-        let after = Duration::from_micros(rng.below(4_000));
-        if self.healed.load(Ordering::Relaxed) {
-            return Fate {
-                before,
-                after,
-                lose_request: false,
-                lose_answer: false,
-            };
-        }
-        let cut = self
-            .partitioned
-            .lock()
-            .unwrap()
-            .get(&node)
-            .is_some_and(|until| *until > Instant::now());
-        // A paused process or a stalled network: the request arrives late,
-        // past a lease.
-        let before = if rng.chance(300) {
-            TTL + Duration::from_millis(rng.below(2 * TTL.as_millis() as u64))
-        } else {
-            before
-        };
-        Fate {
-            before,
-            after,
-            lose_request: cut || rng.chance(60),
-            lose_answer: cut || rng.chance(60),
-        }
-    }
-}
-
-/// A node's way to the coordinator, through the faults.
-struct Link {
-    model: Arc<Model>,
-    faults: Arc<Faults>,
-    node: usize,
-    /// The node crashed: nothing it sends arrives any more.
-    dead: Arc<AtomicBool>,
-}
-
-fn unavailable(why: &str) -> CoordError {
-    CoordError::Unavailable(why.to_string())
-}
-
-impl Link {
-    async fn call<T: Send + 'static>(
-        &self,
-        apply: impl FnOnce(&Model) -> T + Send + 'static,
-    ) -> Result<T, CoordError> {
-        if self.dead.load(Ordering::Relaxed) {
-            return Err(unavailable("crashed"));
-        }
-        let fate = self.faults.fate(self.node);
-        if fate.lose_request {
-            tokio::time::sleep(fate.before).await;
-            return Err(unavailable("request lost"));
-        }
-        // Once sent, the step takes effect when it arrives, whatever
-        // becomes of the caller.
-        // A request in flight arrives even if its sender crashed since.
-        let model = self.model.clone();
-        let arrives = tokio::spawn(async move {
-            tokio::time::sleep(fate.before).await;
-            apply(&model)
-        });
-        let result = match tokio::time::timeout(CALL_TIMEOUT, arrives).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => return Err(unavailable("the step failed")),
-            Err(_) => return Err(unavailable("no answer in time")),
-        };
-        tokio::time::sleep(fate.after).await;
-        if fate.lose_answer || self.dead.load(Ordering::Relaxed) {
-            return Err(unavailable("answer lost"));
-        }
-        Ok(result)
-    }
-}
-
-#[async_trait]
-impl Coordinator for Link {
-    async fn register(
-        &self,
-        name: &str,
-        address: &str,
-        ttl_ms: u64,
-    ) -> Result<Registration, CoordError> {
-        let (name, address) = (name.to_string(), address.to_string());
-        self.call(move |m| m.register(&name, &address, ttl_ms))
-            .await
-    }
-
-    async fn renew(&self, session: SessionId, ttl_ms: u64) -> Result<Renewal, CoordError> {
-        self.call(move |m| m.renew(session, ttl_ms)).await
-    }
-
-    async fn release(&self, session: SessionId) -> Result<(), CoordError> {
-        self.call(move |m| m.release(session)).await
-    }
-
-    async fn lookup(&self, key: &str, session: SessionId) -> Result<Owner, CoordError> {
-        let key = key.to_string();
-        self.call(move |m| m.lookup(&key, session)).await
-    }
-
-    async fn claim(
-        &self,
-        key: &str,
-        session: SessionId,
-        empty: u64,
-    ) -> Result<Claimed, CoordError> {
-        let key = key.to_string();
-        self.call(move |m| m.claim(&key, session, empty)).await
-    }
-
-    async fn commit_many(&self, batches: &[ShipBatch]) -> Result<Vec<bool>, CoordError> {
-        let batches = batches.to_vec();
-        self.call(move |m| {
-            batches
-                .iter()
-                .map(|b| m.commit(b.fence, b.previous, &b.entries, b.alarm))
-                .collect()
-        })
-        .await
-    }
-
-    async fn snapshot(&self, fence: Fence, head: u64, ltx: &[u8]) -> Result<bool, CoordError> {
-        let bytes = ltx.to_vec();
-        self.call(move |m| m.snapshot(fence, head, &bytes)).await
-    }
-
-    async fn history(&self, id: i64, head: u64) -> Result<History, CoordError> {
-        self.call(move |m| m.history(id, head)).await
-    }
-
-    async fn claim_due(
-        &self,
-        session: SessionId,
-        limit: i64,
-    ) -> Result<Vec<DueObject>, CoordError> {
-        self.call(move |m| m.claim_due(session, limit)).await
-    }
-}
-
-/// An object's state as a node holds it: replayed from its log.
-#[derive(Clone, Default)]
-struct State {
-    head: u64,
-    checksum: u64,
-    /// When its alarm falls due, if it is set and not yet delivered.
-    alarm: Option<i64>,
-}
-
-/// A write: a client's (with its id), or an alarm's delivery.
-#[derive(Clone, Copy, Debug)]
-enum Write {
-    Client(u64),
-    Alarm,
-}
-
-fn encode(write: Write, alarm_at: i64) -> Vec<u8> {
-    match write {
-        Write::Client(id) => {
-            let mut v = b"w".to_vec();
-            v.extend_from_slice(&id.to_be_bytes());
-            v.extend_from_slice(&alarm_at.to_be_bytes());
-            v
-        }
-        Write::Alarm => b"a".to_vec(),
-    }
-}
-
-/// A node's copy of an object, whole: what a snapshot holds.
-fn encode_state(state: &State) -> Vec<u8> {
-    let mut v = Vec::with_capacity(25);
-    v.extend_from_slice(&state.head.to_be_bytes());
-    v.extend_from_slice(&state.checksum.to_be_bytes());
-    v.push(u8::from(state.alarm.is_some()));
-    v.extend_from_slice(&state.alarm.unwrap_or(0).to_be_bytes());
-    v
-}
-
-fn decode_state(bytes: &[u8]) -> State {
-    let word = |at: usize| u64::from_be_bytes(bytes[at..at + 8].try_into().unwrap());
-    State {
-        head: word(0),
-        checksum: word(8),
-        alarm: (bytes[16] == 1).then(|| word(17) as i64),
-    }
-}
-
-fn replay(state: &mut State, entry: &[u8]) {
-    match entry[0] {
-        b'w' if state.head == 0 || state.alarm.is_some() => {
-            let at = i64::from_be_bytes(entry[9..17].try_into().unwrap());
-            state.alarm = state.alarm.or(Some(at));
-        }
-        b'a' => state.alarm = None,
-        _ => {}
-    }
-    state.head += 1;
-    state.checksum = state
-        .checksum
-        .rotate_left(5)
-        .wrapping_add(entry.iter().map(|b| *b as u64).sum::<u64>() + state.head);
-}
-
-/// A write as a node's shipper queues it. A run of them goes to the
-/// model as one entry, each write framed by its length, and the model
-/// takes it apart again (see `sim::model::unframe`).
-struct SimCommit {
-    head: u64,
-    checksum: u64,
-    bytes: Vec<u8>,
-}
-
-impl Commit for SimCommit {
-    fn head(&self) -> u64 {
-        self.head
-    }
-
-    fn checksum(&self) -> u64 {
-        self.checksum
-    }
-
-    fn bytes(&self) -> usize {
-        self.bytes.len()
-    }
-
-    fn encode_run(run: &[SimCommit]) -> Result<Vec<u8>, String> {
-        let mut framed = Vec::new();
-        for commit in run {
-            framed.extend_from_slice(&(commit.bytes.len() as u32).to_be_bytes());
-            framed.extend_from_slice(&commit.bytes);
-        }
-        Ok(framed)
-    }
-}
 
 /// An object open on a node.
 struct Open {
@@ -602,7 +313,6 @@ impl Cluster {
                 checksum: open.state.checksum,
             }],
             open.state.alarm,
-            0,
         );
         // Now and then the object is compacted at this head, while the
         // commits up to it may still be queued and later ones join them.

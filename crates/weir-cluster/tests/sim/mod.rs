@@ -1,3 +1,5 @@
 //! The simulation's parts.
 
+pub mod link;
 pub mod model;
+pub mod object;

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
+use super::object::unframe;
 use tokio::time::Instant;
 use weir_cluster::coordinator::{
     Claimed, DueObject, Entry, Fence, History, NodeInfo, ObjectState, Owner, Registration, Renewal,
@@ -427,15 +428,4 @@ impl Model {
         }
         wrong
     }
-}
-
-/// The writes of one shipped entry: each after its length.
-pub fn unframe(mut framed: &[u8]) -> Vec<Vec<u8>> {
-    let mut writes = Vec::new();
-    while framed.len() >= 4 {
-        let n = u32::from_be_bytes(framed[..4].try_into().unwrap()) as usize;
-        writes.push(framed[4..4 + n].to_vec());
-        framed = &framed[4 + n..];
-    }
-    writes
 }
