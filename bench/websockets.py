@@ -14,6 +14,7 @@ the median round is reported.
 
 Usage: python3 bench/websockets.py [--rounds 3] [--duration 10] [--sockets 100] [--size 32]
        [--idle 2000] (sockets held for the memory figure) [--no-workerd]
+       [--baseline BIN] (adds the actor echo on another weir binary, for an A/B)
 """
 
 import argparse
@@ -53,7 +54,8 @@ def wait_port(port, proc, timeout=60.0):
 def build():
     subprocess.run(["cargo", "build", "--release", "-p", "weir", "-p", "ws-echo"],
                    cwd=ROOT, check=True)
-    subprocess.run(["cargo", "build", "--release", "--target", "wasm32-wasip2", "-p", "sockets"],
+    subprocess.run(["cargo", "build", "--release", "--target", "wasm32-wasip2",
+                    "-p", "sockets", "-p", "chat", "-p", "chat-room"],
                    cwd=ROOT / "guests", check=True)
 
 
@@ -67,10 +69,10 @@ def start_weir(port, data, sockets):
     return proc, f"ws://127.0.0.1:{port}/echo"
 
 
-def start_weir_actor(port, data, _sockets):
+def start_weir_actor(port, data, _sockets, binary=None):
     guests = ROOT / "guests/target/wasm32-wasip2/release"
     proc = subprocess.Popen(
-        [str(RELEASE / "weir"), "serve", str(guests / "chat.wasm"),
+        [str(binary or RELEASE / "weir"), "serve", str(guests / "chat.wasm"),
          "--actor", f"room={guests / 'chat_room.wasm'}", "--actor-route", "room=/rooms",
          "--listen", f"127.0.0.1:{port}", "--data-dir", data],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -201,6 +203,7 @@ def main():
     p.add_argument("--no-build", action="store_true")
     p.add_argument("--no-workerd", action="store_true")
     p.add_argument("--idle", type=int, default=2000)
+    p.add_argument("--baseline", help="another weir binary whose actor echo runs beside this one's")
     args = p.parse_args()
     if not args.no_build:
         build()
@@ -212,6 +215,12 @@ def main():
         WORKERD = find_workerd(ROOT / "bench/.cache/workerd")
     if WORKERD is None:
         servers = [s for s in SERVERS if s[1] is not start_workerd]
+    if args.baseline:
+        baseline = Path(args.baseline).resolve()
+        servers = servers[:2] + [(
+            "baseline actor echo",
+            lambda port, data, n: start_weir_actor(port, data, n, baseline),
+        )] + servers[2:]
     results = {name: [] for name, _ in servers}
     for r in range(args.rounds):
         order = servers if r % 2 == 0 else list(reversed(servers))
@@ -236,6 +245,12 @@ def main():
     if actor and workerd:
         print(f"weir actor echo vs workerd: {actor['per_s'] / workerd['per_s']:.2f}x msg/s, "
               f"p99 {actor['p99_us'] / 1000:.2f} vs {workerd['p99_us'] / 1000:.2f} ms")
+    base = median.get("baseline actor echo")
+    if actor and base:
+        per_round = ", ".join(f"{a['per_s'] / b['per_s']:.2f}" for a, b in
+                              zip(results["weir actor echo (hibernatable)"], results["baseline actor echo"]))
+        print(f"weir actor echo vs baseline: {actor['per_s'] / base['per_s']:.3f}x msg/s "
+              f"(per round {per_round}), p99 {actor['p99_us'] / 1000:.2f} vs {base['p99_us'] / 1000:.2f} ms")
     if args.idle:
         base, after = idle_memory(args.idle)
         print(f"{args.idle} idle sockets on a hibernated actor: RSS {base} -> {after} KiB, "

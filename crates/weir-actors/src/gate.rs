@@ -4,7 +4,10 @@
 //! Invariants owned here:
 //! - an actor's storage calls, SQL and timer changes all run in the one
 //!   transaction of the current turn; nothing commits until the turn ends
-//!   or the guest calls `sync`;
+//!   or the guest calls `sync`. The transaction begins at the turn's first
+//!   storage call, so a turn that touches no storage (an echo, a reply
+//!   from memory) costs the database nothing; the actor is its database's
+//!   only writer, so beginning later sees the same state;
 //! - the output gate: before anything the turn produced leaves the actor —
 //!   an outbound request, a call to another actor — the writes that came
 //!   before it are made durable ([`TurnGate::flush`], the runtime's
@@ -35,6 +38,15 @@ pub enum GateError {
     Store(ActorStoreError),
 }
 
+impl std::fmt::Display for GateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GateError::Poisoned(why) => f.write_str(why),
+            GateError::Store(e) => e.fmt(f),
+        }
+    }
+}
+
 struct GateState {
     db: ActorDb,
     /// The turn has writes not yet committed.
@@ -43,6 +55,19 @@ struct GateState {
     failed: Option<String>,
     /// The guest scheduled or cancelled a timer since this was last read.
     timers_changed: bool,
+    /// A turn is open and its transaction has not begun: the next storage
+    /// call of the turn begins it.
+    unbegun: bool,
+}
+
+impl GateState {
+    /// Begins the open turn's transaction if it has not begun yet.
+    fn begun(&mut self) -> Result<&mut ActorDb, ActorStoreError> {
+        if std::mem::take(&mut self.unbegun) {
+            self.db.begin_turn()?;
+        }
+        Ok(&mut self.db)
+    }
 }
 
 /// One actor's database and the state of its current turn.
@@ -68,6 +93,7 @@ impl TurnGate {
                 db,
                 dirty: false,
                 failed: None,
+                unbegun: false,
             }),
             durable,
         })
@@ -174,13 +200,14 @@ impl TurnGate {
         self.durable.as_ref().is_some_and(|d| d.wants_snapshot())
     }
 
-    /// Starts a turn whose statements stop when `stop` says so.
-    pub fn begin(&self, stop: StopCheck) -> Result<(), ActorStoreError> {
+    /// Starts a turn whose statements stop when `stop` says so. Its
+    /// transaction begins with its first storage call.
+    pub fn begin(&self, stop: StopCheck) {
         let mut s = self.lock();
         s.dirty = false;
         s.failed = None;
         s.db.watch(Some(stop));
-        s.db.begin_turn()
+        s.unbegun = true;
     }
 
     /// Ends the turn: commits its writes, or says why they were not.
@@ -188,6 +215,7 @@ impl TurnGate {
         let mut s = self.lock();
         // Weir's own commit is never cut by the turn's deadline.
         s.db.watch(None);
+        s.unbegun = false;
         if let Some(why) = s.failed.take() {
             let _ = s.db.rollback_turn();
             return Err(why);
@@ -202,6 +230,7 @@ impl TurnGate {
         let mut s = self.lock();
         s.db.watch(None);
         s.dirty = false;
+        s.unbegun = false;
         let _ = s.db.rollback_turn();
     }
 
@@ -248,11 +277,12 @@ impl TurnGate {
         &self,
         f: impl FnOnce(&ActorDb) -> Result<T, ActorStoreError>,
     ) -> Result<T, GateError> {
-        let s = self.lock();
+        let mut s = self.lock();
         if let Some(why) = &s.failed {
             return Err(GateError::Poisoned(why.clone()));
         }
-        f(&s.db).map_err(GateError::Store)
+        let db = s.begun().map_err(GateError::Store)?;
+        f(db).map_err(GateError::Store)
     }
 
     /// A write that changes the actor's timers.
@@ -275,7 +305,7 @@ impl TurnGate {
         if let Some(why) = &s.failed {
             return Err(GateError::Poisoned(why.clone()));
         }
-        let result = f(&mut s.db).map_err(GateError::Store);
+        let result = s.begun().and_then(f).map_err(GateError::Store);
         s.dirty = true;
         result
     }

@@ -234,11 +234,7 @@ pub async fn request_turn(
     let deadline = Instant::now() + limits.event_limit;
     let scope = EventScope::new(limits.max_operations);
     scope.set_deadline(deadline);
-    if let Err(e) = gate.begin(scope.stop_check()) {
-        live.reset();
-        report.fail(ActorErrorCode::StorageCommitFailed, Some(e.to_string()));
-        return (error_response(ActorErrorCode::StorageCommitFailed), report);
-    }
+    gate.begin(scope.stop_check());
     let generation = live.generation.as_mut().expect("woken");
     generation.admitted += 1;
     generation.store.data_mut().set_scope(Some(scope.clone()));
@@ -384,12 +380,12 @@ async fn alarm_turn(
         // Delivered once: the timer is taken in the turn's own
         // transaction (a re-arm puts it back).
         |gate| {
-            gate.with_db(|db| db.cancel(reason).map(drop))
+            gate.write(|db| db.cancel(reason).map(drop))
                 .map_err(|e| e.to_string())
         },
         |rearm, gate| match rearm {
             Some(at) => gate
-                .with_db(|db| db.schedule(reason, i64::try_from(*at).unwrap_or(i64::MAX)))
+                .write(|db| db.schedule(reason, i64::try_from(*at).unwrap_or(i64::MAX)))
                 .map_err(|e| e.to_string()),
             None => Ok(()),
         },
@@ -458,11 +454,8 @@ where
     let scope = EventScope::new(limits.max_operations);
     let deadline = Instant::now() + limits.event_limit;
     scope.set_deadline(deadline);
-    if let Err(e) = gate
-        .begin(scope.stop_check())
-        .map_err(|e| e.to_string())
-        .and_then(|()| before(&gate))
-    {
+    gate.begin(scope.stop_check());
+    if let Err(e) = before(&gate) {
         live.reset();
         return CallEnd::CommitFailed(e);
     }
