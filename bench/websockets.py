@@ -19,6 +19,7 @@ Usage: python3 bench/websockets.py [--rounds 3] [--duration 10] [--sockets 100] 
 
 import argparse
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -133,14 +134,20 @@ def rss_kib(pid):
     return 0
 
 
-def idle_memory(n):
+def cpu_ticks(pid):
+    """The process's user + system time so far, in clock ticks."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def idle_memory(n, binary=None):
     """Server memory per idle socket on one hibernated room actor."""
     port = free_port()
     admin_port = free_port()
     data = tempfile.mkdtemp(prefix="weir-wsbench-")
     guests = ROOT / "guests/target/wasm32-wasip2/release"
     proc = subprocess.Popen(
-        [str(RELEASE / "weir"), "serve", str(guests / "chat.wasm"),
+        [str(binary or RELEASE / "weir"), "serve", str(guests / "chat.wasm"),
          "--actor", f"room={guests / 'chat_room.wasm'}", "--actor-route", "room=/rooms",
          "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin_port}",
          "--data-dir", data, "--limit", "actor_idle_ms=500"],
@@ -181,10 +188,16 @@ def measure(start, args):
         # A short warm-up, then the measured run.
         subprocess.run([str(RELEASE / "ws-load"), url, str(args.sockets), "1", str(args.size)],
                        check=True, capture_output=True)
+        before = cpu_ticks(proc.pid)
         out = subprocess.run(
             [str(RELEASE / "ws-load"), url, str(args.sockets), str(args.duration), str(args.size)],
             check=True, capture_output=True, text=True).stdout
-        return json.loads(out)
+        m = json.loads(out)
+        # The server's own CPU per echoed message: steadier between rounds
+        # than the rate, which moves with whatever else the machine runs.
+        ticks = cpu_ticks(proc.pid) - before
+        m["cpu_us"] = ticks * 1e6 / os.sysconf("SC_CLK_TCK") / max(m["messages"], 1)
+        return m
     finally:
         proc.terminate()
         try:
@@ -228,7 +241,8 @@ def main():
             m = measure(start, args)
             results[name].append(m)
             print(f"round {r + 1}: {name}: {m['per_s']:.0f} msg/s, p50 {m['p50_us']} us, "
-                  f"p99 {m['p99_us']} us, errors {m['errors']}", file=sys.stderr)
+                  f"p99 {m['p99_us']} us, server CPU {m['cpu_us']:.2f} us/msg, errors {m['errors']}",
+                  file=sys.stderr)
     median = {}
     for name, runs in results.items():
         runs = sorted(runs, key=lambda m: m["per_s"])
@@ -236,10 +250,11 @@ def main():
     ceiling = median[servers[-1][0]]["per_s"]
     print(f"{args.sockets} sockets, {args.size}-byte text echo, {args.duration:.0f} s, "
           f"median of {args.rounds} rounds")
-    print(f"{'server':36} {'msg/s':>9} {'p50 us':>8} {'p99 us':>8} {'vs ceiling':>10}")
+    print(f"{'server':36} {'msg/s':>9} {'p50 us':>8} {'p99 us':>8} {'vs ceiling':>10} "
+          f"{'CPU us/msg':>10}")
     for name, m in median.items():
         print(f"{name:36} {m['per_s']:9.0f} {m['p50_us']:8} {m['p99_us']:8} "
-              f"{m['per_s'] / ceiling:9.2f}x")
+              f"{m['per_s'] / ceiling:9.2f}x {m['cpu_us']:10.2f}")
     actor = median.get("weir actor echo (hibernatable)")
     workerd = median.get("workerd DO echo (hibernation API)")
     if actor and workerd:
@@ -249,12 +264,19 @@ def main():
     if actor and base:
         per_round = ", ".join(f"{a['per_s'] / b['per_s']:.2f}" for a, b in
                               zip(results["weir actor echo (hibernatable)"], results["baseline actor echo"]))
+        cpu = ", ".join(f"{a['cpu_us'] / b['cpu_us']:.3f}" for a, b in
+                        zip(results["weir actor echo (hibernatable)"], results["baseline actor echo"]))
         print(f"weir actor echo vs baseline: {actor['per_s'] / base['per_s']:.3f}x msg/s "
-              f"(per round {per_round}), p99 {actor['p99_us'] / 1000:.2f} vs {base['p99_us'] / 1000:.2f} ms")
+              f"(per round {per_round}), p99 {actor['p99_us'] / 1000:.2f} vs {base['p99_us'] / 1000:.2f} ms; "
+              f"server CPU per message, this / baseline, per round: {cpu}")
     if args.idle:
-        base, after = idle_memory(args.idle)
-        print(f"{args.idle} idle sockets on a hibernated actor: RSS {base} -> {after} KiB, "
-              f"{(after - base) / args.idle:.1f} KiB per socket")
+        binaries = [("this build", None)]
+        if args.baseline:
+            binaries.append(("baseline", Path(args.baseline).resolve()))
+        for label, binary in binaries:
+            base, after = idle_memory(args.idle, binary)
+            print(f"{label}: {args.idle} idle sockets on a hibernated actor: RSS {base} -> {after} KiB, "
+                  f"{(after - base) / args.idle:.1f} KiB per socket")
 
 
 if __name__ == "__main__":
