@@ -5,7 +5,9 @@ Serves the same hello component with `weir serve` (defaults, and with a fresh
 instance per request) and with `wasmtime serve` (defaults, and with
 instance reuse), plus a plain hyper server as the ceiling; loads each with
 the same wrk settings, one after the other in one run, and prints req/s, p50,
-p99 and the ratios.
+p99, the server's CPU time per request (its utime + stime over the
+measured run: steadier between rounds than the rate, since the load
+generator shares the machine) and the ratios.
 
 Each server is measured --rounds times, the rounds interleaved and every
 other one reversed (A, B, ..., then ..., B, A) so that drift on a shared
@@ -67,12 +69,21 @@ def parse_latency(text, pct):
     return float(m.group(1)) * UNITS[m.group(2)] if m else float("nan")
 
 
-def run_wrk(port, duration, connections, threads):
-    return run_wrk_script(port, duration, connections, threads, None, "/")
+def run_wrk(port, duration, connections, threads, pid=None):
+    return run_wrk_script(port, duration, connections, threads, None, "/", pid=pid)
 
 
-def run_wrk_script(port, duration, connections, threads, script, path):
-    """Warms up (pools, page cache) for 2 s, then measures with wrk."""
+def cpu_ticks(pid):
+    """A process's user + system time so far, in clock ticks."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def run_wrk_script(port, duration, connections, threads, script, path, pid=None):
+    """Warms up (pools, page cache) for 2 s, then measures with wrk. With
+    `pid`, also the server's CPU time per request over the measured run
+    (steadier between rounds than the rate, which moves with whatever else
+    the machine runs)."""
     extra = ["-s", script] if script else []
     url = f"http://127.0.0.1:{port}{path}"
     subprocess.run(
@@ -80,13 +91,17 @@ def run_wrk_script(port, duration, connections, threads, script, path):
         capture_output=True,
         check=True,
     )
+    before = cpu_ticks(pid) if pid else 0
     out = subprocess.run(
         ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency", *extra, url],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
+    ticks = cpu_ticks(pid) - before if pid else 0
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    total = re.search(r"(\d+) requests in", out)
+    requests = int(total.group(1)) if total else 0
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(r"Socket errors: (.*)", out)
     return {
@@ -95,6 +110,7 @@ def run_wrk_script(port, duration, connections, threads, script, path):
         "p99": parse_latency(out, 99),
         "non2xx": int(errors.group(1)) if errors else 0,
         "socket_errors": socket_errors.group(1) if socket_errors else "",
+        "cpu_us": ticks * 1e6 / os.sysconf("SC_CLK_TCK") / requests if pid and requests else float("nan"),
     }
 
 
@@ -248,13 +264,14 @@ def main():
             )
             try:
                 wait_ready(port, proc)
-                r = run_wrk(port, args.duration, args.connections, args.threads)
+                r = run_wrk(port, args.duration, args.connections, args.threads, pid=proc.pid)
             finally:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
             rounds[name].append(r)
             print(
                 f"round {round_no}  {name:42} {r['rps']:>10.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms"
+                f"  CPU {r['cpu_us']:5.2f} us/req"
                 + (f"  non-2xx {r['non2xx']}" if r["non2xx"] else "")
                 + (f"  socket errors: {r['socket_errors']}" if r["socket_errors"] else ""),
                 flush=True,
@@ -266,14 +283,18 @@ def main():
         by_rps = sorted(rs, key=lambda r: r["rps"])
         mid = by_rps[len(by_rps) // 2]
         p99s = sorted(r["p99"] for r in rs)
-        results[name] = {"rps": mid["rps"], "p50": mid["p50"], "p99": p99s[len(p99s) // 2]}
+        cpus = sorted(r["cpu_us"] for r in rs)
+        results[name] = {"rps": mid["rps"], "p50": mid["p50"], "p99": p99s[len(p99s) // 2],
+                         "cpu_us": cpus[len(cpus) // 2]}
         r = results[name]
-        print(f"{name:42} {r['rps']:>10.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms")
+        print(f"{name:42} {r['rps']:>10.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms"
+              f"  CPU {r['cpu_us']:5.2f} us/req")
 
     def ratio(a, b):
         if a in results and b in results:
             ra, rb = results[a], results[b]
-            print(f"  {a} / {b}: {ra['rps'] / rb['rps']:.2f}x req/s, p99 {ra['p99']:.2f} vs {rb['p99']:.2f} ms")
+            print(f"  {a} / {b}: {ra['rps'] / rb['rps']:.2f}x req/s, p99 {ra['p99']:.2f} vs {rb['p99']:.2f} ms, "
+                  f"CPU per request {ra['cpu_us']:.2f} vs {rb['cpu_us']:.2f} us")
 
     print("\nratios:")
     for guest in TOOLCHAIN_GUESTS:
