@@ -13,7 +13,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use litetx::{Decoder, PageChecksum, PageNum};
+use litetx::{Decoder, PageNum};
 
 use super::{Checksum, EMPTY, ReplicaError, lock_page, txid, wal_path};
 
@@ -90,7 +90,7 @@ impl Building {
             if let Some(old) = self.sums.remove(&n) {
                 self.checksum = self.checksum ^ old;
             }
-            let new = page.page_checksum(pgno);
+            let new = super::page_sum(pgno, &page);
             self.checksum = self.checksum ^ new;
             self.sums.insert(n, new);
             self.file
@@ -207,7 +207,7 @@ pub fn file_checksum(path: &Path, page_size: u32) -> Result<(Checksum, u32), Rep
     for pgno in (1..=pages).filter(|p| *p != lock) {
         file.read_exact_at(&mut page, u64::from(pgno - 1) * u64::from(page_size))?;
         let n = PageNum::new(pgno).map_err(ltx_error)?;
-        sum = sum ^ page.page_checksum(n);
+        sum = sum ^ super::page_sum(n, &page);
     }
     Ok((sum, pages))
 }
