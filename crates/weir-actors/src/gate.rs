@@ -61,10 +61,16 @@ struct GateState {
 }
 
 impl GateState {
-    /// Begins the open turn's transaction if it has not begun yet.
+    /// Begins the open turn's transaction if it has not begun yet. A
+    /// begin that fails poisons the turn: no later call may run outside
+    /// the turn's transaction, and the turn may not answer.
     fn begun(&mut self) -> Result<&mut ActorDb, ActorStoreError> {
-        if std::mem::take(&mut self.unbegun) {
-            self.db.begin_turn()?;
+        if self.unbegun {
+            if let Err(e) = self.db.begin_turn() {
+                self.failed = Some(e.to_string());
+                return Err(e);
+            }
+            self.unbegun = false;
         }
         Ok(&mut self.db)
     }
