@@ -25,9 +25,18 @@ pub const FRAME_HEADER_BYTES: u64 = 24;
 const MAGIC_LE: u32 = 0x377f_0682;
 const MAGIC_BE: u32 = 0x377f_0683;
 
-/// Frames read per `pread` at most when scanning: a typical commit is a
-/// few frames; a large one is read in slices this size.
+/// Frames read per `pread` at most when scanning: a large commit is read
+/// in slices this size.
 const READ_FRAMES: u64 = 64;
+
+/// Frames read by the first `pread` of a scan; each further read of the
+/// same scan reads twice as many, up to [`READ_FRAMES`]. A typical commit
+/// is a few frames, and the file's length does not say where the new ones
+/// end: a WAL restarted after a checkpoint keeps its length (its stale
+/// frames stay past the new ones until overwritten), so a first read as
+/// long as the file allows would read, zero and copy up to `READ_FRAMES`
+/// frames for every commit of a long-lived replica.
+const FIRST_READ_FRAMES: u64 = 4;
 
 /// Where a reader has got to in one generation of a WAL file (between two
 /// restarts of the log).
@@ -145,8 +154,10 @@ pub fn read_commits_from(
     let mut running = cursor.running;
     let mut next = cursor.frames;
     let mut buf = Vec::new();
+    let mut slice = FIRST_READ_FRAMES;
     'scan: while next < available {
-        let count = (available - next).min(READ_FRAMES);
+        let count = (available - next).min(slice);
+        slice = (slice * 2).min(READ_FRAMES);
         buf.resize((count * frame_bytes) as usize, 0);
         file.read_exact_at(&mut buf, HEADER_BYTES + next * frame_bytes)?;
         for frame in buf.chunks_exact(frame_bytes as usize) {
@@ -229,5 +240,66 @@ mod tests {
         let after = read_commits(&wal, 2048, &mut cursor).unwrap();
         assert_eq!(after.len(), 1);
         assert_eq!(cursor.frames as usize, after[0].pages.len());
+    }
+
+    /// A live checkpoint restarts the WAL in place: the file keeps its
+    /// length and its stale frames. Commits written over them — small
+    /// ones, and one larger than any single read — are each read once and
+    /// whole, and nothing of the stale tail is read as committed.
+    #[test]
+    fn a_wal_restarted_in_place_is_read_past_its_stale_tail() {
+        let dir = dir("restarted");
+        let conn = open(&dir);
+        let wal = dir.join("db.sqlite3-wal");
+        let mut cursor = WalCursor::default();
+        conn.execute_batch("CREATE TABLE t (x BLOB)").unwrap();
+        conn.execute_batch(
+            "WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 300) INSERT INTO t SELECT zeroblob(1500) FROM c",
+        )
+        .unwrap();
+        let before = read_commits(&wal, 2048, &mut cursor).unwrap();
+        assert_eq!(before.len(), 2);
+        let long = std::fs::metadata(&wal).unwrap().len();
+        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+            .unwrap();
+
+        // The next commit restarts the WAL at its first frame.
+        conn.execute_batch("UPDATE t SET x = x'01' WHERE rowid = 1")
+            .unwrap();
+        assert_eq!(
+            std::fs::metadata(&wal).unwrap().len(),
+            long,
+            "restarted in place"
+        );
+        let small = read_commits(&wal, 2048, &mut cursor).unwrap();
+        assert_eq!(small.len(), 1);
+        assert_eq!(cursor.frames as usize, small[0].pages.len());
+        assert!(small[0].pages.len() < READ_FRAMES as usize);
+
+        // A commit of more frames than one read takes, then two small ones.
+        conn.execute_batch("UPDATE t SET x = zeroblob(1400) WHERE rowid <= 150")
+            .unwrap();
+        let large = read_commits(&wal, 2048, &mut cursor).unwrap();
+        assert_eq!(large.len(), 1);
+        assert!(
+            large[0].pages.len() > READ_FRAMES as usize,
+            "{} frames",
+            large[0].pages.len()
+        );
+        conn.execute_batch(
+            "UPDATE t SET x = x'02' WHERE rowid = 2; UPDATE t SET x = x'03' WHERE rowid = 3;",
+        )
+        .unwrap();
+        let two = read_commits(&wal, 2048, &mut cursor).unwrap();
+        assert_eq!(two.len(), 2);
+        let frames =
+            small[0].pages.len() + large[0].pages.len() + two[0].pages.len() + two[1].pages.len();
+        assert_eq!(cursor.frames as usize, frames);
+        assert!(read_commits(&wal, 2048, &mut cursor).unwrap().is_empty());
+        assert_eq!(
+            std::fs::metadata(&wal).unwrap().len(),
+            long,
+            "the stale tail is still there"
+        );
     }
 }
