@@ -21,6 +21,10 @@ alternating order over --rounds rounds (each on fresh nodes and a fresh
 database), and the medians and their ratio are printed: an A/B of two
 builds on the path the p99 bar is about.
 
+Each load row also prints the share of the machine's CPU time the
+hypervisor took while it ran (steal, from /proc/stat): on this virtual
+machine a round with steal is slower for reasons outside Weir.
+
 PostgreSQL is Debian's (initdb'd in a temporary directory, fsync on, as an
 unprivileged user when run as root). workerd comes from npm as in
 bench/actors.py; without it (or with --no-workerd) its row is skipped.
@@ -161,6 +165,7 @@ def timed(port, path, n):
 
 def report(label, r):
     print(f"{label:52} {r['rps']:>8.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms"
+          + (f"  steal {r['steal']:4.1f}%" if "steal" in r else "")
           + (f"  non-2xx {r['non2xx']}" if r["non2xx"] else "")
           + (f"  socket errors {r['socket_errors']}" if r["socket_errors"] else ""), flush=True)
 
@@ -288,10 +293,11 @@ def ab(pg, tmp, baseline, rounds, d, c, t, hot):
             r = owner_row(pg, tmp, label.replace(" ", "-"), binary, d, c, t, hot)
             runs[label].append(r)
             report(f"round {i + 1}: {label}, one hot actor on its owner", r)
-    med = {k: {m: pct([r[m] for r in v], 50) for m in ("rps", "p50", "p99")} for k, v in runs.items()}
+    med = {k: {m: pct([r[m] for r in v], 50) for m in ("rps", "p50", "p99", "steal")} for k, v in runs.items()}
     print()
     for k, m in med.items():
-        print(f"{k:12} median {m['rps']:8.0f} req/s  p50 {m['p50']:6.2f} ms  p99 {m['p99']:6.2f} ms")
+        print(f"{k:12} median {m['rps']:8.0f} req/s  p50 {m['p50']:6.2f} ms  p99 {m['p99']:6.2f} ms"
+              f"  steal {m['steal']:4.1f}%")
     per_round = ", ".join(f"{a['rps'] / b['rps']:.3f}" for a, b in zip(runs["this build"], runs["baseline"]))
     print(f"this build / baseline: {med['this build']['rps'] / med['baseline']['rps']:.3f}x req/s "
           f"(per round {per_round})")

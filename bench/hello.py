@@ -7,7 +7,8 @@ instance reuse), plus a plain hyper server as the ceiling; loads each with
 the same wrk settings, one after the other in one run, and prints req/s, p50,
 p99, the server's CPU time per request (its utime + stime over the
 measured run: steadier between rounds than the rate, since the load
-generator shares the machine) and the ratios.
+generator shares the machine), the share of the machine's CPU the
+hypervisor took meanwhile (steal) and the ratios.
 
 Each server is measured --rounds times, the rounds interleaved and every
 other one reversed (A, B, ..., then ..., B, A) so that drift on a shared
@@ -73,6 +74,14 @@ def run_wrk(port, duration, connections, threads, pid=None):
     return run_wrk_script(port, duration, connections, threads, None, "/", pid=pid)
 
 
+def machine_ticks():
+    """The machine's CPU time so far, in clock ticks: (stolen, total). On a
+    virtual machine the hypervisor may take a share of the CPUs (steal);
+    a round run while it does is slower for reasons outside the servers."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[7] if len(fields) > 7 else 0, sum(fields[:8])
+
+
 def cpu_ticks(pid):
     """A process's user + system time so far, in clock ticks."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -92,6 +101,7 @@ def run_wrk_script(port, duration, connections, threads, script, path, pid=None)
         check=True,
     )
     before = cpu_ticks(pid) if pid else 0
+    machine = machine_ticks()
     out = subprocess.run(
         ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency", *extra, url],
         capture_output=True,
@@ -99,6 +109,7 @@ def run_wrk_script(port, duration, connections, threads, script, path, pid=None)
         check=True,
     ).stdout
     ticks = cpu_ticks(pid) - before if pid else 0
+    stolen, elapsed = (b - a for a, b in zip(machine, machine_ticks()))
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     total = re.search(r"(\d+) requests in", out)
     requests = int(total.group(1)) if total else 0
@@ -111,6 +122,8 @@ def run_wrk_script(port, duration, connections, threads, script, path, pid=None)
         "non2xx": int(errors.group(1)) if errors else 0,
         "socket_errors": socket_errors.group(1) if socket_errors else "",
         "cpu_us": ticks * 1e6 / os.sysconf("SC_CLK_TCK") / requests if pid and requests else float("nan"),
+        # The share of the machine's CPU time the hypervisor took meanwhile.
+        "steal": 100.0 * stolen / elapsed if elapsed else 0.0,
     }
 
 
@@ -271,7 +284,7 @@ def main():
             rounds[name].append(r)
             print(
                 f"round {round_no}  {name:42} {r['rps']:>10.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms"
-                f"  CPU {r['cpu_us']:5.2f} us/req"
+                f"  CPU {r['cpu_us']:5.2f} us/req  steal {r['steal']:4.1f}%"
                 + (f"  non-2xx {r['non2xx']}" if r["non2xx"] else "")
                 + (f"  socket errors: {r['socket_errors']}" if r["socket_errors"] else ""),
                 flush=True,
@@ -284,11 +297,12 @@ def main():
         mid = by_rps[len(by_rps) // 2]
         p99s = sorted(r["p99"] for r in rs)
         cpus = sorted(r["cpu_us"] for r in rs)
+        steals = sorted(r["steal"] for r in rs)
         results[name] = {"rps": mid["rps"], "p50": mid["p50"], "p99": p99s[len(p99s) // 2],
-                         "cpu_us": cpus[len(cpus) // 2]}
+                         "cpu_us": cpus[len(cpus) // 2], "steal": steals[len(steals) // 2]}
         r = results[name]
         print(f"{name:42} {r['rps']:>10.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms"
-              f"  CPU {r['cpu_us']:5.2f} us/req")
+              f"  CPU {r['cpu_us']:5.2f} us/req  steal {r['steal']:4.1f}%")
 
     def ratio(a, b):
         if a in results and b in results:
