@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::cluster::{Postgres, actor_key, node, node_dir, until_ok};
+use common::cluster::{Postgres, actor_key, node, node_dir, node_path, until_ok};
 use common::{Weir, try_send_to};
 use http::Request;
 use http_body_util::Full;
@@ -287,6 +287,96 @@ async fn three_and_the_owner(
     let owner = pg.owner(&actor_key(actor)).unwrap();
     let i = ["n1", "n2", "n3"].iter().position(|n| *n == owner).unwrap();
     (nodes, i)
+}
+
+/// The WAL of the replica of `actor` under a node's data directory.
+fn replica_wal(dir: &std::path::Path, actor: &str) -> std::path::PathBuf {
+    let file = format!("{actor}.sqlite3-wal");
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.file_name().is_some_and(|n| n == file.as_str()) {
+                return path;
+            }
+        }
+    }
+    panic!("no {file} under {}", dir.display());
+}
+
+/// A long-lived actor's WAL passes `CHECKPOINT_WAL_FRAMES`, is checkpointed
+/// into its file and starts over in place, over its own stale frames. The
+/// commits written over them ship like any other: killed afterwards, the
+/// owner leaves every acknowledged write to the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_after_a_live_checkpoint_ship_and_survive_the_owner() {
+    use weir_store::actor::PAGE_BYTES;
+    use weir_store::replica::CHECKPOINT_WAL_FRAMES;
+    use weir_store::replica::wal::{FRAME_HEADER_BYTES, HEADER_BYTES};
+
+    let pg = Postgres::start();
+    let (mut nodes, x) = three_and_the_owner(&pg, "checkpoint", "long", &[]).await;
+    let wal = replica_wal(&node_path("checkpoint", ["n1", "n2", "n3"][x]), "long");
+    let frame = FRAME_HEADER_BYTES + u64::from(PAGE_BYTES);
+    let full = HEADER_BYTES + CHECKPOINT_WAL_FRAMES * frame;
+    // Each call rewrites one 100 KiB value, different in every page
+    // (SQLite writes no frame for a page whose content did not change):
+    // about 50 frames per commit.
+    let value = |call: u64| format!("{call:08}").repeat(12_800);
+    let mut counted = 1u64;
+    let mut calls = 0u64;
+    while std::fs::metadata(&wal).unwrap().len() <= full {
+        calls += 1;
+        let r = until_ok(
+            &nodes[x],
+            "POST",
+            "/direct/long/put?key=blob",
+            &value(calls),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(calls < 5_000, "the WAL never reached {full} bytes");
+    }
+    let long = std::fs::metadata(&wal).unwrap().len();
+    for _ in 0..40 {
+        calls += 1;
+        let r = until_ok(
+            &nodes[x],
+            "POST",
+            "/direct/long/put?key=blob",
+            &value(calls),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let r = until_ok(&nodes[x], "POST", "/direct/long/incr", "").await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        counted += 1;
+        assert_eq!(r.text(), counted.to_string());
+    }
+    assert_eq!(
+        std::fs::metadata(&wal).unwrap().len(),
+        long,
+        "40 more commits of ~50 frames each were written over the restarted WAL, not after it"
+    );
+    let mut dead = nodes.remove(x);
+    dead.signal("KILL");
+    dead.wait_exit(Duration::from_secs(10)).expect("killed");
+    let r = until_ok(&nodes[0], "POST", "/direct/long/incr", "").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.text(),
+        (counted + 1).to_string(),
+        "every acknowledged increment survived"
+    );
+    let r = until_ok(&nodes[1], "GET", "/direct/long/get?key=blob", "").await;
+    assert_eq!(r.status, 200);
+    assert!(
+        r.text() == value(calls),
+        "the last value, read through another node"
+    );
+    println!("{calls} calls filled the WAL to {long} bytes before its live checkpoint");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

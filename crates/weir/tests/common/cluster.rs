@@ -268,10 +268,14 @@ pub fn actor_key(name: &str) -> String {
 
 /// A node's data directory, fresh for the test.
 pub fn node_dir(test: &str, node: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("weir-cluster-{test}-{node}-{}", std::process::id()));
+    let dir = node_path(test, node);
     let _ = std::fs::remove_dir_all(&dir);
     dir
+}
+
+/// Where [`node_dir`] put a node's data directory (left as it is).
+pub fn node_path(test: &str, node: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("weir-cluster-{test}-{node}-{}", std::process::id()))
 }
 
 /// Starts node `name` of the cluster on `pg`, its data under `dir`: the
