@@ -230,24 +230,6 @@ pub struct Terminal<'a> {
     pub detail: Option<&'a str>,
 }
 
-/// One receipt as a JSON log line, in the shape of Weir's other log lines.
-#[derive(Serialize)]
-struct Line<'a, K: Serialize> {
-    timestamp: String,
-    level: &'static str,
-    target: &'static str,
-    fields: LineFields<'a, K>,
-}
-
-#[derive(Serialize)]
-struct LineFields<'a, K: Serialize> {
-    message: &'static str,
-    #[serde(flatten)]
-    kind: &'a K,
-    #[serde(flatten)]
-    terminal: &'a Terminal<'a>,
-}
-
 fn is_zero(n: &usize) -> bool {
     *n == 0
 }
@@ -255,12 +237,90 @@ fn is_zero(n: &usize) -> bool {
 thread_local! {
     /// Each thread encodes receipts into its own reused buffer.
     static LINE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// The second of the last timestamp this thread wrote, and its text
+    /// up to the fraction (`2026-12-02T16:03:19`): every receipt has a
+    /// timestamp, and formatting a calendar date is most of its cost.
+    static SECOND: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+}
+
+/// `at` in RFC 3339 with microseconds, in UTC, as `humantime` writes it
+/// (`2026-12-02T16:03:19.167153Z`); the date and time of day are formatted
+/// once per second per thread.
+fn write_timestamp(buf: &mut Vec<u8>, at: SystemTime) {
+    let Ok(since) = at.duration_since(std::time::UNIX_EPOCH) else {
+        buf.extend_from_slice(humantime::format_rfc3339_micros(at).to_string().as_bytes());
+        return;
+    };
+    SECOND.with(|second| {
+        let mut second = second.borrow_mut();
+        if second.0 != since.as_secs() {
+            let whole = std::time::UNIX_EPOCH + Duration::from_secs(since.as_secs());
+            let text = humantime::format_rfc3339_seconds(whole).to_string();
+            *second = (since.as_secs(), text.trim_end_matches('Z').to_string());
+        }
+        buf.extend_from_slice(second.1.as_bytes());
+    });
+    let micros = since.subsec_micros();
+    buf.push(b'.');
+    let mut digits = [b'0'; 6];
+    let mut rest = micros;
+    for d in digits.iter_mut().rev() {
+        *d = b'0' + (rest % 10) as u8;
+        rest /= 10;
+    }
+    buf.extend_from_slice(&digits);
+    buf.push(b'Z');
+}
+
+/// Appends the fields of `value` (a struct, serialized as a JSON object)
+/// to the object being written in `buf`, as if they were its own: the
+/// object's braces are dropped and a comma leads. A value with no fields
+/// adds nothing.
+fn splice_fields(buf: &mut Vec<u8>, value: &impl Serialize) -> serde_json::Result<()> {
+    let start = buf.len();
+    serde_json::to_writer(&mut *buf, value)?;
+    debug_assert!(buf[start] == b'{' && buf.last() == Some(&b'}'), "a struct");
+    if buf.len() - start <= 2 {
+        buf.truncate(start);
+    } else {
+        buf[start] = b',';
+        buf.pop();
+    }
+    Ok(())
+}
+
+/// One receipt line, in the shape of Weir's other log lines:
+/// `{"timestamp":…,"level":…,"target":…,"fields":{"message":…, <kind's
+/// fields>, <terminal's fields>}}`.
+fn encode_line<K: Serialize>(
+    buf: &mut Vec<u8>,
+    target: &'static str,
+    message: &'static str,
+    ended: SystemTime,
+    kind: &K,
+    terminal: &Terminal<'_>,
+) -> serde_json::Result<()> {
+    buf.extend_from_slice(b"{\"timestamp\":\"");
+    write_timestamp(buf, ended);
+    // Every kind alike: a call that failed is a warning.
+    buf.extend_from_slice(if terminal.error.is_some() {
+        b"\",\"level\":\"WARN\",\"target\":"
+    } else {
+        b"\",\"level\":\"INFO\",\"target\":"
+    });
+    serde_json::to_writer(&mut *buf, target)?;
+    buf.extend_from_slice(b",\"fields\":{\"message\":");
+    serde_json::to_writer(&mut *buf, message)?;
+    splice_fields(buf, kind)?;
+    splice_fields(buf, terminal)?;
+    buf.extend_from_slice(b"}}\n");
+    Ok(())
 }
 
 /// Writes one receipt to `sink`: the one encoder of every kind of call.
 /// `kind` holds what only that kind has (an app's lane and generation, or
-/// what a layer above adds: see [`crate::extension`]); `ended` is when the
-/// call ended.
+/// what a layer above adds: see [`crate::extension`]), a struct whose
+/// fields follow the message; `ended` is when the call ended.
 pub fn write_receipt<K: Serialize>(
     sink: &dyn ReceiptSink,
     target: &'static str,
@@ -269,26 +329,10 @@ pub fn write_receipt<K: Serialize>(
     kind: &K,
     terminal: &Terminal<'_>,
 ) {
-    let line = Line {
-        timestamp: humantime::format_rfc3339_micros(ended).to_string(),
-        // Every kind alike: a call that failed is a warning.
-        level: if terminal.error.is_some() {
-            "WARN"
-        } else {
-            "INFO"
-        },
-        target,
-        fields: LineFields {
-            message,
-            kind,
-            terminal,
-        },
-    };
     LINE.with(|buf| {
         let mut buf = buf.borrow_mut();
         buf.clear();
-        if serde_json::to_writer(&mut *buf, &line).is_ok() {
-            buf.push(b'\n');
+        if encode_line(&mut buf, target, message, ended, kind, terminal).is_ok() {
             sink.write_line(&buf);
         }
     });
@@ -360,5 +404,130 @@ impl Drop for PendingReceipt {
                 detail: f.detail.as_deref(),
             },
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The line as serde writes it with the kind's and the terminal's
+    /// fields flattened into `fields`: the shape receipts always had.
+    fn flattened<K: Serialize>(
+        target: &'static str,
+        message: &'static str,
+        ended: SystemTime,
+        kind: &K,
+        terminal: &Terminal<'_>,
+    ) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct Line<'a, K: Serialize> {
+            timestamp: String,
+            level: &'static str,
+            target: &'static str,
+            fields: LineFields<'a, K>,
+        }
+        #[derive(Serialize)]
+        struct LineFields<'a, K: Serialize> {
+            message: &'static str,
+            #[serde(flatten)]
+            kind: &'a K,
+            #[serde(flatten)]
+            terminal: &'a Terminal<'a>,
+        }
+        let mut out = serde_json::to_vec(&Line {
+            timestamp: humantime::format_rfc3339_micros(ended).to_string(),
+            level: if terminal.error.is_some() {
+                "WARN"
+            } else {
+                "INFO"
+            },
+            target,
+            fields: LineFields {
+                message,
+                kind,
+                terminal,
+            },
+        })
+        .unwrap();
+        out.push(b'\n');
+        out
+    }
+
+    fn encoded<K: Serialize>(
+        target: &'static str,
+        message: &'static str,
+        ended: SystemTime,
+        kind: &K,
+        terminal: &Terminal<'_>,
+    ) -> Vec<u8> {
+        let mut buf = Vec::new();
+        encode_line(&mut buf, target, message, ended, kind, terminal).unwrap();
+        buf
+    }
+
+    #[derive(Serialize)]
+    struct Empty {}
+
+    proptest::proptest! {
+        /// Whatever the time, the kind's fields and the terminal's, the
+        /// line is byte for byte the flattened one (escapes included).
+        #[test]
+        fn a_receipt_line_is_the_flattened_line(
+            secs in 0u64..8_000_000_000,
+            nanos in 0u32..1_000_000_000,
+            app in ".{0,12}",
+            detail in proptest::option::of(".{0,24}"),
+            lane in proptest::option::of(0usize..64),
+            failed in proptest::bool::ANY,
+            operations in 0usize..3,
+        ) {
+            let ended = std::time::UNIX_EPOCH + Duration::new(secs, nanos);
+            let kind = WorkerFields {
+                app: &app,
+                version: "sha256:0f\"\\u{1}",
+                lane,
+                generation: lane.map(|l| l as u64 * 7),
+                admission: None,
+                bytes_in: secs % 977,
+                bytes_out: 16,
+                memory_bytes: 1 << 20,
+                retired: failed.then_some("trapped"),
+            };
+            let terminal = Terminal {
+                outcome: if failed { "trap" } else { "ok" },
+                error: failed.then_some("guest_trap"),
+                status: (!failed).then_some(200),
+                queued_us: Some(8),
+                wasm_us: lane.map(|l| l as u64),
+                total_us: 232,
+                operations,
+                operations_refused: operations / 2,
+                detail: detail.as_deref(),
+            };
+            proptest::prop_assert_eq!(
+                String::from_utf8(encoded(WORKER_TARGET, "receipt", ended, &kind, &terminal)).unwrap(),
+                String::from_utf8(flattened(WORKER_TARGET, "receipt", ended, &kind, &terminal)).unwrap()
+            );
+            // A kind with no fields of its own adds none.
+            proptest::prop_assert_eq!(
+                encoded("weir::x", "turn", ended, &Empty {}, &terminal),
+                flattened("weir::x", "turn", ended, &Empty {}, &terminal)
+            );
+        }
+    }
+
+    #[test]
+    fn timestamps_across_a_second_keep_humantimes_text() {
+        let base = std::time::UNIX_EPOCH + Duration::from_secs(1_796_227_199);
+        for offset_us in [0u64, 1, 999_999, 1_000_000, 1_000_001, 86_400_000_000, 5] {
+            let at = base + Duration::from_micros(offset_us);
+            let mut buf = Vec::new();
+            write_timestamp(&mut buf, at);
+            assert_eq!(
+                String::from_utf8(buf).unwrap(),
+                humantime::format_rfc3339_micros(at).to_string()
+            );
+        }
     }
 }
