@@ -275,11 +275,15 @@ fn write_timestamp(buf: &mut Vec<u8>, at: SystemTime) {
 /// Appends the fields of `value` (a struct, serialized as a JSON object)
 /// to the object being written in `buf`, as if they were its own: the
 /// object's braces are dropped and a comma leads. A value with no fields
-/// adds nothing.
+/// adds nothing; a value that is not an object is refused, as serde's
+/// `flatten` refuses it.
 fn splice_fields(buf: &mut Vec<u8>, value: &impl Serialize) -> serde_json::Result<()> {
     let start = buf.len();
     serde_json::to_writer(&mut *buf, value)?;
-    debug_assert!(buf[start] == b'{' && buf.last() == Some(&b'}'), "a struct");
+    if buf.get(start) != Some(&b'{') || buf.last() != Some(&b'}') {
+        buf.truncate(start);
+        return Err(serde::ser::Error::custom("receipt fields must be a struct"));
+    }
     if buf.len() - start <= 2 {
         buf.truncate(start);
     } else {
@@ -515,6 +519,33 @@ mod tests {
                 flattened("weir::x", "turn", ended, &Empty {}, &terminal)
             );
         }
+    }
+
+    #[test]
+    fn fields_that_are_not_an_object_write_no_line() {
+        let terminal = Terminal {
+            outcome: "ok",
+            error: None,
+            status: Some(200),
+            queued_us: None,
+            wasm_us: None,
+            total_us: 1,
+            operations: 0,
+            operations_refused: 0,
+            detail: None,
+        };
+        let mut buf = Vec::new();
+        assert!(
+            encode_line(
+                &mut buf,
+                "weir::x",
+                "turn",
+                SystemTime::now(),
+                &7u32,
+                &terminal
+            )
+            .is_err()
+        );
     }
 
     #[test]
