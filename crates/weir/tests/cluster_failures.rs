@@ -306,6 +306,12 @@ fn replica_wal(dir: &std::path::Path, actor: &str) -> std::path::PathBuf {
     panic!("no {file} under {}", dir.display());
 }
 
+/// Stores `value` under `blob` in the actor `long`, through `node`.
+async fn put_blob(node: &Weir, value: &str) {
+    let r = until_ok(node, "POST", "/direct/long/put?key=blob", value).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
 /// A long-lived actor's WAL passes `CHECKPOINT_WAL_FRAMES`, is checkpointed
 /// into its file and starts over in place, over its own stale frames. The
 /// commits written over them ship like any other: killed afterwards, the
@@ -329,27 +335,13 @@ async fn commits_after_a_live_checkpoint_ship_and_survive_the_owner() {
     let mut calls = 0u64;
     while std::fs::metadata(&wal).unwrap().len() <= full {
         calls += 1;
-        let r = until_ok(
-            &nodes[x],
-            "POST",
-            "/direct/long/put?key=blob",
-            &value(calls),
-        )
-        .await;
-        assert_eq!(r.status, 200, "{}", r.text());
+        put_blob(&nodes[x], &value(calls)).await;
         assert!(calls < 5_000, "the WAL never reached {full} bytes");
     }
     let long = std::fs::metadata(&wal).unwrap().len();
     for _ in 0..40 {
         calls += 1;
-        let r = until_ok(
-            &nodes[x],
-            "POST",
-            "/direct/long/put?key=blob",
-            &value(calls),
-        )
-        .await;
-        assert_eq!(r.status, 200, "{}", r.text());
+        put_blob(&nodes[x], &value(calls)).await;
         let r = until_ok(&nodes[x], "POST", "/direct/long/incr", "").await;
         assert_eq!(r.status, 200, "{}", r.text());
         counted += 1;
