@@ -8,11 +8,17 @@ socket on a hibernated Weir actor.
 Each server is loaded by the same generator (bench/ws-echo's `ws-load`, a
 Rust client): SOCKETS sockets, each sending a SIZE-byte text message and
 waiting for its echo, in a loop. Prints round trips per second and the
-p50/p99 round-trip latency, and the ratio to the ceiling. The servers are
+p50/p99 round-trip latency, and the ratio to the ceiling. That closed loop
+gives the most each server answers; its latency is mostly the queue the
+loop itself fills. So each server is then also loaded at fixed rates
+(--paced, messages per second over all sockets, open loop: each socket
+sends on schedule, and a round trip is timed from when its message was
+due), which gives the latency a client sees at that load. The servers are
 measured --rounds times, interleaved and every other round reversed, and
 the median round is reported.
 
 Usage: python3 bench/websockets.py [--rounds 3] [--duration 10] [--sockets 100] [--size 32]
+       [--paced 5000,20000] (open-loop rates, msg/s; 0: none)
        [--idle 2000] (sockets held for the memory figure) [--no-workerd]
        [--baseline BIN] (adds the actor echo on another weir binary, for an A/B)
 """
@@ -180,6 +186,25 @@ def idle_memory(n, binary=None):
         shutil.rmtree(data, ignore_errors=True)
 
 
+def machine_ticks():
+    """The machine's CPU time so far, in clock ticks: (stolen, total)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[7] if len(fields) > 7 else 0, sum(fields[:8])
+
+
+def load(url, args, rate=None):
+    """One ws-load run; with the share of the machine's CPU the hypervisor
+    took meanwhile (steal), which slows every server alike."""
+    machine = machine_ticks()
+    cmd = [str(RELEASE / "ws-load"), url, str(args.sockets), str(args.duration), str(args.size)]
+    out = subprocess.run(cmd + ([str(rate)] if rate else []),
+                         check=True, capture_output=True, text=True).stdout
+    stolen, elapsed = (b - a for a, b in zip(machine, machine_ticks()))
+    m = json.loads(out)
+    m["steal"] = 100.0 * stolen / elapsed if elapsed else 0.0
+    return m
+
+
 def measure(start, args):
     port = free_port()
     data = tempfile.mkdtemp(prefix="weir-wsbench-")
@@ -189,14 +214,14 @@ def measure(start, args):
         subprocess.run([str(RELEASE / "ws-load"), url, str(args.sockets), "1", str(args.size)],
                        check=True, capture_output=True)
         before = cpu_ticks(proc.pid)
-        out = subprocess.run(
-            [str(RELEASE / "ws-load"), url, str(args.sockets), str(args.duration), str(args.size)],
-            check=True, capture_output=True, text=True).stdout
-        m = json.loads(out)
+        m = load(url, args)
         # The server's own CPU per echoed message: steadier between rounds
         # than the rate, which moves with whatever else the machine runs.
         ticks = cpu_ticks(proc.pid) - before
         m["cpu_us"] = ticks * 1e6 / os.sysconf("SC_CLK_TCK") / max(m["messages"], 1)
+        m["paced"] = {}
+        for rate in args.paced:
+            m["paced"][rate] = load(url, args, rate)
         return m
     finally:
         proc.terminate()
@@ -215,9 +240,12 @@ def main():
     p.add_argument("--size", type=int, default=32)
     p.add_argument("--no-build", action="store_true")
     p.add_argument("--no-workerd", action="store_true")
+    p.add_argument("--paced", default="5000,20000",
+                   help="open-loop rates in msg/s over all sockets, comma-separated; 0 for none")
     p.add_argument("--idle", type=int, default=2000)
     p.add_argument("--baseline", help="another weir binary whose actor echo runs beside this one's")
     args = p.parse_args()
+    args.paced = [int(r) for r in args.paced.split(",") if int(r) > 0]
     if not args.no_build:
         build()
     global WORKERD
@@ -241,8 +269,14 @@ def main():
             m = measure(start, args)
             results[name].append(m)
             print(f"round {r + 1}: {name}: {m['per_s']:.0f} msg/s, p50 {m['p50_us']} us, "
-                  f"p99 {m['p99_us']} us, server CPU {m['cpu_us']:.2f} us/msg, errors {m['errors']}",
+                  f"p99 {m['p99_us']} us, server CPU {m['cpu_us']:.2f} us/msg, errors {m['errors']}, "
+                  f"steal {m['steal']:.1f}%",
                   file=sys.stderr)
+            for rate, pm in m["paced"].items():
+                print(f"round {r + 1}: {name}: paced at {rate} msg/s: {pm['per_s']:.0f} echoed/s, "
+                      f"p50 {pm['p50_us']} us, p99 {pm['p99_us']} us, p99.9 {pm['p999_us']} us, "
+                      f"max {pm['max_us']} us, errors {pm['errors']}, steal {pm['steal']:.1f}%",
+                      file=sys.stderr)
     median = {}
     for name, runs in results.items():
         runs = sorted(runs, key=lambda m: m["per_s"])
@@ -251,10 +285,19 @@ def main():
     print(f"{args.sockets} sockets, {args.size}-byte text echo, {args.duration:.0f} s, "
           f"median of {args.rounds} rounds")
     print(f"{'server':36} {'msg/s':>9} {'p50 us':>8} {'p99 us':>8} {'vs ceiling':>10} "
-          f"{'CPU us/msg':>10}")
+          f"{'CPU us/msg':>10} {'steal %':>7}")
     for name, m in median.items():
         print(f"{name:36} {m['per_s']:9.0f} {m['p50_us']:8} {m['p99_us']:8} "
-              f"{m['per_s'] / ceiling:9.2f}x {m['cpu_us']:10.2f}")
+              f"{m['per_s'] / ceiling:9.2f}x {m['cpu_us']:10.2f} {m['steal']:7.1f}")
+    for rate in args.paced:
+        print(f"paced at {rate} msg/s over {args.sockets} sockets (open loop; median round by p99)")
+        print(f"{'server':36} {'echoed/s':>9} {'p50 us':>8} {'p99 us':>8} {'p99.9 us':>9} "
+              f"{'errors':>7} {'steal %':>7}")
+        for name, runs in results.items():
+            runs = sorted((m["paced"][rate] for m in runs), key=lambda pm: pm["p99_us"])
+            pm = runs[len(runs) // 2]
+            print(f"{name:36} {pm['per_s']:9.0f} {pm['p50_us']:8} {pm['p99_us']:8} "
+                  f"{pm['p999_us']:9} {pm['errors']:7} {pm['steal']:7.1f}")
     actor = median.get("weir actor echo (hibernatable)")
     workerd = median.get("workerd DO echo (hibernation API)")
     if actor and workerd:
