@@ -28,7 +28,7 @@
 
 use std::path::Path;
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension};
 
 use crate::confinement::{self, Confinement, ResultBudget, ResultTooLarge, StopCheck};
 pub use crate::replica::ReplicaStart;
@@ -295,23 +295,20 @@ impl ActorDb {
 
     /// Adopts the persisted incarnation counter, bumps it and makes the bump
     /// durable before returning the new number.
+    ///
+    /// Every fresh generation of an actor runs this (every
+    /// `retirement_admission_limit` turns, and at every wake), so it is one
+    /// statement, prepared once per connection: it reads, bumps and commits
+    /// in its own transaction.
     pub fn adopt_incarnation(&mut self) -> Result<u64, ActorStoreError> {
-        let tx = self.conn.transaction()?;
-        let current: i64 = tx
-            .query_row(
-                "SELECT value FROM _weir_meta WHERE name = 'incarnation'",
-                [],
-                |r| r.get(0),
-            )
-            .optional()?
-            .unwrap_or(0);
-        let next = current + 1;
-        tx.execute(
-            "INSERT INTO _weir_meta (name, value) VALUES ('incarnation', ?1)
-             ON CONFLICT(name) DO UPDATE SET value = excluded.value",
-            params![next],
-        )?;
-        tx.commit()?;
+        let next: i64 = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO _weir_meta (name, value) VALUES ('incarnation', 1)
+                 ON CONFLICT(name) DO UPDATE SET value = value + 1
+                 RETURNING value",
+            )?
+            .query_row([], |r| r.get(0))?;
         self.commits += 1;
         Ok(next as u64)
     }
