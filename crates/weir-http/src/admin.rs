@@ -44,6 +44,9 @@ pub struct AdminState {
     pub tenants: Vec<Tenant>,
     /// The data dir's image store.
     pub images: Option<Arc<ImageStore>>,
+    /// Compiles a pushed image for the programs that may run it, before
+    /// the push is answered (blocking; run off the runtime's threads).
+    pub prepare_image: Option<PrepareImage>,
     /// What `/apps/<name>/deploy` and `/rollback` call.
     pub deployer: Option<Arc<dyn Deployer>>,
     /// The bearer token `/actors`, `/images`, `/processes` and `/apps`
@@ -53,6 +56,9 @@ pub struct AdminState {
     /// know (the cluster).
     pub sections: Vec<(&'static str, StatusSection)>,
 }
+
+/// See [`AdminState::prepare_image`].
+pub type PrepareImage = Arc<dyn Fn(&weir_programs::Digest) -> Result<(), String> + Send + Sync>;
 
 /// One named part of `/status`, read when it is asked for.
 pub type StatusSection = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
@@ -382,7 +388,9 @@ async fn route(state: &AdminState, req: Request<Incoming>) -> Response<ServeBody
     }
     if let Some(rest) = under(&path, "/images") {
         return match &state.images {
-            Some(store) => crate::admin_images::route(store, req, rest).await,
+            Some(store) => {
+                crate::admin_images::route(store, state.prepare_image.as_ref(), req, rest).await
+            }
             None => error(StatusCode::NOT_FOUND, "not_found", "no image store"),
         };
     }

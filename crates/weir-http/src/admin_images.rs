@@ -16,7 +16,7 @@ use serde_json::json;
 use weir_programs::{Digest, ImageError, ImageStore};
 use weir_runtime::WeirError;
 
-use crate::admin::{BodyRefused, error, json_response, read_limited};
+use crate::admin::{BodyRefused, PrepareImage, error, json_response, read_limited};
 use crate::response_body::ServeBody;
 
 fn image_error(e: ImageError) -> Response<ServeBody> {
@@ -26,7 +26,12 @@ fn image_error(e: ImageError) -> Response<ServeBody> {
 }
 
 /// Serves `/images…`; `rest` is the path after `/images`.
-pub async fn route(store: &ImageStore, req: Request<Incoming>, rest: &str) -> Response<ServeBody> {
+pub async fn route(
+    store: &ImageStore,
+    prepare: Option<&PrepareImage>,
+    req: Request<Incoming>,
+    rest: &str,
+) -> Response<ServeBody> {
     let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
     match (req.method().clone(), parts.as_slice()) {
         (Method::GET, []) => match store.list() {
@@ -45,7 +50,7 @@ pub async fn route(store: &ImageStore, req: Request<Incoming>, rest: &str) -> Re
                 }
                 Err(BodyRefused::Broken(response)) => return response,
             };
-            push(store, &body)
+            push(store, prepare, &body).await
         }
         (Method::DELETE, [digest]) => match digest.parse::<Digest>() {
             Ok(digest) => match store.remove(&digest) {
@@ -69,14 +74,36 @@ pub async fn route(store: &ImageStore, req: Request<Incoming>, rest: &str) -> Re
     }
 }
 
-fn push(store: &ImageStore, bytes: &Bytes) -> Response<ServeBody> {
+/// Stores the image, then compiles it for the programs that may run it
+/// (a push answers once the image is ready to spawn: compiling a large
+/// image inside the first spawning turn would run into that turn's
+/// deadline). Bytes that do not compile are still stored, as pushed; the
+/// answer says why they will not run.
+async fn push(
+    store: &ImageStore,
+    prepare: Option<&PrepareImage>,
+    bytes: &Bytes,
+) -> Response<ServeBody> {
     match store.push(bytes) {
         Ok((root, stored)) => {
-            let mut response = json_response(&json!({
-                "digest": root.digest(),
+            let digest = root.digest();
+            let mut body = json!({
+                "digest": digest,
                 "bytes": bytes.len(),
                 "stored": stored,
-            }));
+            });
+            if let Some(prepare) = prepare {
+                let prepare = prepare.clone();
+                let compiled = tokio::task::spawn_blocking(move || prepare(&digest))
+                    .await
+                    .unwrap_or_else(|e| Err(format!("compiling the image failed: {e}")));
+                body["compiled"] = json!(compiled.is_ok());
+                if let Err(why) = compiled {
+                    body["compile_error"] = json!(why);
+                }
+            }
+            drop(root);
+            let mut response = json_response(&body);
             if stored {
                 *response.status_mut() = StatusCode::CREATED;
             }

@@ -134,6 +134,14 @@ impl ProgramsHost {
             .clone()
     }
 
+    /// Compiles a pushed image for this host's programs engine (see
+    /// [`Loader::prepare`]). Blocking: call it off the runtime's threads.
+    pub fn prepare_image(&self, digest: &Digest) -> Result<(), String> {
+        let loader = self.loader()?;
+        let mut root = loader.images.root(digest).map_err(|e| e.to_string())?;
+        loader.prepare(&mut root).map_err(|e| e.to_string())
+    }
+
     pub(crate) fn slots(&self) -> Result<Arc<Slots>, String> {
         self.slots
             .get_or_init(|| {

@@ -114,6 +114,24 @@ impl Loader {
         self.limits.programs.max_image_bytes
     }
 
+    /// Compiles the rooted image into the code cache (or finds it there),
+    /// without linking it: what a push does, so that the first spawn of an
+    /// image only loads its code and does not compile it inside the
+    /// spawning turn's deadline.
+    pub fn prepare(&self, root: &mut Root) -> Result<(), ProgramLoadError> {
+        let bytes = self.images.read(root)?;
+        self.cache
+            .component(&self.engine, &bytes)
+            .map(drop)
+            .map_err(|reason| {
+                LoadError::Compile {
+                    path: root.digest().to_string(),
+                    reason,
+                }
+                .into()
+            })
+    }
+
     /// The rooted image as a program called `name`: verified, compiled (or
     /// taken from the cache) and linked as a command.
     pub fn load(&self, root: &mut Root, name: &str) -> Result<Program, ProgramLoadError> {

@@ -323,6 +323,21 @@ impl Server {
             &config.data_dir.join(IMAGES_DIR),
             config.limits.programs.max_image_bytes,
         )?);
+        // A pushed image is compiled for every app whose actors may spawn
+        // it (apps with the same memory limit share one artifact).
+        let programs: Vec<_> = tenants
+            .iter()
+            .filter(|t| t.actors.is_some())
+            .map(|t| t.programs.clone())
+            .collect();
+        let prepare_image = (!programs.is_empty()).then(|| {
+            let prepare: weir_http::admin::PrepareImage = Arc::new(move |digest| {
+                programs
+                    .iter()
+                    .try_for_each(|programs| programs.prepare_image(digest))
+            });
+            prepare
+        });
         let admin = admin_listener.map(|listener| {
             let deployer: Arc<dyn weir_http::admin_apps::Deployer> = apps.clone();
             let state = Arc::new(AdminState {
@@ -337,6 +352,7 @@ impl Server {
                     })
                     .collect(),
                 images: Some(images),
+                prepare_image: prepare_image.clone(),
                 deployer: Some(deployer),
                 token,
                 sections: cluster

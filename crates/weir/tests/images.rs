@@ -226,3 +226,73 @@ async fn the_admin_address_pushes_lists_removes_and_sweeps_images_for_the_token_
     drop(weir);
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// A push answers once the image is compiled for the programs that may
+/// run it, so that the first spawn of a large image does not compile it
+/// inside the spawning turn's deadline; bytes that do not compile are
+/// stored as pushed, and the answer says why they will not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pushed_image_is_compiled_before_the_push_is_answered() {
+    let data = data_dir("compiled-at-push");
+    let weir = common::programs::serve_runner(&data, &[]);
+    let bytes = std::fs::read(cmdprobe()).unwrap();
+    let hex = sha256_hex(&bytes);
+    let artifacts = |hex: &str| {
+        std::fs::read_dir(data.join("images/compiled"))
+            .map(|dir| {
+                dir.filter(|e| {
+                    e.as_ref()
+                        .unwrap()
+                        .file_name()
+                        .to_string_lossy()
+                        .starts_with(hex)
+                })
+                .count()
+            })
+            .unwrap_or(0)
+    };
+    assert_eq!(artifacts(&hex), 0, "nothing is compiled before the push");
+
+    let pushed = admin(&weir, "PUT", "/images", bytes.clone(), true).await;
+    assert_eq!(pushed.status, 201, "{:?}", pushed.body);
+    assert_eq!(pushed.json()["compiled"], true, "{:?}", pushed.body);
+    assert_eq!(
+        artifacts(&hex),
+        1,
+        "its code is in the cache when the push is answered"
+    );
+
+    // Not a component: stored, and not compiled.
+    let junk = b"\0asm\x01\0\0\0 not a component".to_vec();
+    let refused = admin(&weir, "PUT", "/images", junk.clone(), true).await;
+    assert_eq!(refused.status, 201, "{:?}", refused.body);
+    assert_eq!(refused.json()["compiled"], false, "{:?}", refused.body);
+    let why = refused.json()["compile_error"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(why.contains("does not compile"), "{why}");
+    assert_eq!(artifacts(&sha256_hex(&junk)), 0);
+
+    // An actor's first spawn of it loads that code, and runs it.
+    let spawned = common::programs::call(
+        &weir,
+        "POST",
+        &format!("/r/o/spawn/sha256:{hex}?contract=lifetime&arg=exit&arg=0"),
+        b"",
+    )
+    .await;
+    assert_eq!(spawned.status, 200, "{}", spawned.text());
+    let pid = spawned.json()["pid"].as_u64().unwrap();
+    let waited = common::programs::call(
+        &weir,
+        "POST",
+        &format!("/r/o/wait/{pid}?timeout=20000"),
+        b"",
+    )
+    .await;
+    assert_eq!(waited.json()["exited"]["exit_code"], 0, "{}", waited.text());
+    assert_eq!(artifacts(&hex), 1, "and nothing is compiled again");
+    drop(weir);
+    let _ = std::fs::remove_dir_all(&data);
+}
