@@ -2,13 +2,11 @@
 //! ([`crate::entries`]), its own SQL tables, its named timers
 //! ([`crate::timers`]), its launch journal ([`crate::journal`]) and its
 //! incarnation counter — and the turn transaction that makes a turn's writes
-//! all-or-nothing. This module opens the database, keeps its schema, the
-//! incarnation and the turn's transaction, and runs the guest's SQL.
+//! all-or-nothing ([`crate::turn_transaction`]). This module opens the
+//! database, keeps its schema, the incarnation and its checkpoints, and
+//! runs the guest's SQL.
 //!
 //! Invariants owned here:
-//! - every write of a turn happens inside one transaction, committed at the
-//!   turn's end or at an explicit [`ActorDb::sync`]; a turn that is rolled
-//!   back, or a process that dies before the commit, leaves none of it;
 //! - one entry (key and value together) is at most [`MAX_ENTRY_BYTES`]; a
 //!   larger one fails with the limit named and writes nothing, and a
 //!   `put_many` with one oversized entry writes none of them;
@@ -121,9 +119,9 @@ pub struct ActorDb {
     pub(crate) conn: Connection,
     /// The authorizer: Weir's statements, or the guest's under its rules.
     confinement: Confinement,
-    in_turn: bool,
+    pub(crate) in_turn: bool,
     /// Commits since the WAL was last checkpointed.
-    commits: u32,
+    pub(crate) commits: u32,
     pub(crate) max_result_bytes: usize,
     /// A replica's capture of its commits (cluster mode): SQLite never
     /// checkpoints it on its own.
@@ -313,13 +311,6 @@ impl ActorDb {
         Ok(next as u64)
     }
 
-    /// Runs a transaction-control statement, prepared once per connection:
-    /// every turn runs two of them, and parsing them each time was a
-    /// measurable share of a small turn.
-    fn control(&self, sql: &str) -> Result<(), rusqlite::Error> {
-        self.conn.prepare_cached(sql)?.execute([]).map(drop)
-    }
-
     /// Commits since this connection last checkpointed by hand (SQLite's
     /// automatic checkpoints are not counted: this over-counts, which only
     /// makes a checkpoint at hibernation more likely).
@@ -360,71 +351,6 @@ impl ActorDb {
             }
         }
         self.commits = 0;
-        Ok(())
-    }
-
-    /// Runs `f` as one transaction of its own, committed before this
-    /// returns (for work outside any turn: the launch journal's).
-    pub fn transaction<T>(
-        &mut self,
-        f: impl FnOnce(&mut ActorDb) -> Result<T, ActorStoreError>,
-    ) -> Result<T, ActorStoreError> {
-        self.begin_turn()?;
-        match f(self) {
-            Ok(value) => {
-                self.commit_turn()?;
-                Ok(value)
-            }
-            Err(e) => {
-                let _ = self.rollback_turn();
-                Err(e)
-            }
-        }
-    }
-
-    /// Starts a turn: everything until [`ActorDb::commit_turn`] or
-    /// [`ActorDb::rollback_turn`] is one transaction.
-    pub fn begin_turn(&mut self) -> Result<(), ActorStoreError> {
-        if !self.in_turn {
-            self.control("BEGIN IMMEDIATE")?;
-            self.in_turn = true;
-        }
-        Ok(())
-    }
-
-    /// Makes the turn's writes so far durable and goes on in a new
-    /// transaction (the durability barrier).
-    pub fn sync(&mut self) -> Result<(), ActorStoreError> {
-        if self.in_turn {
-            self.control("COMMIT")?;
-            self.commits += 1;
-            self.control("BEGIN IMMEDIATE")?;
-        }
-        Ok(())
-    }
-
-    /// Commits the turn. A commit that fails (a deferred constraint, a
-    /// full disk) rolls the whole turn back before returning the error.
-    pub fn commit_turn(&mut self) -> Result<(), ActorStoreError> {
-        if self.in_turn {
-            self.in_turn = false;
-            if let Err(e) = self.control("COMMIT") {
-                if !self.conn.is_autocommit() {
-                    let _ = self.control("ROLLBACK");
-                }
-                return Err(e.into());
-            }
-            self.commits += 1;
-        }
-        Ok(())
-    }
-
-    /// Drops the turn's writes.
-    pub fn rollback_turn(&mut self) -> Result<(), ActorStoreError> {
-        if self.in_turn {
-            self.in_turn = false;
-            self.control("ROLLBACK")?;
-        }
         Ok(())
     }
 

@@ -26,6 +26,7 @@ pub mod kv_op;
 pub mod replica;
 pub mod sql;
 pub mod timers;
+pub mod turn_transaction;
 
 /// Keys returned by one `list_keys` page. Large enough that few round trips
 /// are needed, small enough that one page is never a memory problem.
