@@ -352,7 +352,7 @@ impl Server {
                     })
                     .collect(),
                 images: Some(images),
-                prepare_image: prepare_image.clone(),
+                prepare_image,
                 deployer: Some(deployer),
                 token,
                 sections: cluster
