@@ -543,28 +543,32 @@ fn the_protocol_keeps_its_invariants_over_ten_thousand_seeded_schedules() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(SCHEDULES);
     let started = std::time::Instant::now();
-    let (mut acked, mut takeovers, mut refused) = (0u64, 0u64, 0u64);
-    let (mut runs, mut snapshots) = (0u64, 0u64);
-    let number = |summary: &str, i: usize| {
-        summary
-            .split(", ")
-            .nth(i)
-            .and_then(|part| part.split_whitespace().next())
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    for seed in 0..schedules {
-        match run(seed) {
-            Ok(summary) => {
-                acked += number(&summary, 0);
-                takeovers += number(&summary, 2);
-                refused += number(&summary, 3);
-                runs += number(&summary, 4);
-                snapshots += number(&summary, 5);
+    // Each schedule is independent and runs on a runtime of its own, so
+    // the seeds are shared out over the machine's cores; the totals are
+    // sums, and a failure names the lowest failing seed whatever the order.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let outcomes: Vec<Result<[u64; 5], (u64, String)>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| scope.spawn(move || schedules_from(t, threads, schedules)))
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let mut totals = [0u64; 5];
+    let mut failed: Option<(u64, String)> = None;
+    for outcome in outcomes {
+        match outcome {
+            Ok(sums) => totals.iter_mut().zip(sums).for_each(|(t, s)| *t += s),
+            Err((seed, wrong)) => {
+                if failed.as_ref().is_none_or(|(first, _)| seed < *first) {
+                    failed = Some((seed, wrong));
+                }
             }
-            Err(wrong) => panic!("seed {seed} (replay with WEIR_SIM_SEED={seed}):\n{wrong}"),
         }
     }
+    if let Some((seed, wrong)) = failed {
+        panic!("seed {seed} (replay with WEIR_SIM_SEED={seed}):\n{wrong}");
+    }
+    let [acked, takeovers, refused, runs, snapshots] = totals;
     println!(
         "{schedules} schedules: {acked} acknowledged writes, {takeovers} takeovers, \
          {refused} commits refused by the fence, {runs} entries of several writes, {snapshots} snapshots; \
@@ -580,4 +584,26 @@ fn the_protocol_keeps_its_invariants_over_ten_thousand_seeded_schedules() {
         runs > 0,
         "writes queued during a round trip went as one entry"
     );
+}
+
+/// Runs every `step`th seed below `schedules` from `first`; the sums of
+/// their summaries (acknowledged, takeovers, refused, runs, snapshots), or
+/// the first seed that broke an invariant and what it broke.
+fn schedules_from(first: u64, step: u64, schedules: u64) -> Result<[u64; 5], (u64, String)> {
+    let number = |summary: &str, i: usize| {
+        summary
+            .split(", ")
+            .nth(i)
+            .and_then(|part| part.split_whitespace().next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let mut sums = [0u64; 5];
+    for seed in (first..schedules).step_by(step as usize) {
+        let summary = run(seed).map_err(|wrong| (seed, wrong))?;
+        for (sum, i) in sums.iter_mut().zip([0, 2, 3, 4, 5]) {
+            *sum += number(&summary, i);
+        }
+    }
+    Ok(sums)
 }
