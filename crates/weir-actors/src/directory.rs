@@ -163,8 +163,7 @@ mod tests {
 
     #[test]
     fn actors_are_created_found_listed_and_deleted() {
-        let data = std::env::temp_dir().join(format!("weir-actors-dir-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&data);
+        let data = weir_scratch::dir("actors-dir");
         let directory = ActorDirectory::new(&data, Durability::Process);
         let a = ActorAddress::new("counter", "a").unwrap();
         let b = ActorAddress::new("counter", "b.eu").unwrap();

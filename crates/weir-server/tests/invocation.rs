@@ -30,8 +30,7 @@ fn root() -> PathBuf {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("weir-server-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = weir_scratch::dir(&format!("server-{name}"));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

@@ -378,8 +378,7 @@ mod tests {
     use super::*;
 
     fn open(name: &str) -> (ActorDb, std::path::PathBuf) {
-        let dir = std::env::temp_dir().join(format!("weir-actor-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = weir_scratch::dir(&format!("actor-{name}"));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("actor.sqlite3");
         (ActorDb::open(&path, Durability::Process).unwrap(), path)

@@ -443,7 +443,7 @@ mod tests {
     fn vacuum_is_refused_inside_the_host_transaction() {
         let (conn, c) = conn(None);
         conn.execute_batch("BEGIN").unwrap();
-        let path = std::env::temp_dir().join(format!("weir-vacuum-{}", std::process::id()));
+        let path = weir_scratch::dir("vacuum");
         let err = guest(&conn, &c, &format!("VACUUM INTO '{}'", path.display())).unwrap_err();
         assert!(
             err.contains("refused: VACUUM") || err.contains("refused: ATTACH"),
@@ -635,8 +635,7 @@ mod tests {
             fn no_statement_sequence_escapes(statements in proptest::collection::vec(statement(), 1..8)) {
                 static CASE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
                 let case = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let dir = std::env::temp_dir().join(format!("weir-confine-prop-{}-{case}", std::process::id()));
-                let _ = std::fs::remove_dir_all(&dir);
+                let dir = weir_scratch::dir(&format!("confine-prop-{case}"));
                 std::fs::create_dir_all(&dir).unwrap();
                 let dir_text = dir.display().to_string();
                 let statements: Vec<String> = statements.iter().map(|s| s.replace("DIR", &dir_text)).collect();

@@ -144,8 +144,7 @@ mod tests {
 
     #[test]
     fn one_holder_at_a_time_and_the_token_is_private_and_stable() {
-        let dir = std::env::temp_dir().join(format!("weir-datadir-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = weir_scratch::dir("datadir");
         let held = DataDir::open(&dir).unwrap();
         match DataDir::open(&dir) {
             Err(DataDirError::InUse { holder, .. }) => {

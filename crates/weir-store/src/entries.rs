@@ -134,8 +134,7 @@ mod tests {
     use crate::Durability;
 
     fn open(name: &str) -> (ActorDb, std::path::PathBuf) {
-        let dir = std::env::temp_dir().join(format!("weir-entries-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = weir_scratch::dir(&format!("entries-{name}"));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("actor.sqlite3");
         (ActorDb::open(&path, Durability::Process).unwrap(), path)

@@ -422,8 +422,7 @@ mod tests {
     }
 
     fn db(name: &str) -> Arc<SqlDatabase> {
-        let dir = std::env::temp_dir().join(format!("weir-sql-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = weir_scratch::dir(&format!("sql-{name}"));
         SqlDatabases::open(&dir, &["d".into()], Durability::Process)
             .unwrap()
             .get("d")

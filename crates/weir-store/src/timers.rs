@@ -103,8 +103,7 @@ mod tests {
     use crate::Durability;
 
     fn open(name: &str) -> ActorDb {
-        let dir = std::env::temp_dir().join(format!("weir-timers-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = weir_scratch::dir(&format!("timers-{name}"));
         std::fs::create_dir_all(&dir).unwrap();
         ActorDb::open(&dir.join("actor.sqlite3"), Durability::Process).unwrap()
     }

@@ -6,8 +6,7 @@ mod common;
 use common::{Weir, probe, root, run_weir};
 
 fn tempdir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("weir-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = weir_scratch::dir(&format!("cli-{name}"));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

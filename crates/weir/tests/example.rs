@@ -32,8 +32,7 @@ async fn target() -> u16 {
 
 /// A fresh data dir for one example, and its config file.
 fn example(name: &str, config: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-    let data = std::env::temp_dir().join(format!("weir-example-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data);
+    let data = weir_scratch::dir(&format!("example-{name}"));
     (data, root().join(config))
 }
 
@@ -192,8 +191,7 @@ async fn the_two_apps_example_serves_the_shortener_and_the_rate_limiter_side_by_
 async fn the_rate_limiter_keeps_one_bucket_per_client_across_restarts() {
     guest("ratelimit");
     guest("ratelimit_bucket");
-    let data = std::env::temp_dir().join(format!("weir-example-rl-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data);
+    let data = weir_scratch::dir("example-rl");
     let config = root().join("guests/ratelimit/weir.toml");
     let args = [
         "--config",
@@ -223,8 +221,7 @@ async fn the_rate_limiter_keeps_one_bucket_per_client_across_restarts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_durable_app_keeps_its_notes_across_sigkill_and_comes_back_under_a_new_pid() {
     guest("notes_owner");
-    let data = std::env::temp_dir().join(format!("weir-example-notes-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data);
+    let data = weir_scratch::dir("example-notes");
     let config = root().join("guests/notes-owner/weir.toml");
     let app = guest("notes_app");
     // Pushed with the CLI, straight into the data dir's image store.

@@ -17,9 +17,7 @@ use http_body_util::Full;
 use serde_json::Value;
 
 fn data_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("weir-fenced-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    weir_scratch::dir(&format!("fenced-{name}"))
 }
 
 fn serve(data: &Path, limits: &[&str]) -> Weir {

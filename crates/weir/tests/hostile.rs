@@ -355,7 +355,7 @@ fn table_bomb(grow_by: u64) -> PathBuf {
     let wat = std::fs::read_to_string(root().join("guests/wat/table-bomb.wat"))
         .unwrap()
         .replace("GROW_BY", &grow_by.to_string());
-    let path = std::env::temp_dir().join(format!("weir-table-bomb-{}.wasm", std::process::id()));
+    let path = weir_scratch::dir("table-bomb.wasm");
     std::fs::write(&path, wat::parse_str(&wat).unwrap()).unwrap();
     path
 }

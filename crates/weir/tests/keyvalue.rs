@@ -14,9 +14,7 @@ use http::Request;
 use http_body_util::Full;
 
 fn data_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("weir-kv-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    weir_scratch::dir(&format!("kv-{name}"))
 }
 
 fn start(dir: &std::path::Path, extra: &[&str]) -> Weir {

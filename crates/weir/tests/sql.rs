@@ -14,9 +14,7 @@ use http_body_util::Full;
 use serde_json::{Value, json};
 
 fn data_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("weir-sql-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    weir_scratch::dir(&format!("sql-{name}"))
 }
 
 fn start(dir: &std::path::Path, extra: &[&str]) -> Weir {

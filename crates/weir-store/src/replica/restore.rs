@@ -224,8 +224,7 @@ mod tests {
     use rusqlite::Connection;
 
     fn dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("weir-restore-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = weir_scratch::dir(&format!("restore-{name}"));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }

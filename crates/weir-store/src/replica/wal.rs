@@ -203,8 +203,7 @@ mod tests {
     }
 
     fn dir(name: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("weir-wal-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = weir_scratch::dir(&format!("wal-{name}"));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }

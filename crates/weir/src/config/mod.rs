@@ -415,7 +415,7 @@ mod secrets {
     fn resolve(section: &str) -> Result<Config, UsageError> {
         static CASE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let case = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("weir-secrets-{}-{case}", std::process::id()));
+        let dir = weir_scratch::dir(&format!("secrets-{case}"));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("app.wasm"), b"").unwrap();
         std::fs::write(dir.join("key.txt"), "from-a-file\n").unwrap();
@@ -546,7 +546,7 @@ mod properties {
         fn any_config_file_is_accepted_or_refused(lines in proptest::collection::vec(line(), 0..12)) {
             static CASE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
             let case = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let dir = std::env::temp_dir().join(format!("weir-config-prop-{}-{case}", std::process::id()));
+            let dir = weir_scratch::dir(&format!("config-prop-{case}"));
             std::fs::create_dir_all(&dir).unwrap();
             let file = dir.join("weir.toml");
             std::fs::write(&file, lines.join("\n")).unwrap();

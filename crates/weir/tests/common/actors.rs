@@ -13,9 +13,7 @@ use serde_json::Value;
 use super::{Resp, Weir, guest, wait_for};
 
 pub fn data_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("weir-actors-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    weir_scratch::dir(&format!("actors-{name}"))
 }
 
 pub fn start(dir: &Path, extra: &[&str]) -> Weir {

@@ -18,8 +18,7 @@ pub const V2: &str = "hello from weir, next version\n";
 
 /// A `weir.toml` in a directory of its own; returns its path.
 pub fn config_file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("weir-apps-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = weir_scratch::dir(&format!("apps-{name}"));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("weir.toml");
     std::fs::write(&file, text).unwrap();

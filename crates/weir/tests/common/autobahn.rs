@@ -87,14 +87,9 @@ pub fn run(kosoku: &PathBuf, url: &str) -> Report {
 }
 
 fn tempdir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "weir-autobahn-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = weir_scratch::dir(&format!("autobahn-{n}"));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

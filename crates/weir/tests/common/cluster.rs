@@ -108,8 +108,7 @@ impl Postgres {
     pub fn start() -> Postgres {
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("weir-pg-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = weir_scratch::dir(&format!("pg-{n}"));
         std::fs::create_dir_all(&dir).unwrap();
         let user = unprivileged();
         if let Some(user) = user {
@@ -275,7 +274,7 @@ pub fn node_dir(test: &str, node: &str) -> PathBuf {
 
 /// Where [`node_dir`] put a node's data directory (left as it is).
 pub fn node_path(test: &str, node: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("weir-cluster-{test}-{node}-{}", std::process::id()))
+    weir_scratch::path(&format!("cluster-{test}-{node}"))
 }
 
 /// Starts node `name` of the cluster on `pg`, its data under `dir`: the

@@ -11,9 +11,7 @@ use serde_json::{Value, json};
 use super::*;
 
 pub fn data_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("weir-hostile-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    weir_scratch::dir(&format!("hostile-{name}"))
 }
 
 /// The hostile guest as the app and as actor class `hostile` (route `/h`),

@@ -82,9 +82,7 @@ pub struct Weir {
 pub fn fresh_data_dir() -> PathBuf {
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("weir-test-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    weir_scratch::dir(&format!("test-{n}"))
 }
 
 /// What `weir` printed before it exited or became ready.

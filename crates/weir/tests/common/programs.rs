@@ -77,9 +77,7 @@ impl Ran {
 
 /// A data dir of its own.
 pub fn data_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("weir-programs-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    weir_scratch::dir(&format!("programs-{name}"))
 }
 
 pub fn spawn(data: &Path, args: &[&str], stdin: Stdio) -> Child {
@@ -194,9 +192,7 @@ pub struct Owners {
 
 impl Owners {
     pub async fn start(name: &str, limits: &[&str]) -> Owners {
-        let data =
-            std::env::temp_dir().join(format!("weir-processes-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&data);
+        let data = weir_scratch::dir(&format!("processes-{name}"));
         Self::start_in(data, limits).await
     }
 
