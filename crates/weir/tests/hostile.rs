@@ -1,7 +1,8 @@
 //! A hostile tenant, from outside: the `hostile` guest (as the app and as
 //! an actor class) tries the doors of storage and memory — SQL escapes,
 //! runaway queries, result, memory and table bombs, names that do not fit
-//! a file system — against a real `weir serve`. The transport's doors are
+//! a file system, and what an actor may hang on its sockets — against a
+//! real `weir serve`. The transport's doors are
 //! in `hostile_clients.rs`. Each test names what must hold.
 
 mod common;
@@ -452,4 +453,115 @@ async fn no_actor_name_can_break_storage_and_bad_files_never_stop_the_server() {
         "2"
     );
     assert_eq!(weir.get("/p/n/incr").await.text(), "2");
+}
+
+/// Opens `/h/<actor>/ws?<query>` on the hostile actor class: the socket,
+/// or the status and body of the answer that refused it.
+async fn hostile_socket(
+    weir: &Weir,
+    actor: &str,
+    query: &str,
+) -> Result<HostileSocket, (u16, String)> {
+    use tokio_tungstenite::tungstenite::Error;
+    let url = format!("ws://{}/h/{actor}/ws?{query}", weir.addr);
+    match tokio_tungstenite::connect_async(url).await {
+        Ok((ws, response)) => {
+            assert_eq!(response.status(), 101);
+            Ok(ws)
+        }
+        Err(Error::Http(response)) => Err((
+            response.status().as_u16(),
+            String::from_utf8_lossy(response.body().as_deref().unwrap_or_default()).into(),
+        )),
+        Err(e) => panic!("{query}: {e}"),
+    }
+}
+
+type HostileSocket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Sends `text` (if any) and returns the next text message.
+async fn exchange(ws: &mut HostileSocket, text: Option<String>) -> String {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    if let Some(text) = text {
+        ws.send(Message::text(text)).await.unwrap();
+    }
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), ws.next()).await {
+            Ok(Some(Ok(Message::Text(t)))) => return t.to_string(),
+            Ok(Some(Ok(_))) => {}
+            other => panic!("no message: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn what_an_actor_hangs_on_its_sockets_is_bounded_and_a_refusal_keeps_nothing() {
+    let dir = data_dir("socket-limits");
+    let weir = start(&dir, &[]);
+    // At every limit: 10 tags and a key of 256 bytes, a 16 KiB attachment,
+    // a 2 KiB auto-response request. All kept.
+    let mut fits = hostile_socket(
+        &weir,
+        "fits",
+        "tags=10&tag_bytes=256&key_bytes=256&attachment=16384&auto=2048",
+    )
+    .await
+    .expect("everything at its limit is accepted");
+    let set: Value = serde_json::from_str(&exchange(&mut fits, None).await).unwrap();
+    assert_eq!(set, json!({ "attachment": "Ok(())", "auto": "Ok(())" }));
+    let held: Value =
+        serde_json::from_str(&exchange(&mut fits, Some("size?".into())).await).unwrap();
+    assert_eq!(held["attachment_bytes"], 16384);
+    assert_eq!(
+        exchange(&mut fits, Some("p".repeat(2048))).await,
+        "pong",
+        "the 2 KiB auto-response is answered by Weir"
+    );
+
+    // One past each limit of the accept: refused, and the guest answers
+    // the upgrade itself (no socket is opened).
+    for (query, named) in [
+        ("tags=11&tag_bytes=1", "at most 10 tags"),
+        ("tags=1&tag_bytes=257", "at most 256 bytes"),
+        ("key_bytes=257", "at most 256 bytes"),
+    ] {
+        let (status, body) = hostile_socket(&weir, "over", query)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{query} was accepted"));
+        assert_eq!(status, 400, "{query}: {body}");
+        assert!(body.contains(named), "{query}: {body}");
+    }
+
+    // One past the attachment and auto-response limits: each call is
+    // refused by name, nothing of it is kept, and the socket still works.
+    let mut over = hostile_socket(&weir, "over", "attachment=16385&auto=2049")
+        .await
+        .expect("accepted");
+    let set: Value = serde_json::from_str(&exchange(&mut over, None).await).unwrap();
+    assert!(
+        set["attachment"]
+            .as_str()
+            .unwrap()
+            .contains("an attachment is at most 16384 bytes"),
+        "{set}"
+    );
+    assert!(
+        set["auto"]
+            .as_str()
+            .unwrap()
+            .contains("each at most 2048 bytes"),
+        "{set}"
+    );
+    let held: Value =
+        serde_json::from_str(&exchange(&mut over, Some("p".repeat(2049))).await).unwrap();
+    assert_eq!(
+        held,
+        json!({ "attachment_bytes": null }),
+        "no attachment was kept, and the oversized request reached the actor instead of an auto-response"
+    );
+    // The server still serves the other tenants.
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "1");
 }

@@ -14,6 +14,7 @@
 //! | `GET /kv?cursor=C` | `list-keys` of store `main` from cursor C |
 //! | `GET /print?kb=N` | writes N KiB of lines to its standard error |
 //! | `GET /hello` | a harmless answer: proves the server still serves |
+//! | `GET /ws?tags=N&tag_bytes=B&key_bytes=K&attachment=A&auto=R` | (actor, an upgrade) accepts with N tags of B bytes (and a replacement key of K bytes), then sets an attachment of A bytes and an auto-response whose request is R bytes; a refused accept is answered 400 with `{"accept": error}`, an accepted socket gets `{"attachment": result, "auto": result}` as its first message and then answers each message with the bytes of the attachment it holds |
 
 use std::cell::RefCell;
 
@@ -193,9 +194,65 @@ impl wasi::exports::http::incoming_handler::Guest for Hostile {
                 };
                 json_out(out, answer)
             }
+            "/ws" => socket_limits(&path, out),
             _ => respond(out, 404, &[], b"no such attack"),
         }
     }
 }
+
+/// Tries each limit of an actor's socket from inside: tags, key,
+/// attachment and auto-response of the sizes the query asks for.
+fn socket_limits(path: &str, out: ResponseOutparam) {
+    use weir_guest::websocket::actor as sockets;
+    let number = |name: &str| query(path, name).and_then(|v| v.parse::<usize>().ok());
+    let tags: Vec<String> = (0..number("tags").unwrap_or(0))
+        .map(|i| {
+            char::from(b'a' + (i % 26) as u8)
+                .to_string()
+                .repeat(number("tag_bytes").unwrap_or(1))
+        })
+        .collect();
+    let key = number("key_bytes").map(|k| "k".repeat(k));
+    let id = match sockets::accept(&tags, key.as_deref(), None) {
+        Ok(id) => id,
+        Err(e) => {
+            let body = json!({ "accept": format!("{e:?}") }).to_string();
+            return respond(
+                out,
+                400,
+                &[("content-type", b"application/json")],
+                body.as_bytes(),
+            );
+        }
+    };
+    drop(out);
+    let attachment =
+        number("attachment").map(|a| format!("{:?}", sockets::set_attachment(id, &vec![7u8; a])));
+    let auto = number("auto").map(|r| {
+        format!(
+            "{:?}",
+            sockets::set_auto_response(Some((&"p".repeat(r), "pong")))
+        )
+    });
+    let _ = sockets::send_text(
+        id,
+        &json!({ "attachment": attachment, "auto": auto }).to_string(),
+    );
+}
+
+/// Each message is answered with the size of the attachment its socket
+/// holds: what a refused `set-attachment` left in place.
+fn on_message(socket: u64, _message: weir_guest::websocket::Message) -> Result<(), String> {
+    use weir_guest::websocket::actor as sockets;
+    let held = sockets::attachment(socket).map_err(|e| format!("{e:?}"))?;
+    let answer = json!({ "attachment_bytes": held.map(|a| a.len()) }).to_string();
+    sockets::send_text(socket, &answer).map_err(|e| format!("{e:?}"))
+}
+
+fn on_close(_socket: u64, _close: weir_guest::websocket::CloseFrame) -> Result<(), String> {
+    Ok(())
+}
+
+weir_guest::socket_handler!(on_message, on_close);
 
 wasi::http::proxy::export!(Hostile);
