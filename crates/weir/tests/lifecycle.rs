@@ -280,7 +280,9 @@ async fn spinning_guests_are_stopped_without_a_thread_per_request() {
             "--limit",
             "max_concurrent=8",
             "--limit",
-            "event_limit_ms=400",
+            // Long enough that all 8 spin at once even on a loaded
+            // machine (with 400 ms a slow start could miss the window).
+            "event_limit_ms=2000",
         ],
     );
     assert_eq!(weir.get("/hello").await.status, 200);
