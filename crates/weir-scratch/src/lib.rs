@@ -20,8 +20,8 @@ pub fn root() -> PathBuf {
 }
 
 /// A scratch path for `name`, unique to this process: it does not exist
-/// when returned (a directory or file left there is removed) and is not created, so
-/// a caller that wants a directory creates it and one that wants a
+/// when returned (a directory or file left there is removed) and is not
+/// created, so a caller that wants a directory creates it and one that wants a
 /// missing path (a server creating its own data directory) has one.
 /// `name` is one path segment, unique among this process's tests.
 pub fn dir(name: &str) -> PathBuf {
@@ -47,12 +47,17 @@ pub fn path(name: &str) -> PathBuf {
     );
     static SWEEP: Once = Once::new();
     SWEEP.call_once(|| sweep(&root(), run()));
-    let own = root()
-        .join(run().to_string())
-        .join(std::process::id().to_string());
+    let own = own();
     std::fs::create_dir_all(&own)
         .unwrap_or_else(|e| panic!("cannot create {}: {e}", own.display()));
     own.join(name)
+}
+
+/// This process's tree: under its run's.
+fn own() -> PathBuf {
+    root()
+        .join(run().to_string())
+        .join(std::process::id().to_string())
 }
 
 /// The run this process belongs to: the process that started it.
@@ -119,12 +124,14 @@ mod tests {
     }
 
     #[test]
+    #[cfg(unix)]
     fn a_scratch_path_is_fresh_and_under_this_run_and_process() {
         let a = dir("fresh");
-        let own = root()
-            .join(run().to_string())
-            .join(std::process::id().to_string());
-        assert_eq!(a.parent().unwrap(), own);
+        let run_tree = root().join(std::os::unix::process::parent_id().to_string());
+        assert_eq!(
+            a.parent().unwrap(),
+            run_tree.join(std::process::id().to_string())
+        );
         std::fs::create_dir_all(a.join("left")).unwrap();
         assert!(path("fresh").join("left").exists(), "found as it is");
         let again = dir("fresh");
