@@ -13,7 +13,9 @@
 //!   before it are made durable ([`TurnGate::flush`], the runtime's
 //!   [`OutputGate`]). A flush or commit that fails poisons the turn: the
 //!   turn resets the actor instead of answering, and the caller gets
-//!   `storage_commit_failed`;
+//!   `storage_commit_failed`. So does a call that took the turn's
+//!   transaction with it (SQLite rolled it back on its own): nothing of
+//!   the turn runs outside its transaction;
 //! - every statement of a turn stops at the turn's deadline or abandonment
 //!   ([`TurnGate::begin`]), and Weir's own commit and rollback are never
 //!   cut by it;
@@ -73,6 +75,18 @@ impl GateState {
             self.unbegun = false;
         }
         Ok(&mut self.db)
+    }
+
+    /// Poisons the turn when the call that failed with `e` took the
+    /// turn's transaction with it ([`ActorDb::transaction_lost`]): what the
+    /// turn wrote before is gone, so it may neither go on writing nor
+    /// answer.
+    fn check_lost(&mut self, e: &ActorStoreError) {
+        if self.db.transaction_lost() {
+            self.failed = Some(format!(
+                "the database rolled the turn's transaction back ({e}); nothing of the turn was kept"
+            ));
+        }
     }
 }
 
@@ -288,7 +302,11 @@ impl TurnGate {
             return Err(GateError::Poisoned(why.clone()));
         }
         let db = s.begun().map_err(GateError::Store)?;
-        f(db).map_err(GateError::Store)
+        let result = f(db);
+        if let Err(e) = &result {
+            s.check_lost(e);
+        }
+        result.map_err(GateError::Store)
     }
 
     /// A write that changes the actor's timers.
@@ -311,9 +329,12 @@ impl TurnGate {
         if let Some(why) = &s.failed {
             return Err(GateError::Poisoned(why.clone()));
         }
-        let result = s.begun().and_then(f).map_err(GateError::Store);
+        let result = s.begun().and_then(f);
+        if let Err(e) = &result {
+            s.check_lost(e);
+        }
         s.dirty = true;
-        result
+        result.map_err(GateError::Store)
     }
 }
 

@@ -152,6 +152,8 @@ pub(crate) async fn wake(
             }
         };
         db.set_max_result_bytes(ctx.code.limits.max_sql_result_bytes);
+        db.set_max_bytes(ctx.code.limits.max_database_bytes)
+            .map_err(|e| format!("cannot bound the actor's storage: {e}"))?;
         live.gate = Some(TurnGate::with_durable(db, durable));
     }
     if live.generation.is_some() {

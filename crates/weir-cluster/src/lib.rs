@@ -193,6 +193,7 @@ impl Cluster {
 
     /// The placement of `app`'s key-value stores and SQL databases (under
     /// `data_dir`) on this node; their calls run on `pool`.
+    #[allow(clippy::too_many_arguments)]
     pub fn store_placement(
         &self,
         app: &str,
@@ -200,6 +201,7 @@ impl Cluster {
         stores: &[String],
         databases: &[String],
         durability: Durability,
+        max_bytes: u64,
         pool: Arc<weir_runtime::sql_pool::SqlPool>,
     ) -> Arc<stores::StorePlacement> {
         stores::StorePlacement::new(
@@ -208,6 +210,7 @@ impl Cluster {
             stores,
             databases,
             durability,
+            max_bytes,
             self.ownership.clone(),
             self.replicas.clone(),
             self.forwarder.clone(),

@@ -93,6 +93,8 @@ pub struct StorePlacement {
     pub(crate) stores: HashSet<String>,
     pub(crate) databases: HashSet<String>,
     pub(crate) durability: Durability,
+    /// Each store's and database's bound (`max_database_bytes`).
+    pub(crate) max_bytes: u64,
     pub(crate) ownership: Arc<Ownership>,
     pub(crate) replicas: Arc<Replicas>,
     pub(crate) forwarder: Forwarder,
@@ -135,6 +137,7 @@ impl StorePlacement {
         stores: &[String],
         databases: &[String],
         durability: Durability,
+        max_bytes: u64,
         ownership: Arc<Ownership>,
         replicas: Arc<Replicas>,
         forwarder: Forwarder,
@@ -147,6 +150,7 @@ impl StorePlacement {
             stores: stores.iter().cloned().collect(),
             databases: databases.iter().cloned().collect(),
             durability,
+            max_bytes,
             ownership,
             replicas,
             forwarder,
@@ -203,12 +207,19 @@ impl StorePlacement {
             .replicas
             .prepare(&key, &path, STORE_PAGE_BYTES, owned)
             .await?;
-        let (durability, name_owned) = (self.durability, name.to_string());
+        let (durability, max_bytes, name_owned) =
+            (self.durability, self.max_bytes, name.to_string());
         let opened = tokio::task::spawn_blocking(move || match kind {
-            Kind::Kv => KvStore::open_replica(&path, &name_owned, durability, start)
-                .map(|s| Replica::Kv(Arc::new(s))),
-            Kind::Sql => SqlDatabase::open_replica(&path, durability, start)
-                .map(|d| Replica::Sql(Arc::new(d))),
+            Kind::Kv => {
+                KvStore::open_replica(&path, &name_owned, durability, start).and_then(|s| {
+                    s.set_max_bytes(max_bytes)?;
+                    Ok(Replica::Kv(Arc::new(s)))
+                })
+            }
+            Kind::Sql => SqlDatabase::open_replica(&path, durability, start).and_then(|d| {
+                d.set_max_bytes(max_bytes)?;
+                Ok(Replica::Sql(Arc::new(d)))
+            }),
         })
         .await
         .map_err(|_| ClusterErrorCode::StorageUnavailable)?

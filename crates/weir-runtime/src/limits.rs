@@ -299,6 +299,15 @@ pub const DEFAULT_SQL_THREADS: u64 = 4;
 /// on what one call makes the host hold.
 pub const DEFAULT_MAX_SQL_RESULT_BYTES: u64 = 16 << 20;
 
+/// How large one database may grow (a key-value store, a SQL database, an
+/// actor's storage), by default: a guest fills its database through its
+/// own door, and without a bound one guest could fill the host's disk
+/// and fail every other tenant's writes. 512 MiB is far more than a
+/// keyed actor keeps, and keeps a cluster-mode snapshot of the whole
+/// database (one PostgreSQL value, at most 1 GB) within bounds even when
+/// its pages do not compress.
+pub const DEFAULT_MAX_DATABASE_BYTES: u64 = 512 << 20;
+
 /// A request body that sends nothing for this long is answered 408: no
 /// client on a working network pauses 5 s mid-body, and a silent body
 /// holds a lane.
@@ -402,6 +411,10 @@ limit_table! {
         max_sql_result_bytes: usize = "max_sql_result_bytes" {
             default: DEFAULT_MAX_SQL_RESULT_BYTES, range: 1024, 1 << 30, unit: Bytes,
             meaning: "what one SQL batch, statement, list or batch read hands back to a guest",
+        },
+        max_database_bytes: u64 = "max_database_bytes" {
+            default: DEFAULT_MAX_DATABASE_BYTES, range: 64 << 10, 1 << 40, unit: Bytes,
+            meaning: "one key-value store, SQL database or actor's storage on disk; a write past it fails with database_full and keeps nothing",
         },
         body_idle_timeout: Duration = "body_idle_timeout_ms" {
             default: DEFAULT_BODY_IDLE_TIMEOUT_MS, range: 1, MAX_DURATION_MS, unit: Millis,

@@ -174,16 +174,22 @@ impl Tenant {
                 &spec.kv_stores,
                 &spec.sql_databases,
                 shared.durability,
+                limits.runtime.max_database_bytes,
                 shared.pool.clone(),
             )
         });
         let (kv, sql) = match &store_placement {
             Some(_) => (KvStores::default(), SqlDatabases::default()),
-            None => (
-                KvStores::open(&dir, &spec.kv_stores, shared.durability).map_err(stores_error)?,
-                SqlDatabases::open(&dir, &spec.sql_databases, shared.durability)
-                    .map_err(stores_error)?,
-            ),
+            None => {
+                let kv = KvStores::open(&dir, &spec.kv_stores, shared.durability)
+                    .map_err(stores_error)?;
+                let sql = SqlDatabases::open(&dir, &spec.sql_databases, shared.durability)
+                    .map_err(stores_error)?;
+                let max_bytes = limits.runtime.max_database_bytes;
+                kv.set_max_bytes(max_bytes).map_err(stores_error)?;
+                sql.set_max_bytes(max_bytes).map_err(stores_error)?;
+                (kv, sql)
+            }
         };
         let programs_metrics = format!(
             "{}{}",

@@ -82,8 +82,59 @@ pub enum StoreError {
     /// the message names why (`storage_unavailable`, `ownership_lost`, …).
     #[error("{0}")]
     Unavailable(String),
+    /// A write needed a page past the database's bound
+    /// ([`bound_size`]), or the disk had no room.
+    #[error("{DATABASE_FULL}")]
+    Full,
     #[error("sqlite: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        if is_full(&e) {
+            StoreError::Full
+        } else {
+            StoreError::Sqlite(e)
+        }
+    }
+}
+
+/// What a guest is told when a write would grow its database past
+/// `max_database_bytes` (SQLite's `SQLITE_FULL`, which a disk with no room
+/// left also gives).
+pub const DATABASE_FULL: &str =
+    "database_full: the database has reached max_database_bytes, or the disk has no room";
+
+/// True for SQLite's "database or disk is full".
+pub(crate) fn is_full(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull)
+}
+
+/// SQLite's error as a guest reads it: a full database by the name of its
+/// bound, anything else in SQLite's words.
+pub(crate) fn sqlite_message(e: &rusqlite::Error) -> String {
+    if is_full(e) {
+        DATABASE_FULL.to_string()
+    } else {
+        e.to_string()
+    }
+}
+
+/// Bounds the database behind `conn` at `max_bytes` (rounded down to whole
+/// pages, at least one): a statement that would need a page past it fails
+/// with [`StoreError::Full`], and nothing of that statement is kept. A
+/// database already past the bound stays readable, and writes that reuse
+/// its free pages still succeed. The bound lives on the connection (SQLite
+/// does not store it), so each open sets it again, and guests cannot lift
+/// it (no guest statement may write a pragma).
+pub(crate) fn bound_size(conn: &Connection, max_bytes: u64) -> Result<(), StoreError> {
+    let page: u64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+    let pages = (max_bytes / page.max(1)).max(1);
+    let _: i64 = conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |r| {
+        r.get(0)
+    })?;
+    Ok(())
 }
 
 /// One page of keys and the cursor of the next, if any.
@@ -279,6 +330,11 @@ impl KvStore {
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Bounds the store's file at `max_bytes` ([`bound_size`]).
+    pub fn set_max_bytes(&self, max_bytes: u64) -> Result<(), StoreError> {
+        bound_size(&self.conn(), max_bytes)
+    }
+
     pub fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         check_key(key)?;
         let conn = self.conn();
@@ -467,6 +523,13 @@ impl KvStores {
         Ok(KvStores { stores })
     }
 
+    /// Bounds every store's file at `max_bytes` ([`bound_size`]).
+    pub fn set_max_bytes(&self, max_bytes: u64) -> Result<(), StoreError> {
+        self.stores
+            .values()
+            .try_for_each(|s| s.set_max_bytes(max_bytes))
+    }
+
     /// Every declared store, by name.
     pub fn describe(&self) -> Vec<StoreInfo> {
         let mut out: Vec<StoreInfo> = self
@@ -496,6 +559,36 @@ mod tests {
 
     fn temp(name: &str) -> PathBuf {
         weir_scratch::dir(&format!("store-{name}"))
+    }
+
+    #[test]
+    fn a_store_at_its_bound_refuses_by_name_keeps_what_it_had_and_reuses_freed_room() {
+        const BOUND: u64 = 256 << 10;
+        let dir = temp("bound");
+        let stores = KvStores::open(&dir, &["a".into()], Durability::Process).unwrap();
+        stores.set_max_bytes(BOUND).unwrap();
+        let store = stores.get("a").unwrap();
+        let mut kept = 0;
+        let refused = loop {
+            match store.set(&format!("k{kept}"), &[7u8; 20_000]) {
+                Ok(()) => kept += 1,
+                Err(e) => break e,
+            }
+            assert!(kept < 100, "the bound refused no write");
+        };
+        assert!(matches!(refused, StoreError::Full), "{refused:?}");
+        assert_eq!(refused.to_string(), DATABASE_FULL);
+        assert!(kept > 5);
+        for k in 0..kept {
+            assert_eq!(
+                store.get(&format!("k{k}")).unwrap().map(|v| v.len()),
+                Some(20_000)
+            );
+        }
+        assert!(std::fs::metadata(dir.join("kv/a.sqlite3")).unwrap().len() <= BOUND);
+        // Room freed by a delete is written again.
+        store.delete("k0").unwrap();
+        store.set("again", &[7u8; 5_000]).unwrap();
     }
 
     #[test]

@@ -223,6 +223,14 @@ impl SqlDatabase {
         })
     }
 
+    /// Bounds the database's file at `max_bytes` ([`crate::bound_size`]).
+    pub fn set_max_bytes(&self, max_bytes: u64) -> Result<(), StoreError> {
+        crate::bound_size(
+            &self.conn.lock().unwrap_or_else(|p| p.into_inner()),
+            max_bytes,
+        )
+    }
+
     /// A replica's capture (cluster mode): what ships its commits and
     /// takes its snapshots.
     pub fn capture(&self) -> Option<&crate::replica::SharedCapture> {
@@ -315,7 +323,7 @@ impl SqlDatabase {
                 )),
                 GuestSqlError::Sqlite(e) => BatchError::Statement {
                     index,
-                    message: e.to_string(),
+                    message: crate::sqlite_message(&e),
                 },
             })?;
             results.push(result);
@@ -335,7 +343,7 @@ impl SqlDatabase {
             }
             other => BatchError::Statement {
                 index: statements.len() - 1,
-                message: format!("commit failed: {other}"),
+                message: format!("commit failed: {}", crate::sqlite_message(&other)),
             },
         })?;
         Ok(results)
@@ -375,6 +383,13 @@ impl SqlDatabases {
             SqlDatabase::open(path, durability)
         })?;
         Ok(SqlDatabases { databases })
+    }
+
+    /// Bounds every database's file at `max_bytes` ([`crate::bound_size`]).
+    pub fn set_max_bytes(&self, max_bytes: u64) -> Result<(), StoreError> {
+        self.databases
+            .values()
+            .try_for_each(|d| d.set_max_bytes(max_bytes))
     }
 
     /// Every declared database, by name.
@@ -427,6 +442,33 @@ mod tests {
             .unwrap()
             .get("d")
             .unwrap()
+    }
+
+    #[test]
+    fn a_batch_that_would_grow_past_the_bound_is_refused_by_name_and_keeps_nothing() {
+        let d = db("bound");
+        d.set_max_bytes(256 << 10).unwrap();
+        let err = d
+            .run_test(&[
+                st("CREATE TABLE t (b)", vec![]),
+                st("INSERT INTO t VALUES (1)", vec![]),
+                st("INSERT INTO t SELECT randomblob(20000) FROM \
+                    (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 100) SELECT x FROM c)", vec![]),
+            ])
+            .unwrap_err();
+        match &err {
+            BatchError::Statement { index: 2, message } => {
+                assert_eq!(message, crate::DATABASE_FULL)
+            }
+            other => panic!("{other}"),
+        }
+        let r = d
+            .run_test(&[st(
+                "SELECT count(*) FROM sqlite_master WHERE name = 't'",
+                vec![],
+            )])
+            .unwrap();
+        assert_eq!(r[0].rows, vec![vec![Value::Integer(0)]]);
     }
 
     #[test]

@@ -9,6 +9,11 @@
 //! - a commit that fails (a deferred constraint, a full disk) rolls the
 //!   whole turn back before the error is returned, so the connection never
 //!   stays inside a half-committed turn;
+//! - a turn whose transaction SQLite rolled back on its own (an
+//!   interrupted write, a full database whose statement could not be
+//!   undone alone, out of memory, an I/O error) is told so
+//!   ([`ActorDb::transaction_lost`]) and never goes on outside it, where
+//!   each later statement would commit by itself;
 //! - every commit is counted toward the next checkpoint.
 
 use crate::actor::{ActorDb, ActorStoreError};
@@ -75,6 +80,19 @@ impl ActorDb {
             self.commits += 1;
         }
         Ok(())
+    }
+
+    /// True (once) when the turn's transaction has ended without Weir
+    /// ending it: SQLite rolls a whole transaction back when a write is
+    /// interrupted, or fails for a full database, memory or I/O where its
+    /// statement cannot be undone alone. Everything the turn wrote before
+    /// is gone, and the connection is back in autocommit.
+    pub fn transaction_lost(&mut self) -> bool {
+        if self.in_turn && self.conn.is_autocommit() {
+            self.in_turn = false;
+            return true;
+        }
+        false
     }
 
     /// Drops the turn's writes.

@@ -164,6 +164,76 @@ impl wasi::exports::http::incoming_handler::Guest for Hostile {
                 }
                 json_out(out, answer)
             }
+            "/fill" => {
+                // An actor turn that writes a mark, fills its storage until
+                // a write is refused, then writes another mark.
+                let bytes: usize = query(&path, "bytes")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(20_000);
+                let put = weir_guest::actor::storage::put::<Vec<u8>>;
+                let before = put("mark:a", &b"a".to_vec());
+                let mut filled = 0u32;
+                let mut refused = None;
+                while filled < 100_000 {
+                    match put(&format!("fill:{filled:06}"), &vec![7u8; bytes]) {
+                        Ok(()) => filled += 1,
+                        Err(e) => {
+                            refused = Some(format!("{e:?}"));
+                            break;
+                        }
+                    }
+                }
+                let after = put("mark:b", &b"b".to_vec());
+                json_out(
+                    out,
+                    json!({
+                        "before": format!("{before:?}"),
+                        "filled": filled,
+                        "refused": refused,
+                        "after": format!("{after:?}"),
+                    }),
+                )
+            }
+            "/get" => {
+                let key = query(&path, "key").unwrap_or_default();
+                let answer = match weir_guest::actor::storage::get_bytes(key) {
+                    Ok(value) => json!({ "bytes": value.map(|v| v.len()) }),
+                    Err(e) => json!({ "error": format!("{e:?}") }),
+                };
+                json_out(out, answer)
+            }
+            "/kv-fill" => {
+                // A worker that fills its key-value store until a write is
+                // refused (`delete` first frees a key, `n` caps the writes).
+                let bytes: usize = query(&path, "bytes")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(20_000);
+                let n: u32 = query(&path, "n")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(100_000);
+                let answer = match weir_guest::keyvalue::store::open("main") {
+                    Ok(bucket) => {
+                        let deleted =
+                            query(&path, "delete").map(|key| format!("{:?}", bucket.delete(key)));
+                        let mut filled = 0u32;
+                        let mut refused = None;
+                        while filled < n {
+                            let key =
+                                format!("fill:{}:{filled:06}", query(&path, "tag").unwrap_or(""));
+                            match bucket.set(&key, &vec![7u8; bytes]) {
+                                Ok(()) => filled += 1,
+                                Err(e) => {
+                                    refused = Some(format!("{e:?}"));
+                                    break;
+                                }
+                            }
+                        }
+                        json!({ "deleted": deleted, "filled": filled, "refused": refused })
+                    }
+                    Err(e) => json!({ "error": format!("{e:?}") }),
+                };
+                json_out(out, answer)
+            }
             "/fetch" => {
                 let url = query(&path, "url").unwrap_or_default();
                 let rest = url.strip_prefix("http://").unwrap_or(url);
