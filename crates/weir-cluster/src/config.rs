@@ -27,6 +27,13 @@ pub const MIN_SECRET_BYTES: usize = 16;
 /// Longest node name.
 pub const MAX_NODE_NAME: usize = 64;
 
+/// The largest `max_database_bytes` a node runs with: a database's
+/// snapshot is stored as one PostgreSQL value, which cannot exceed 1 GB,
+/// and a snapshot of pages that do not compress is a little larger than
+/// the database (its headers and LZ4's frames). 960 MiB leaves 64 MiB for
+/// them.
+pub const MAX_DATABASE_BYTES: u64 = 960 << 20;
+
 /// One node's cluster settings.
 #[derive(Clone)]
 pub struct ClusterConfig {

@@ -165,6 +165,19 @@ impl Tenant {
             dir: dir.clone(),
             source,
         };
+        // A cluster stores each database's snapshot as one PostgreSQL
+        // value: a bound past what one value holds is refused at start,
+        // not found at the first snapshot that cannot be stored.
+        let max_database_bytes = limits.runtime.max_database_bytes;
+        if shared.cluster.is_some() && max_database_bytes > weir_cluster::config::MAX_DATABASE_BYTES
+        {
+            return Err(ServerError::Config(format!(
+                "app `{}`: max_database_bytes is {max_database_bytes}; in cluster mode it may be at \
+                 most {} (a database's snapshot is one PostgreSQL value, at most 1 GB)",
+                spec.name,
+                weir_cluster::config::MAX_DATABASE_BYTES
+            )));
+        }
         // In cluster mode each store and database runs on the node that
         // owns it, opened there when it is claimed; none is opened here now.
         let store_placement = shared.cluster.as_ref().map(|cluster| {
@@ -174,7 +187,7 @@ impl Tenant {
                 &spec.kv_stores,
                 &spec.sql_databases,
                 shared.durability,
-                limits.runtime.max_database_bytes,
+                max_database_bytes,
                 shared.pool.clone(),
             )
         });
@@ -185,9 +198,9 @@ impl Tenant {
                     .map_err(stores_error)?;
                 let sql = SqlDatabases::open(&dir, &spec.sql_databases, shared.durability)
                     .map_err(stores_error)?;
-                let max_bytes = limits.runtime.max_database_bytes;
-                kv.set_max_bytes(max_bytes).map_err(stores_error)?;
-                sql.set_max_bytes(max_bytes).map_err(stores_error)?;
+                kv.set_max_bytes(max_database_bytes).map_err(stores_error)?;
+                sql.set_max_bytes(max_database_bytes)
+                    .map_err(stores_error)?;
                 (kv, sql)
             }
         };

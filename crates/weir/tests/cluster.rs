@@ -7,7 +7,7 @@ mod common;
 
 use bytes::Bytes;
 use common::cluster::{Postgres, actor_key, node, node_dir};
-use common::{Weir, try_send_to};
+use common::{Weir, guest, try_send_to};
 use http::Request;
 use http_body_util::Full;
 
@@ -263,4 +263,34 @@ async fn what_does_not_run_in_cluster_mode_is_refused_by_name() {
     let r = n1.admin_send("GET", "/actors/probe/a").await;
     assert_eq!(r.status, 501, "{:?}", r.body);
     assert_eq!(r.json()["error"], "not_in_cluster_mode");
+    // A database bound past what one PostgreSQL value holds (a snapshot
+    // is one): refused at start, naming the limit and the most allowed.
+    let (url, dir, app) = (pg.url(), node_dir("refused", "n2"), guest("gateway"));
+    let out = common::run_weir_with_env(
+        &[
+            "serve",
+            app.to_str().unwrap(),
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--cluster",
+            &url,
+            "--node",
+            "n2",
+            "--cluster-listen",
+            "127.0.0.1:0",
+            "--limit",
+            "max_database_bytes=1073741824",
+        ],
+        &[("WEIR_CLUSTER_SECRET", common::cluster::SECRET)],
+    );
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(
+            "max_database_bytes is 1073741824; in cluster mode it may be at most 1006632960"
+        ),
+        "{}",
+        out.stderr
+    );
 }

@@ -116,8 +116,13 @@ pub fn exit_within(child: &mut Child, limit: Duration) -> Option<std::process::E
 /// Runs `weir` to completion, for commands that must fail at start (a
 /// `serve` gets a fresh data dir unless `args` name one).
 pub fn run_weir(args: &[&str]) -> Exited {
+    run_weir_with_env(args, &[])
+}
+
+/// [`run_weir`] with these environment variables set.
+pub fn run_weir_with_env(args: &[&str], env: &[(&str, &str)]) -> Exited {
     let mut command = weir_command();
-    command.args(args);
+    command.args(args).envs(env.iter().copied());
     if args.first() == Some(&"serve") && !args.contains(&"--data-dir") {
         command.arg("--data-dir").arg(fresh_data_dir());
     }
