@@ -414,7 +414,7 @@ limit_table! {
         },
         max_database_bytes: u64 = "max_database_bytes" {
             default: DEFAULT_MAX_DATABASE_BYTES, range: 64 << 10, 1 << 40, unit: Bytes,
-            meaning: "one key-value store, SQL database or actor's storage on disk; a write past it fails with database_full and keeps nothing",
+            meaning: "one database on disk (each key-value store and SQL database, and each one a layer above opens); a write past it fails with database_full and keeps nothing",
         },
         body_idle_timeout: Duration = "body_idle_timeout_ms" {
             default: DEFAULT_BODY_IDLE_TIMEOUT_MS, range: 1, MAX_DURATION_MS, unit: Millis,
