@@ -53,10 +53,6 @@ pub const PAGE_BYTES: u32 = 2048;
 /// without a checkpoint keeps hibernation free of fsyncs.
 pub const CHECKPOINT_ON_CLOSE_COMMITS: u32 = 64;
 
-/// Size the WAL file is truncated to after a checkpoint (the 1,000-page
-/// automatic checkpoint keeps it about this size).
-const WAL_KEEP_BYTES: i64 = 4 << 20;
-
 /// Prepared statements kept per actor connection: Weir's own dozen, the
 /// list variants and a few of the guest's.
 const STATEMENT_CACHE: usize = 64;
@@ -202,11 +198,8 @@ impl ActorDb {
         conn.pragma_update(None, "cache_size", -CACHE_KIB)?;
         confinement::harden(&conn, MAX_SQL_VALUE_BYTES)?;
         // SQLite checkpoints the WAL itself every 1,000 pages (its default,
-        // kept: a longer WAL makes each checkpoint's fsync longer), and
-        // keeps the file at most this size afterwards.
-        if capture.is_none() {
-            conn.pragma_update(None, "journal_size_limit", WAL_KEEP_BYTES)?;
-        }
+        // kept: a longer WAL makes each checkpoint's fsync longer); the file
+        // is cut back to `WAL_KEEP_BYTES` afterwards (`crate::connect_with`).
         let confinement = Confinement::install(&conn, Some(RESERVED_PREFIX));
         Ok(ActorDb {
             conn,

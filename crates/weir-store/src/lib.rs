@@ -186,6 +186,13 @@ pub struct StoreInfo {
     pub synchronous: String,
 }
 
+/// Size the WAL file is cut to when it starts over after a checkpoint:
+/// SQLite's automatic checkpoint every 1,000 pages keeps a WAL about this
+/// size, and without a limit a WAL that one large transaction grew stays
+/// that large on disk for good, beside a database bounded by
+/// `max_database_bytes`.
+pub(crate) const WAL_KEEP_BYTES: i64 = 4 << 20;
+
 /// Opens one database file in WAL mode with the durability asked for.
 pub(crate) fn connect(path: &Path, durability: Durability) -> Result<Connection, StoreError> {
     connect_with(path, durability, Tuning::default())
@@ -219,6 +226,8 @@ pub(crate) fn connect_with(
         conn.pragma_update(None, "page_size", bytes)?;
     }
     conn.pragma_update(None, "journal_mode", "WAL")?;
+    // A replica's capture sets its own (it must read every frame first).
+    conn.pragma_update(None, "journal_size_limit", WAL_KEEP_BYTES)?;
     conn.pragma_update(
         None,
         "synchronous",
@@ -559,6 +568,26 @@ mod tests {
 
     fn temp(name: &str) -> PathBuf {
         weir_scratch::dir(&format!("store-{name}"))
+    }
+
+    #[test]
+    fn a_large_transaction_leaves_no_large_wal_behind() {
+        let dir = temp("wal-kept");
+        let stores = KvStores::open(&dir, &["a".into()], Durability::Process).unwrap();
+        let store = stores.get("a").unwrap();
+        let wal = dir.join("kv/a.sqlite3-wal");
+        let pairs: Vec<Entry> = (0..12)
+            .map(|i| (format!("k{i}"), vec![7u8; 1 << 20]))
+            .collect();
+        store.set_many(&pairs).unwrap();
+        let grown = std::fs::metadata(&wal).unwrap().len();
+        assert!(grown > 2 * WAL_KEEP_BYTES as u64, "{grown}");
+        // The next writes start the checkpointed WAL over, and cut it.
+        for i in 0..3 {
+            store.set(&format!("small{i}"), b"1").unwrap();
+        }
+        let kept = std::fs::metadata(&wal).unwrap().len();
+        assert!(kept <= WAL_KEEP_BYTES as u64, "{kept} after {grown}");
     }
 
     #[test]
