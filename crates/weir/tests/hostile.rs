@@ -672,6 +672,40 @@ async fn no_guest_can_grow_a_database_past_max_database_bytes_and_a_full_turn_ke
     assert_eq!(r["rows"][0], json!([[0]]), "{r}");
     assert!(file_bytes(&dir.join("sql/app.sqlite3")) <= BOUND);
 
+    // An actor filled to its bound one committed turn at a time: the turn
+    // that no longer fits fails, and the full actor still wakes (its
+    // database reopened, its incarnation bumped), reads, and can be
+    // emptied, so no actor is left stuck at its bound.
+    assert!(exec(&weir, "f3", &["CREATE TABLE t (b)"]).await[0]["rows"].is_array());
+    let mut committed = 0;
+    loop {
+        let r = post_json(
+            &weir,
+            "/h/f3/exec",
+            json!(["INSERT INTO t VALUES (randomblob(20000))"]),
+        )
+        .await;
+        if r.status == 200 {
+            committed += 1;
+            assert!(committed < 100, "the bound refused no turn");
+            continue;
+        }
+        r.assert_weir_error(503, "storage_commit_failed");
+        break;
+    }
+    assert!(committed > 10, "{committed}");
+    let r = exec(&weir, "f3", &["SELECT count(*) FROM t"]).await;
+    assert_eq!(r[0]["rows"], json!([[committed]]), "{r:?}");
+    let r = exec(
+        &weir,
+        "f3",
+        &["DELETE FROM t", "INSERT INTO t VALUES (randomblob(20000))"],
+    )
+    .await;
+    assert!(r[1]["rows"].is_array(), "{r:?}");
+    let actor_db = dir.join("actors/hostile/f3.sqlite3");
+    assert!(file_bytes(&actor_db) <= BOUND, "{}", file_bytes(&actor_db));
+
     // Everyone else is untouched.
     assert_eq!(weir.get("/p/victim/incr").await.text(), "2");
     assert_eq!(weir.get("/hello").await.json(), json!("still here"));
