@@ -1,7 +1,8 @@
 //! A hostile tenant, from outside: the `hostile` guest (as the app and as
 //! an actor class) tries the doors of storage and memory — SQL escapes,
 //! runaway queries, result, memory and table bombs, names that do not fit
-//! a file system, and what an actor may hang on its sockets — against a
+//! a file system, what an actor may hang on its sockets, databases filled
+//! to their bound and alarms that re-arm forever — against a
 //! real `weir serve`. The transport's doors are
 //! in `hostile_clients.rs`. Each test names what must hold.
 
@@ -709,4 +710,40 @@ async fn no_guest_can_grow_a_database_past_max_database_bytes_and_a_full_turn_ke
     // Everyone else is untouched.
     assert_eq!(weir.get("/p/victim/incr").await.text(), "2");
     assert_eq!(weir.get("/hello").await.json(), json!("still here"));
+}
+
+#[tokio::test]
+async fn actors_whose_alarms_rearm_for_now_forever_leave_everyone_else_answering() {
+    let dir = data_dir("alarm-storm");
+    let weir = start(&dir, &[]);
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "1");
+    // Ten actors each arm an alarm that re-arms itself for "now" every
+    // time it runs: turns with no end and no caller.
+    const STORMS: usize = 10;
+    for i in 0..STORMS {
+        assert_eq!(
+            weir.get(&format!("/h/storm{i}/storm")).await.json(),
+            json!("storming")
+        );
+    }
+    let runs = |i: usize| {
+        let weir = &weir;
+        async move {
+            weir.get(&format!("/h/storm{i}/storm-runs")).await.json()["runs"]
+                .as_u64()
+                .unwrap_or(0)
+        }
+    };
+    // While they storm, another actor, the worker and the admin address
+    // answer, every time, and the storms go on meanwhile.
+    let before: Vec<u64> = futures::future::join_all((0..STORMS).map(runs)).await;
+    for n in 2..=21 {
+        assert_eq!(weir.get("/p/victim/incr").await.text(), n.to_string());
+        assert_eq!(weir.get("/hello").await.json(), json!("still here"));
+        assert_eq!(weir.admin_send("GET", "/healthz").await.status, 200);
+    }
+    let after: Vec<u64> = futures::future::join_all((0..STORMS).map(runs)).await;
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        assert!(a > b, "storm {i} stopped: {b} then {a}");
+    }
 }

@@ -234,6 +234,22 @@ impl wasi::exports::http::incoming_handler::Guest for Hostile {
                 };
                 json_out(out, answer)
             }
+            "/storm" => {
+                // Arms an alarm that re-arms itself for "now", forever.
+                let answer = match weir_guest::actor::timers::schedule(
+                    "storm",
+                    weir_guest::actor::timers::now_ms(),
+                ) {
+                    Ok(()) => json!("storming"),
+                    Err(e) => json!({ "error": format!("{e:?}") }),
+                };
+                json_out(out, answer)
+            }
+            "/storm-runs" => {
+                let runs: Option<u64> =
+                    weir_guest::actor::storage::get("storm-runs").ok().flatten();
+                json_out(out, json!({ "runs": runs }))
+            }
             "/fetch" => {
                 let url = query(&path, "url").unwrap_or_default();
                 let rest = url.strip_prefix("http://").unwrap_or(url);
@@ -326,3 +342,17 @@ fn on_close(_socket: u64, _close: weir_guest::websocket::CloseFrame) -> Result<(
 weir_guest::socket_handler!(on_message, on_close);
 
 wasi::http::proxy::export!(Hostile);
+
+/// An alarm that counts its runs and re-arms itself for "now": a turn
+/// storm, as fast as Weir lets it go.
+fn storm() -> Result<Option<u64>, String> {
+    let runs: u64 = weir_guest::actor::storage::get("storm-runs")
+        .map_err(|e| format!("{e:?}"))?
+        .unwrap_or(0);
+    weir_guest::actor::storage::put("storm-runs", &(runs + 1)).map_err(|e| format!("{e:?}"))?;
+    Ok(Some(weir_guest::actor::timers::now_ms()))
+}
+
+weir_guest::alarms! {
+    "storm" => storm,
+}
