@@ -373,120 +373,15 @@ impl ActorDb {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn open(name: &str) -> (ActorDb, std::path::PathBuf) {
+    /// A fresh actor database under this test run's scratch tree.
+    pub(crate) fn open(name: &str) -> (ActorDb, std::path::PathBuf) {
         let dir = weir_scratch::dir(&format!("actor-{name}"));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("actor.sqlite3");
         (ActorDb::open(&path, Durability::Process).unwrap(), path)
-    }
-
-    #[test]
-    fn a_turn_is_all_or_nothing() {
-        let (mut db, path) = open("turn");
-        db.begin_turn().unwrap();
-        db.put("a", b"1").unwrap();
-        db.put("b", b"2").unwrap();
-        db.rollback_turn().unwrap();
-        assert_eq!(db.get("a").unwrap(), None);
-        db.begin_turn().unwrap();
-        db.put("a", b"1").unwrap();
-        db.put("b", b"2").unwrap();
-        db.commit_turn().unwrap();
-        // A turn left open when the process dies leaves nothing.
-        db.begin_turn().unwrap();
-        db.put("c", b"3").unwrap();
-        drop(db);
-        let db = ActorDb::open(&path, Durability::Process).unwrap();
-        assert_eq!(db.get("a").unwrap(), Some(b"1".to_vec()));
-        assert_eq!(db.get("b").unwrap(), Some(b"2".to_vec()));
-        assert_eq!(db.get("c").unwrap(), None);
-    }
-
-    /// The logical size of the database: what its bound limits.
-    fn database_bytes(db: &ActorDb) -> u64 {
-        let pages: u64 = db
-            .conn
-            .query_row("PRAGMA page_count", [], |r| r.get(0))
-            .unwrap();
-        let page: u64 = db
-            .conn
-            .query_row("PRAGMA page_size", [], |r| r.get(0))
-            .unwrap();
-        pages * page
-    }
-
-    #[test]
-    fn a_write_past_the_bound_is_refused_by_name_and_a_lost_turn_is_told() {
-        const BOUND: u64 = 256 << 10;
-        let (mut db, _) = open("bound");
-        db.set_max_bytes(BOUND).unwrap();
-        db.begin_turn().unwrap();
-        db.put("mark", b"a").unwrap();
-        assert!(!db.transaction_lost());
-        let mut refused = None;
-        for n in 0..100 {
-            if let Err(e) = db.put(&format!("big{n}"), &[7u8; 20_000]) {
-                refused = Some(e);
-                break;
-            }
-        }
-        let refused = refused.expect("the bound refused no write");
-        assert_eq!(refused.to_string(), crate::DATABASE_FULL);
-        // SQLite took the turn's transaction with the write: the turn is
-        // told once, and nothing it wrote is there.
-        assert!(db.transaction_lost());
-        assert!(!db.transaction_lost());
-        assert_eq!(db.get("mark").unwrap(), None);
-        assert_eq!(db.get("big0").unwrap(), None);
-        assert!(database_bytes(&db) <= BOUND);
-        // A turn that fits commits.
-        db.begin_turn().unwrap();
-        db.put("small", b"1").unwrap();
-        db.commit_turn().unwrap();
-        assert_eq!(db.get("small").unwrap(), Some(b"1".to_vec()));
-    }
-
-    #[test]
-    fn a_statement_undone_alone_at_the_bound_keeps_its_turn() {
-        const BOUND: u64 = 256 << 10;
-        let (mut db, _) = open("bound-statement");
-        db.set_max_bytes(BOUND).unwrap();
-        db.begin_turn().unwrap();
-        db.exec("CREATE TABLE t (b)", &[]).unwrap();
-        db.exec("INSERT INTO t VALUES (1)", &[]).unwrap();
-        let e = db
-            .exec(
-                "INSERT INTO t SELECT randomblob(20000) FROM \
-                 (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 100) SELECT x FROM c)",
-                &[],
-            )
-            .expect_err("the bound refused nothing");
-        assert_eq!(e.to_string(), crate::DATABASE_FULL);
-        assert!(!db.transaction_lost());
-        db.exec("INSERT INTO t VALUES (2)", &[]).unwrap();
-        db.commit_turn().unwrap();
-        let n: i64 = db
-            .conn
-            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(n, 2);
-        assert!(database_bytes(&db) <= BOUND);
-    }
-
-    #[test]
-    fn sync_is_a_durability_barrier_inside_a_turn() {
-        let (mut db, path) = open("sync");
-        db.begin_turn().unwrap();
-        db.put("before", b"1").unwrap();
-        db.sync().unwrap();
-        db.put("after", b"2").unwrap();
-        drop(db);
-        let db = ActorDb::open(&path, Durability::Process).unwrap();
-        assert_eq!(db.get("before").unwrap(), Some(b"1".to_vec()));
-        assert_eq!(db.get("after").unwrap(), None);
     }
 
     #[test]
@@ -620,30 +515,6 @@ mod tests {
             .len(),
             2
         );
-    }
-
-    #[test]
-    fn a_commit_that_fails_rolls_the_turn_back() {
-        let (mut db, _) = open("commit-fails");
-        db.exec("CREATE TABLE parent (id INTEGER PRIMARY KEY)", &[])
-            .unwrap();
-        db.exec(
-            "CREATE TABLE child (p INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)",
-            &[],
-        )
-        .unwrap();
-        db.begin_turn().unwrap();
-        db.put("k", b"v").unwrap();
-        db.exec("INSERT INTO child (p) VALUES (42)", &[]).unwrap();
-        assert!(
-            db.commit_turn().is_err(),
-            "the deferred key fails the commit"
-        );
-        assert_eq!(db.get("k").unwrap(), None, "nothing of the turn is left");
-        db.begin_turn().unwrap();
-        db.put("k", b"v2").unwrap();
-        db.commit_turn().unwrap();
-        assert_eq!(db.get("k").unwrap(), Some(b"v2".to_vec()));
     }
 
     #[test]
