@@ -1,0 +1,158 @@
+//! A hostile tenant fills its storage, from outside: the `hostile` guest
+//! (as the app and as an actor class) writes into its key-value store, its
+//! SQL database and its actors' storage until `max_database_bytes` refuses
+//! it, against a real `weir serve`. What must hold: every refusal is named,
+//! no file outgrows the bound, a turn that lost its transaction keeps
+//! nothing, a full actor still wakes and can be emptied, and other tenants
+//! are untouched.
+
+mod common;
+
+use serde_json::{Value, json};
+
+use common::hostile::*;
+
+/// The size of a file, 0 when there is none.
+fn file_bytes(path: &std::path::Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+#[tokio::test]
+async fn no_guest_can_grow_a_database_past_max_database_bytes_and_a_full_turn_keeps_nothing() {
+    const BOUND: u64 = 1 << 20;
+    let dir = data_dir("disk-fill");
+    let bound = format!("max_database_bytes={BOUND}");
+    let weir = start(&dir, &["--limit", &bound]);
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "1");
+
+    // An actor's turn writes a mark, then 20 KB values until one is
+    // refused, then another mark. SQLite takes the whole transaction with
+    // the refused write, so the turn may not go on or answer: it keeps
+    // nothing, and its caller is told the commit failed, naming why.
+    weir.get("/h/f1/fill?bytes=20000")
+        .await
+        .assert_weir_error(503, "storage_commit_failed");
+    let r = weir
+        .actor_receipt_where(|r| r["error"] == "storage_commit_failed")
+        .await;
+    let detail = r["detail"].as_str().unwrap();
+    assert!(detail.contains("database_full"), "{r}");
+    assert!(detail.contains("nothing of the turn was kept"), "{r}");
+    for key in ["mark:a", "fill:000000", "mark:b"] {
+        let r = weir.get(&format!("/h/f1/get?key={key}")).await.json();
+        assert_eq!(r, json!({ "bytes": null }), "{key}");
+    }
+    let actor_db = dir.join("actors/hostile/f1.sqlite3");
+    assert!(file_bytes(&actor_db) <= BOUND, "{}", file_bytes(&actor_db));
+    // The actor goes on: a turn that fits commits.
+    assert_eq!(
+        weir.get("/h/f1/put-big?n=3&bytes=20000").await.json(),
+        json!({ "put": 3 })
+    );
+    assert_eq!(
+        weir.get("/h/f1/get?key=big:000002").await.json(),
+        json!({ "bytes": 20000 })
+    );
+
+    // A statement SQLite can undo alone is refused alone: the turn keeps
+    // what came before and after it.
+    let grow = "INSERT INTO t SELECT randomblob(50000) FROM \
+                (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 100) SELECT x FROM c)";
+    let answers = exec(
+        &weir,
+        "f2",
+        &[
+            "CREATE TABLE t (b)",
+            "INSERT INTO t VALUES (1)",
+            grow,
+            "INSERT INTO t VALUES (2)",
+        ],
+    )
+    .await;
+    let refused = answers[2]["error"].as_str().unwrap_or_default();
+    assert!(refused.contains("database_full"), "{answers:?}");
+    assert!(answers[3]["rows"].is_array(), "{answers:?}");
+    let r = exec(&weir, "f2", &["SELECT count(*) FROM t"]).await;
+    assert_eq!(r[0]["rows"], json!([[2]]), "{r:?}");
+    let actor_db = dir.join("actors/hostile/f2.sqlite3");
+    assert!(file_bytes(&actor_db) <= BOUND, "{}", file_bytes(&actor_db));
+
+    // The worker's key-value store: every write before the refused one is
+    // its own commit and stays; the refusal names the bound.
+    let r = weir.get("/kv-fill?bytes=20000").await.json();
+    let filled = r["filled"].as_u64().unwrap();
+    assert!(filled > 10, "{r}");
+    let refused = r["refused"].as_str().unwrap_or_default();
+    assert!(refused.contains("database_full"), "{r}");
+    let kv_file = dir.join("kv/main.sqlite3");
+    assert!(file_bytes(&kv_file) <= BOUND, "{}", file_bytes(&kv_file));
+    // A key deleted makes room again.
+    let r = weir
+        .get("/kv-fill?bytes=5000&n=1&tag=again&delete=fill::000000")
+        .await
+        .json();
+    assert_eq!(r["filled"], 1, "{r}");
+    assert_eq!(r["refused"], Value::Null, "{r}");
+
+    // The worker's SQL database: the batch that would grow past the bound
+    // is refused at that statement and rolled back whole.
+    let r = sql(
+        &weir,
+        &[
+            "CREATE TABLE big (b)",
+            grow.replace(" t ", " big ").as_str(),
+        ],
+    )
+    .await;
+    let error = r["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("StatementFailed(StatementError { index: 1,"),
+        "{r}"
+    );
+    assert!(error.contains("database_full"), "{r}");
+    let r = sql(
+        &weir,
+        &["SELECT count(*) FROM sqlite_master WHERE name = 'big'"],
+    )
+    .await;
+    assert_eq!(r["rows"][0], json!([[0]]), "{r}");
+    assert!(file_bytes(&dir.join("sql/app.sqlite3")) <= BOUND);
+
+    // An actor filled to its bound one committed turn at a time: the turn
+    // that no longer fits fails, and the full actor still wakes (its
+    // database reopened, its incarnation bumped), reads, and can be
+    // emptied, so no actor is left stuck at its bound.
+    assert!(exec(&weir, "f3", &["CREATE TABLE t (b)"]).await[0]["rows"].is_array());
+    let mut committed = 0;
+    loop {
+        let r = post_json(
+            &weir,
+            "/h/f3/exec",
+            json!(["INSERT INTO t VALUES (randomblob(20000))"]),
+        )
+        .await;
+        if r.status == 200 {
+            committed += 1;
+            assert!(committed < 100, "the bound refused no turn");
+            continue;
+        }
+        r.assert_weir_error(503, "storage_commit_failed");
+        break;
+    }
+    assert!(committed > 10, "{committed}");
+    let r = exec(&weir, "f3", &["SELECT count(*) FROM t"]).await;
+    assert_eq!(r[0]["rows"], json!([[committed]]), "{r:?}");
+    let r = exec(
+        &weir,
+        "f3",
+        &["DELETE FROM t", "INSERT INTO t VALUES (randomblob(20000))"],
+    )
+    .await;
+    assert!(r[1]["rows"].is_array(), "{r:?}");
+    let actor_db = dir.join("actors/hostile/f3.sqlite3");
+    assert!(file_bytes(&actor_db) <= BOUND, "{}", file_bytes(&actor_db));
+
+    // Everyone else is untouched.
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "2");
+    assert_eq!(weir.get("/hello").await.json(), json!("still here"));
+}
