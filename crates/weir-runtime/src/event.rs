@@ -229,8 +229,8 @@ async fn run_event(
     let scope = EventScope::new(limits.max_operations);
     generation.store.data_mut().set_scope(Some(scope.clone()));
     let number = generation.number;
-    receipt.entered_wasm(number);
     let entered = Instant::now();
+    receipt.entered_wasm(number, entered);
     let mut hooks = WorkerHooks {
         limits,
         receipt: &receipt,
@@ -360,7 +360,7 @@ impl Hooks for WorkerHooks<'_> {
         match response {
             Ok(response) => {
                 self.receipt.status(response.status().as_u16());
-                self.receipt.headers_sent();
+                let sent = self.receipt.headers_sent();
                 let (tx, session) = oneshot::channel();
                 self.session_tx = Some(tx);
                 if let Some(reply_tx) = self.reply_tx.take() {
@@ -370,7 +370,7 @@ impl Hooks for WorkerHooks<'_> {
                         generation: self.number,
                     });
                 }
-                Flow::Continue(Some(Instant::now() + self.limits.session_limit))
+                Flow::Continue(Some(sent + self.limits.session_limit))
             }
             Err(code) => {
                 invalid_response(self.receipt, &mut self.reply_tx, Some(code));

@@ -175,6 +175,8 @@ pub async fn run<T, H: Hooks>(
                 }
             }
             result = &mut call => {
+                // One reading of the clock judges both: the call ended now.
+                let ended = Instant::now();
                 // A response set in the same poll as the trap or return is
                 // judged first.
                 if !responded
@@ -186,14 +188,14 @@ pub async fn run<T, H: Hooks>(
                         return Ending::Refused(code, None);
                     }
                     if result.is_ok()
-                        && Instant::now() < deadline
+                        && ended < deadline
                         && let Flow::Stop(code, detail) = hooks.on_response(Ok(set))
                     {
                         return Ending::Refused(code, detail);
                     }
                 }
                 return match result {
-                    Ok(_) if Instant::now() >= deadline => late(cancelled, responded),
+                    Ok(_) if ended >= deadline => late(cancelled, responded),
                     Ok(value) => Ending::Returned(value),
                     Err(e) => match e.downcast_ref::<wasmtime_wasi::I32Exit>() {
                         Some(exit) => Ending::Exited(exit.0),

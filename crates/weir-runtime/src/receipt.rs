@@ -55,6 +55,9 @@ pub trait ReceiptSink: Send + Sync + 'static {
 pub struct ReceiptBook {
     app: Arc<str>,
     version: Arc<str>,
+    /// `,"app":…,"version":…`, encoded once: every receipt of the book
+    /// starts its fields with it.
+    head: Box<[u8]>,
     metrics: AppMetrics,
     sink: Option<Arc<dyn ReceiptSink>>,
 }
@@ -67,6 +70,7 @@ impl ReceiptBook {
         sink: Option<Arc<dyn ReceiptSink>>,
     ) -> Arc<Self> {
         Arc::new(ReceiptBook {
+            head: worker_head(&app, &version),
             app,
             version,
             metrics,
@@ -159,15 +163,20 @@ impl PendingReceipt {
         });
     }
 
-    pub fn entered_wasm(&self, generation: u64) {
+    /// Records that the guest was entered `at`, on `generation`.
+    pub fn entered_wasm(&self, generation: u64, at: Instant) {
         self.with(|f| {
             f.generation = Some(generation);
-            f.wasm_entered_at = Some(Instant::now());
+            f.wasm_entered_at = Some(at);
         });
     }
 
-    pub fn headers_sent(&self) {
-        self.with(|f| f.headers_at = Some(Instant::now()));
+    /// Records that the response's head went out now, and says when that
+    /// was (the session's deadline counts from it).
+    pub fn headers_sent(&self) -> Instant {
+        let now = Instant::now();
+        self.with(|f| f.headers_at = Some(now));
+        now
     }
 
     /// Host operations the event started, and refused for capacity.
@@ -293,15 +302,80 @@ fn splice_fields(buf: &mut Vec<u8>, value: &impl Serialize) -> serde_json::Resul
     Ok(())
 }
 
+/// A JSON string, escaped as serde_json escapes it. Most strings in a
+/// receipt (names, codes, outcomes) need no escape, and are copied as
+/// they are after one scan.
+fn put_str(buf: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        buf.reserve(s.len() + 2);
+        buf.push(b'"');
+        buf.extend_from_slice(s.as_bytes());
+        buf.push(b'"');
+    } else {
+        // Writing a str into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *buf, s);
+    }
+}
+
+/// `,"key":` — the receipt's keys are its own identifiers, never escaped.
+fn put_key(buf: &mut Vec<u8>, key: &'static str) {
+    debug_assert!(key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+    buf.extend_from_slice(b",\"");
+    buf.extend_from_slice(key.as_bytes());
+    buf.extend_from_slice(b"\":");
+}
+
+fn put_number(buf: &mut Vec<u8>, key: &'static str, n: impl itoa::Integer) {
+    put_key(buf, key);
+    buf.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+fn put_text(buf: &mut Vec<u8>, key: &'static str, s: &str) {
+    put_key(buf, key);
+    put_str(buf, s);
+}
+
+impl Terminal<'_> {
+    /// The terminal's fields, in the order and with the omissions of its
+    /// `Serialize` (the receipts' documented shape; a test holds the two
+    /// byte for byte alike). Written by hand: every call pays for them.
+    fn write_fields(&self, buf: &mut Vec<u8>) {
+        put_text(buf, "outcome", self.outcome);
+        if let Some(error) = self.error {
+            put_text(buf, "error", error);
+        }
+        if let Some(status) = self.status {
+            put_number(buf, "status", status);
+        }
+        if let Some(queued) = self.queued_us {
+            put_number(buf, "queued_us", queued);
+        }
+        if let Some(wasm) = self.wasm_us {
+            put_number(buf, "wasm_us", wasm);
+        }
+        put_number(buf, "total_us", self.total_us);
+        if self.operations != 0 {
+            put_number(buf, "operations", self.operations);
+        }
+        if self.operations_refused != 0 {
+            put_number(buf, "operations_refused", self.operations_refused);
+        }
+        if let Some(detail) = self.detail {
+            put_text(buf, "detail", detail);
+        }
+    }
+}
+
 /// One receipt line, in the shape of Weir's other log lines:
 /// `{"timestamp":…,"level":…,"target":…,"fields":{"message":…, <kind's
-/// fields>, <terminal's fields>}}`.
-fn encode_line<K: Serialize>(
+/// fields>, <terminal's fields>}}`. `kind` appends the kind's fields, each
+/// led by a comma.
+fn encode_line(
     buf: &mut Vec<u8>,
     target: &'static str,
     message: &'static str,
     ended: SystemTime,
-    kind: &K,
+    kind: impl FnOnce(&mut Vec<u8>) -> serde_json::Result<()>,
     terminal: &Terminal<'_>,
 ) -> serde_json::Result<()> {
     buf.extend_from_slice(b"{\"timestamp\":\"");
@@ -312,13 +386,31 @@ fn encode_line<K: Serialize>(
     } else {
         b"\",\"level\":\"INFO\",\"target\":"
     });
-    serde_json::to_writer(&mut *buf, target)?;
+    put_str(buf, target);
     buf.extend_from_slice(b",\"fields\":{\"message\":");
-    serde_json::to_writer(&mut *buf, message)?;
-    splice_fields(buf, kind)?;
-    splice_fields(buf, terminal)?;
+    put_str(buf, message);
+    kind(buf)?;
+    terminal.write_fields(buf);
     buf.extend_from_slice(b"}}\n");
     Ok(())
+}
+
+/// Encodes one line in this thread's reused buffer and hands it to `sink`.
+fn write_line(
+    sink: &dyn ReceiptSink,
+    target: &'static str,
+    message: &'static str,
+    ended: SystemTime,
+    kind: impl FnOnce(&mut Vec<u8>) -> serde_json::Result<()>,
+    terminal: &Terminal<'_>,
+) {
+    LINE.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        buf.clear();
+        if encode_line(&mut buf, target, message, ended, kind, terminal).is_ok() {
+            sink.write_line(&buf);
+        }
+    });
 }
 
 /// Writes one receipt to `sink`: the one encoder of every kind of call.
@@ -333,13 +425,14 @@ pub fn write_receipt<K: Serialize>(
     kind: &K,
     terminal: &Terminal<'_>,
 ) {
-    LINE.with(|buf| {
-        let mut buf = buf.borrow_mut();
-        buf.clear();
-        if encode_line(&mut buf, target, message, ended, kind, terminal).is_ok() {
-            sink.write_line(&buf);
-        }
-    });
+    write_line(
+        sink,
+        target,
+        message,
+        ended,
+        |buf| splice_fields(buf, kind),
+        terminal,
+    );
 }
 
 /// The log target of worker event receipts.
@@ -364,6 +457,39 @@ struct WorkerFields<'a> {
     retired: Option<&'static str>,
 }
 
+/// The first two fields of a worker's receipt, which its book encodes
+/// once.
+fn worker_head(app: &str, version: &str) -> Box<[u8]> {
+    let mut head = Vec::new();
+    put_text(&mut head, "app", app);
+    put_text(&mut head, "version", version);
+    head.into()
+}
+
+impl WorkerFields<'_> {
+    /// The worker's fields as its `Serialize` writes them (a test holds
+    /// the two alike), by hand: the request path's one log line. `head`
+    /// is [`worker_head`] of the app and the version.
+    fn write_fields(&self, buf: &mut Vec<u8>, head: &[u8]) {
+        buf.extend_from_slice(head);
+        if let Some(lane) = self.lane {
+            put_number(buf, "lane", lane);
+        }
+        if let Some(generation) = self.generation {
+            put_number(buf, "generation", generation);
+        }
+        if let Some(admission) = self.admission {
+            put_number(buf, "admission", admission);
+        }
+        put_number(buf, "bytes_in", self.bytes_in);
+        put_number(buf, "bytes_out", self.bytes_out);
+        put_number(buf, "memory_bytes", self.memory_bytes);
+        if let Some(retired) = self.retired {
+            put_text(buf, "retired", retired);
+        }
+    }
+}
+
 impl Drop for PendingReceipt {
     fn drop(&mut self) {
         let now = Instant::now();
@@ -380,21 +506,25 @@ impl Drop for PendingReceipt {
             .metrics
             .event(outcome, total.as_secs_f64(), wasm.map(|w| w.as_secs_f64()));
         let Some(sink) = &self.book.sink else { return };
-        write_receipt(
+        let worker = WorkerFields {
+            app: &self.book.app,
+            version: &self.book.version,
+            lane: f.lane,
+            generation: f.generation,
+            admission: f.admission,
+            bytes_in: self.bytes_in.load(Ordering::Relaxed),
+            bytes_out: self.bytes_out.load(Ordering::Relaxed),
+            memory_bytes: f.memory_bytes,
+            retired: f.retired.map(RetiredBecause::as_str),
+        };
+        write_line(
             sink.as_ref(),
             WORKER_TARGET,
             "receipt",
             SystemTime::now(),
-            &WorkerFields {
-                app: &self.book.app,
-                version: &self.book.version,
-                lane: f.lane,
-                generation: f.generation,
-                admission: f.admission,
-                bytes_in: self.bytes_in.load(Ordering::Relaxed),
-                bytes_out: self.bytes_out.load(Ordering::Relaxed),
-                memory_bytes: f.memory_bytes,
-                retired: f.retired.map(RetiredBecause::as_str),
+            |buf| {
+                worker.write_fields(buf, &self.book.head);
+                Ok(())
             },
             &Terminal {
                 outcome: outcome.as_str(),
@@ -466,7 +596,38 @@ mod tests {
         terminal: &Terminal<'_>,
     ) -> Vec<u8> {
         let mut buf = Vec::new();
-        encode_line(&mut buf, target, message, ended, kind, terminal).unwrap();
+        encode_line(
+            &mut buf,
+            target,
+            message,
+            ended,
+            |buf| splice_fields(buf, kind),
+            terminal,
+        )
+        .unwrap();
+        buf
+    }
+
+    /// A worker's line, its fields written by hand as the request path
+    /// writes them.
+    fn encoded_worker(
+        ended: SystemTime,
+        kind: &WorkerFields<'_>,
+        terminal: &Terminal<'_>,
+    ) -> Vec<u8> {
+        let mut buf = Vec::new();
+        encode_line(
+            &mut buf,
+            WORKER_TARGET,
+            "receipt",
+            ended,
+            |buf| {
+                kind.write_fields(buf, &worker_head(kind.app, kind.version));
+                Ok(())
+            },
+            terminal,
+        )
+        .unwrap();
         buf
     }
 
@@ -509,15 +670,34 @@ mod tests {
                 operations_refused: operations / 2,
                 detail: detail.as_deref(),
             };
+            let expected =
+                String::from_utf8(flattened(WORKER_TARGET, "receipt", ended, &kind, &terminal)).unwrap();
+            // The worker's fields written by hand, and through serde as a
+            // layer's kind is written: both the flattened line.
+            proptest::prop_assert_eq!(
+                String::from_utf8(encoded_worker(ended, &kind, &terminal)).unwrap(),
+                expected.clone()
+            );
             proptest::prop_assert_eq!(
                 String::from_utf8(encoded(WORKER_TARGET, "receipt", ended, &kind, &terminal)).unwrap(),
-                String::from_utf8(flattened(WORKER_TARGET, "receipt", ended, &kind, &terminal)).unwrap()
+                expected
             );
             // A kind with no fields of its own adds none.
             proptest::prop_assert_eq!(
                 encoded("weir::x", "turn", ended, &Empty {}, &terminal),
                 flattened("weir::x", "turn", ended, &Empty {}, &terminal)
             );
+        }
+    }
+
+    proptest::proptest! {
+        /// Any string at all is written as serde_json writes it: control
+        /// characters, quotes and backslashes escaped, the rest as is.
+        #[test]
+        fn a_string_is_escaped_as_serde_escapes_it(s in proptest::prelude::any::<String>()) {
+            let mut buf = Vec::new();
+            put_str(&mut buf, &s);
+            proptest::prop_assert_eq!(buf, serde_json::to_vec(&s).unwrap());
         }
     }
 
@@ -541,7 +721,7 @@ mod tests {
                 "weir::x",
                 "turn",
                 SystemTime::now(),
-                &7u32,
+                |buf| splice_fields(buf, &7u32),
                 &terminal
             )
             .is_err()

@@ -19,10 +19,18 @@
 //!   ([`EventScope::stop_check`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, watch};
+
+/// The origin every scope's deadline is counted from: one for the
+/// process, so that making a scope reads no clock. A deadline before it
+/// counts as at it (already passed).
+fn origin() -> Instant {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
 
 /// Why an operation could not be registered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -36,24 +44,27 @@ pub enum ScopeError {
 struct Counts {
     live: usize,
     closed: bool,
+    aborted: bool,
+    /// Made at the first registration: an event that starts no host
+    /// operation (most of them) pays for no channel, and its abort
+    /// notifies nobody.
+    abort: Option<watch::Sender<bool>>,
 }
 
 /// One event's scope. Shared (`Arc`) between the event task and the host
 /// operations it starts.
 pub struct EventScope {
     max_operations: usize,
+    /// The live count, and the abort flag that operations watch (it flips
+    /// to true once, on the first abort).
     counts: Mutex<Counts>,
-    /// Flips to true once, on the first abort; operations watch it.
-    abort: watch::Sender<bool>,
     invalid: AtomicBool,
     drained: Notify,
     /// Operations ever refused for capacity, for receipts and metrics.
     refused: AtomicUsize,
     /// Operations ever registered, for receipts.
     started: AtomicUsize,
-    /// When the scope was made: the origin of `deadline_ns`.
-    created: Instant,
-    /// The event's current deadline, in ns after `created` (`u64::MAX`:
+    /// The event's current deadline, in ns after [`origin`] (`u64::MAX`:
     /// none set).
     deadline_ns: AtomicU64,
 }
@@ -72,13 +83,13 @@ impl EventScope {
             counts: Mutex::new(Counts {
                 live: 0,
                 closed: false,
+                aborted: false,
+                abort: None,
             }),
-            abort: watch::Sender::new(false),
             invalid: AtomicBool::new(false),
             drained: Notify::new(),
             refused: AtomicUsize::new(0),
             started: AtomicUsize::new(0),
-            created: Instant::now(),
             deadline_ns: AtomicU64::new(u64::MAX),
         })
     }
@@ -86,7 +97,7 @@ impl EventScope {
     /// Sets the event's deadline as it moves (entry, headers, a client
     /// that left).
     pub fn set_deadline(&self, at: Instant) {
-        let ns = at.saturating_duration_since(self.created).as_nanos();
+        let ns = at.saturating_duration_since(origin()).as_nanos();
         self.deadline_ns
             .store(u64::try_from(ns).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
@@ -96,7 +107,7 @@ impl EventScope {
     pub fn deadline(&self) -> Option<Instant> {
         match self.deadline_ns.load(Ordering::Relaxed) {
             u64::MAX => None,
-            ns => Some(self.created + std::time::Duration::from_nanos(ns)),
+            ns => Some(origin() + std::time::Duration::from_nanos(ns)),
         }
     }
 
@@ -108,7 +119,7 @@ impl EventScope {
         }
         let deadline = self.deadline_ns.load(Ordering::Relaxed);
         deadline != u64::MAX
-            && u64::try_from(self.created.elapsed().as_nanos()).unwrap_or(u64::MAX) >= deadline
+            && u64::try_from(origin().elapsed().as_nanos()).unwrap_or(u64::MAX) >= deadline
     }
 
     /// [`EventScope::should_stop`] as a check that host work can carry to
@@ -134,9 +145,14 @@ impl EventScope {
         }
         counts.live += 1;
         self.started.fetch_add(1, Ordering::Relaxed);
+        let aborted = counts.aborted;
+        let aborted = counts
+            .abort
+            .get_or_insert_with(|| watch::Sender::new(aborted))
+            .subscribe();
         Ok(Operation {
             scope: self.clone(),
-            aborted: self.abort.subscribe(),
+            aborted,
         })
     }
 
@@ -157,8 +173,12 @@ impl EventScope {
 
     /// Tells every live operation to stop. Idempotent.
     pub fn abort(&self) {
-        self.abort
-            .send_if_modified(|aborted| !std::mem::replace(aborted, true));
+        let mut counts = self.counts();
+        if !std::mem::replace(&mut counts.aborted, true)
+            && let Some(abort) = &counts.abort
+        {
+            abort.send_replace(true);
+        }
     }
 
     /// Fences the scope: completions checked from now on are dropped.
@@ -263,6 +283,25 @@ mod tests {
         let stop = scope.stop_check();
         scope.invalidate();
         assert!(stop(), "abandoned");
+    }
+
+    #[tokio::test]
+    async fn an_operation_registered_after_the_abort_is_aborted_at_once() {
+        // The abort channel is made lazily: an abort that found no
+        // operation must still reach the ones that come after it.
+        let scope = EventScope::new(4);
+        scope.abort();
+        let mut late = scope.register().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), late.aborted())
+            .await
+            .expect("aborted at once");
+        // And one registered before the abort is told once it comes.
+        let scope = EventScope::new(4);
+        let mut early = scope.register().unwrap();
+        let mut second = scope.register().unwrap();
+        scope.abort();
+        early.aborted().await;
+        second.aborted().await;
     }
 
     #[tokio::test]
