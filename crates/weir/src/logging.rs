@@ -42,9 +42,11 @@ struct Buffers {
     spare: Vec<u8>,
 }
 
+/// Where batches go: stderr, or a test's collector.
+type Sink = Box<dyn Fn(&[u8]) + Send + Sync>;
+
 struct Output {
-    /// Where batches go: stderr, or a test's collector.
-    sink: Box<dyn Fn(&[u8]) + Send + Sync>,
+    sink: Sink,
     buffers: Mutex<Buffers>,
     /// Wakes the flusher when a full buffer is handed over.
     handed_over: Condvar,
