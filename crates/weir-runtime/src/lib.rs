@@ -33,7 +33,7 @@
 //!   started, bounded by `max_operations`, fenced and drained when the
 //!   invocation ends.
 //! - [`receipt::Receipt`] ([`receipt`]): the one record every event ends
-//!   with, in one encoding for every kind of call ([`receipt::write_receipt`]).
+//!   with, in one encoding for every kind of call ([`receipt_line`]).
 //!
 //! Two names belong to the layer above and appear here only as what they
 //! are built from: an actor's *turn* is an invocation, and its *cell* is
@@ -72,6 +72,7 @@ pub mod metrics;
 pub mod outbound;
 pub mod outcome;
 pub mod receipt;
+pub mod receipt_line;
 pub mod retirement;
 pub mod scope;
 pub mod sql;
