@@ -42,11 +42,10 @@ struct Fields {
     retired: Option<RetiredBecause>,
 }
 
-/// What every receipt of one version of an app shares: the app's name,
-/// the version, its metrics and, if receipts are logged, the sink they go
-/// to.
+/// What every receipt of one version of an app shares: the app's name
+/// and the version (encoded once), its metrics and, if receipts are
+/// logged, the sink they go to.
 pub struct ReceiptBook {
-    app: Arc<str>,
     version: Arc<str>,
     /// `,"app":…,"version":…`, encoded once: every receipt of the book
     /// starts its fields with it.
@@ -64,7 +63,6 @@ impl ReceiptBook {
     ) -> Arc<Self> {
         Arc::new(ReceiptBook {
             head: worker_head(&app, &version),
-            app,
             version,
             metrics,
             sink,
@@ -213,11 +211,12 @@ fn micros(d: Duration) -> u64 {
 /// The log target of worker event receipts.
 pub const WORKER_TARGET: &str = "weir::receipt";
 
-/// What only a worker event's receipt has.
+/// What only a worker event's receipt has, after the app and the version
+/// (which its book encodes once: [`worker_head`]). Its `Serialize` is the
+/// documented shape the hand-written [`WorkerFields::write_fields`] is
+/// held to.
 #[derive(Serialize)]
-struct WorkerFields<'a> {
-    app: &'a str,
-    version: &'a str,
+struct WorkerFields {
     #[serde(skip_serializing_if = "Option::is_none")]
     lane: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -241,7 +240,7 @@ fn worker_head(app: &str, version: &str) -> Box<[u8]> {
     head.into()
 }
 
-impl WorkerFields<'_> {
+impl WorkerFields {
     /// The worker's fields as its `Serialize` writes them (a test holds
     /// the two alike), by hand: the request path's one log line. `head`
     /// is [`worker_head`] of the app and the version.
@@ -282,8 +281,6 @@ impl Drop for PendingReceipt {
             .event(outcome, total.as_secs_f64(), wasm.map(|w| w.as_secs_f64()));
         let Some(sink) = &self.book.sink else { return };
         let worker = WorkerFields {
-            app: &self.book.app,
-            version: &self.book.version,
             lane: f.lane,
             generation: f.generation,
             admission: f.admission,
@@ -386,11 +383,7 @@ mod tests {
 
     /// A worker's line, its fields written by hand as the request path
     /// writes them.
-    fn encoded_worker(
-        ended: SystemTime,
-        kind: &WorkerFields<'_>,
-        terminal: &Terminal<'_>,
-    ) -> Vec<u8> {
+    fn encoded_worker(ended: SystemTime, kind: &Worker<'_>, terminal: &Terminal<'_>) -> Vec<u8> {
         let mut buf = Vec::new();
         encode_line(
             &mut buf,
@@ -398,7 +391,8 @@ mod tests {
             "receipt",
             ended,
             |buf| {
-                kind.write_fields(buf, &worker_head(kind.app, kind.version));
+                kind.fields
+                    .write_fields(buf, &worker_head(kind.app, kind.version));
                 Ok(())
             },
             terminal,
@@ -409,6 +403,16 @@ mod tests {
 
     #[derive(Serialize)]
     struct Empty {}
+
+    /// A worker's kind as serde would write it: the book's head (app and
+    /// version), then the event's own fields.
+    #[derive(Serialize)]
+    struct Worker<'a> {
+        app: &'a str,
+        version: &'a str,
+        #[serde(flatten)]
+        fields: &'a WorkerFields,
+    }
 
     proptest::proptest! {
         /// Whatever the time, the kind's fields and the terminal's, the
@@ -424,9 +428,7 @@ mod tests {
             operations in 0usize..3,
         ) {
             let ended = std::time::UNIX_EPOCH + Duration::new(secs, nanos);
-            let kind = WorkerFields {
-                app: &app,
-                version: "sha256:0f\"\\u{1}",
+            let fields = WorkerFields {
                 lane,
                 generation: lane.map(|l| l as u64 * 7),
                 admission: None,
@@ -435,6 +437,7 @@ mod tests {
                 memory_bytes: 1 << 20,
                 retired: failed.then_some("trapped"),
             };
+            let kind = Worker { app: &app, version: "sha256:0f\"\\u{1}", fields: &fields };
             let terminal = Terminal {
                 outcome: if failed { "trap" } else { "ok" },
                 error: failed.then_some("guest_trap"),
