@@ -6,13 +6,14 @@
 //! one registry under the `weir_` prefix), so a turn touches only atomics.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
-use weir_runtime::metrics::{Metrics, latency_buckets};
+use weir_runtime::latency_histogram::LatencyHistogram;
+use weir_runtime::metrics::Metrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TurnLabels {
@@ -36,7 +37,7 @@ struct ClassLabels {
 pub struct ActorMetrics {
     actor_turns: Family<TurnLabels, Counter>,
     actor_events: Family<ActorEventLabels, Counter>,
-    actor_turn_seconds: Family<ClassLabels, Histogram>,
+    actor_turn_seconds: Family<ClassLabels, LatencyHistogram>,
     actors_in_memory: Gauge,
 }
 
@@ -45,9 +46,7 @@ impl ActorMetrics {
     pub fn register(metrics: &Metrics) -> ActorMetrics {
         let actor_turns = Family::<TurnLabels, Counter>::default();
         let actor_events = Family::<ActorEventLabels, Counter>::default();
-        let actor_turn_seconds = Family::<ClassLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(latency_buckets())
-        });
+        let actor_turn_seconds = Family::<ClassLabels, LatencyHistogram>::default();
         let actors_in_memory = Gauge::default();
         metrics.register(
             "actor_turns",
@@ -131,7 +130,7 @@ struct ActorClassInner {
     hibernations: Counter,
     overloaded: Counter,
     alarms_dropped: Counter,
-    turn_seconds: Histogram,
+    turn_seconds: LatencyHistogram,
     in_memory: Gauge,
 }
 
@@ -142,11 +141,11 @@ pub struct ActorClassMetrics {
 }
 
 impl ActorClassMetrics {
-    /// A request turn ended (`seconds` from the call's arrival).
-    pub fn request_turn(&self, ok: bool, seconds: f64) {
+    /// A request turn ended, `took` after the call's arrival.
+    pub fn request_turn(&self, ok: bool, took: Duration) {
         let i = &self.inner;
         if ok { &i.request_ok } else { &i.request_failed }.inc();
-        i.turn_seconds.observe(seconds);
+        i.turn_seconds.observe(took);
     }
 
     pub fn alarm_turn(&self, ok: bool) {

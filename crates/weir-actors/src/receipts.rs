@@ -112,7 +112,7 @@ impl ActorHost {
             metrics.woke();
         }
         match kind {
-            TurnKind::Request => metrics.request_turn(ok, (ended - started).as_secs_f64()),
+            TurnKind::Request => metrics.request_turn(ok, ended - started),
             TurnKind::Alarm => metrics.alarm_turn(ok),
             TurnKind::Call => metrics.call_turn(ok),
         }

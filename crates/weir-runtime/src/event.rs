@@ -264,8 +264,7 @@ async fn run_event(
         ..
     } = hooks;
 
-    receipt.memory(generation.memory_bytes());
-    receipt.operations(scope.started(), scope.refused());
+    receipt.call_ended(generation.memory_bytes(), scope.started(), scope.refused());
     let Some((outcome, code, detail)) = ending.failure(generation.store.data()) else {
         if reply_tx.is_some() {
             invalid_response(&receipt, &mut reply_tx, None);
@@ -275,9 +274,6 @@ async fn run_event(
             let _ = tx.send(SessionEnd::Clean);
         }
         let (retired, fell_back) = app.retirement.after_event(generation.admitted, invalid);
-        if let Some(why) = retired {
-            receipt.retired(why);
-        }
         if fell_back {
             tracing::warn!(
                 app = %app.name,
@@ -287,7 +283,7 @@ async fn run_event(
                  serves one event (set retirement_admission_limit = 1 to start that way)"
             );
         }
-        receipt.succeed();
+        receipt.succeed(retired);
         // The event is over: whatever the guest left running stops, and
         // nothing more may start in its name.
         generation.store.data_mut().set_scope(None);
@@ -359,8 +355,7 @@ impl Hooks for WorkerHooks<'_> {
     fn on_response(&mut self, response: GuestResponse) -> Flow {
         match response {
             Ok(response) => {
-                self.receipt.status(response.status().as_u16());
-                let sent = self.receipt.headers_sent();
+                let sent = self.receipt.headers_sent(response.status().as_u16());
                 let (tx, session) = oneshot::channel();
                 self.session_tx = Some(tx);
                 if let Some(reply_tx) = self.reply_tx.take() {

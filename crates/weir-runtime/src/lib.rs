@@ -66,6 +66,7 @@ pub mod guest_state;
 pub mod invocation;
 pub mod keyvalue;
 pub mod lane;
+pub mod latency_histogram;
 pub mod limits;
 pub mod memory_budget;
 pub mod metrics;

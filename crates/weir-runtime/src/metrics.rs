@@ -3,18 +3,20 @@
 //!
 //! Invariant owned here: every metric handle used on the hot path is
 //! resolved once per app at start, so recording an event touches only
-//! atomics — never a label lookup or a lock.
+//! atomics — never a label lookup or a lock (the latency histograms are
+//! [`LatencyHistogram`]s for that reason).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::latency_histogram::LatencyHistogram;
 use crate::outcome::Outcome;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -40,12 +42,6 @@ struct AppLabels {
     app: String,
 }
 
-/// Latency buckets from 50 µs to ~13 s, doubling: fine enough to see the
-/// sub-millisecond p99 Weir aims for, wide enough to see deadlines.
-pub fn latency_buckets() -> impl Iterator<Item = f64> {
-    exponential_buckets(0.000_05, 2.0, 19)
-}
-
 /// The registry of one Weir process.
 pub struct Metrics {
     /// Behind a lock only so that the layers above can add their own
@@ -55,8 +51,8 @@ pub struct Metrics {
     generations: Family<GenerationLabels, Counter>,
     outbound: Family<OutboundLabels, Counter>,
     queue_depth: Family<AppLabels, Gauge>,
-    event_seconds: Family<AppLabels, Histogram>,
-    wasm_seconds: Family<AppLabels, Histogram>,
+    event_seconds: Family<AppLabels, LatencyHistogram>,
+    wasm_seconds: Family<AppLabels, LatencyHistogram>,
     guest_memory: Gauge,
     guest_memory_budget: Gauge,
     guest_memory_refusals: Counter,
@@ -79,12 +75,8 @@ impl Metrics {
         let generations = Family::<GenerationLabels, Counter>::default();
         let queue_depth = Family::<AppLabels, Gauge>::default();
         let outbound = Family::<OutboundLabels, Counter>::default();
-        let event_seconds = Family::<AppLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(latency_buckets())
-        });
-        let wasm_seconds = Family::<AppLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(latency_buckets())
-        });
+        let event_seconds = Family::<AppLabels, LatencyHistogram>::default();
+        let wasm_seconds = Family::<AppLabels, LatencyHistogram>::default();
         registry.register("events", "Events by terminal outcome", events.clone());
         registry.register(
             "generations",
@@ -248,8 +240,8 @@ struct AppMetricsInner {
     outbound_denied: Counter,
     outbound_capacity: Counter,
     queue_depth: Gauge,
-    event_seconds: Histogram,
-    wasm_seconds: Histogram,
+    event_seconds: LatencyHistogram,
+    wasm_seconds: LatencyHistogram,
     counts: GenerationCounts,
 }
 
@@ -260,12 +252,14 @@ pub struct AppMetrics {
 }
 
 impl AppMetrics {
-    pub fn event(&self, outcome: Outcome, total_seconds: f64, wasm_seconds: Option<f64>) {
+    /// An event ended: `total` from its arrival, `wasm` from its Wasm
+    /// entry to its response's head, if it got that far.
+    pub fn event(&self, outcome: Outcome, total: Duration, wasm: Option<Duration>) {
         if let Some(c) = self.inner.outcomes.get(outcome as usize) {
             c.inc();
         }
-        self.inner.event_seconds.observe(total_seconds);
-        if let Some(w) = wasm_seconds {
+        self.inner.event_seconds.observe(total);
+        if let Some(w) = wasm {
             self.inner.wasm_seconds.observe(w);
         }
     }

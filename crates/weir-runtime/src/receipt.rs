@@ -133,11 +133,15 @@ impl PendingReceipt {
         });
     }
 
-    /// Records that the guest ended cleanly, unless a failure came first.
-    pub fn succeed(&self) {
+    /// Records that the guest ended cleanly, unless a failure came first,
+    /// and whether its generation was retired after it.
+    pub fn succeed(&self, retired: Option<RetiredBecause>) {
         self.with(|f| {
             if f.outcome.is_none() {
                 f.outcome = Some(Outcome::Ok);
+            }
+            if retired.is_some() {
+                f.retired = retired;
             }
         });
     }
@@ -162,29 +166,26 @@ impl PendingReceipt {
         });
     }
 
-    /// Records that the response's head went out now, and says when that
-    /// was (the session's deadline counts from it).
-    pub fn headers_sent(&self) -> Instant {
+    /// Records that the response's head, of `status`, went out now, and
+    /// says when that was (the session's deadline counts from it).
+    pub fn headers_sent(&self, status: u16) -> Instant {
         let now = Instant::now();
-        self.with(|f| f.headers_at = Some(now));
+        self.with(|f| {
+            f.status = status;
+            f.headers_at = Some(now);
+        });
         now
     }
 
-    /// Host operations the event started, and refused for capacity.
-    pub fn operations(&self, started: usize, refused: usize) {
+    /// Records what the guest's call left when it ended: the memory its
+    /// instance holds, and the host operations the event started and
+    /// refused for capacity.
+    pub fn call_ended(&self, memory_bytes: usize, started: usize, refused: usize) {
         self.with(|f| {
+            f.memory_bytes = memory_bytes;
             f.operations = started;
             f.operations_refused = refused;
         });
-    }
-
-    /// Records that the event's generation was retired after it, and why.
-    pub fn retired(&self, why: RetiredBecause) {
-        self.with(|f| f.retired = Some(why));
-    }
-
-    pub fn memory(&self, bytes: usize) {
-        self.with(|f| f.memory_bytes = bytes);
     }
 
     pub fn add_bytes_in(&self, n: u64) {
@@ -276,9 +277,7 @@ impl Drop for PendingReceipt {
             (Some(entered), Some(headers)) => Some(headers - entered),
             _ => None,
         };
-        self.book
-            .metrics
-            .event(outcome, total.as_secs_f64(), wasm.map(|w| w.as_secs_f64()));
+        self.book.metrics.event(outcome, total, wasm);
         let Some(sink) = &self.book.sink else { return };
         let worker = WorkerFields {
             lane: f.lane,
