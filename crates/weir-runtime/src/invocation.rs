@@ -8,7 +8,7 @@
 //! - the call runs until it returns, traps, its deadline passes, or —
 //!   once its caller has left — its cancellation grace passes; nothing else
 //!   ends it, and one tokio timer in the caller's task bounds it (no thread
-//!   or timer per call);
+//!   per call; the timer is registered only if the call waits);
 //! - the scope always knows the current deadline, so host work that runs
 //!   elsewhere (SQL on the pool) stops at it too;
 //! - a response is judged when the guest sets it, before anything the
@@ -134,6 +134,13 @@ pub async fn run<T, H: Hooks>(
     let mut call = pin!(call);
     let mut deadline = timing.deadline;
     scope.set_deadline(deadline);
+    // The one timer of the call. It is registered with tokio's timer only
+    // if the call waits (a guest that answers within its first poll never
+    // touches the timer wheel), and re-armed only when it fires before the
+    // deadline, which a later deadline can make it do: every registration
+    // takes the wheel's lock, and one earlier than the timer thread's next
+    // wake also wakes that thread.
+    let mut alarm = pin!(tokio::time::sleep_until(deadline.into()));
     let mut responded = response.is_none();
     let mut cancelled = false;
     let mut alongside_done = false;
@@ -169,6 +176,9 @@ pub async fn run<T, H: Hooks>(
                     Flow::Continue(Some(next)) if !cancelled => {
                         deadline = next;
                         scope.set_deadline(deadline);
+                        if deadline < alarm.deadline().into_std() {
+                            alarm.as_mut().reset(deadline.into());
+                        }
                     }
                     Flow::Continue(_) => {}
                     Flow::Stop(code, detail) => return Ending::Refused(code, detail),
@@ -203,7 +213,12 @@ pub async fn run<T, H: Hooks>(
                     },
                 };
             }
-            _ = tokio::time::sleep_until(deadline.into()) => {
+            _ = &mut alarm => {
+                if Instant::now() < deadline {
+                    // Armed for a deadline since moved later.
+                    alarm.as_mut().reset(deadline.into());
+                    continue;
+                }
                 return late(cancelled, responded);
             }
             _ = std::future::poll_fn(|cx| hooks.poll_alongside(cx)), if !alongside_done => {
@@ -217,6 +232,9 @@ pub async fn run<T, H: Hooks>(
                 hooks.on_cancel();
                 deadline = deadline.min(Instant::now() + timing.cancellation_limit);
                 scope.set_deadline(deadline);
+                if deadline < alarm.deadline().into_std() {
+                    alarm.as_mut().reset(deadline.into());
+                }
             }
         }
     }

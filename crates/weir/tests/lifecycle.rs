@@ -180,6 +180,34 @@ async fn stall_after_headers_past_the_session_limit_is_a_failed_stream() {
     assert_eq!(weir.get("/hello").await.status, 200);
 }
 
+/// Once the head is out, the session limit replaces the event limit,
+/// even when it ends later: a body streamed past `event_limit_ms` but
+/// within `session_limit_ms` comes out whole.
+#[tokio::test]
+async fn a_body_streamed_past_the_event_limit_within_the_session_limit_is_whole() {
+    let weir = Weir::start(
+        &probe(),
+        &[
+            "--limit",
+            "event_limit_ms=300",
+            "--limit",
+            "session_limit_ms=10000",
+        ],
+    );
+    let started = Instant::now();
+    let resp = weir.get("/stream?chunks=10&size=100&delay_ms=100").await;
+    assert_eq!(resp.status, 200);
+    let body = resp.body.expect("the body ends cleanly");
+    assert_eq!(body.len(), 1000);
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "the body took its ten delays: {:?}",
+        started.elapsed()
+    );
+    let r = weir.receipt_where(|r| r["status"] == 200).await;
+    assert_eq!(r["outcome"], "ok", "{r}");
+}
+
 #[tokio::test]
 async fn disconnect_cancels_and_abandons_after_the_cancellation_limit() {
     let weir = Weir::start(
