@@ -72,6 +72,7 @@ pub mod memory_budget;
 pub mod metrics;
 pub mod outbound;
 pub mod outcome;
+pub mod pacemaker;
 pub mod receipt;
 pub mod receipt_line;
 pub mod retirement;

@@ -436,7 +436,9 @@ impl Server {
         } = self;
         let admin_task =
             admin.map(|(listener, state)| tokio::spawn(weir_http::serve_admin(listener, state)));
+        let pacemaker = weir_runtime::pacemaker::start();
         weir_http::serve(listener, apps.router().clone(), options, shutdown).await;
+        pacemaker.abort();
         if let Some(task) = admin_task {
             task.abort();
         }
