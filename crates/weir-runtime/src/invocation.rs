@@ -20,7 +20,7 @@
 //! - one classifier says what an ending means ([`Ending::failure`]), and
 //!   one teardown settles the scope ([`settle`]).
 
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -175,10 +175,7 @@ pub async fn run<T, H: Hooks>(
                 match hooks.on_response(set) {
                     Flow::Continue(Some(next)) if !cancelled => {
                         deadline = next;
-                        scope.set_deadline(deadline);
-                        if deadline < alarm.deadline().into_std() {
-                            alarm.as_mut().reset(deadline.into());
-                        }
+                        move_deadline(scope, alarm.as_mut(), deadline);
                     }
                     Flow::Continue(_) => {}
                     Flow::Stop(code, detail) => return Ending::Refused(code, detail),
@@ -231,12 +228,19 @@ pub async fn run<T, H: Hooks>(
                 scope.abort();
                 hooks.on_cancel();
                 deadline = deadline.min(Instant::now() + timing.cancellation_limit);
-                scope.set_deadline(deadline);
-                if deadline < alarm.deadline().into_std() {
-                    alarm.as_mut().reset(deadline.into());
-                }
+                move_deadline(scope, alarm.as_mut(), deadline);
             }
         }
+    }
+}
+
+/// Moves the call's deadline: the scope learns it at once, and the alarm
+/// is reset only if it must ring sooner (a later deadline keeps it armed;
+/// when it rings early, the loop re-arms it).
+fn move_deadline(scope: &EventScope, alarm: Pin<&mut tokio::time::Sleep>, deadline: Instant) {
+    scope.set_deadline(deadline);
+    if deadline < alarm.deadline().into_std() {
+        alarm.reset(deadline.into());
     }
 }
 

@@ -140,9 +140,7 @@ impl PendingReceipt {
             if f.outcome.is_none() {
                 f.outcome = Some(Outcome::Ok);
             }
-            if retired.is_some() {
-                f.retired = retired;
-            }
+            f.retired = retired;
         });
     }
 
