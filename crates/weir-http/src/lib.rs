@@ -14,6 +14,7 @@ pub mod request_body;
 pub mod response_body;
 pub mod routing;
 pub mod server;
+pub mod shutdown;
 pub mod websocket;
 
 pub use admin::{AdminState, Tenant, serve_admin};

@@ -40,6 +40,7 @@ use crate::head::head_bytes;
 use crate::request_body::{BodyError, BodyPace, read_body};
 use crate::response_body::{Finished, ServeBody, SessionBody, finished_body};
 use crate::routing::{Router, RoutingErrorCode};
+use crate::shutdown::Stops;
 use crate::websocket::SocketHub;
 use crate::websocket::upgrade::{offer_upgrade, refuse_socket, socket_refusal};
 use crate::websocket::worker::Handoff;
@@ -123,6 +124,15 @@ pub const REFUSAL_LINGER: std::time::Duration = std::time::Duration::from_millis
 /// longer is cut off (its client sees an incomplete body).
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// What every request of one connection needs. Cloned per request, it
+/// touches a count that only this connection writes; the router's and the
+/// options' own counts, written by every connection on every core, are
+/// touched once per connection.
+struct ConnectionScope {
+    router: Arc<Router>,
+    options: Arc<ServeOptions>,
+}
+
 /// Serves the apps of `router` on `listener` until `shutdown` resolves,
 /// then stops accepting, lets in-flight requests finish (up to
 /// [`SHUTDOWN_GRACE`]) and returns.
@@ -132,7 +142,7 @@ pub async fn serve(
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) {
-    let stopping = tokio::sync::watch::Sender::new(false);
+    let stops = Arc::new(Stops::default());
     let mut shutdown = std::pin::pin!(shutdown);
     let options = Arc::new(options);
     let limits = &options.limits;
@@ -172,23 +182,26 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let router = router.clone();
-        let options = options.clone();
-        let service = service_fn(move |req| {
-            let router = router.clone();
-            let options = options.clone();
-            async move { Ok::<_, Infallible>(handle(&router, &options, req).await) }
+        let scope = Arc::new(ConnectionScope {
+            router: router.clone(),
+            options: options.clone(),
         });
-        let mut stop = stopping.subscribe();
+        let service = service_fn(move |req| {
+            let scope = scope.clone();
+            async move { Ok::<_, Infallible>(handle(&scope.router, &scope.options, req).await) }
+        });
+        let (stop_ticket, stop) = stops.register();
         let connection = builder
             .serve_connection(TokioIo::new(stream), service)
             .with_upgrades();
         tokio::spawn(async move {
             let _permit = permit;
+            let _stop_ticket = stop_ticket;
             let mut connection = std::pin::pin!(connection);
             let ended = tokio::select! {
+                biased;
                 ended = connection.as_mut() => ended,
-                _ = async { let _ = stop.wait_for(|stop| *stop).await; } => {
+                _ = stop => {
                     // No new request on this connection; the one in
                     // flight finishes.
                     connection.as_mut().graceful_shutdown();
@@ -201,7 +214,7 @@ pub async fn serve(
         });
     }
     drop(listener);
-    stopping.send_replace(true);
+    stops.stop();
     // Open sockets close with 1001, so their events end too.
     if let Some(sockets) = &options.sockets {
         sockets.shut_down();
@@ -405,7 +418,7 @@ async fn handle(
             }
         }
     }
-    let app = served.app.clone();
+    let app = &served.app;
     let arrived = Instant::now();
     let receipt = app.receipts.open(arrived);
     let limits = &app.code.limits;

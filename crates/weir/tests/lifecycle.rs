@@ -366,6 +366,58 @@ async fn sigterm_lets_in_flight_events_finish_then_exits() {
 }
 
 #[tokio::test]
+async fn sigterm_closes_idle_keep_alive_connections_while_events_finish() {
+    let mut weir = Weir::start(&probe(), &["--limit", "event_limit_ms=10000"]);
+    let addr = weir.addr;
+    // A keep-alive connection that has had its answer and now says nothing.
+    let mut idle = std::net::TcpStream::connect(addr).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    idle.write_all(b"GET /counter HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !answer.ends_with(b"\r\n\r\n1") {
+        let n = idle.read(&mut buf).unwrap();
+        assert!(n > 0, "the first answer comes whole");
+        answer.extend_from_slice(&buf[..n]);
+    }
+    let slow = tokio::spawn(async move {
+        let req = http::Request::get("/sleep?ms=3000")
+            .header("host", "x")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        common::send_to(addr, req).await
+    });
+    weir.wait_busy(1).await;
+    weir.signal("TERM");
+
+    // The idle connection is closed by the shutdown itself, while the
+    // event in flight still runs: not by the process going away after
+    // the grace period.
+    let (n, rest) = tokio::task::spawn_blocking(move || {
+        let n = idle
+            .read(&mut buf)
+            .expect("the idle connection is closed, not left open");
+        (n, buf[..n].to_vec())
+    })
+    .await
+    .unwrap();
+    assert_eq!(n, 0, "nothing but the close: {rest:?}");
+    assert!(!slow.is_finished(), "the idle connection closed first");
+    let resp = slow.await.unwrap();
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.text(), "slept\n");
+    let status = weir.wait_exit(Duration::from_secs(10)).expect("weir exits");
+    assert!(status.success(), "{status:?}");
+    assert!(
+        !weir.log().contains("shutdown grace passed"),
+        "{}",
+        weir.log()
+    );
+}
+
+#[tokio::test]
 async fn a_cancelled_guest_that_finishes_in_time_keeps_its_generation() {
     let weir = Weir::start(
         &probe(),
