@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -481,8 +481,7 @@ async fn handle(
                 // it is not failed for a body the client will never see.
                 tokio::spawn(async move {
                     let _cancel = cancel;
-                    let mut body = body;
-                    while let Some(Ok(_)) = body.frame().await {}
+                    event::discard(body).await;
                     drop(session);
                 });
                 return Response::from_parts(parts, ServeBody::empty());

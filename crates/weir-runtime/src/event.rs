@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::Response;
 use tokio::sync::oneshot;
 use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode as WasiErrorCode;
@@ -358,12 +358,19 @@ impl Hooks for WorkerHooks<'_> {
                 let sent = self.receipt.headers_sent(response.status().as_u16());
                 let (tx, session) = oneshot::channel();
                 self.session_tx = Some(tx);
-                if let Some(reply_tx) = self.reply_tx.take() {
-                    let _ = reply_tx.send(Reply::Response {
+                if let Some(reply_tx) = self.reply_tx.take()
+                    && let Err(Reply::Response { response, .. }) = reply_tx.send(Reply::Response {
                         response,
                         session,
                         generation: self.number,
-                    });
+                    })
+                {
+                    // The client left before its response was set. The
+                    // guest still has its cancellation grace: what it
+                    // writes is read and discarded, so its writes succeed
+                    // as they would have, until it finishes or its
+                    // generation goes (which ends the body).
+                    tokio::spawn(discard(response.into_body()));
                 }
                 Flow::Continue(Some(sent + self.limits.session_limit))
             }
@@ -387,6 +394,12 @@ async fn quarantine(app: &Arc<App>, lane_id: usize, scope: &EventScope) {
     app.board.set_quarantined(lane_id);
     tracing::warn!(app = %app.name, lane = lane_id, live = scope.live(), "lane quarantined until its host operations settle");
     scope.settled().await;
+}
+
+/// Reads what a guest writes into a body nobody will read, and throws it
+/// away, until the guest finishes the body or its generation goes.
+pub async fn discard(mut body: GuestBody) {
+    while let Some(Ok(_)) = body.frame().await {}
 }
 
 /// A session outcome that is already known.

@@ -272,6 +272,9 @@ impl wasi::exports::http::incoming_handler::Guest for Probe {
                 let chunks = query(&path, "chunks").unwrap_or(4);
                 let size = query(&path, "size").unwrap_or(1024) as usize;
                 let delay = query(&path, "delay_ms").unwrap_or(0);
+                // A wait before the response is set (a client may leave
+                // meanwhile).
+                sleep_ms(query(&path, "wait_ms").unwrap_or(0));
                 let (body, stream) = respond(out, 200, &[]);
                 for i in 0..chunks {
                     if i > 0 && delay > 0 {
