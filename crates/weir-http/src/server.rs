@@ -22,7 +22,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -405,7 +405,10 @@ async fn handle(
             .unwrap_or("/");
         for route in &served.actor_routes {
             if let Some((name, actor_path)) = route.matches(target) {
-                return handle_actor_route(
+                // Boxed: inline, the actor's future would make every
+                // worker request's future (moved at least once per
+                // request) as large as the two together.
+                return Box::pin(handle_actor_route(
                     &served.app,
                     host,
                     route,
@@ -413,7 +416,7 @@ async fn handle(
                     actor_path,
                     req,
                     options,
-                )
+                ))
                 .await;
             }
         }
@@ -443,9 +446,16 @@ async fn handle(
     if let Some(offer) = offer {
         parts.extensions.insert(EventOffer(Arc::new(offer)));
     }
-    let bytes = match read_request_body(body, limits).await {
-        Ok(bytes) => bytes,
-        Err(e) => return refuse(&receipt, e.outcome(), e.code()),
+    // A request without a body reads nothing; one with a body reads it
+    // in a future of its own, boxed so that it does not add its size to
+    // every request's future.
+    let bytes = if body.is_end_stream() {
+        Bytes::new()
+    } else {
+        match Box::pin(read_request_body(body, limits)).await {
+            Ok(bytes) => bytes,
+            Err(e) => return refuse(&receipt, e.outcome(), e.code()),
+        }
     };
     receipt.add_bytes_in(bytes.len() as u64);
     let method = parts.method.clone();

@@ -187,7 +187,10 @@ async fn run_event(
         // The lane's first event: its generation is made now.
         None => {
             app.board.set_renewing(lane_id);
-            match app.instantiate().await {
+            // Instantiation's future is boxed here and in `renew`: inline,
+            // it would be most of the size of every event's future, which
+            // is allocated per event.
+            match Box::pin(app.instantiate()).await {
                 Ok(generation) => generation,
                 Err(e) => {
                     let mut reply_tx = Some(reply_tx);
@@ -438,7 +441,7 @@ async fn renew(app: &Arc<App>, lane_id: usize) -> Generation {
     app.board.set_renewing(lane_id);
     let mut backoff = RENEW_BACKOFF_START;
     loop {
-        match app.instantiate().await {
+        match Box::pin(app.instantiate()).await {
             Ok(generation) => return generation,
             Err(_) => {
                 app.board.set_unavailable(lane_id);
