@@ -431,7 +431,7 @@ async fn handle(
     }
 
     let mut req = req;
-    let offer = match offer_upgrade(&app, options.sockets.as_ref(), &mut req) {
+    let offer = match offer_upgrade(app, options.sockets.as_ref(), &mut req) {
         Ok(offer) => offer,
         Err((outcome, code, why)) => return refuse_socket(&receipt, outcome, code, why),
     };
