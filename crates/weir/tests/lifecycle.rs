@@ -341,17 +341,25 @@ async fn spinning_guests_are_stopped_without_a_thread_per_request() {
     );
 }
 
-#[tokio::test]
-async fn sigterm_lets_in_flight_events_finish_then_exits() {
-    let mut weir = Weir::start(&probe(), &[]);
-    let addr = weir.addr;
-    let slow = tokio::spawn(async move {
-        let req = http::Request::get("/sleep?ms=500")
+/// A `GET /sleep?ms=MS` to `addr`, sent from a task of its own.
+fn sleep_in_background(
+    addr: std::net::SocketAddr,
+    ms: u64,
+) -> tokio::task::JoinHandle<common::Resp> {
+    tokio::spawn(async move {
+        let req = http::Request::get(format!("/sleep?ms={ms}"))
             .header("host", "x")
             .body(http_body_util::Full::new(bytes::Bytes::new()))
             .unwrap();
         common::send_to(addr, req).await
-    });
+    })
+}
+
+#[tokio::test]
+async fn sigterm_lets_in_flight_events_finish_then_exits() {
+    let mut weir = Weir::start(&probe(), &[]);
+    let addr = weir.addr;
+    let slow = sleep_in_background(addr, 500);
     weir.wait_busy(1).await;
     weir.signal("TERM");
     let resp = slow.await.unwrap();
@@ -382,13 +390,7 @@ async fn sigterm_closes_idle_keep_alive_connections_while_events_finish() {
         assert!(n > 0, "the first answer comes whole");
         answer.extend_from_slice(&buf[..n]);
     }
-    let slow = tokio::spawn(async move {
-        let req = http::Request::get("/sleep?ms=3000")
-            .header("host", "x")
-            .body(http_body_util::Full::new(bytes::Bytes::new()))
-            .unwrap();
-        common::send_to(addr, req).await
-    });
+    let slow = sleep_in_background(addr, 3000);
     weir.wait_busy(1).await;
     weir.signal("TERM");
 
