@@ -355,6 +355,19 @@ fn sleep_in_background(
     })
 }
 
+/// After a `SIGTERM`: the `/sleep` in flight is answered in full, and
+/// then the server exits cleanly.
+async fn the_sleep_is_answered_then_weir_exits(
+    slow: tokio::task::JoinHandle<common::Resp>,
+    weir: &mut Weir,
+) {
+    let resp = slow.await.unwrap();
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.text(), "slept\n");
+    let status = weir.wait_exit(Duration::from_secs(10)).expect("weir exits");
+    assert!(status.success(), "{status:?}");
+}
+
 #[tokio::test]
 async fn sigterm_lets_in_flight_events_finish_then_exits() {
     let mut weir = Weir::start(&probe(), &[]);
@@ -362,11 +375,7 @@ async fn sigterm_lets_in_flight_events_finish_then_exits() {
     let slow = sleep_in_background(addr, 500);
     weir.wait_busy(1).await;
     weir.signal("TERM");
-    let resp = slow.await.unwrap();
-    assert_eq!(resp.status, 200);
-    assert_eq!(resp.text(), "slept\n");
-    let status = weir.wait_exit(Duration::from_secs(10)).expect("weir exits");
-    assert!(status.success(), "{status:?}");
+    the_sleep_is_answered_then_weir_exits(slow, &mut weir).await;
     assert!(
         std::net::TcpStream::connect(addr).is_err(),
         "no longer accepting"
@@ -407,11 +416,7 @@ async fn sigterm_closes_idle_keep_alive_connections_while_events_finish() {
     .unwrap();
     assert_eq!(n, 0, "nothing but the close: {rest:?}");
     assert!(!slow.is_finished(), "the idle connection closed first");
-    let resp = slow.await.unwrap();
-    assert_eq!(resp.status, 200);
-    assert_eq!(resp.text(), "slept\n");
-    let status = weir.wait_exit(Duration::from_secs(10)).expect("weir exits");
-    assert!(status.success(), "{status:?}");
+    the_sleep_is_answered_then_weir_exits(slow, &mut weir).await;
     assert!(
         !weir.log().contains("shutdown grace passed"),
         "{}",
