@@ -3,8 +3,9 @@
 //!
 //! Invariants owned here:
 //! - the guest runs on its own task, so a client that leaves does not kill
-//!   it mid-instruction: it gets `cancellation_limit_ms` to finish, then its
-//!   generation is abandoned;
+//!   it mid-instruction: it gets `cancellation_limit_ms` to finish (what it
+//!   writes meanwhile is read and discarded, so its writes do not fail),
+//!   then its generation is abandoned;
 //! - before headers the deadline is `event_limit_ms` from Wasm entry; after
 //!   headers it is `session_limit_ms`; both are enforced by one tokio timer
 //!   in this task, never by a thread or timer per request, and headers that
