@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """WebSocket echo benchmark: a Weir worker echo, a Weir actor echo (one
 room actor owning every socket), workerd's Durable Object echo with the
-hibernation API (npm `workerd`), and a plain tokio-tungstenite echo server
-(the ceiling, no Wasm), one after another in one run. Then memory per idle
+hibernation API (npm `workerd`), a plain fastwebsockets echo server (what
+another framing crate is worth, no Wasm) and a plain tokio-tungstenite echo
+server (the ceiling, no Wasm), one after another in one run. Then memory per idle
 socket on a hibernated Weir actor.
 
 Each server is loaded by the same generator (bench/ws-echo's `ws-load`, a
@@ -125,10 +126,19 @@ def start_ceiling(port, _data, _sockets):
     return proc, f"ws://127.0.0.1:{port}/"
 
 
+def start_ceiling_fast(port, _data, _sockets):
+    proc = subprocess.Popen([str(RELEASE / "ws-echo-fast"), str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(port, proc)
+    return proc, f"ws://127.0.0.1:{port}/"
+
+
+# The last one is the ceiling every row is compared with.
 SERVERS = [
     ("weir worker echo", start_weir),
     ("weir actor echo (hibernatable)", start_weir_actor),
     ("workerd DO echo (hibernation API)", start_workerd),
+    ("fastwebsockets echo (no Wasm)", start_ceiling_fast),
     ("tokio-tungstenite echo (ceiling)", start_ceiling),
 ]
 
