@@ -10,7 +10,6 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
 
 /// Sends every text or binary message back as it came; pings and the
 /// close handshake are the crate's own.
@@ -36,21 +35,11 @@ async fn accept(mut request: Request<Incoming>) -> Result<Response<Empty<Bytes>>
 
 #[tokio::main]
 async fn main() {
-    let port: u16 = std::env::args()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .expect("usage: ws-echo-fast PORT");
-    let listener = TcpListener::bind(("127.0.0.1", port)).await.expect("bind");
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        tokio::spawn(async move {
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service_fn(accept))
-                .with_upgrades()
-                .await;
-        });
-    }
+    ws_echo::serve_each("ws-echo-fast PORT", |stream| async move {
+        let _ = http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), service_fn(accept))
+            .with_upgrades()
+            .await;
+    })
+    .await;
 }
