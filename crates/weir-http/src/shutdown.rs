@@ -79,7 +79,8 @@ impl Stops {
     }
 
     /// Connections registered and not yet ended, and not yet told.
-    pub fn waiting(&self) -> usize {
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
         self.lock().open.len()
     }
 }
