@@ -202,6 +202,11 @@ pub fn status_json(state: &AdminState) -> serde_json::Value {
         })
         .collect();
     let mut status = json!({ "apps": apps });
+    // The async runtime's worker threads, which run the guests' code: one
+    // per core unless the operator's TOKIO_WORKER_THREADS says otherwise.
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        status["worker_threads"] = runtime.metrics().num_workers().into();
+    }
     for (name, section) in &state.sections {
         status[*name] = section();
     }

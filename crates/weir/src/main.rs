@@ -5,6 +5,7 @@
 mod actors_cli;
 mod admin_client;
 mod apps_cli;
+mod async_runtime;
 mod config;
 mod logging;
 mod processes_cli;
@@ -306,10 +307,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         },
         cluster: config.cluster,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = async_runtime::build()?;
     runtime.block_on(async move {
         let server = Server::build(server_config).await?;
         if let Some(admin) = server.admin_addr() {

@@ -168,10 +168,7 @@ fn prepare_and_run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| args.program.clone());
     let program = loader.load(&mut root, &name)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = crate::async_runtime::build()?;
     let metrics = weir_runtime::metrics::Metrics::new().for_app("run");
     let receipts = StderrReceipts(Mutex::new(()));
     let report = runtime.block_on(one_shot::run(

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Weir, probe, root, run_weir};
+use common::{Weir, probe, root, run_weir, run_weir_with_env};
 
 fn tempdir(name: &str) -> std::path::PathBuf {
     let dir = weir_scratch::dir(&format!("cli-{name}"));
@@ -40,6 +40,38 @@ fn out_of_range_and_unknown_limits_are_usage_errors() {
             "one clear line: {}",
             out.stderr
         );
+    }
+}
+
+#[tokio::test]
+async fn worker_threads_follow_tokio_worker_threads_and_a_bad_value_is_a_usage_error() {
+    let app = probe();
+    let app = app.to_str().unwrap();
+    for bad in ["0", "two", ""] {
+        let out = run_weir_with_env(&["serve", app], &[("TOKIO_WORKER_THREADS", bad)]);
+        assert_eq!(out.code, Some(2), "{bad:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains(&format!(
+                "TOKIO_WORKER_THREADS must be a whole number of worker threads, at least 1 (got {bad:?})"
+            )),
+            "{bad:?}: {}",
+            out.stderr
+        );
+        assert_eq!(
+            out.stderr.lines().count(),
+            1,
+            "one clear line: {}",
+            out.stderr
+        );
+    }
+    for n in [1, 3] {
+        let weir = Weir::start_with_env(&[app], &[("TOKIO_WORKER_THREADS", &n.to_string())]);
+        assert_eq!(
+            weir.status().await["worker_threads"],
+            n,
+            "TOKIO_WORKER_THREADS={n}"
+        );
+        assert_eq!(weir.get("/counter").await.status, 200);
     }
 }
 
