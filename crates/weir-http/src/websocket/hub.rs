@@ -199,12 +199,40 @@ impl SocketHub {
             .any(|(a, v)| &**a == app && &**v == version)
     }
 
-    pub(crate) fn updates(&self) -> watch::Receiver<u64> {
-        self.updates.subscribe()
-    }
-
-    pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
-        self.shutdown.subscribe()
+    /// Resolves with the close Weir starts on a socket that `version` of
+    /// `app` accepted: 1001 once the server shuts down, 1012 once a deploy
+    /// has replaced that version (at once if it already had). A socket
+    /// holds one of these for its whole life, so it joins the server-wide
+    /// signals' waiter lists once, not on every message it moves: those
+    /// lists are shared by every socket of the server, and joining and
+    /// leaving them per message locked them from every core.
+    pub(crate) async fn weir_close(&self, app: Arc<str>, version: Arc<str>) -> Close {
+        let mut shutdown = self.shutdown.subscribe();
+        let mut updates = self.updates.subscribe();
+        let restart = || Close::new(super::socket::CLOSE_SERVICE_RESTART, "the code was updated");
+        // Subscribed first: a replacement after this look bumps `updates`.
+        if self.is_replaced(&app, &version) {
+            return restart();
+        }
+        let down = async {
+            // A sender gone is a server gone: closed as at shutdown.
+            let _ = shutdown.wait_for(|down| *down).await;
+        };
+        let replaced = async {
+            loop {
+                if updates.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                if self.is_replaced(&app, &version) {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            biased;
+            () = down => Close::new(super::socket::CLOSE_GOING_AWAY, "the server is shutting down"),
+            () = replaced => restart(),
+        }
     }
 
     /// A new socket of `app`: its id and its series.

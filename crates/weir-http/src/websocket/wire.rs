@@ -181,9 +181,11 @@ impl Wire {
     }
 }
 
-/// The socket's life on its connection; returns how it ended.
+/// The socket's life on its connection; returns how it ended. Reads and
+/// writes share `ws`, not split into two halves behind a lock: the loop
+/// never does both at once.
 async fn serve(
-    ws: Stream,
+    mut ws: Stream,
     hub: &SocketHub,
     mut end: WireEnd,
     ending: &mut Option<Ending>,
@@ -192,13 +194,8 @@ async fn serve(
 ) -> (Close, ClosedBy) {
     let limits = &hub.limits;
     let idle = limits.socket_idle_timeout;
-    let (mut sink, mut stream) = ws.split();
-    let mut shutdown = hub.shutdown_signal();
-    let mut updates = hub.updates();
-    if hub.is_replaced(&record.app, &record.version) {
-        // Accepted by a version a deploy had just replaced.
-        updates.mark_changed();
-    }
+    let by_weir = hub.weir_close(record.app.clone(), record.version.clone());
+    let mut by_weir = std::pin::pin!(by_weir);
     let mut tick = tokio::time::interval(limits.socket_ping_interval.min(idle));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut heard = Instant::now();
@@ -211,14 +208,7 @@ async fn serve(
                 *ending = None;
                 break Stop::Ended(close, by);
             }
-            _ = async { let _ = shutdown.wait_for(|down| *down).await; } => {
-                break Stop::Close(Close::new(CLOSE_GOING_AWAY, "the server is shutting down"), ClosedBy::Weir);
-            }
-            Ok(()) = updates.changed() => {
-                if hub.is_replaced(&record.app, &record.version) {
-                    break Stop::Close(Close::new(super::socket::CLOSE_SERVICE_RESTART, "the code was updated"), ClosedBy::Weir);
-                }
-            }
+            close = &mut by_weir => break Stop::Close(close, ClosedBy::Weir),
             out = end.next_outgoing() => {
                 let first = match out {
                     Some(Outgoing::Message(m)) => m,
@@ -242,9 +232,9 @@ async fn serve(
                 let count = batch.len() as u64;
                 let write = async {
                     for m in batch {
-                        sink.feed(to_wire(m)).await?;
+                        ws.feed(to_wire(m)).await?;
                     }
-                    sink.flush().await
+                    ws.flush().await
                 };
                 // A close asked for while a write is stuck (the client
                 // takes nothing) cannot be said: once the write has had
@@ -292,7 +282,7 @@ async fn serve(
                 }
                 slot = true;
             }
-            frame = stream.next(), if slot => {
+            frame = ws.next(), if slot => {
                 heard = Instant::now();
                 let message = match frame {
                     None => break Stop::Lost(Close::new(super::socket::CLOSE_ABNORMAL, "the connection ended without a close frame")),
@@ -306,7 +296,7 @@ async fn serve(
                             record.bytes_in += text.len() as u64;
                             record.counters.auto.inc();
                             at.store(crate::websocket::socket::now_ms(), std::sync::atomic::Ordering::Relaxed);
-                            match tokio::time::timeout(idle, sink.send(tungstenite::Message::text(reply))).await {
+                            match tokio::time::timeout(idle, ws.send(tungstenite::Message::text(reply))).await {
                                 Ok(Ok(())) => continue,
                                 Ok(Err(e)) => break lost(e),
                                 Err(_) => break Stop::Lost(Close::new(CLOSE_GOING_AWAY, "socket_idle_timeout_ms passed with the client taking nothing")),
@@ -317,7 +307,7 @@ async fn serve(
                     Some(Ok(tungstenite::Message::Binary(bytes))) => Message::Binary(bytes.to_vec()),
                     Some(Ok(tungstenite::Message::Ping(_))) => {
                         // The pong is queued by the framing: send it now.
-                        if let Err(e) = sink.flush().await {
+                        if let Err(e) = ws.flush().await {
                             break lost(e);
                         }
                         continue;
@@ -330,7 +320,7 @@ async fn serve(
                         };
                         // The framing queued the reply; flush it, then the
                         // connection is done.
-                        let _ = tokio::time::timeout(CLOSE_HANDSHAKE_TIMEOUT, sink.flush()).await;
+                        let _ = tokio::time::timeout(CLOSE_HANDSHAKE_TIMEOUT, ws.flush()).await;
                         if std::mem::take(&mut slot) {
                             end.deliver(Incoming::Close(close.clone()));
                         }
@@ -355,7 +345,7 @@ async fn serve(
                     break Stop::Lost(Close::new(CLOSE_GOING_AWAY, "socket_idle_timeout_ms passed without a word from the client"));
                 }
                 if quiet >= limits.socket_ping_interval.min(idle) {
-                    let ping = async { sink.send(tungstenite::Message::Ping(Default::default())).await };
+                    let ping = async { ws.send(tungstenite::Message::Ping(Default::default())).await };
                     match tokio::time::timeout(idle - quiet, ping).await {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => break lost(e),
@@ -411,9 +401,9 @@ async fn serve(
                             record.messages_out += 1;
                             record.bytes_out += m.len() as u64;
                             record.counters.outgoing.inc();
-                            sink.feed(to_wire(m)).await?;
+                            ws.feed(to_wire(m)).await?;
                         }
-                        sink.flush().await
+                        ws.flush().await
                     };
                     let _ = tokio::time::timeout(CLOSE_HANDSHAKE_TIMEOUT, flush).await;
                     (close, by)
@@ -424,8 +414,8 @@ async fn serve(
             // Say so, then wait (bounded) for the client's reply.
             end.end(close.clone());
             let handshake = async {
-                sink.send(close_frame(&close)).await?;
-                while let Some(frame) = stream.next().await {
+                ws.send(close_frame(&close)).await?;
+                while let Some(frame) = ws.next().await {
                     if let tungstenite::Message::Close(_) = frame? {
                         break;
                     }
