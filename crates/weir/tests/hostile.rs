@@ -270,6 +270,58 @@ async fn what_a_query_hands_back_is_bounded() {
 }
 
 #[tokio::test]
+async fn a_guest_that_runs_out_of_stack_is_abandoned_and_everyone_else_serves_on() {
+    let dir = data_dir("stack");
+    let weir = start(&dir, &[]);
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "1");
+    // Unbounded recursion, as the worker and as an actor, four of each at
+    // once: each is stopped at the engine's stack limit by a trap (not a
+    // crash of the host thread it runs on), and named.
+    let calls: Vec<_> = (0..8)
+        .map(|i| {
+            let (addr, path) = (
+                weir.addr,
+                if i % 2 == 0 {
+                    "/recurse".to_string()
+                } else {
+                    format!("/h/deep{i}/recurse")
+                },
+            );
+            tokio::spawn(async move {
+                let req = Request::get(path.as_str())
+                    .header("host", "x")
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                (path, send_to(addr, req).await)
+            })
+        })
+        .collect();
+    for call in calls {
+        let (path, r) = call.await.unwrap();
+        assert_eq!(r.status, 503, "{path}: {:?}", r.body);
+        r.assert_weir_error(503, "instance_abandoned");
+    }
+    let worker = weir
+        .receipt_where(|r| r["outcome"] == "trap" && r["error"] == "instance_abandoned")
+        .await;
+    assert!(
+        worker["detail"].as_str().unwrap_or("").contains("stack"),
+        "the receipt says what ran out: {worker}"
+    );
+    let actor = weir
+        .actor_receipt_where(|r| r["class"] == "hostile" && r["error"] == "instance_abandoned")
+        .await;
+    assert!(
+        actor["detail"].as_str().unwrap_or("").contains("stack"),
+        "the turn's receipt says what ran out: {actor}"
+    );
+    // The server, the same app, the same actor and a neighbour all serve on.
+    assert_eq!(weir.get("/hello").await.json(), json!("still here"));
+    assert_eq!(weir.get("/h/deep1/hello").await.json(), json!("still here"));
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "2");
+}
+
+#[tokio::test]
 async fn two_hundred_actors_growing_100_mib_fit_a_2_gib_budget() {
     const BUDGET: u64 = 2 << 30;
     const ACTORS: usize = 200;

@@ -11,6 +11,7 @@
 //! | `GET /fetch?url=U` | an outbound GET of `U`; answers its status and body, or the error |
 //! | `GET /raw?authority=A&path=P` | an outbound GET with an authority built by hand (ports, user info, extra labels) |
 //! | `POST /grow?mb=N` | allocates and keeps N MiB of linear memory |
+//! | `GET /recurse` | calls itself until its stack runs out |
 //! | `GET /kv?cursor=C` | `list-keys` of store `main` from cursor C |
 //! | `GET /print?kb=N` | writes N KiB of lines to its standard error |
 //! | `GET /hello` | a harmless answer: proves the server still serves |
@@ -67,6 +68,17 @@ fn actor_value(v: &weir_guest::actor::Value) -> Json {
         Value::Text(t) => json!(t),
         Value::Blob(b) => json!({ "blob_bytes": b.len() }),
     }
+}
+
+/// Calls itself until the stack runs out. Not a tail call, so no call
+/// becomes a jump; its frame is in Wasm locals, not in the shadow stack of
+/// linear memory, so what it exhausts is the engine's stack for Wasm.
+#[inline(never)]
+fn recurse(depth: u64) -> u64 {
+    if std::hint::black_box(depth) == u64::MAX {
+        return depth;
+    }
+    recurse(depth + 1).wrapping_add(std::hint::black_box(depth))
 }
 
 fn get(authority: &str, path: &str) -> Json {
@@ -268,6 +280,10 @@ impl wasi::exports::http::incoming_handler::Guest for Hostile {
                 let mb: usize = query(&path, "mb").and_then(|v| v.parse().ok()).unwrap_or(1);
                 HOARD.with(|h| h.borrow_mut().push(vec![1u8; mb << 20]));
                 json_out(out, json!({ "grew_mb": mb }))
+            }
+            "/recurse" => {
+                let depth = recurse(0);
+                json_out(out, json!({ "depth": depth }))
             }
             "/kv" => {
                 let cursor = query(&path, "cursor").and_then(|v| v.parse().ok());
