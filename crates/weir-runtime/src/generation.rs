@@ -111,7 +111,7 @@ pub fn new_store<E: Entry>(
         offered: None,
         wasi,
         output,
-        table: ResourceTable::new(),
+        table: held_table(),
         http: WasiHttpCtx::new(),
         outbound,
         kv: code.kv.clone(),
@@ -124,8 +124,18 @@ pub fn new_store<E: Entry>(
     let mut store = Store::new(code.engine(), state);
     store.limiter_async(|s| &mut s.memory);
     store.set_epoch_deadline(1);
-    store.epoch_deadline_callback(|_| Ok(UpdateDeadline::Yield(1)));
+    store.epoch_deadline_callback(|mut store| {
+        store.data_mut().check_held()?;
+        Ok(UpdateDeadline::Yield(1))
+    });
     store
+}
+
+/// A store's resource table, bounded at [`crate::held::MAX_GUEST_HANDLES`].
+fn held_table() -> ResourceTable {
+    let mut table = ResourceTable::new();
+    table.set_max_capacity(crate::held::MAX_GUEST_HANDLES);
+    table
 }
 
 /// Instantiates `code` in `store`, running its start functions for at most

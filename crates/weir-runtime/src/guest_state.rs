@@ -194,6 +194,23 @@ impl GenerationState {
         self.memory.mirror = Some(to);
     }
 
+    /// Counts the header bytes the guest's handles hold in the host with
+    /// its linear memory; past `memory_limit_bytes` the guest is refused
+    /// (an error that traps it), as a memory growth past it would be.
+    pub(crate) fn check_held(&mut self) -> wasmtime::Result<()> {
+        let held = crate::held::header_bytes(&mut self.table);
+        let limit = self.memory.limit();
+        if held.saturating_add(self.memory.peak) > limit {
+            self.memory.exceeded = true;
+            wasmtime::bail!(
+                "the guest's handles hold {held} bytes of headers in the host, over \
+                 memory_limit_bytes ({limit}) with its {} bytes of linear memory",
+                self.memory.peak
+            );
+        }
+        Ok(())
+    }
+
     /// Why the guest was refused memory, if it was: past its own limit,
     /// or past the total budget.
     pub fn memory_refusal(&self) -> Option<crate::ErrorCode> {

@@ -63,6 +63,7 @@ pub mod extension;
 pub mod generation;
 pub mod guest_output;
 pub mod guest_state;
+pub mod held;
 pub mod invocation;
 pub mod keyvalue;
 pub mod lane;

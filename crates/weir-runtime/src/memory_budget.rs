@@ -159,6 +159,11 @@ pub struct MemoryLimiter {
 }
 
 impl MemoryLimiter {
+    /// The store's `memory_limit_bytes`.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
     pub fn new(limit: usize, budget: Arc<MemoryBudget>) -> MemoryLimiter {
         MemoryLimiter {
             limit,

@@ -322,6 +322,69 @@ async fn a_guest_that_runs_out_of_stack_is_abandoned_and_everyone_else_serves_on
 }
 
 #[tokio::test]
+async fn what_a_guest_holds_in_the_host_through_handles_counts_against_its_memory_limit() {
+    const LIMIT: u64 = 32 << 20;
+    let dir = data_dir("handles");
+    let weir = start(
+        &dir,
+        &[
+            "--limit",
+            &format!("memory_limit_bytes={LIMIT}"),
+            "--limit",
+            "event_limit_ms=30000",
+        ],
+    );
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "1");
+    let pid = weir.pid();
+    reset_peak(pid);
+    let before = proc_kib(pid, "VmRSS:");
+    // 2,000 header maps of 100 KiB each, about 200 MiB of host memory
+    // (what one request made the host hold before), from a guest whose
+    // own linear memory stays near 1 MiB: as the worker, then as an actor.
+    for path in ["/fields?n=2000&kb=100", "/h/holder/fields?n=2000&kb=100"] {
+        weir.get(path)
+            .await
+            .assert_weir_error(503, "memory_limit_exceeded");
+    }
+    let grown_mib = (proc_kib(pid, "VmHWM:") - before) >> 10;
+    assert!(
+        grown_mib < 3 * (LIMIT >> 20),
+        "the server's peak grew by {grown_mib} MiB for two guests limited to {} MiB each",
+        LIMIT >> 20
+    );
+    let worker = weir
+        .receipt_where(|r| r["error"] == "memory_limit_exceeded")
+        .await;
+    let detail = worker["detail"].as_str().unwrap();
+    assert!(detail.contains("bytes of headers in the host"), "{detail}");
+    let actor = weir
+        .actor_receipt_where(|r| r["name"] == "holder" && r["error"] == "memory_limit_exceeded")
+        .await;
+    assert!(
+        actor["detail"]
+            .as_str()
+            .unwrap()
+            .contains("headers in the host"),
+        "{actor}"
+    );
+    // Empty handles cost no header bytes, but each is an entry in the
+    // host's table: their number is bounded too.
+    let flood = weir.get("/fields?n=2000000&kb=0").await;
+    flood.assert_weir_error(503, "instance_abandoned");
+    let full = weir
+        .receipt_where(|r| r["error"] == "instance_abandoned")
+        .await;
+    assert!(
+        full["detail"].as_str().unwrap().contains("resource table"),
+        "{full}"
+    );
+    // Within the limit nothing is refused, and everyone serves on.
+    assert_eq!(weir.get("/fields?n=100&kb=100").await.json()["made"], 100);
+    assert_eq!(weir.get("/hello").await.json(), json!("still here"));
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "2");
+}
+
+#[tokio::test]
 async fn two_hundred_actors_growing_100_mib_fit_a_2_gib_budget() {
     const BUDGET: u64 = 2 << 30;
     const ACTORS: usize = 200;

@@ -12,6 +12,7 @@
 //! | `GET /raw?authority=A&path=P` | an outbound GET with an authority built by hand (ports, user info, extra labels) |
 //! | `POST /grow?mb=N` | allocates and keeps N MiB of linear memory |
 //! | `GET /recurse` | calls itself until its stack runs out |
+//! | `GET /fields?n=N&kb=K` | makes N header maps the host holds, each with one value of K KiB, and keeps them |
 //! | `GET /kv?cursor=C` | `list-keys` of store `main` from cursor C |
 //! | `GET /print?kb=N` | writes N KiB of lines to its standard error |
 //! | `GET /hello` | a harmless answer: proves the server still serves |
@@ -280,6 +281,28 @@ impl wasi::exports::http::incoming_handler::Guest for Hostile {
                 let mb: usize = query(&path, "mb").and_then(|v| v.parse().ok()).unwrap_or(1);
                 HOARD.with(|h| h.borrow_mut().push(vec![1u8; mb << 20]));
                 json_out(out, json!({ "grew_mb": mb }))
+            }
+            "/fields" => {
+                // Header maps held by the host, each with one value of KB
+                // KiB, kept until the instance ends.
+                let n: usize = query(&path, "n").and_then(|v| v.parse().ok()).unwrap_or(1);
+                let kb: usize = query(&path, "kb").and_then(|v| v.parse().ok()).unwrap_or(0);
+                let value = vec![b'x'; kb << 10];
+                let mut made = 0;
+                let mut refused = None;
+                for _ in 0..n {
+                    match wasi::http::types::Fields::from_list(&[("x-fill".to_string(), value.clone())]) {
+                        Ok(fields) => {
+                            std::mem::forget(fields);
+                            made += 1;
+                        }
+                        Err(e) => {
+                            refused = Some(format!("{e:?}"));
+                            break;
+                        }
+                    }
+                }
+                json_out(out, json!({ "made": made, "refused": refused }))
             }
             "/recurse" => {
                 let depth = recurse(0);

@@ -1,0 +1,81 @@
+//! What a guest makes the host hold through its handles: header maps and
+//! the requests and responses it builds live in host memory, where the
+//! limit on its linear memory does not see them. A guest that kept making
+//! header maps of 100 KiB had one `weir serve` at 800 MiB within one
+//! event (measured), all of it outside `memory_limit_bytes`.
+//!
+//! Invariants owned here:
+//! - a store's resource table holds at most [`MAX_GUEST_HANDLES`] entries;
+//!   one more is refused (the host call traps, naming the full table);
+//! - the header bytes a guest's handles hold count, with its linear
+//!   memory, against `memory_limit_bytes`. They are counted at each epoch
+//!   tick the guest runs through: past the limit the guest traps and its
+//!   call ends `memory_limit_exceeded`. Between two ticks it can add no
+//!   more than it can copy in one ([`crate::engine::EPOCH_TICK`]).
+
+use std::collections::HashSet;
+
+use http::HeaderMap;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi_http::FieldMap;
+use wasmtime_wasi_http::p2::types::{HostOutgoingRequest, HostOutgoingResponse};
+
+/// Handles one store may hold at once. A request needs tens (its request,
+/// headers, body, streams and pollables); a guest fanning out to a hundred
+/// outbound requests about a thousand. Every entry is host memory, and the
+/// counting above walks them all at each tick, so the bound is what keeps
+/// both small (wasmtime's own default is a million).
+pub const MAX_GUEST_HANDLES: usize = 10_000;
+
+/// The bytes of header names and values the handles in `table` hold. A map
+/// shared by several handles (a request's headers, asked for twice) is
+/// counted once.
+pub(crate) fn header_bytes(table: &mut ResourceTable) -> usize {
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    for entry in table.iter_mut() {
+        let map: &HeaderMap = if let Some(f) = entry.downcast_ref::<FieldMap>() {
+            f
+        } else if let Some(r) = entry.downcast_ref::<HostOutgoingResponse>() {
+            &r.headers
+        } else if let Some(r) = entry.downcast_ref::<HostOutgoingRequest>() {
+            &r.headers
+        } else {
+            continue;
+        };
+        if map.is_empty() || !seen.insert(map as *const HeaderMap as usize) {
+            continue;
+        }
+        total += map.keys().map(|k| k.as_str().len()).sum::<usize>()
+            + map.values().map(|v| v.len()).sum::<usize>();
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmtime_wasi_http::default_hooks;
+
+    #[test]
+    fn header_bytes_count_each_map_once_and_nothing_else() {
+        let mut table = ResourceTable::new();
+        assert_eq!(header_bytes(&mut table), 0);
+        let mut built = FieldMap::new_mutable(1 << 20);
+        built
+            .append(default_hooks(), "x-fill".into(), vec![b'x'; 1000])
+            .unwrap();
+        table.push(built).unwrap();
+        table.push(FieldMap::new_mutable(1 << 20)).unwrap();
+        table.push(42u64).unwrap();
+        assert_eq!(header_bytes(&mut table), 6 + 1000);
+        // Two handles to one host map (a request's headers asked for
+        // twice) hold its bytes once.
+        let mut shared = http::HeaderMap::new();
+        shared.insert("x-a", http::HeaderValue::from_static("abcd"));
+        let once = FieldMap::new_immutable(default_hooks(), shared);
+        table.push(once.clone()).unwrap();
+        table.push(once).unwrap();
+        assert_eq!(header_bytes(&mut table), 6 + 1000 + 3 + 4);
+    }
+}
