@@ -194,17 +194,18 @@ impl GenerationState {
         self.memory.mirror = Some(to);
     }
 
-    /// Counts the header bytes the guest's handles hold in the host with
-    /// its linear memory; past `memory_limit_bytes` the guest is refused
-    /// (an error that traps it), as a memory growth past it would be.
+    /// Counts what the guest's handles hold in the host (header bytes,
+    /// unsent bodies' buffers) with its linear memory; past
+    /// `memory_limit_bytes` the guest is refused (an error that traps it),
+    /// as a memory growth past it would be.
     pub(crate) fn check_held(&mut self) -> wasmtime::Result<()> {
-        let held = crate::held::header_bytes(&mut self.table);
+        let held = crate::held::held_bytes(&mut self.table, self.outbound.body_buffer_bytes());
         let limit = self.memory.limit();
         if held.saturating_add(self.memory.peak) > limit {
             self.memory.exceeded = true;
             wasmtime::bail!(
-                "the guest's handles hold {held} bytes of headers in the host, over \
-                 memory_limit_bytes ({limit}) with its {} bytes of linear memory",
+                "the guest's handles hold {held} bytes in the host (headers and unsent \
+                 bodies), over memory_limit_bytes ({limit}) with its {} bytes of linear memory",
                 self.memory.peak
             );
         }

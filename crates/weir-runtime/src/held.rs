@@ -1,17 +1,22 @@
-//! What a guest makes the host hold through its handles: header maps and
-//! the requests and responses it builds live in host memory, where the
-//! limit on its linear memory does not see them. A guest that kept making
-//! header maps of 100 KiB had one `weir serve` at 800 MiB within one
-//! event (measured), all of it outside `memory_limit_bytes`.
+//! What a guest makes the host hold through its handles: header maps, and
+//! the requests and responses it builds with their unsent bodies, live in
+//! host memory, where the limit on its linear memory does not see them. A
+//! guest that kept making header maps of 100 KiB had one `weir serve` at
+//! 800 MiB within one event, and one that kept writing 64 KiB into bodies
+//! of responses it never sent at 224 MiB before its handles ran out, its
+//! own memory limited to 32 MiB (measured).
 //!
 //! Invariants owned here:
 //! - a store's resource table holds at most [`MAX_GUEST_HANDLES`] entries;
 //!   one more is refused (the host call traps, naming the full table);
-//! - the header bytes a guest's handles hold count, with its linear
-//!   memory, against `memory_limit_bytes`. They are counted at each epoch
-//!   tick the guest runs through: past the limit the guest traps and its
-//!   call ends `memory_limit_exceeded`. Between two ticks it can add no
-//!   more than it can copy in one ([`crate::engine::EPOCH_TICK`]).
+//! - what the guest's handles hold counts, with its linear memory, against
+//!   `memory_limit_bytes`: the bytes of their header names and values,
+//!   and for each request or response not yet sent that has a body, the
+//!   body's buffer (one chunk of `max_response_chunk_bytes`, the most it
+//!   can hold whatever the guest writes). It is counted at each epoch tick
+//!   the guest runs through: past the limit the guest traps and its call
+//!   ends `memory_limit_exceeded`. Between two ticks it can add no more
+//!   than it can copy in one ([`crate::engine::EPOCH_TICK`]).
 
 use std::collections::HashSet;
 
@@ -27,18 +32,29 @@ use wasmtime_wasi_http::p2::types::{HostOutgoingRequest, HostOutgoingResponse};
 /// both small (wasmtime's own default is a million).
 pub const MAX_GUEST_HANDLES: usize = 10_000;
 
-/// The bytes of header names and values the handles in `table` hold. A map
-/// shared by several handles (a request's headers, asked for twice) is
-/// counted once.
-pub(crate) fn header_bytes(table: &mut ResourceTable) -> usize {
+/// The bytes the handles in `table` hold: header names and values (a map
+/// shared by several handles, a request's headers asked for twice, counted
+/// once), and `body_buffer_bytes` for each unsent request or response with
+/// a body.
+pub(crate) fn held_bytes(table: &mut ResourceTable, body_buffer_bytes: usize) -> usize {
     let mut seen = HashSet::new();
     let mut total = 0;
     for entry in table.iter_mut() {
         let map: &HeaderMap = if let Some(f) = entry.downcast_ref::<FieldMap>() {
             f
         } else if let Some(r) = entry.downcast_ref::<HostOutgoingResponse>() {
+            total += if r.body.is_some() {
+                body_buffer_bytes
+            } else {
+                0
+            };
             &r.headers
         } else if let Some(r) = entry.downcast_ref::<HostOutgoingRequest>() {
+            total += if r.body.is_some() {
+                body_buffer_bytes
+            } else {
+                0
+            };
             &r.headers
         } else {
             continue;
@@ -56,11 +72,12 @@ pub(crate) fn header_bytes(table: &mut ResourceTable) -> usize {
 mod tests {
     use super::*;
     use wasmtime_wasi_http::default_hooks;
+    use wasmtime_wasi_http::p2::body::{HostOutgoingBody, StreamContext};
 
     #[test]
-    fn header_bytes_count_each_map_once_and_nothing_else() {
+    fn held_bytes_count_each_map_once_and_each_unsent_body_at_its_buffer() {
         let mut table = ResourceTable::new();
-        assert_eq!(header_bytes(&mut table), 0);
+        assert_eq!(held_bytes(&mut table, 0), 0);
         let mut built = FieldMap::new_mutable(1 << 20);
         built
             .append(default_hooks(), "x-fill".into(), vec![b'x'; 1000])
@@ -68,7 +85,7 @@ mod tests {
         table.push(built).unwrap();
         table.push(FieldMap::new_mutable(1 << 20)).unwrap();
         table.push(42u64).unwrap();
-        assert_eq!(header_bytes(&mut table), 6 + 1000);
+        assert_eq!(held_bytes(&mut table, 0), 6 + 1000);
         // Two handles to one host map (a request's headers asked for
         // twice) hold its bytes once.
         let mut shared = http::HeaderMap::new();
@@ -76,6 +93,18 @@ mod tests {
         let once = FieldMap::new_immutable(default_hooks(), shared);
         table.push(once.clone()).unwrap();
         table.push(once).unwrap();
-        assert_eq!(header_bytes(&mut table), 6 + 1000 + 3 + 4);
+        assert_eq!(held_bytes(&mut table, 0), 6 + 1000 + 3 + 4);
+        // A response with a body holds the body's buffer; one without, none.
+        let (_writer, body) = HostOutgoingBody::new(StreamContext::Response, None, 1, 64);
+        for body in [Some(body), None] {
+            table
+                .push(HostOutgoingResponse {
+                    status: http::StatusCode::OK,
+                    headers: FieldMap::new_mutable(1 << 20),
+                    body,
+                })
+                .unwrap();
+        }
+        assert_eq!(held_bytes(&mut table, 64), 6 + 1000 + 3 + 4 + 64);
     }
 }

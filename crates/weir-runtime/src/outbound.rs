@@ -231,6 +231,12 @@ pub struct OutboundPolicy {
 }
 
 impl OutboundPolicy {
+    /// The most an unsent body buffers in the host: one chunk (wasi-http's
+    /// one buffered write, of at most [`Self::p2_outgoing_body_chunk_size`]).
+    pub(crate) fn body_buffer_bytes(&self) -> usize {
+        self.chunk_bytes
+    }
+
     pub fn new(
         rules: Arc<OutboundRules>,
         limits: &Limits,

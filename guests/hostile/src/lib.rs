@@ -12,6 +12,7 @@
 //! | `GET /raw?authority=A&path=P` | an outbound GET with an authority built by hand (ports, user info, extra labels) |
 //! | `POST /grow?mb=N` | allocates and keeps N MiB of linear memory |
 //! | `GET /recurse` | calls itself until its stack runs out |
+//! | `GET /bodies?n=N&kb=K` | makes N responses it never sends, writes K KiB into each one's body and keeps them |
 //! | `GET /fields?n=N&kb=K` | makes N header maps the host holds, each with one value of K KiB, and keeps them |
 //! | `GET /kv?cursor=C` | `list-keys` of store `main` from cursor C |
 //! | `GET /print?kb=N` | writes N KiB of lines to its standard error |
@@ -301,6 +302,28 @@ impl wasi::exports::http::incoming_handler::Guest for Hostile {
                             break;
                         }
                     }
+                }
+                json_out(out, json!({ "made": made, "refused": refused }))
+            }
+            "/bodies" => {
+                // Responses never sent, each with KB KiB written into its
+                // body (buffered by the host), kept until the instance ends.
+                let n: usize = query(&path, "n").and_then(|v| v.parse().ok()).unwrap_or(1);
+                let kb: usize = query(&path, "kb").and_then(|v| v.parse().ok()).unwrap_or(64);
+                let chunk = vec![b'x'; kb << 10];
+                let mut made = 0;
+                let mut refused = None;
+                for _ in 0..n {
+                    use wasi::http::types::{Fields, OutgoingResponse};
+                    let response = OutgoingResponse::new(Fields::new());
+                    let Ok(body) = response.body() else { break };
+                    let Ok(stream) = body.write() else { break };
+                    if let Err(e) = stream.write(&chunk) {
+                        refused = Some(format!("{e:?}"));
+                        break;
+                    }
+                    std::mem::forget((response, body, stream));
+                    made += 1;
                 }
                 json_out(out, json!({ "made": made, "refused": refused }))
             }
