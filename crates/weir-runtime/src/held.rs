@@ -27,8 +27,8 @@ use wasmtime_wasi_http::p2::types::{HostOutgoingRequest, HostOutgoingResponse};
 
 /// Handles one store may hold at once. A request needs tens (its request,
 /// headers, body, streams and pollables); a guest fanning out to a hundred
-/// outbound requests about a thousand. Every entry is host memory, and the
-/// counting above walks them all at each tick, so the bound is what keeps
+/// outbound requests about a thousand. Every entry is host memory, and
+/// `held_bytes` walks them all at each tick, so the bound is what keeps
 /// both small (wasmtime's own default is a million).
 pub const MAX_GUEST_HANDLES: usize = 10_000;
 
