@@ -1,0 +1,280 @@
+//! A hostile tenant's reach into the host's memory, from outside: the
+//! `hostile` guest (as the app and as an actor class) recurses until its
+//! stack runs out, makes the host hold header maps and unsent bodies
+//! through its handles, grows 200 actors against the total budget and asks
+//! for one giant table, against a real `weir serve`. Each test names what
+//! must hold. The other doors are in `hostile.rs`, `hostile_clients.rs` and
+//! `hostile_storage.rs`.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use serde_json::{Value, json};
+
+use common::hostile::*;
+use common::*;
+
+#[tokio::test]
+async fn a_guest_that_runs_out_of_stack_is_abandoned_and_everyone_else_serves_on() {
+    let dir = data_dir("stack");
+    let weir = start(&dir, &[]);
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "1");
+    // Unbounded recursion, as the worker and as an actor, four of each at
+    // once: each is stopped at the engine's stack limit by a trap (not a
+    // crash of the host thread it runs on), and named.
+    let calls: Vec<_> = (0..8)
+        .map(|i| {
+            let (addr, path) = (
+                weir.addr,
+                if i % 2 == 0 {
+                    "/recurse".to_string()
+                } else {
+                    format!("/h/deep{i}/recurse")
+                },
+            );
+            tokio::spawn(async move {
+                let req = Request::get(path.as_str())
+                    .header("host", "x")
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                (path, send_to(addr, req).await)
+            })
+        })
+        .collect();
+    for call in calls {
+        let (path, r) = call.await.unwrap();
+        assert_eq!(r.status, 503, "{path}: {:?}", r.body);
+        r.assert_weir_error(503, "instance_abandoned");
+    }
+    let worker = weir
+        .receipt_where(|r| r["outcome"] == "trap" && r["error"] == "instance_abandoned")
+        .await;
+    assert!(
+        worker["detail"].as_str().unwrap_or("").contains("stack"),
+        "the receipt says what ran out: {worker}"
+    );
+    let actor = weir
+        .actor_receipt_where(|r| r["class"] == "hostile" && r["error"] == "instance_abandoned")
+        .await;
+    assert!(
+        actor["detail"].as_str().unwrap_or("").contains("stack"),
+        "the turn's receipt says what ran out: {actor}"
+    );
+    // The server, the same app, the same actor and a neighbour all serve on.
+    assert_eq!(weir.get("/hello").await.json(), json!("still here"));
+    assert_eq!(weir.get("/h/deep1/hello").await.json(), json!("still here"));
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "2");
+}
+
+#[tokio::test]
+async fn what_a_guest_holds_in_the_host_through_handles_counts_against_its_memory_limit() {
+    const LIMIT: u64 = 32 << 20;
+    let dir = data_dir("handles");
+    let weir = start(
+        &dir,
+        &[
+            "--limit",
+            &format!("memory_limit_bytes={LIMIT}"),
+            "--limit",
+            "event_limit_ms=30000",
+        ],
+    );
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "1");
+    let pid = weir.pid();
+    // 2,000 header maps of 100 KiB each, about 200 MiB of host memory
+    // (what one request made the host hold before), and 64 KiB written
+    // into each of 2,000 bodies of responses never sent, from a guest whose
+    // own linear memory stays near 1 MiB: as the worker and as an actor.
+    for path in [
+        "/fields?n=2000&kb=100",
+        "/h/holder/fields?n=2000&kb=100",
+        "/bodies?n=2000&kb=64",
+        "/h/holder/bodies?n=2000&kb=64",
+    ] {
+        reset_peak(pid);
+        let before = proc_kib(pid, "VmRSS:");
+        weir.get(path)
+            .await
+            .assert_weir_error(503, "memory_limit_exceeded");
+        // The peak can read below `before`: the peak was reset to the RSS
+        // of a moment earlier, and memory the last path's instance held may
+        // have gone back since.
+        let grown_mib = proc_kib(pid, "VmHWM:").saturating_sub(before) >> 10;
+        assert!(
+            grown_mib < 2 * (LIMIT >> 20),
+            "{path}: the server's peak grew by {grown_mib} MiB for a guest limited to {} MiB",
+            LIMIT >> 20
+        );
+    }
+    let worker = weir
+        .receipt_where(|r| r["error"] == "memory_limit_exceeded")
+        .await;
+    let detail = worker["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("bytes in the host (headers and unsent bodies)"),
+        "{detail}"
+    );
+    let actor = weir
+        .actor_receipt_where(|r| r["name"] == "holder" && r["error"] == "memory_limit_exceeded")
+        .await;
+    assert!(
+        actor["detail"]
+            .as_str()
+            .unwrap()
+            .contains("in the host (headers and unsent bodies)"),
+        "{actor}"
+    );
+    // Empty handles cost no header bytes, but each is an entry in the
+    // host's table: their number is bounded too.
+    let flood = weir.get("/fields?n=2000000&kb=0").await;
+    flood.assert_weir_error(503, "instance_abandoned");
+    let full = weir
+        .receipt_where(|r| r["error"] == "instance_abandoned")
+        .await;
+    assert!(
+        full["detail"].as_str().unwrap().contains("resource table"),
+        "{full}"
+    );
+    // Within the limit nothing is refused, and everyone serves on.
+    assert_eq!(weir.get("/fields?n=100&kb=100").await.json()["made"], 100);
+    assert_eq!(weir.get("/bodies?n=100&kb=64").await.json()["made"], 100);
+    assert_eq!(weir.get("/hello").await.json(), json!("still here"));
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "2");
+}
+
+#[tokio::test]
+async fn two_hundred_actors_growing_100_mib_fit_a_2_gib_budget() {
+    const BUDGET: u64 = 2 << 30;
+    const ACTORS: usize = 200;
+    const CONNECTIONS: usize = 16;
+    let dir = data_dir("budget");
+    let gateway = guest("gateway");
+    let probe = format!("probe={}", guest("actor_probe").display());
+    let budget = format!("max_total_guest_memory_bytes={BUDGET}");
+    let weir = Arc::new(Weir::start_with(&[
+        gateway.to_str().unwrap(),
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--actor",
+        &probe,
+        "--limit",
+        &budget,
+        "--limit",
+        "event_limit_ms=30000",
+    ]));
+    let pid = weir.pid();
+    let baseline = proc_kib(pid, "VmRSS:");
+    reset_peak(pid);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let (weir, next) = (weir.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= ACTORS {
+                    return answers;
+                }
+                let r = weir
+                    .send(
+                        Request::post(format!("/probe/m{i}/grow?mb=100"))
+                            .body(Full::new(Bytes::new()))
+                            .unwrap(),
+                    )
+                    .await;
+                answers.push((r.status.as_u16(), r.body.unwrap_or_default()));
+            }
+        }));
+    }
+    let (mut grown, mut refused) = (0, 0);
+    for t in tasks {
+        for (status, body) in t.await.unwrap() {
+            match status {
+                200 => grown += 1,
+                503 => {
+                    let v: Value = serde_json::from_slice(&body).unwrap();
+                    assert_eq!(v["error"], "memory_budget_exceeded", "{v}");
+                    refused += 1;
+                }
+                other => panic!("{other}: {}", String::from_utf8_lossy(&body)),
+            }
+        }
+    }
+    let peak = proc_kib(pid, "VmHWM:");
+    let status = weir.admin_get("/actors").await.json()["status"].clone();
+    println!(
+        "{grown} actors grew 100 MiB, {refused} refused memory_budget_exceeded; RSS baseline {baseline} KiB, peak {peak} KiB (budget {} KiB); {} hibernations",
+        BUDGET / 1024,
+        status["hibernations"]
+    );
+    // Idle actors were hibernated to make room: far more grew than fit at
+    // once.
+    assert!(grown > 40, "{grown} grew");
+    assert_eq!(grown + refused, ACTORS);
+    // Stated overhead: the server itself, and allocator slack.
+    const OVERHEAD_KIB: u64 = 512 * 1024;
+    assert!(
+        peak < baseline + BUDGET / 1024 + OVERHEAD_KIB,
+        "peak {peak} KiB over baseline {baseline} + budget + {OVERHEAD_KIB} KiB"
+    );
+    let metrics = weir.admin_get("/metrics").await.text();
+    assert!(
+        metrics.contains("weir_guest_memory_budget_bytes"),
+        "{metrics}"
+    );
+}
+
+/// The table bomb with GROW_BY elements, as a component file.
+fn table_bomb(grow_by: u64) -> PathBuf {
+    let wat = std::fs::read_to_string(root().join("guests/wat/table-bomb.wat"))
+        .unwrap()
+        .replace("GROW_BY", &grow_by.to_string());
+    let path = weir_scratch::dir("table-bomb.wasm");
+    std::fs::write(&path, wat::parse_str(&wat).unwrap()).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn one_table_grow_cannot_make_the_host_allocate_without_bound() {
+    let dir = data_dir("table");
+    let bomb = table_bomb(100_000_000);
+    let class = format!("bomb={}", bomb.display());
+    let weir = Weir::start_with(&[
+        bomb.to_str().unwrap(),
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--actor",
+        &class,
+        "--actor-route",
+        "bomb=/b",
+    ]);
+    let pid = weir.pid();
+    let before = proc_kib(pid, "VmRSS:");
+    reset_peak(pid);
+    // Refused growth returns -1 and the guest traps: on the workers'
+    // engine (pooled tables) and on the actors' (tables on demand).
+    weir.get("/")
+        .await
+        .assert_weir_error(503, "instance_abandoned");
+    weir.get("/b/x/")
+        .await
+        .assert_weir_error(503, "instance_abandoned");
+    let peak = proc_kib(pid, "VmHWM:");
+    assert!(
+        peak < before + 64 * 1024,
+        "a table grow made the server hold {} MiB",
+        (peak - before) / 1024
+    );
+    // A modest table still grows (the bound is not "never").
+    let small = table_bomb(1000);
+    let weir = Weir::start(&small, &[]);
+    weir.get("/")
+        .await
+        .assert_weir_error(502, "invalid_response");
+}
