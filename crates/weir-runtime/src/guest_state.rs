@@ -194,8 +194,8 @@ impl GenerationState {
         self.memory.mirror = Some(to);
     }
 
-    /// Counts what the guest's handles hold in the host (header bytes,
-    /// unsent bodies' buffers) with its linear memory; past
+    /// Counts what the guest's handles hold in the host (headers with their
+    /// entries, unsent bodies' buffers) with its linear memory; past
     /// `memory_limit_bytes` the guest is refused (an error that traps it),
     /// as a memory growth past it would be.
     pub(crate) fn check_held(&mut self) -> wasmtime::Result<()> {

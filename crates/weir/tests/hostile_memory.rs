@@ -87,12 +87,17 @@ async fn what_a_guest_holds_in_the_host_through_handles_counts_against_its_memor
     assert_eq!(weir.get("/p/victim/incr").await.text(), "1");
     let pid = weir.pid();
     // 2,000 header maps of 100 KiB each, about 200 MiB of host memory
-    // (what one request made the host hold before), and 64 KiB written
-    // into each of 2,000 bodies of responses never sent, from a guest whose
-    // own linear memory stays near 1 MiB: as the worker and as an actor.
+    // (what one request made the host hold before); 2,000 maps of 3,000
+    // empty values each, no bytes of header but an entry of the host's map
+    // per value (446 MiB held by one request before they were counted);
+    // and 64 KiB written into each of 2,000 bodies of responses never
+    // sent, from a guest whose own linear memory stays near 1 MiB: as the
+    // worker and as an actor.
     for path in [
         "/fields?n=2000&kb=100",
         "/h/holder/fields?n=2000&kb=100",
+        "/fields?n=2000&kb=0&values=3000",
+        "/h/holder/fields?n=2000&kb=0&values=3000",
         "/bodies?n=2000&kb=64",
         "/h/holder/bodies?n=2000&kb=64",
     ] {

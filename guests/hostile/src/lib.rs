@@ -284,15 +284,19 @@ impl wasi::exports::http::incoming_handler::Guest for Hostile {
                 json_out(out, json!({ "grew_mb": mb }))
             }
             "/fields" => {
-                // Header maps held by the host, each with one value of KB
-                // KiB, kept until the instance ends.
+                // Header maps held by the host, each with VALUES values
+                // (default 1) of KB KiB, kept until the instance ends.
+                // Many empty values make the host hold far more than
+                // their bytes: each is an entry of the host's map.
                 let n: usize = query(&path, "n").and_then(|v| v.parse().ok()).unwrap_or(1);
                 let kb: usize = query(&path, "kb").and_then(|v| v.parse().ok()).unwrap_or(0);
+                let values: usize = query(&path, "values").and_then(|v| v.parse().ok()).unwrap_or(1);
                 let value = vec![b'x'; kb << 10];
+                let entries = vec![("x-fill".to_string(), value); values];
                 let mut made = 0;
                 let mut refused = None;
                 for _ in 0..n {
-                    match wasi::http::types::Fields::from_list(&[("x-fill".to_string(), value.clone())]) {
+                    match wasi::http::types::Fields::from_list(&entries) {
                         Ok(fields) => {
                             std::mem::forget(fields);
                             made += 1;
