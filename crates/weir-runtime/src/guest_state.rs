@@ -195,17 +195,19 @@ impl GenerationState {
     }
 
     /// Counts what the guest's handles hold in the host (headers with their
-    /// entries, unsent bodies' buffers) with its linear memory; past
+    /// entries, unsent bodies' buffers, internal responses not yet read)
+    /// with its linear memory; past
     /// `memory_limit_bytes` the guest is refused (an error that traps it),
     /// as a memory growth past it would be.
     pub(crate) fn check_held(&mut self) -> wasmtime::Result<()> {
-        let held = crate::held::held_bytes(&mut self.table, self.outbound.body_buffer_bytes());
+        let held = crate::held::held_bytes(&mut self.table, self.outbound.body_buffer_bytes())
+            + self.outbound.held_responses.bytes();
         let limit = self.memory.limit();
         if held.saturating_add(self.memory.peak) > limit {
             self.memory.exceeded = true;
             wasmtime::bail!(
-                "the guest's handles hold {held} bytes in the host (headers and unsent \
-                 bodies), over memory_limit_bytes ({limit}) with its {} bytes of linear memory",
+                "the guest's handles hold {held} bytes in the host (headers, unsent \
+                 bodies and unread responses), over memory_limit_bytes ({limit}) with its {} bytes of linear memory",
                 self.memory.peak
             );
         }

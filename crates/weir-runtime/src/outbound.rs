@@ -38,6 +38,7 @@ use http_body_util::BodyExt;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 use crate::extension::{InternalRouter, InternalRoutes, OutputGate};
+use crate::held::HeldResponses;
 use crate::limits::Limits;
 use crate::metrics::AppMetrics;
 use crate::scope::{EventScope, Operation};
@@ -228,6 +229,8 @@ pub struct OutboundPolicy {
     pub(crate) output_gate: Option<Arc<dyn OutputGate>>,
     /// Who the generation is, for internal routers.
     pub(crate) caller: Option<crate::extension::Caller>,
+    /// Internal responses' bytes the guest was handed and has not taken.
+    pub(crate) held_responses: HeldResponses,
 }
 
 impl OutboundPolicy {
@@ -255,6 +258,7 @@ impl OutboundPolicy {
             max_response_bytes: limits.max_outbound_response_bytes,
             metrics,
             scope: None,
+            held_responses: HeldResponses::default(),
         }
     }
 
@@ -318,6 +322,7 @@ impl WasiHttpHooks for OutboundPolicy {
                 op,
                 self.max_call_body_bytes,
                 settle,
+                (self.held_responses.clone(), self.chunk_bytes),
             );
         }
         let options = self.bounded(options);
@@ -431,7 +436,9 @@ fn gate_refused(why: String) -> Error {
 }
 
 /// An internal call: reads the request body (bounded like a client's),
-/// has the router answer, and hands the guest the whole response.
+/// has the router answer, and hands the guest the whole response, its body
+/// counted against the guest's memory limit until the guest takes it
+/// (`held`: the store's count and the chunk its frames are cut to).
 fn call_internal(
     router: Arc<dyn InternalRouter>,
     caller: Option<crate::extension::Caller>,
@@ -439,6 +446,7 @@ fn call_internal(
     mut op: Operation,
     max_body_bytes: u64,
     settle: Option<crate::extension::Settle>,
+    held: (HeldResponses, usize),
 ) -> SendFuture {
     Box::new(async move {
         let work = async {
@@ -454,8 +462,10 @@ fn call_internal(
             let response = router
                 .call(http::Request::from_parts(parts, body), caller)
                 .await;
+            let (count, chunk) = held;
             let response = response.map(|b| {
-                http_body_util::Full::new(b)
+                count
+                    .hold(b, chunk)
                     .map_err(|never| match never {})
                     .boxed_unsync()
             });

@@ -90,9 +90,11 @@ async fn what_a_guest_holds_in_the_host_through_handles_counts_against_its_memor
     // (what one request made the host hold before); 2,000 maps of 3,000
     // empty values each, no bytes of header but an entry of the host's map
     // per value (446 MiB held by one request before they were counted);
-    // and 64 KiB written into each of 2,000 bodies of responses never
-    // sent, from a guest whose own linear memory stays near 1 MiB: as the
-    // worker and as an actor.
+    // 64 KiB written into each of 2,000 bodies of responses never sent;
+    // and 200 responses of 4 MiB from an actor's internal calls, kept with
+    // their bodies unread (868 MB held by one request before they were
+    // counted): from a guest whose own linear memory stays near 1 MiB, as
+    // the worker and as an actor.
     for path in [
         "/fields?n=2000&kb=100",
         "/h/holder/fields?n=2000&kb=100",
@@ -100,6 +102,8 @@ async fn what_a_guest_holds_in_the_host_through_handles_counts_against_its_memor
         "/h/holder/fields?n=2000&kb=0&values=3000",
         "/bodies?n=2000&kb=64",
         "/h/holder/bodies?n=2000&kb=64",
+        "/hoard?n=200&mb=4",
+        "/h/holder/hoard?n=200&mb=4",
     ] {
         reset_peak(pid);
         let before = proc_kib(pid, "VmRSS:");
@@ -121,7 +125,7 @@ async fn what_a_guest_holds_in_the_host_through_handles_counts_against_its_memor
         .await;
     let detail = worker["detail"].as_str().unwrap();
     assert!(
-        detail.contains("bytes in the host (headers and unsent bodies)"),
+        detail.contains("bytes in the host (headers, unsent bodies and unread responses)"),
         "{detail}"
     );
     let actor = weir
@@ -131,7 +135,7 @@ async fn what_a_guest_holds_in_the_host_through_handles_counts_against_its_memor
         actor["detail"]
             .as_str()
             .unwrap()
-            .contains("in the host (headers and unsent bodies)"),
+            .contains("in the host (headers, unsent bodies and unread responses)"),
         "{actor}"
     );
     // Empty handles cost no header bytes, but each is an entry in the
@@ -148,6 +152,7 @@ async fn what_a_guest_holds_in_the_host_through_handles_counts_against_its_memor
     // Within the limit nothing is refused, and everyone serves on.
     assert_eq!(weir.get("/fields?n=100&kb=100").await.json()["made"], 100);
     assert_eq!(weir.get("/bodies?n=100&kb=64").await.json()["made"], 100);
+    assert_eq!(weir.get("/hoard?n=2&mb=4").await.json()["kept"], 2);
     assert_eq!(weir.get("/hello").await.json(), json!("still here"));
     assert_eq!(weir.get("/p/victim/incr").await.text(), "2");
 }

@@ -13,7 +13,9 @@
 //! | `POST /grow?mb=N` | allocates and keeps N MiB of linear memory |
 //! | `GET /recurse` | calls itself until its stack runs out |
 //! | `GET /bodies?n=N&kb=K` | makes N responses it never sends, writes K KiB into each one's body and keeps them |
-//! | `GET /fields?n=N&kb=K` | makes N header maps the host holds, each with one value of K KiB, and keeps them |
+//! | `GET /fields?n=N&kb=K&values=V` | makes N header maps the host holds, each with V values (default 1) of K KiB, and keeps them |
+//! | `GET /blob?mb=N` | answers N MiB |
+//! | `GET /hoard?n=N&mb=M&name=A` | calls actor A's (default `blob`) `/blob?mb=M` N times and keeps each response, its body unread |
 //! | `GET /kv?cursor=C` | `list-keys` of store `main` from cursor C |
 //! | `GET /print?kb=N` | writes N KiB of lines to its standard error |
 //! | `GET /hello` | a harmless answer: proves the server still serves |
@@ -81,6 +83,24 @@ fn recurse(depth: u64) -> u64 {
         return depth;
     }
     recurse(depth + 1).wrapping_add(std::hint::black_box(depth))
+}
+
+/// One GET of `/blob?mb=MB` on `authority`: its response, body unread.
+fn hoard_one(authority: &str, mb: usize) -> Result<wasi::http::types::IncomingResponse, String> {
+    use wasi::http::types::{Fields, OutgoingRequest, Scheme};
+    let request = OutgoingRequest::new(Fields::new());
+    request.set_scheme(Some(&Scheme::Http)).map_err(|()| "scheme")?;
+    request.set_authority(Some(authority)).map_err(|()| "authority")?;
+    request
+        .set_path_with_query(Some(&format!("/blob?mb={mb}")))
+        .map_err(|()| "path")?;
+    let future = wasi::http::outgoing_handler::handle(request, None).map_err(|e| format!("{e:?}"))?;
+    future.subscribe().block();
+    match future.get() {
+        Some(Ok(Ok(response))) => Ok(response),
+        Some(Ok(Err(e))) => Err(format!("{e:?}")),
+        other => Err(format!("{other:?}")),
+    }
 }
 
 fn get(authority: &str, path: &str) -> Json {
@@ -330,6 +350,34 @@ impl wasi::exports::http::incoming_handler::Guest for Hostile {
                     made += 1;
                 }
                 json_out(out, json!({ "made": made, "refused": refused }))
+            }
+            "/blob" => {
+                // A response of MB MiB (as an actor: what an internal call
+                // hands its caller).
+                let mb: usize = query(&path, "mb").and_then(|v| v.parse().ok()).unwrap_or(1);
+                json_out(out, json!("x".repeat(mb << 20)))
+            }
+            "/hoard" => {
+                // N calls to actor NAME's `/blob?mb=MB`, each response kept
+                // with its body unread until the instance ends.
+                let n: usize = query(&path, "n").and_then(|v| v.parse().ok()).unwrap_or(1);
+                let mb: usize = query(&path, "mb").and_then(|v| v.parse().ok()).unwrap_or(1);
+                let name = query(&path, "name").unwrap_or("blob").to_string();
+                let mut kept = 0;
+                let mut refused = None;
+                for _ in 0..n {
+                    match hoard_one(&format!("{name}.hostile.actor.internal"), mb) {
+                        Ok(response) => {
+                            std::mem::forget(response);
+                            kept += 1;
+                        }
+                        Err(e) => {
+                            refused = Some(e);
+                            break;
+                        }
+                    }
+                }
+                json_out(out, json!({ "kept": kept, "refused": refused }))
             }
             "/recurse" => {
                 let depth = recurse(0);
