@@ -397,7 +397,7 @@ limit_table! {
         },
         memory_limit_bytes: u64 = "memory_limit_bytes" {
             default: 128 << 20, range: MIN_MEMORY_BYTES, MAX_MEMORY_BYTES, unit: Bytes,
-            meaning: "linear memory per instance, with what its handles hold in the host (headers, unsent bodies)",
+            meaning: "linear memory per instance, with what its handles hold in the host (headers, unsent bodies, internal responses not yet read)",
         },
         /// 0 until resolved at start ([`Limits::total_guest_memory`]).
         max_total_guest_memory_bytes: u64 = "max_total_guest_memory_bytes" {
