@@ -1,8 +1,9 @@
 //! A hostile tenant's reach into the host's memory, from outside: the
 //! `hostile` guest (as the app and as an actor class) recurses until its
-//! stack runs out, makes the host hold header maps and unsent bodies
-//! through its handles, grows 200 actors against the total budget and asks
-//! for one giant table, against a real `weir serve`. Each test names what
+//! stack runs out, makes the host hold header maps, unsent bodies and
+//! unread actor responses through its handles, grows 200 actors against
+//! the total budget and asks for one giant table, against a real `weir
+//! serve`. Each test names what
 //! must hold. The other doors are in `hostile.rs`, `hostile_clients.rs` and
 //! `hostile_storage.rs`.
 
