@@ -6,13 +6,45 @@
 //! database that could not be created leaves no file behind, and a file
 //! that is not an actor's database is reported by [`ActorDirectory::scan`],
 //! never fatal.
+//!
+//! The directory also keeps the census: how many actors have a database
+//! here. A new one is made only while the census is under its bound
+//! (`max_actors`), so no caller, however many names it makes up, grows the
+//! number of files past it; an actor that already exists is never refused.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use weir_store::actor::ActorDb;
+use weir_store::actor::{ActorDb, ActorStoreError};
 use weir_store::{Durability, StoreError};
 
 use crate::address::ActorAddress;
+
+/// Why an actor's database was not opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The actor does not exist, and the app already has `max` actors.
+    #[error("the app has {max} actors (max_actors); a new one is made only after one is deleted")]
+    TooMany { max: usize },
+    #[error(transparent)]
+    Store(#[from] ActorStoreError),
+}
+
+impl From<StoreError> for OpenError {
+    fn from(e: StoreError) -> Self {
+        OpenError::Store(e.into())
+    }
+}
+
+/// How many actors have a database in the directory, and how many may.
+/// Counted from the files at start ([`ActorDirectory::recount`]), then
+/// kept by every creation and deletion made through the directory.
+#[derive(Debug)]
+struct Census {
+    actors: AtomicUsize,
+    max: AtomicUsize,
+}
 
 /// A file in the actor directory that Weir could not use: skipped, and
 /// listed for operators.
@@ -27,14 +59,61 @@ pub struct Unreadable {
 pub struct ActorDirectory {
     root: PathBuf,
     durability: Durability,
+    census: Arc<Census>,
 }
 
 impl ActorDirectory {
+    /// The directory under `data_dir`, with no bound on new actors until
+    /// [`ActorDirectory::set_max_actors`] (an operator's tool opening a
+    /// stopped server's data dir makes none).
     pub fn new(data_dir: &Path, durability: Durability) -> ActorDirectory {
         ActorDirectory {
             root: data_dir.join("actors"),
             durability,
+            census: Arc::new(Census {
+                actors: AtomicUsize::new(0),
+                max: AtomicUsize::new(usize::MAX),
+            }),
         }
+    }
+
+    /// Bounds the actors that may have a database here: a new one past it
+    /// is refused ([`OpenError::TooMany`]).
+    pub fn set_max_actors(&self, max: usize) {
+        self.census.max.store(max, Ordering::Relaxed);
+    }
+
+    /// Sets the census to the actors found on disk (at start, before any
+    /// is made).
+    pub fn recount(&self, actors: usize) {
+        self.census.actors.store(actors, Ordering::Relaxed);
+    }
+
+    /// Actors with a database here, and how many may have one.
+    pub fn census(&self) -> (usize, usize) {
+        (
+            self.census.actors.load(Ordering::Relaxed),
+            self.census.max.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Takes a place in the census for a new actor, or says why not.
+    fn admit(&self) -> Result<(), OpenError> {
+        let max = self.census.max.load(Ordering::Relaxed);
+        self.census
+            .actors
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map(drop)
+            .map_err(|_| OpenError::TooMany { max })
+    }
+
+    fn release(&self) {
+        let _ = self
+            .census
+            .actors
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
     }
 
     /// The database file of an actor.
@@ -45,8 +124,27 @@ impl ActorDirectory {
     }
 
     /// The actor's database path, its class's directory made: where a
-    /// placement keeps the local copy it opens.
-    pub fn prepare(&self, actor: &ActorAddress) -> Result<PathBuf, StoreError> {
+    /// placement keeps the local copy it opens. An actor with no local
+    /// copy yet takes its place in the census here (the `bool`), and gives
+    /// it back with [`ActorDirectory::not_made`] if the copy is not made.
+    pub fn prepare(&self, actor: &ActorAddress) -> Result<(PathBuf, bool), OpenError> {
+        let path = self.class_dir_made(actor)?;
+        let new = !path.exists();
+        if new {
+            self.admit()?;
+        }
+        Ok((path, new))
+    }
+
+    /// Gives back the place [`ActorDirectory::prepare`] took for a new
+    /// actor, unless its local copy was made after all.
+    pub fn not_made(&self, path: &Path) {
+        if !path.exists() {
+            self.release();
+        }
+    }
+
+    fn class_dir_made(&self, actor: &ActorAddress) -> Result<PathBuf, StoreError> {
         let path = self.path(actor);
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|source| StoreError::Dir {
@@ -62,26 +160,25 @@ impl ActorDirectory {
         self.durability
     }
 
-    /// Opens an actor's database, creating the actor on first use. If the
-    /// actor is new and its database cannot be made, nothing is left
-    /// behind.
-    pub fn open(
-        &self,
-        actor: &ActorAddress,
-    ) -> Result<ActorDb, weir_store::actor::ActorStoreError> {
-        let path = self.path(actor);
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|source| StoreError::Dir {
-                path: dir.to_path_buf(),
-                source,
-            })?;
-        }
+    /// Opens an actor's database, creating the actor on first use if the
+    /// census has room. If the actor is new and its database cannot be
+    /// made, nothing is left behind.
+    pub fn open(&self, actor: &ActorAddress) -> Result<ActorDb, OpenError> {
+        let path = self.class_dir_made(actor)?;
         let existed = path.exists();
+        if !existed {
+            self.admit()?;
+        }
         let opened = ActorDb::open(&path, self.durability);
         if opened.is_err() && !existed {
-            let _ = self.delete(actor);
+            // Its place goes back with its files; if none was made, by
+            // itself. A file that could not be removed keeps it.
+            match self.delete(actor) {
+                Ok(true) | Err(_) => {}
+                Ok(false) => self.release(),
+            }
         }
-        opened
+        Ok(opened?)
     }
 
     /// True when the actor has a database.
@@ -140,8 +237,8 @@ impl ActorDirectory {
         Ok((actors, strangers))
     }
 
-    /// Deletes an actor: its database and WAL files. The caller makes sure
-    /// the actor is not running.
+    /// Deletes an actor: its database and WAL files, and its place in the
+    /// census. The caller makes sure the actor is not running.
     pub fn delete(&self, actor: &ActorAddress) -> std::io::Result<bool> {
         let path = self.path(actor);
         let existed = path.is_file();
@@ -152,6 +249,9 @@ impl ActorDirectory {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e),
             }
+        }
+        if existed {
+            self.release();
         }
         Ok(existed)
     }
@@ -189,5 +289,45 @@ mod tests {
         assert!(!directory.exists(&a));
         assert!(!directory.delete(&a).unwrap());
         assert_eq!(directory.list("counter").unwrap(), vec![b]);
+    }
+
+    #[test]
+    fn the_census_bounds_new_actors_and_never_existing_ones() {
+        let data = weir_scratch::dir("actors-census");
+        let directory = ActorDirectory::new(&data, Durability::Process);
+        directory.set_max_actors(2);
+        let [a, b, c] = ["a", "b", "c"].map(|n| ActorAddress::new("counter", n).unwrap());
+        directory.open(&a).unwrap();
+        directory.open(&b).unwrap();
+        assert!(matches!(
+            directory.open(&c),
+            Err(OpenError::TooMany { max: 2 })
+        ));
+        assert!(!directory.exists(&c));
+        // An actor that exists opens again, however full the census.
+        directory.open(&a).unwrap();
+        assert_eq!(directory.census(), (2, 2));
+        // A database that cannot be made gives its place back: where its
+        // file would be, a link into a directory that does not exist.
+        assert!(directory.delete(&b).unwrap());
+        assert_eq!(directory.census(), (1, 2));
+        std::os::unix::fs::symlink(data.join("none/b.sqlite3"), directory.path(&b)).unwrap();
+        assert!(directory.open(&b).is_err());
+        assert_eq!(directory.census(), (1, 2));
+        assert!(!directory.path(&b).is_symlink(), "left behind");
+        // A placement's new local copy takes a place, and gives it back
+        // when it is not made.
+        let (path, new) = directory.prepare(&c).unwrap();
+        assert!(new);
+        assert_eq!(directory.census(), (2, 2));
+        directory.not_made(&path);
+        assert_eq!(directory.census(), (1, 2));
+        directory.open(&c).unwrap();
+        assert!(matches!(
+            directory.prepare(&b),
+            Err(OpenError::TooMany { max: 2 })
+        ));
+        let (_, new) = directory.prepare(&c).unwrap();
+        assert!(!new);
     }
 }

@@ -20,6 +20,8 @@ pub enum ActorErrorCode {
     ClassUnknown,
     /// 400: the host is in the actor domain but is not a valid actor address.
     AddressInvalid,
+    /// 507: the actor does not exist and the app already has `max_actors`.
+    TooMany,
 }
 
 impl ActorErrorCode {
@@ -28,6 +30,7 @@ impl ActorErrorCode {
         ActorErrorCode::StorageCommitFailed,
         ActorErrorCode::ClassUnknown,
         ActorErrorCode::AddressInvalid,
+        ActorErrorCode::TooMany,
     ];
 }
 
@@ -38,6 +41,7 @@ impl WeirError for ActorErrorCode {
             ActorErrorCode::StorageCommitFailed => "storage_commit_failed",
             ActorErrorCode::ClassUnknown => "actor_class_unknown",
             ActorErrorCode::AddressInvalid => "actor_address_invalid",
+            ActorErrorCode::TooMany => "too_many_actors",
         }
     }
 
@@ -46,6 +50,9 @@ impl WeirError for ActorErrorCode {
             ActorErrorCode::Overloaded | ActorErrorCode::StorageCommitFailed => 503,
             ActorErrorCode::ClassUnknown => 404,
             ActorErrorCode::AddressInvalid => 400,
+            // Insufficient Storage: the server cannot keep one more, and
+            // trying again will not help until an operator acts.
+            ActorErrorCode::TooMany => 507,
         }
     }
 }
@@ -100,8 +107,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn actor_codes_are_their_own() {
+    fn actor_codes_are_their_own_and_the_readme_lists_each() {
+        let readme = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+        )
+        .unwrap();
         for code in ActorErrorCode::ALL {
+            let row = format!("| {} | `{}` |", code.status(), code.as_str());
+            assert!(readme.contains(&row), "README lacks the row `{row}`");
             assert!(
                 ErrorCode::ALL.iter().all(|r| r.as_str() != code.as_str()),
                 "{code:?}"

@@ -123,7 +123,8 @@ impl Exclusive {
             ));
         }
         if self.db.is_none() {
-            self.db = Some(self.directory.open(&self.actor).map_err(storage)?);
+            let opened = self.directory.open(&self.actor);
+            self.db = Some(opened.map_err(|e| AdminError::Storage(e.to_string()))?);
         }
         f(self.db.as_mut().expect("opened above")).map_err(storage)
     }
@@ -221,12 +222,14 @@ impl ActorHost {
         };
         let mut journaled = Vec::new();
         let mut unreadable = Vec::new();
+        let mut census = 0;
         for class in host.classes.keys() {
             let (actors, strangers) = host
                 .directory
                 .scan(class)
                 .map_err(|e| AdminError::Storage(e.to_string()))?;
             unreadable.extend(strangers);
+            census += actors.len();
             for actor in actors {
                 // No actor runs yet: open each briefly, as its own turn
                 // would. One that cannot be opened is reported and skipped;
@@ -253,6 +256,8 @@ impl ActorHost {
         }
         host.unreadable = unreadable;
         host.journaled = journaled;
+        host.directory.recount(census);
+        host.bound_census();
         Ok(Arc::new(host))
     }
 
@@ -431,7 +436,21 @@ impl ActorHost {
                 cell.class.store(class.clone());
             }
         }
+        drop(cells);
+        self.bound_census();
         Ok(())
+    }
+
+    /// Bounds the actors on disk by `max_actors` as the classes' code now
+    /// sets it (one app's limits, so the same for every class; the
+    /// smallest if not).
+    fn bound_census(&self) {
+        let max = self
+            .classes
+            .values()
+            .map(|c| c.load().limits.max_actors)
+            .min();
+        self.directory.set_max_actors(max.unwrap_or(usize::MAX));
     }
 
     /// The version of each class's code now.

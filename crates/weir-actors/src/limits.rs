@@ -12,6 +12,14 @@ use weir_runtime::limits::{MAX_DURATION_MS, MAX_QUEUED};
 /// callers better than queueing.
 pub const DEFAULT_ACTOR_MAX_QUEUED: u64 = 128;
 
+/// Actors an app may have on disk, by default. Every name a caller uses
+/// makes one (an actor route lets any client name one), and each is a
+/// database file with its WAL: about 24 KiB at the least (measured: 5,000
+/// fresh chat rooms took 120 MB). A million is more than a keyed app of one
+/// server is known to need, and bounds what made-up names can cost at about
+/// 24 GB and a million files.
+pub const DEFAULT_MAX_ACTORS: u64 = 1_000_000;
+
 limit_table! {
     /// The limits of the actor classes of a server.
     pub struct ActorLimits {
@@ -26,6 +34,10 @@ limit_table! {
         max_live_actors: usize = "max_live_actors" {
             default: 100_000, range: 16, 10_000_000, unit: Count,
             meaning: "actors in memory at once (also bounded by the open-file limit: 2 files each); beyond it the least recently used idle ones hibernate",
+        },
+        max_actors: usize = "max_actors" {
+            default: DEFAULT_MAX_ACTORS, range: 1, 1_000_000_000, unit: Count,
+            meaning: "actors with a database on this server, all classes of the app together; a call that would make one more is refused with too_many_actors, and existing actors are never refused",
         },
     }
 }

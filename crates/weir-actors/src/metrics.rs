@@ -1,5 +1,6 @@
 //! Actor metrics: turns by class, kind and result; wakes, hibernations,
-//! overloaded refusals and dropped alarms; turn latency; actors in memory.
+//! overloaded refusals, new actors refused and dropped alarms; turn latency;
+//! actors in memory.
 //!
 //! Invariant owned here: like the runtime's, every handle a turn records
 //! into is resolved once per class at start (registered in the server's
@@ -55,7 +56,7 @@ impl ActorMetrics {
         );
         metrics.register(
             "actor_events",
-            "Actor wakes, hibernations, overloaded refusals and dropped alarms, by class",
+            "Actor wakes, hibernations, overloaded refusals, new actors refused (too_many_actors) and dropped alarms, by class",
             actor_events.clone(),
         );
         metrics.register(
@@ -106,6 +107,7 @@ impl ActorMetrics {
                 wakes: event("wake"),
                 hibernations: event("hibernation"),
                 overloaded: event("overloaded"),
+                refused_new: event("too_many_actors"),
                 alarms_dropped: event("alarm_dropped"),
                 turn_seconds: self
                     .actor_turn_seconds
@@ -129,6 +131,7 @@ struct ActorClassInner {
     wakes: Counter,
     hibernations: Counter,
     overloaded: Counter,
+    refused_new: Counter,
     alarms_dropped: Counter,
     turn_seconds: LatencyHistogram,
     in_memory: Gauge,
@@ -169,6 +172,12 @@ impl ActorClassMetrics {
 
     pub fn overloaded(&self) {
         self.inner.overloaded.inc();
+    }
+
+    /// A call was refused because its actor would have been one past
+    /// `max_actors`.
+    pub fn refused_new(&self) {
+        self.inner.refused_new.inc();
     }
 
     pub fn alarm_dropped(&self) {

@@ -88,6 +88,11 @@ pub struct HostStatus {
     pub live: usize,
     /// Actors allowed in memory at once.
     pub max_live: usize,
+    /// Actors with a database on this server, and how many may have one.
+    pub actors: usize,
+    pub max_actors: usize,
+    /// Calls refused because they would have made one actor too many.
+    pub refused_new: u64,
     pub pending_timers: usize,
     pub turns: u64,
     pub failed_turns: u64,
@@ -120,10 +125,14 @@ impl ActorHost {
         let mut classes: Vec<String> = self.classes.keys().cloned().collect();
         classes.sort();
         let c = &self.counters;
+        let (actors, max_actors) = self.directory.census();
         HostStatus {
             classes,
             live: self.live_count(),
             max_live: self.max_live,
+            actors,
+            max_actors,
+            refused_new: c.refused_new.load(Ordering::Relaxed),
             pending_timers: self.timers.len(),
             turns: c.turns.load(Ordering::Relaxed),
             failed_turns: c.failed_turns.load(Ordering::Relaxed),

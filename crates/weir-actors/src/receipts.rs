@@ -14,6 +14,7 @@ use serde::Serialize;
 use weir_runtime::WeirError;
 use weir_runtime::receipt::{Terminal, write_receipt};
 
+use crate::error_code::ActorErrorCode;
 use crate::host::{ActorClass, ActorHost, Cell};
 use crate::turn::TurnReport;
 
@@ -28,6 +29,8 @@ pub(crate) struct Counters {
     pub(crate) wakes: AtomicU64,
     pub(crate) hibernations: AtomicU64,
     pub(crate) overloaded: AtomicU64,
+    /// Calls refused for making one actor past `max_actors`.
+    pub(crate) refused_new: AtomicU64,
     pub(crate) alarms: AtomicU64,
     pub(crate) alarms_dropped: AtomicU64,
     pub(crate) dispatches: AtomicU64,
@@ -106,6 +109,10 @@ impl ActorHost {
         let ok = report.error.is_none();
         if !ok {
             self.counters.failed_turns.fetch_add(1, Ordering::Relaxed);
+        }
+        if report.error == Some(ActorErrorCode::TooMany.into()) {
+            self.counters.refused_new.fetch_add(1, Ordering::Relaxed);
+            metrics.refused_new();
         }
         if report.woke {
             self.counters.wakes.fetch_add(1, Ordering::Relaxed);

@@ -32,7 +32,7 @@ use weir_runtime::{AppCode, ErrorCode};
 
 use crate::address::ActorAddress;
 use crate::bindings::{ActorIdentity, ActorSeat};
-use crate::directory::ActorDirectory;
+use crate::directory::{ActorDirectory, OpenError};
 use crate::error_code::{ActorErrorCode, TurnError};
 use crate::gate::TurnGate;
 use crate::placement::Placement;
@@ -127,21 +127,28 @@ pub(crate) async fn wake(
         live.reset();
     }
     if live.gate.is_none() {
+        let refused = |report: &mut TurnReport, e: OpenError, what: &str| {
+            if let OpenError::TooMany { .. } = e {
+                report.error = Some(ActorErrorCode::TooMany.into());
+            }
+            format!("{what}: {e}")
+        };
         let (mut db, durable) = match ctx.placement {
-            None => (
-                ctx.directory
-                    .open(ctx.address)
-                    .map_err(|e| format!("cannot open the actor's database: {e}"))?,
-                None,
-            ),
+            None => match ctx.directory.open(ctx.address) {
+                Ok(db) => (db, None),
+                Err(e) => return Err(refused(report, e, "cannot open the actor's database")),
+            },
             Some(placement) => {
-                let path = ctx
-                    .directory
-                    .prepare(ctx.address)
-                    .map_err(|e| format!("cannot make the actor's directory: {e}"))?;
+                let (path, new) = match ctx.directory.prepare(ctx.address) {
+                    Ok(prepared) => prepared,
+                    Err(e) => return Err(refused(report, e, "cannot make the actor's place")),
+                };
                 match placement.open(ctx.address, &path).await {
                     Ok((db, durable)) => (db, Some(durable)),
                     Err(code) => {
+                        if new {
+                            ctx.directory.not_made(&path);
+                        }
                         report.error = Some(code);
                         return Err(format!(
                             "cannot open the actor's storage here: {}",

@@ -231,7 +231,7 @@ pub fn journaled_images(
         for actor in directory.list(&class).map_err(|e| e.to_string())? {
             let rows = directory
                 .open(&actor)
-                .and_then(|db| db.journal())
+                .and_then(|db| Ok(db.journal()?))
                 .map_err(|e| format!("cannot read the launch journal of {actor}: {e}"))?;
             images.extend(rows.iter().filter_map(|row| {
                 LaunchSpec::decode(&row.spec)?

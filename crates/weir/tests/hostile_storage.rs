@@ -4,7 +4,8 @@
 //! it, against a real `weir serve`. What must hold: every refusal is named,
 //! no file outgrows the bound, a turn that lost its transaction keeps
 //! nothing, a full actor still wakes and can be emptied, and other tenants
-//! are untouched.
+//! are untouched. Made-up actor names stop at `max_actors`: a refusal is
+//! named and leaves no file, and the actors that exist still answer.
 
 mod common;
 
@@ -155,4 +156,97 @@ async fn no_guest_can_grow_a_database_past_max_database_bytes_and_a_full_turn_ke
     // Everyone else is untouched.
     assert_eq!(weir.get("/p/victim/incr").await.text(), "2");
     assert_eq!(weir.get("/hello").await.json(), json!("still here"));
+}
+
+/// The actors with a database under `dir`, by `class/name`.
+fn actor_files(dir: &std::path::Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for class in std::fs::read_dir(dir.join("actors")).unwrap().flatten() {
+        for file in std::fs::read_dir(class.path()).unwrap().flatten() {
+            let file = file.file_name().into_string().unwrap();
+            if let Some(name) = file.strip_suffix(".sqlite3") {
+                found.push(format!("{}/{name}", class.file_name().to_str().unwrap()));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+#[tokio::test]
+async fn made_up_actor_names_stop_at_max_actors_and_the_actors_that_exist_still_answer() {
+    const MAX: u64 = 4;
+    let dir = data_dir("actor-census");
+    let max = format!("max_actors={MAX}");
+    let weir = start(&dir, &["--limit", &max]);
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "1");
+
+    // A worker makes up names: three more actors are made (the limit is
+    // the app's, across its classes), and every call past them is refused
+    // by name, without a file.
+    let r = weir.get("/names?n=6&prefix=n").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let answer = r.json();
+    assert_eq!(
+        answer["statuses"],
+        json!([200, 200, 200, 507, 507, 507]),
+        "{answer}"
+    );
+    let refusal: Value = serde_json::from_str(answer["refusal"].as_str().unwrap()).unwrap();
+    assert_eq!(refusal, json!({ "error": "too_many_actors" }));
+    // A client of the actor route is refused the same way.
+    weir.get("/h/stranger/hello")
+        .await
+        .assert_weir_error(507, "too_many_actors");
+    assert_eq!(
+        actor_files(&dir),
+        ["hostile/n0", "hostile/n1", "hostile/n2", "probe/victim"]
+    );
+    let r = weir
+        .actor_receipt_where(|r| r["error"] == "too_many_actors" && r["name"] == "stranger")
+        .await;
+    assert!(r["detail"].as_str().unwrap().contains("max_actors"), "{r}");
+    let status = weir.admin_get("/actors").await.json()["status"].clone();
+    assert_eq!(status["actors"], MAX, "{status}");
+    assert_eq!(status["max_actors"], MAX, "{status}");
+    assert_eq!(status["refused_new"], 4, "{status}");
+
+    // The actors that exist still answer, with their data.
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "2");
+    assert_eq!(weir.get("/h/n2/hello").await.text(), "\"still here\"");
+
+    // Deleting one gives its place back, to one newcomer only.
+    let r = weir.admin_send("DELETE", "/actors/hostile/n0").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(weir.get("/h/stranger/hello").await.status, 200);
+    weir.get("/h/another/hello")
+        .await
+        .assert_weir_error(507, "too_many_actors");
+
+    // After a restart the census is counted again from the disk: a full
+    // app stays full, and every actor on disk still wakes.
+    drop(weir);
+    let weir = start(&dir, &["--limit", &max]);
+    let status = weir.admin_get("/actors").await.json()["status"].clone();
+    assert_eq!(status["actors"], MAX, "{status}");
+    weir.get("/h/another/hello")
+        .await
+        .assert_weir_error(507, "too_many_actors");
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "3");
+    for name in ["n1", "n2", "stranger"] {
+        assert_eq!(
+            weir.get(&format!("/h/{name}/hello")).await.status,
+            200,
+            "{name}"
+        );
+    }
+    assert_eq!(
+        actor_files(&dir),
+        [
+            "hostile/n1",
+            "hostile/n2",
+            "hostile/stranger",
+            "probe/victim"
+        ]
+    );
 }

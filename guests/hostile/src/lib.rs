@@ -16,6 +16,7 @@
 //! | `GET /fields?n=N&kb=K&values=V` | makes N header maps the host holds, each with V values (default 1) of K KiB, and keeps them |
 //! | `GET /blob?mb=N` | answers N MiB |
 //! | `GET /hoard?n=N&mb=M&name=A` | calls actor A's (default `blob`) `/blob?mb=M` N times and keeps each response, its body unread |
+//! | `GET /names?n=N&prefix=P` | calls `/hello` of N made-up hostile actors `P0`, `P1`, … (each call makes an actor); answers each status and the first refusal's body |
 //! | `GET /kv?cursor=C` | `list-keys` of store `main` from cursor C |
 //! | `GET /print?kb=N` | writes N KiB of lines to its standard error |
 //! | `GET /hello` | a harmless answer: proves the server still serves |
@@ -378,6 +379,21 @@ impl wasi::exports::http::incoming_handler::Guest for Hostile {
                     }
                 }
                 json_out(out, json!({ "kept": kept, "refused": refused }))
+            }
+            "/names" => {
+                // One call to each of N actors that do not exist yet.
+                let n: usize = query(&path, "n").and_then(|v| v.parse().ok()).unwrap_or(1);
+                let prefix = query(&path, "prefix").unwrap_or("n").to_string();
+                let mut statuses = Vec::new();
+                let mut refusal = None;
+                for i in 0..n {
+                    let reply = get(&format!("{prefix}{i}.hostile.actor.internal"), "/hello");
+                    if reply["status"] != 200 && refusal.is_none() {
+                        refusal = Some(reply["body"].clone());
+                    }
+                    statuses.push(reply["status"].clone());
+                }
+                json_out(out, json!({ "statuses": statuses, "refusal": refusal }))
             }
             "/recurse" => {
                 let depth = recurse(0);
