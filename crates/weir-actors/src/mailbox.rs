@@ -278,6 +278,9 @@ impl ActorHost {
             ended,
         );
         drop(claim);
+        if report.error == Some(ActorErrorCode::TooMany.into()) {
+            self.forget_unopened(&cell.address);
+        }
     }
 }
 

@@ -79,6 +79,27 @@ impl ActorHost {
         }
     }
 
+    /// Takes out of memory the cell of an actor that was never opened (its
+    /// making was refused) if nobody holds or waits for it: a flood of
+    /// made-up names would otherwise fill the live-actor cap with empty
+    /// cells until the idle sweep, and hibernate actors that exist.
+    pub(crate) fn forget_unopened(&self, address: &ActorAddress) {
+        let mut cells = self.lock_cells();
+        let Some(cell) = cells.get(address) else {
+            return;
+        };
+        if cell.pending.load(Ordering::Acquire) > 0 {
+            return;
+        }
+        let unopened = cell
+            .live
+            .try_lock()
+            .is_ok_and(|live| live.gate.is_none() && live.generation.is_none());
+        if unopened {
+            cells.remove(address);
+        }
+    }
+
     /// Evicts actors idle for `actor_idle_ms` with nobody waiting for them.
     fn hibernate_idle(&self) -> usize {
         let now = self.elapsed_ms();

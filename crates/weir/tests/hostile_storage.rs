@@ -210,6 +210,10 @@ async fn made_up_actor_names_stop_at_max_actors_and_the_actors_that_exist_still_
     assert_eq!(status["actors"], MAX, "{status}");
     assert_eq!(status["max_actors"], MAX, "{status}");
     assert_eq!(status["refused_new"], 4, "{status}");
+    // A refused name holds no place in memory either: only the actors
+    // that exist are live.
+    assert_eq!(status["live"], MAX, "{status}");
+    assert_eq!(status["hibernations"], 0, "{status}");
 
     // The actors that exist still answer, with their data.
     assert_eq!(weir.get("/p/victim/incr").await.text(), "2");
