@@ -15,7 +15,9 @@
 //!   its life, with its stdin, output and exit), [`process_table`]
 //!   (owners, pids, slots, budgets),
 //!   [`process_router`] (`<pid>.process.internal`, owner only),
-//!   [`storage_slot`] (the one directory a process may have).
+//!   [`storage_slot`] (the one directory a process may have),
+//!   [`slot_quota`] (what an owner's slots may hold on disk) and
+//!   [`slot_filesystem`] (`wasi:filesystem` for processes, counted).
 //! - [`fenced_work`]: the launch journal, and [`recovery`]: re-driving what
 //!   a crash left.
 //! - [`limits`], [`error_code`], [`metrics`]: the programs' own limits,
@@ -40,6 +42,8 @@ pub mod process_router;
 pub mod process_table;
 pub mod recovery;
 pub mod resident;
+pub mod slot_filesystem;
+pub mod slot_quota;
 pub mod storage_slot;
 
 pub use error_code::ProgramErrorCode;

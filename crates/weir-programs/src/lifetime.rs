@@ -203,6 +203,7 @@ pub async fn spawn(spawn: Spawn, code: Arc<CommandCode>) -> Result<Arc<Process>,
     let made = Ready::instantiate(
         &code,
         &spawn.metrics,
+        crate::process::SlotUse::extras(spawn.storage.as_ref()),
         wasi.build(),
         &stderr,
         ("the spawning turn's deadline", left),

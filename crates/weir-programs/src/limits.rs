@@ -17,6 +17,13 @@ pub const MAX_IMAGE_BYTES: u64 = 1 << 30;
 /// captures it.
 pub const MAX_RUN_OUTPUT_BYTES: u64 = 1 << 30;
 
+/// What one actor's storage slots may hold on disk together, by default:
+/// a process writes its slot through wasi:filesystem, and without a bound
+/// one process could fill the disk every tenant's database lives on. A
+/// GiB holds the working files of the small servers processes are for;
+/// an operator who runs bigger ones raises it.
+pub const DEFAULT_MAX_SLOT_BYTES: u64 = 1 << 30;
+
 limit_table! {
     /// The limits of the programs a server or `weir run` runs.
     pub struct ProgramLimits {
@@ -39,6 +46,10 @@ limit_table! {
         max_image_bytes: u64 = "max_image_bytes" {
             default: 256 << 20, range: 1024, MAX_IMAGE_BYTES, unit: Bytes,
             meaning: "one image (a component) in the image store",
+        },
+        max_slot_bytes: u64 = "max_slot_bytes" {
+            default: DEFAULT_MAX_SLOT_BYTES, range: 4096, 1 << 40, unit: Bytes,
+            meaning: "what one actor's storage slots hold on disk together (its durable slots and its processes' ephemeral ones; each file, directory and link counts 4 KiB more than its bytes); a write past it fails with insufficient-space (ENOSPC) and writes nothing",
         },
     }
 }

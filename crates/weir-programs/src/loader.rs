@@ -79,7 +79,8 @@ impl Loader {
                 sql: Default::default(),
                 pool: Arc::new(pool),
                 routes: Default::default(),
-                interfaces: Vec::new(),
+                // A process's filesystem counts against its owner's quota.
+                interfaces: vec![Arc::new(crate::slot_filesystem::SlotFilesystem)],
                 router: None,
             },
         })

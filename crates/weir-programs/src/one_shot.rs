@@ -218,6 +218,7 @@ pub async fn run(
     let (end, peak_memory_bytes) = match Ready::instantiate(
         &program.code,
         metrics,
+        Extras::default(),
         wasi.build(),
         &stderr,
         time_limit,
@@ -271,12 +272,13 @@ impl Ready {
     pub(crate) async fn instantiate(
         code: &CommandCode,
         metrics: &AppMetrics,
+        extras: Extras,
         wasi: WasiCtx,
         output: &GuestOutput,
         start_limit: (&str, Duration),
         cpu: &AtomicU64,
     ) -> Result<Ready, (RunEnd, usize)> {
-        let mut store = new_store(code, metrics, Extras::default(), wasi, output.clone());
+        let mut store = new_store(code, metrics, extras, wasi, output.clone());
         let entry = Timed::new(start(code, &mut store, 0, start_limit), cpu).await;
         let failed = |store: &Store<GenerationState>, end| (end, store.data().memory_peak());
         let instance = match entry {

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use weir_runtime::WeirError;
+use weir_runtime::extension::Extras;
 use weir_runtime::metrics::AppMetrics;
 use weir_runtime::receipt::{ReceiptSink, Terminal, write_receipt};
 
@@ -31,6 +32,8 @@ use crate::lifetime::Console;
 use crate::metrics::ProgramMetrics;
 use crate::process_table::{Owner, ProcessTable, Reserved};
 use crate::resident::Job;
+use crate::slot_filesystem::SlotCharge;
+use crate::slot_quota::SlotQuota;
 use crate::storage_slot::SLOT_GUEST_PATH;
 
 /// The log target of process receipts.
@@ -64,6 +67,30 @@ pub struct SlotUse {
     pub durable: bool,
     /// On the host; the process sees it at `/data`.
     pub dir: PathBuf,
+    /// The owner's quota, which every write into the slot counts against
+    /// (set when the spawn measured it).
+    pub quota: Option<Arc<SlotQuota>>,
+}
+
+impl SlotUse {
+    /// What the process's store carries for its slot's filesystem.
+    pub(crate) fn extras(slot: Option<&SlotUse>) -> Extras {
+        let charge = slot
+            .and_then(|s| s.quota.clone())
+            .map(|q| Box::new(SlotCharge(q)) as Box<dyn std::any::Any + Send>);
+        Extras {
+            data: charge,
+            ..Default::default()
+        }
+    }
+
+    /// Deletes an ephemeral slot (blocking), giving back what it held.
+    pub(crate) fn delete(&self) {
+        if let Some(quota) = &self.quota {
+            quota.release(crate::slot_quota::measure(&self.dir));
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// Why a spawn failed after its slot was reserved.
@@ -130,7 +157,7 @@ impl Spawn {
     /// have filled it).
     pub(crate) async fn abandon(self, why: SpawnError) -> SpawnError {
         if let Some(slot) = self.storage.filter(|s| !s.durable) {
-            let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(slot.dir)).await;
+            let _ = tokio::task::spawn_blocking(move || slot.delete()).await;
         }
         // Dropping `reserved` gives the slot back.
         why
@@ -282,7 +309,7 @@ impl Afterlife {
         process.mark_ended(&ended.why);
         drop(self.root);
         if let Some(slot) = process.storage.clone().filter(|s| !s.durable) {
-            let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&slot.dir)).await;
+            let _ = tokio::task::spawn_blocking(move || slot.delete()).await;
         }
         let reservation = crate::process_table::Reservation {
             pid: process.pid,

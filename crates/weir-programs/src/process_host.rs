@@ -119,18 +119,27 @@ impl ProgramsHost {
                 name: name.clone(),
                 durable: *durable,
             });
-        let storage = self.storage_for(owner, pid, slot.as_ref())?;
+        let mut storage = self.storage_for(owner, pid, slot.as_ref())?;
         let mut env = launch.env.clone();
         env.extend(self.secrets_for(owner, launch)?);
-        let dir = storage.as_ref().map(|s| s.dir.clone());
+        let dir = match &storage {
+            Some(s) => {
+                let slots = self.slots().map_err(types::Error::Failed)?;
+                Some((s.dir.clone(), slots.owner_dir(owner), slots))
+            }
+            None => None,
+        };
         let contract = launch.contract;
-        let (root, code) = self
+        let (root, code, quota) = self
             .load_blocking(move |loader| {
-                if let Some(dir) = &dir {
+                let mut quota = None;
+                if let Some((dir, owner_dir, slots)) = &dir {
                     std::fs::create_dir_all(dir).map_err(|source| ProgramLoadError::Read {
                         path: format!("storage slot {}", dir.display()),
                         source,
                     })?;
+                    let max = loader.limits().programs.max_slot_bytes;
+                    quota = Some(slots.quotas.for_owner(owner_dir, max));
                 }
                 let mut root = loader.images.root(&digest)?;
                 let name = digest.to_string();
@@ -138,9 +147,12 @@ impl ProgramsHost {
                     Contract::Boot => Code::Server(Arc::new(loader.code(&mut root, &name)?)),
                     Contract::Lifetime => Code::Command(Arc::new(loader.code(&mut root, &name)?)),
                 };
-                Ok((root, code))
+                Ok((root, code, quota))
             })
             .await?;
+        if let Some(storage) = &mut storage {
+            storage.quota = quota;
+        }
         let spawn = Spawn {
             reserved,
             root,
@@ -347,6 +359,7 @@ impl ProgramsHost {
             name: slot.name.clone(),
             durable: slot.durable,
             dir,
+            quota: None,
         }))
     }
 
@@ -380,15 +393,27 @@ impl ProgramsHost {
             })
             .map_err(|_| types::Error::Failed("the owner's turn cannot write".into()))?;
         seat.gate.flush().map_err(types::Error::Failed)?;
-        tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
+        // What it held goes back to its owner's quota, if a process of the
+        // owner runs (else the next one measures the disk anew).
+        let quota = self
+            .slots()
+            .ok()
+            .and_then(|slots| slots.quotas.running(&slots.owner_dir(&owner)));
+        tokio::task::spawn_blocking(move || {
+            if let Some(quota) = &quota {
+                quota.release(crate::slot_quota::measure(&dir));
+            }
+            std::fs::remove_dir_all(&dir)
+        })
+        .await
+        .map_err(|e| types::Error::Failed(e.to_string()))
+        .and_then(|removed| match removed {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(types::Error::Failed(format!(
                 "cannot remove storage slot `{name}`: {e}"
             ))),
         })
-        .await
-        .map_err(|e| types::Error::Failed(e.to_string()))?
     }
 }
 

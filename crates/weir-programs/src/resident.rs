@@ -102,7 +102,13 @@ pub async fn spawn(
     let made = tokio::time::timeout(
         left,
         Timed::new(
-            Generation::instantiate_with(&code, &spawn.metrics, pid, Default::default(), wasi),
+            Generation::instantiate_with(
+                &code,
+                &spawn.metrics,
+                pid,
+                crate::process::SlotUse::extras(spawn.storage.as_ref()),
+                wasi,
+            ),
             &cpu,
         ),
     )

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest as _, Sha256};
 
 use crate::process_table::Owner;
+use crate::slot_quota::SlotQuotas;
 
 /// The data dir's subdirectory of storage slots.
 pub const SLOTS_DIR: &str = "slots";
@@ -40,6 +41,8 @@ pub fn valid_name(name: &str) -> bool {
 /// The slots of one data dir.
 pub struct Slots {
     root: PathBuf,
+    /// What the owners with a running process hold in their slots.
+    pub quotas: SlotQuotas,
 }
 
 impl Slots {
@@ -55,6 +58,7 @@ impl Slots {
         std::fs::create_dir_all(root.join("durable"))?;
         Ok(Slots {
             root: root.to_path_buf(),
+            quotas: SlotQuotas::default(),
         })
     }
 
@@ -65,13 +69,17 @@ impl Slots {
         digest[..16].iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// The durable slot `name` of `owner` (not created).
-    pub fn durable(&self, owner: &Owner, name: &str) -> PathBuf {
+    /// The directory of `owner`'s durable slots (not created).
+    pub fn owner_dir(&self, owner: &Owner) -> PathBuf {
         self.root
             .join("durable")
             .join(&owner.class)
             .join(Self::owner_key(owner))
-            .join(name)
+    }
+
+    /// The durable slot `name` of `owner` (not created).
+    pub fn durable(&self, owner: &Owner, name: &str) -> PathBuf {
+        self.owner_dir(owner).join(name)
     }
 
     /// The ephemeral slot of `owner`'s process `pid` (not created).

@@ -8,6 +8,7 @@
 //! | `PUT /files/<name>` | writes the body to `/data/<name>` (its storage slot) |
 //! | `GET /files/<name>` | the file, or 404 with the error |
 //! | `GET /escape` | tries to leave `/data` (`..`, absolute paths, a symlink out, the host's files): one line per try |
+//! | `POST /fill?how=H&n=N` | tries to fill `/data`: `write` appends N chunks of 1 MiB to `big`, `files` makes N empty files, `dirs` N directories, `sparse` sets `sparse`'s length to N MiB, `rewrite` writes `big`'s first N MiB over again in place, `churn` runs N rounds of every way to grow and shrink files (positional and stream writes over and past the end, appends, a rename over a file, a hard link, a file made through a dangling link, sizes set down and up, a file unlinked while open), each round leaving nothing, `clear` removes everything; answers `{done, error}`: how many steps worked and the first error's kind |
 //! | `/spin` | never answers |
 //! | `/trap` | traps |
 //! | `/grow` | allocates 1 MiB after 1 MiB until refused |
@@ -156,6 +157,24 @@ impl wasi::exports::http::incoming_handler::Guest for Resident {
                     }
                 }
             }
+            "/fill" => {
+                let query = path.split_once('?').map_or("", |(_, q)| q);
+                let param = |k: &str| {
+                    query
+                        .split('&')
+                        .filter_map(|p| p.split_once('='))
+                        .find(|(key, _)| *key == k)
+                        .map(|(_, v)| v.to_string())
+                };
+                let n: u64 = param("n").and_then(|v| v.parse().ok()).unwrap_or(1);
+                let how = param("how").unwrap_or_default();
+                let (done, error) = fill(&how, n);
+                let body = format!("{{\"done\":{done},\"error\":{}}}", match error {
+                    Some(e) => format!("\"{e}\""),
+                    None => "null".to_string(),
+                });
+                respond(out, 200, &[("content-type", b"application/json")], body.as_bytes());
+            }
             "/spin" => loop {
                 std::hint::black_box(0u64);
             },
@@ -170,6 +189,143 @@ impl wasi::exports::http::incoming_handler::Guest for Resident {
             _ => respond(out, 404, &[], b"no such path"),
         }
     }
+}
+
+/// One way of filling `/data`, N steps: how many worked, and the first
+/// error's kind.
+fn fill(how: &str, n: u64) -> (u64, Option<String>) {
+    use std::io::{Seek, SeekFrom, Write};
+    let kind = |e: std::io::Error| Some(format!("{:?}", e.kind()));
+    let chunk = vec![7u8; 1 << 20];
+    match how {
+        "write" => {
+            let mut file = match std::fs::OpenOptions::new().create(true).append(true).open("/data/big") {
+                Ok(f) => f,
+                Err(e) => return (0, kind(e)),
+            };
+            for i in 0..n {
+                if let Err(e) = file.write_all(&chunk).and_then(|()| file.flush()) {
+                    return (i, kind(e));
+                }
+            }
+            (n, None)
+        }
+        "rewrite" => {
+            let mut file = match std::fs::OpenOptions::new().write(true).open("/data/big") {
+                Ok(f) => f,
+                Err(e) => return (0, kind(e)),
+            };
+            for i in 0..n {
+                let done = file
+                    .seek(SeekFrom::Start(i << 20))
+                    .and_then(|_| file.write_all(&chunk));
+                if let Err(e) = done {
+                    return (i, kind(e));
+                }
+            }
+            (n, None)
+        }
+        "files" | "dirs" => {
+            for i in 0..n {
+                let path = format!("/data/{how}-{i}");
+                let made = if how == "files" {
+                    std::fs::File::create(&path).map(drop)
+                } else {
+                    std::fs::create_dir(&path)
+                };
+                if let Err(e) = made {
+                    return (i, kind(e));
+                }
+            }
+            (n, None)
+        }
+        "sparse" => {
+            let file = match std::fs::File::create("/data/sparse") {
+                Ok(f) => f,
+                Err(e) => return (0, kind(e)),
+            };
+            match file.set_len(n << 20) {
+                Ok(()) => (1, None),
+                Err(e) => (0, kind(e)),
+            }
+        }
+        "churn" => {
+            for i in 0..n {
+                if let Err(e) = churn() {
+                    return (i, Some(format!("{e:?}")));
+                }
+            }
+            (n, None)
+        }
+        "clear" => {
+            let mut removed = 0;
+            for entry in std::fs::read_dir("/data").into_iter().flatten().flatten() {
+                let path = entry.path();
+                let gone = if path.is_dir() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                };
+                if let Err(e) = gone {
+                    return (removed, kind(e));
+                }
+                removed += 1;
+            }
+            (removed, None)
+        }
+        _ => (0, Some("unknown".to_string())),
+    }
+}
+
+/// One round of `churn`, through `wasi:filesystem` directly: what it
+/// makes, it removes.
+fn churn() -> Result<(), wasi::filesystem::types::ErrorCode> {
+    use wasi::filesystem::types::{DescriptorFlags as D, OpenFlags as O, PathFlags as P};
+    let data = wasi::filesystem::preopens::get_directories()
+        .into_iter()
+        .find(|(_, path)| path == "/data")
+        .map(|(dir, _)| dir)
+        .ok_or(wasi::filesystem::types::ErrorCode::NoEntry)?;
+    let rw = D::READ | D::WRITE;
+    let stream_write = |stream: wasi::io::streams::OutputStream, bytes: &[u8]| {
+        for chunk in bytes.chunks(4096) {
+            stream
+                .blocking_write_and_flush(chunk)
+                .map_err(|_| wasi::filesystem::types::ErrorCode::Io)?;
+        }
+        Ok::<(), wasi::filesystem::types::ErrorCode>(())
+    };
+    let a = data.open_at(P::empty(), "a", O::CREATE, rw)?;
+    a.write(&[1; 65536], 0)?;
+    a.write(&[1; 65536], 32768)?;
+    stream_write(a.write_via_stream(0)?, &[2; 65536])?;
+    stream_write(a.write_via_stream(90000)?, &[2; 20000])?;
+    let b = data.open_at(P::empty(), "b", O::CREATE, rw)?;
+    stream_write(b.append_via_stream()?, &[3; 65536])?;
+    data.rename_at("b", &data, "a")?;
+    data.link_at(P::empty(), "a", &data, "c")?;
+    data.unlink_file_at("a")?;
+    data.symlink_at("d", "l")?;
+    let d = data.open_at(P::SYMLINK_FOLLOW, "l", O::CREATE, rw)?;
+    d.write(&[4; 4096], 0)?;
+    let c = data.open_at(P::empty(), "c", O::empty(), rw)?;
+    c.set_size(0)?;
+    c.set_size(100_000)?;
+    c.set_size(10)?;
+    let x = data.open_at(P::empty(), "x", O::CREATE, rw)?;
+    x.write(&[5; 50_000], 0)?;
+    data.unlink_file_at("x")?;
+    x.set_size(0)?;
+    let t = data.open_at(P::empty(), "t", O::CREATE | O::TRUNCATE, rw)?;
+    t.write(&[6; 30_000], 0)?;
+    drop(t);
+    data.open_at(P::empty(), "t", O::TRUNCATE, rw)?;
+    data.create_directory_at("e")?;
+    data.remove_directory_at("e")?;
+    for name in ["c", "d", "l", "t"] {
+        data.unlink_file_at(name)?;
+    }
+    Ok(())
 }
 
 wasi::http::proxy::export!(Resident);
