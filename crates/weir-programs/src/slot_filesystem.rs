@@ -445,6 +445,9 @@ impl HostDescriptor for SlotFs<'_> {
         fd: Resource<types::Descriptor>,
         path: String,
     ) -> FsResult<()> {
+        if self.quota.is_none() {
+            return HostDescriptor::unlink_file_at(&mut self.inner, fd, path).await;
+        }
         let stat = self.stat_at(&fd, types::PathFlags::empty(), &path).await;
         HostDescriptor::unlink_file_at(&mut self.inner, fd, path).await?;
         if let Some(stat) = stat {

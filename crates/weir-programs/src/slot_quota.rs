@@ -61,10 +61,6 @@ impl SlotQuota {
     pub fn used(&self) -> u64 {
         self.used.load(Ordering::Acquire)
     }
-
-    pub fn max(&self) -> u64 {
-        self.max
-    }
 }
 
 /// What the tree under `dir` counts (not `dir` itself; nothing when it
