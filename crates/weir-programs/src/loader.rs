@@ -124,13 +124,7 @@ impl Loader {
         self.cache
             .component(&self.engine, &bytes)
             .map(drop)
-            .map_err(|reason| {
-                LoadError::Compile {
-                    path: root.digest().to_string(),
-                    reason,
-                }
-                .into()
-            })
+            .map_err(|e| LoadError::compiling(&root.digest().to_string(), e).into())
     }
 
     /// The rooted image as a program called `name`: verified, compiled (or

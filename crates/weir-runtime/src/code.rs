@@ -19,7 +19,7 @@ use wasmtime_wasi_http::p2::bindings::ProxyPre;
 use weir_store::KvStores;
 use weir_store::sql::SqlDatabases;
 
-use crate::compiled_code::CodeCache;
+use crate::compiled_code::{CodeCache, CompileError};
 use crate::component_world::{self, World};
 use crate::engine::WeirEngine;
 use crate::extension::InternalRoutes;
@@ -58,6 +58,11 @@ pub enum LoadError {
     NotAComponent { path: String },
     #[error("{path} does not compile: {reason}")]
     Compile { path: String, reason: String },
+    /// Compiled, but its code could not be kept in the code cache (or the
+    /// compiler could not be run): the server's trouble, not the
+    /// component's.
+    #[error("{path}: its compiled code cannot be kept: {reason}")]
+    CodeNotKept { path: String, reason: String },
     #[error("{path} cannot be linked: {reason}")]
     Link { path: String, reason: String },
     #[error("{path} does not export wasi:http/incoming-handler: {reason}")]
@@ -73,6 +78,17 @@ pub enum LoadError {
         path: String,
         source: InstantiateError,
     },
+}
+
+impl LoadError {
+    /// Why the code of the component at `path` could not be had.
+    pub fn compiling(path: &str, e: CompileError) -> LoadError {
+        let path = path.to_string();
+        match e {
+            CompileError::Refused(reason) => LoadError::Compile { path, reason },
+            CompileError::NotKept(reason) => LoadError::CodeNotKept { path, reason },
+        }
+    }
 }
 
 /// The storage an app's guests may use, the threads their storage calls
@@ -192,17 +208,17 @@ impl<E: Entry> AppCode<E> {
             // not parse are named by the compiler.
             Ok(_) | Err(_) => {}
         }
-        let component = cache.component(engine, bytes).map_err(|mut reason| {
-            if reason.contains("memory") {
+        let component = cache.component(engine, bytes).map_err(|e| {
+            let mut e = LoadError::compiling(shown, e);
+            if let LoadError::Compile { reason, .. } = &mut e
+                && reason.contains("memory")
+            {
                 reason.push_str(&format!(
                     " (memory_limit_bytes is {})",
                     limits.memory_limit_bytes
                 ));
             }
-            LoadError::Compile {
-                path: shown.to_string(),
-                reason,
-            }
+            e
         })?;
         let budget = engine.budget().clone();
         let engine = engine.engine().clone();

@@ -52,6 +52,25 @@ pub const MAX_COMPILER_MESSAGE_BYTES: usize = 16 << 10;
 /// The file name ending of an artifact.
 const ARTIFACT_EXTENSION: &str = "cwasm";
 
+/// The compiler process's exit code when it compiled the component but
+/// could not write the artifact (a full disk, an unwritable cache): the
+/// server's fault, not the component's, and said so.
+pub const EXIT_ARTIFACT_NOT_WRITTEN: u8 = 3;
+
+/// Why a component's machine code could not be had.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CompileError {
+    /// The component's own doing: the compiler refused it, crashed on it
+    /// or ran past [`COMPILE_TIME_LIMIT`], or the engine refused its code.
+    #[error("{0}")]
+    Refused(String),
+    /// The server's: the code was compiled but could not be kept in the
+    /// cache, or the compiler could not be run at all. The same component
+    /// loads once the cause (often a full disk) is gone.
+    #[error("{0}")]
+    NotKept(String),
+}
+
 /// How a component's machine code is produced when it is not cached.
 #[derive(Clone, Debug)]
 pub enum Compiler {
@@ -95,9 +114,10 @@ impl CodeCache {
     }
 
     /// `bytes` compiled for `engine`: from the cache, or compiled into it.
-    pub fn component(&self, engine: &WeirEngine, bytes: &[u8]) -> Result<Component, String> {
+    pub fn component(&self, engine: &WeirEngine, bytes: &[u8]) -> Result<Component, CompileError> {
         let Some(dir) = &self.dir else {
-            return Component::from_binary(engine.engine(), bytes).map_err(|e| format!("{e:#}"));
+            return Component::from_binary(engine.engine(), bytes)
+                .map_err(|e| CompileError::Refused(format!("{e:#}")));
         };
         let path = dir.join(format!(
             "{}.{ARTIFACT_EXTENSION}",
@@ -114,13 +134,13 @@ impl CodeCache {
                 // Compiled just now: the component itself is refused (it
                 // does not fit this engine's limits), not the artifact.
                 let _ = std::fs::remove_file(&path);
-                return Err(refused);
+                return Err(CompileError::Refused(refused));
             }
             Err(first) => {
                 tracing::warn!(artifact = %path.display(), error = %first, "compiled artifact does not load; compiling again");
                 self.compile_logged(engine, bytes, &path)?;
                 compiled_now = true;
-                load(engine, &path)?
+                load(engine, &path).map_err(CompileError::Refused)?
             }
         };
         if !compiled_now {
@@ -135,7 +155,12 @@ impl CodeCache {
 
     /// Compiles into `path`, and says so with the time it took: the one
     /// slow step of a first start.
-    fn compile_logged(&self, engine: &WeirEngine, bytes: &[u8], path: &Path) -> Result<(), String> {
+    fn compile_logged(
+        &self,
+        engine: &WeirEngine,
+        bytes: &[u8],
+        path: &Path,
+    ) -> Result<(), CompileError> {
         let started = Instant::now();
         self.compile(engine, bytes, path)?;
         tracing::info!(
@@ -147,7 +172,7 @@ impl CodeCache {
         Ok(())
     }
 
-    fn compile(&self, engine: &WeirEngine, bytes: &[u8], path: &Path) -> Result<(), String> {
+    fn compile(&self, engine: &WeirEngine, bytes: &[u8], path: &Path) -> Result<(), CompileError> {
         match &self.compiler {
             Compiler::InProcess => compile_to(engine.engine(), bytes, path),
             Compiler::Process { program, args } => {
@@ -209,10 +234,10 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Compiles `bytes` for `engine` and writes the artifact to `out`, whole or
 /// not at all. The compiler process's whole job.
-pub fn compile_to(engine: &wasmtime::Engine, bytes: &[u8], out: &Path) -> Result<(), String> {
+pub fn compile_to(engine: &wasmtime::Engine, bytes: &[u8], out: &Path) -> Result<(), CompileError> {
     let artifact = engine
         .precompile_component(bytes)
-        .map_err(|e| format!("{e:#}"))?;
+        .map_err(|e| CompileError::Refused(format!("{e:#}")))?;
     let partial = out.with_extension(format!("{ARTIFACT_EXTENSION}.partial"));
     let write = || -> std::io::Result<()> {
         let mut file = std::fs::File::create(&partial)?;
@@ -222,7 +247,7 @@ pub fn compile_to(engine: &wasmtime::Engine, bytes: &[u8], out: &Path) -> Result
     };
     write().map_err(|e| {
         let _ = std::fs::remove_file(&partial);
-        format!("cannot write {}: {e}", out.display())
+        CompileError::NotKept(format!("cannot write {}: {e}", out.display()))
     })
 }
 
@@ -232,7 +257,7 @@ fn run_compiler(
     kind: EngineKind,
     bytes: &[u8],
     out: &Path,
-) -> Result<(), String> {
+) -> Result<(), CompileError> {
     let mut child = Command::new(program)
         .args(args)
         .arg("--engine")
@@ -243,7 +268,12 @@ fn run_compiler(
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot start the compiler {}: {e}", program.display()))?;
+        .map_err(|e| {
+            CompileError::NotKept(format!(
+                "cannot start the compiler {}: {e}",
+                program.display()
+            ))
+        })?;
     let stderr = child.stderr.take().map(|stderr| {
         std::thread::spawn(move || {
             let mut text = Vec::new();
@@ -264,13 +294,17 @@ fn run_compiler(
             Ok(None) if started.elapsed() >= COMPILE_TIME_LIMIT => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!(
+                return Err(CompileError::Refused(format!(
                     "compiling took longer than {} s",
                     COMPILE_TIME_LIMIT.as_secs()
-                ));
+                )));
             }
             Ok(None) => std::thread::sleep(COMPILER_POLL),
-            Err(e) => return Err(format!("cannot wait for the compiler: {e}")),
+            Err(e) => {
+                return Err(CompileError::NotKept(format!(
+                    "cannot wait for the compiler: {e}"
+                )));
+            }
         }
     };
     let message = stderr.and_then(|t| t.join().ok()).unwrap_or_default();
@@ -278,11 +312,18 @@ fn run_compiler(
         return Ok(());
     }
     let _ = std::fs::remove_file(out);
-    Err(if message.is_empty() {
+    let message = if message.is_empty() {
         format!("the compiler process failed ({status})")
     } else {
         message
-    })
+    };
+    Err(
+        if status.code() == Some(i32::from(EXIT_ARTIFACT_NOT_WRITTEN)) {
+            CompileError::NotKept(message)
+        } else {
+            CompileError::Refused(message)
+        },
+    )
 }
 
 #[cfg(test)]

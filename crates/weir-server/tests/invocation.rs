@@ -344,7 +344,7 @@ async fn a_compiler_process_that_fails_or_dies_is_a_refused_load_that_leaves_not
     let dir = scratch("compiler");
     let app = spinner(&dir, 0, 0);
     for (script, reason) in [
-        ("echo no compiler here >&2; exit 3", "no compiler here"),
+        ("echo no compiler here >&2; exit 7", "no compiler here"),
         (
             "kill -9 $$",
             "the compiler process failed (signal: 9 (SIGKILL))",
@@ -367,6 +367,28 @@ async fn a_compiler_process_that_fails_or_dies_is_a_refused_load_that_leaves_not
             .unwrap()
             .collect();
         assert!(left.is_empty(), "{left:?}");
+    }
+    // A compiler that says it compiled but could not write the artifact
+    // (its exit code for that) is the cache's trouble, not a refusal.
+    let data = dir.join("data-not-kept");
+    let (mut config, _) = configure(&app, &data, &[]);
+    config.compiler = Compiler::Process {
+        program: "/bin/sh".into(),
+        args: vec![
+            "-c".into(),
+            format!(
+                "echo cannot write the artifact >&2; exit {}",
+                weir_runtime::compiled_code::EXIT_ARTIFACT_NOT_WRITTEN
+            )
+            .into(),
+            "sh".into(),
+        ],
+    };
+    match Server::build(config).await.err().expect("refused") {
+        ServerError::Load(LoadError::CodeNotKept { reason, .. }) => {
+            assert_eq!(reason, "cannot write the artifact")
+        }
+        other => panic!("{other}"),
     }
 }
 

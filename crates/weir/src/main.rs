@@ -7,6 +7,7 @@ mod admin_client;
 mod apps_cli;
 mod async_runtime;
 mod config;
+mod error_text;
 mod logging;
 mod processes_cli;
 mod programs_cli;
@@ -20,12 +21,13 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use weir_build::BuildRequest;
 use weir_runtime::WeirEngine;
-use weir_runtime::compiled_code::{self, Compiler};
+use weir_runtime::compiled_code::{self, CompileError, Compiler};
 use weir_runtime::engine::EngineKind;
 use weir_runtime::memory_budget::MemoryBudget;
 use weir_server::{DEFAULT_LISTEN, Server, ServerConfig};
 
 use crate::config::{Config, Overrides, UsageError};
+use crate::error_text::error_text;
 
 /// The process's allocator. Every request allocates and frees on the
 /// worker thread that serves it, and often frees what another worker
@@ -191,12 +193,18 @@ fn main() -> ExitCode {
         Command::Apps(args) => apps_cli::list(args),
         Command::Deploy(args) => apps_cli::deploy(args),
         Command::CompileArtifact(args) => {
-            // Its stderr is the reason `weir serve` gives, so no prefix.
+            // Its stderr is the reason `weir serve` gives, so no prefix;
+            // its exit code says whose fault it was.
             return match compile_artifact(args) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("{e:#}");
-                    ExitCode::FAILURE
+                    eprintln!("{}", error_text(&e));
+                    match e.downcast_ref::<CompileError>() {
+                        Some(CompileError::NotKept(_)) => {
+                            ExitCode::from(compiled_code::EXIT_ARTIFACT_NOT_WRITTEN)
+                        }
+                        _ => ExitCode::FAILURE,
+                    }
                 }
             };
         }
@@ -209,7 +217,7 @@ fn main() -> ExitCode {
                 eprintln!("weir: {usage}");
                 return ExitCode::from(EXIT_USAGE);
             }
-            eprintln!("weir: {e:#}");
+            eprintln!("weir: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
@@ -243,7 +251,11 @@ fn compile_artifact(args: CompileArgs) -> anyhow::Result<()> {
         .context("cannot read the component from stdin")?;
     // The budget bounds instances, and the compiler makes none.
     let engine = WeirEngine::of_kind(kind, MemoryBudget::new(u64::MAX))?;
-    compiled_code::compile_to(engine.engine(), &bytes, &args.out).map_err(anyhow::Error::msg)
+    Ok(compiled_code::compile_to(
+        engine.engine(),
+        &bytes,
+        &args.out,
+    )?)
 }
 
 impl ServeArgs {
@@ -392,8 +404,11 @@ async fn reload_loop(
             let config = match read {
                 Ok(Ok(config)) => config,
                 Ok(Err(e)) => {
-                    tracing::warn!(error = %format!("{e:#}"), "SIGHUP: the configuration is refused; nothing changed");
-                    eprintln!("weir: SIGHUP: configuration refused, nothing changed: {e:#}");
+                    tracing::warn!(error = %error_text(&e), "SIGHUP: the configuration is refused; nothing changed");
+                    eprintln!(
+                        "weir: SIGHUP: configuration refused, nothing changed: {}",
+                        error_text(&e)
+                    );
                     continue;
                 }
                 Err(e) => {

@@ -527,4 +527,56 @@ async fn compiled_code_is_cached_in_the_data_dir_reused_repaired_and_pruned() {
     let second = artifacts();
     assert_eq!(second.len(), 1, "{second:?}");
     assert_ne!(second, first);
+
+    // Code that compiles but cannot be kept (here its temporary file's
+    // name is taken by a directory; a full disk is the usual cause) stops
+    // the start, and the message says it is the cache, not the component,
+    // and says the cause once.
+    std::fs::remove_file(&second[0]).unwrap();
+    let blocked = second[0].with_extension("cwasm.partial");
+    std::fs::create_dir(&blocked).unwrap();
+    let hostile = common::guest("hostile");
+    let out = common::run_weir(&[
+        "serve",
+        hostile.to_str().unwrap(),
+        "--data-dir",
+        &data_arg,
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let said = out.stderr.trim();
+    let cause = format!("cannot write {}", second[0].display());
+    assert!(
+        said.starts_with(&format!(
+            "weir: {}: its compiled code cannot be kept: {cause}: ",
+            hostile.display()
+        )),
+        "{said}"
+    );
+    assert_eq!(said.matches(&cause).count(), 1, "{said}");
+    assert!(!said.contains("does not compile"), "{said}");
+    assert_eq!(said.lines().count(), 1, "{said}");
+    // Once the cause is gone, the same component compiles and serves.
+    std::fs::remove_dir(&blocked).unwrap();
+    assert_eq!(serve_once(hostile).await, ["compiled"]);
+    assert_eq!(artifacts(), second);
+}
+
+#[tokio::test]
+async fn a_start_that_fails_names_its_cause_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = run_weir(&["serve", probe().to_str().unwrap(), "--listen", &addr]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let said = out.stderr.trim();
+    assert!(
+        said.starts_with(&format!("weir: cannot listen on {addr}: ")),
+        "{said}"
+    );
+    // The operating system's words, once: "Address already in use (os
+    // error 98)" (a walk of the error's chain used to say them twice).
+    let os = said.rsplit(": ").next().unwrap();
+    assert!(os.contains("(os error"), "{said}");
+    assert_eq!(said.matches(os).count(), 1, "{said}");
 }
