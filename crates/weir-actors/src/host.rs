@@ -167,6 +167,8 @@ pub struct ActorHost {
     pub(crate) directory: ActorDirectory,
     pub(crate) cells: Mutex<HashMap<ActorAddress, Arc<Cell>>>,
     pub(crate) timers: TimerIndex,
+    /// Alarm deliveries running, bounded by `max_concurrent_alarms`.
+    pub(crate) deliveries: crate::dispatcher::Deliveries,
     pub(crate) sink: Option<Arc<dyn ReceiptSink>>,
     started: Instant,
     pub(crate) counters: Counters,
@@ -209,6 +211,7 @@ impl ActorHost {
             directory,
             cells: Mutex::new(HashMap::new()),
             timers: TimerIndex::default(),
+            deliveries: Default::default(),
             sink,
             started: Instant::now(),
             counters: Counters::default(),
@@ -257,7 +260,7 @@ impl ActorHost {
         host.unreadable = unreadable;
         host.journaled = journaled;
         host.directory.recount(census);
-        host.bound_census();
+        host.apply_app_limits();
         Ok(Arc::new(host))
     }
 
@@ -437,20 +440,22 @@ impl ActorHost {
             }
         }
         drop(cells);
-        self.bound_census();
+        self.apply_app_limits();
         Ok(())
     }
 
-    /// Bounds the actors on disk by `max_actors` as the classes' code now
-    /// sets it (one app's limits, so the same for every class; the
-    /// smallest if not).
-    fn bound_census(&self) {
-        let max = self
-            .classes
-            .values()
-            .map(|c| c.load().limits.max_actors)
-            .min();
-        self.directory.set_max_actors(max.unwrap_or(usize::MAX));
+    /// Applies the limits that bound the app's actors together (actors on
+    /// disk, alarm deliveries at once) as the classes' code now sets them:
+    /// one app's limits, so the same for every class; the smallest if not.
+    fn apply_app_limits(&self) {
+        let least =
+            |limit: fn(&ActorClass) -> usize| self.classes.values().map(|c| limit(&c.load())).min();
+        self.directory
+            .set_max_actors(least(|c| c.limits.max_actors).unwrap_or(usize::MAX));
+        self.deliveries.set_max(
+            least(|c| c.limits.max_concurrent_alarms)
+                .unwrap_or(crate::limits::DEFAULT_MAX_CONCURRENT_ALARMS as usize),
+        );
     }
 
     /// The version of each class's code now.

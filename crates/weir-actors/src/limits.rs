@@ -20,6 +20,13 @@ pub const DEFAULT_ACTOR_MAX_QUEUED: u64 = 128;
 /// 24 GB and a million files.
 pub const DEFAULT_MAX_ACTORS: u64 = 1_000_000;
 
+/// Alarm deliveries an app runs at once, by default: as many as a worker
+/// app has lanes (`max_concurrent`), so background turns can keep the
+/// workers as busy as requests can, and never queue more beside a request.
+/// An alarm that waits on something slow (an outbound call) holds its
+/// place while it waits; raise it for apps whose alarms mostly wait.
+pub const DEFAULT_MAX_CONCURRENT_ALARMS: u64 = 32;
+
 limit_table! {
     /// The limits of the actor classes of a server.
     pub struct ActorLimits {
@@ -38,6 +45,10 @@ limit_table! {
         max_actors: usize = "max_actors" {
             default: DEFAULT_MAX_ACTORS, range: 1, 1_000_000_000, unit: Count,
             meaning: "actors with a database on this server, all classes of the app together; a call that would make one more is refused with too_many_actors, and existing actors are never refused",
+        },
+        max_concurrent_alarms: usize = "max_concurrent_alarms" {
+            default: DEFAULT_MAX_CONCURRENT_ALARMS, range: 1, 65_536, unit: Count,
+            meaning: "actors whose due timers are being delivered at once, all classes of the app together; due actors past it wait their turn, earliest deadline first",
         },
     }
 }

@@ -101,6 +101,13 @@ pub struct HostStatus {
     pub overloaded: u64,
     pub alarms: u64,
     pub alarms_dropped: u64,
+    /// Actors whose timers are being delivered now, the most at once
+    /// since start, and the bound (`max_concurrent_alarms`).
+    pub alarms_running: usize,
+    pub alarms_running_peak: usize,
+    pub max_concurrent_alarms: usize,
+    /// Actors whose timers are due and wait for a place to be delivered.
+    pub alarms_waiting: usize,
     /// Hibernated actors whose instances are still being freed.
     pub closing: usize,
     /// Database files found at start that could not be used (skipped).
@@ -141,6 +148,10 @@ impl ActorHost {
             overloaded: c.overloaded.load(Ordering::Relaxed),
             alarms: c.alarms.load(Ordering::Relaxed),
             alarms_dropped: c.alarms_dropped.load(Ordering::Relaxed),
+            alarms_running: self.deliveries.running(),
+            alarms_running_peak: self.deliveries.peak(),
+            max_concurrent_alarms: self.deliveries.max(),
+            alarms_waiting: self.timers.due(crate::timers::now_ms()),
             closing: self.closing.load(Ordering::Acquire),
             unreadable: self.unreadable.clone(),
         }

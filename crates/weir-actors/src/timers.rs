@@ -90,12 +90,13 @@ impl TimerIndex {
         self.lock().by_actor.get(actor).copied()
     }
 
-    /// Removes and returns every actor due at `now_ms`.
-    pub fn take_due(&self, now_ms: i64) -> Vec<ActorAddress> {
+    /// Removes and returns the actors due at `now_ms`, at most `most`,
+    /// earliest deadline first; the rest stay due in the index.
+    pub fn take_due(&self, now_ms: i64, most: usize) -> Vec<ActorAddress> {
         let mut state = self.lock();
         let mut due = Vec::new();
         while let Some((at, _)) = state.by_time.first() {
-            if *at > now_ms {
+            if *at > now_ms || due.len() >= most {
                 break;
             }
             let (_, actor) = state.by_time.pop_first().expect("first exists");
@@ -103,6 +104,21 @@ impl TimerIndex {
             due.push(actor);
         }
         due
+    }
+
+    /// Actors due at `now_ms` and not yet taken.
+    pub fn due(&self, now_ms: i64) -> usize {
+        self.lock()
+            .by_time
+            .iter()
+            .take_while(|(at, _)| *at <= now_ms)
+            .count()
+    }
+
+    /// Wakes the dispatcher to look at the index again (a delivery ended,
+    /// so one more due actor may be taken).
+    pub fn poke(&self) {
+        self.changed.notify_one();
     }
 
     /// The earliest deadline of all.
@@ -143,8 +159,12 @@ mod tests {
         index.set(&actor("c"), Some(900));
         assert_eq!(index.len(), 3);
         assert_eq!(index.earliest(), Some(100));
-        assert_eq!(index.take_due(250), vec![actor("a"), actor("b")]);
-        assert!(index.take_due(250).is_empty(), "taken once");
+        assert_eq!(index.due(250), 2);
+        assert_eq!(index.take_due(250, 1), vec![actor("a")], "at most one");
+        assert_eq!(index.due(250), 1);
+        assert_eq!(index.take_due(250, 8), vec![actor("b")]);
+        assert!(index.take_due(250, 8).is_empty(), "taken once");
+        assert_eq!(index.due(250), 0);
         assert_eq!(index.earliest(), Some(900));
         index.set(&actor("c"), None);
         assert!(index.is_empty());

@@ -467,3 +467,51 @@ async fn actors_whose_alarms_rearm_for_now_forever_leave_everyone_else_answering
         assert!(a > b, "storm {i} stopped: {b} then {a}");
     }
 }
+
+#[tokio::test]
+async fn alarms_that_rearm_forever_take_turns_within_max_concurrent_alarms() {
+    let dir = data_dir("alarm-places");
+    let weir = start(&dir, &["--limit", "max_concurrent_alarms=2"]);
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "1");
+    // Twelve times more storms than places: unbounded, each would be a
+    // delivery queued beside every request.
+    const STORMS: usize = 24;
+    for i in 0..STORMS {
+        assert_eq!(
+            weir.get(&format!("/h/storm{i}/storm")).await.json(),
+            json!("storming")
+        );
+    }
+    let runs = |i: usize| {
+        let weir = &weir;
+        async move {
+            weir.get(&format!("/h/storm{i}/storm-runs")).await.json()["runs"]
+                .as_u64()
+                .unwrap_or(0)
+        }
+    };
+    let before: Vec<u64> = futures::future::join_all((0..STORMS).map(runs)).await;
+    let mut seen_waiting = 0;
+    for n in 2..=21 {
+        assert_eq!(weir.get("/p/victim/incr").await.text(), n.to_string());
+        assert_eq!(weir.get("/hello").await.json(), json!("still here"));
+        let status = weir.admin_get("/actors").await.json()["status"].clone();
+        assert_eq!(status["max_concurrent_alarms"], 2, "{status}");
+        assert!(status["alarms_running"].as_u64().unwrap() <= 2, "{status}");
+        seen_waiting = seen_waiting.max(status["alarms_waiting"].as_u64().unwrap());
+    }
+    // Every storm went on (they take turns: none is starved), ...
+    let after: Vec<u64> = futures::future::join_all((0..STORMS).map(runs)).await;
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        assert!(a > b, "storm {i} stopped: {b} then {a}");
+    }
+    // ... never more than two at once, and the bound was reached: due
+    // storms waited for a place.
+    let status = weir.admin_get("/actors").await.json()["status"].clone();
+    assert_eq!(status["alarms_running_peak"], 2, "{status}");
+    assert!(seen_waiting > 0, "no storm ever waited: {status}");
+    assert!(
+        status["alarms"].as_u64().unwrap() >= STORMS as u64,
+        "{status}"
+    );
+}
