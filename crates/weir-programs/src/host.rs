@@ -35,6 +35,7 @@ use weir_runtime::receipt::ReceiptSink;
 use weir_runtime::{LoadError, WeirEngine, WeirError};
 
 use crate::RunSpec;
+use crate::program_threads::ProgramThreads;
 use weir_runtime::scope::EventScope;
 
 use crate::fenced_work::Fence;
@@ -91,6 +92,8 @@ pub struct ProgramsHost {
     /// Opened at the first spawn (which is when a crash's leftover
     /// ephemeral slots are deleted).
     slots: OnceLock<Result<Arc<Slots>, String>>,
+    /// Where processes run, started at the first spawn.
+    threads: OnceLock<Result<ProgramThreads, String>>,
     /// The launch journal's way to owners outside their turns.
     pub(crate) fence: Arc<Fence>,
     /// The resident processes, by owner.
@@ -107,9 +110,20 @@ impl ProgramsHost {
             config,
             loader: OnceLock::new(),
             slots: OnceLock::new(),
+            threads: OnceLock::new(),
             fence: Arc::new(Fence::default()),
             table,
         })
+    }
+
+    /// Where processes run (see [`crate::program_threads`]).
+    pub(crate) fn program_threads(&self) -> Result<tokio::runtime::Handle, String> {
+        match self.threads.get_or_init(|| {
+            ProgramThreads::start().map_err(|e| format!("cannot start the program threads: {e}"))
+        }) {
+            Ok(threads) => Ok(threads.handle()),
+            Err(why) => Err(why.clone()),
+        }
     }
 
     pub(crate) fn loader(&self) -> Result<Arc<Loader>, String> {

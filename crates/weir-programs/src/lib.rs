@@ -40,6 +40,7 @@ pub mod process;
 pub mod process_host;
 pub mod process_router;
 pub mod process_table;
+pub mod program_threads;
 pub mod recovery;
 pub mod resident;
 pub mod slot_filesystem;

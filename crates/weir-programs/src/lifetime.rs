@@ -230,11 +230,12 @@ pub async fn spawn(spawn: Spawn, code: Arc<CommandCode>) -> Result<Arc<Process>,
             return Err(spawn.abandon(why).await);
         }
     };
+    let threads = spawn.threads.clone();
     let (process, afterlife) = spawn.process(Door::Console(console.clone()));
     // The ledger sees its memory as it grows, not only at its end.
     ready.mirror_memory(process.memory.clone());
     let running = process.clone();
-    tokio::spawn(async move {
+    threads.spawn(async move {
         let mut killed = afterlife.killed.clone();
         let horizon = Instant::now() + LIFETIME_HORIZON;
         let limit = ("the process's lifetime", LIFETIME_HORIZON);
@@ -277,8 +278,11 @@ pub async fn spawn(spawn: Spawn, code: Arc<CommandCode>) -> Result<Arc<Process>,
             cpu: Duration::from_nanos(cpu.load(Ordering::Relaxed)),
             peak_memory_bytes,
         };
-        afterlife.finish(&running, ended).await;
-        console.exit.send_replace(Some(exit));
+        afterlife
+            .finish(&running, ended, || {
+                console.exit.send_replace(Some(exit));
+            })
+            .await;
     });
     Ok(process)
 }

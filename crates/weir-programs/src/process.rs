@@ -122,6 +122,9 @@ pub struct Spawn {
     pub metrics: AppMetrics,
     pub program_metrics: ProgramMetrics,
     pub receipts: Option<Arc<dyn ReceiptSink>>,
+    /// Where the process runs once booted: the program threads, never the
+    /// request workers (see [`crate::program_threads`]).
+    pub threads: tokio::runtime::Handle,
 }
 
 impl Spawn {
@@ -303,9 +306,12 @@ pub(crate) struct Ended {
 }
 
 impl Afterlife {
-    /// Ends `process`, whose instance the caller has dropped: see the
-    /// module's invariants for the order.
-    pub(crate) async fn finish(self, process: &Process, ended: Ended) {
+    /// Ends `process`, whose instance the caller has dropped (see the
+    /// module's invariants for the order): its slot and its place given
+    /// back, its receipt written, then `settle` (what the contract tells
+    /// its waiters), and only then may [`Process::kill`] return, so whoever
+    /// killed it finds the exit settled.
+    pub(crate) async fn finish(self, process: &Process, ended: Ended, settle: impl FnOnce()) {
         process.mark_ended(&ended.why);
         drop(self.root);
         if let Some(slot) = process.storage.clone().filter(|s| !s.durable) {
@@ -324,6 +330,7 @@ impl Afterlife {
         if let Some(sink) = &self.receipts {
             write_process_receipt(sink.as_ref(), process, &ended, outcome, self.started);
         }
+        settle();
         let _ = self.finished.send(true);
     }
 }

@@ -111,6 +111,7 @@ impl ProgramsHost {
         deadline: Instant,
     ) -> Result<(Arc<Process>, Vec<u8>), types::Error> {
         let digest = parse_digest(&launch.image)?;
+        let threads = self.program_threads().map_err(types::Error::Failed)?;
         let pid = reserved.reservation.pid;
         let slot = launch
             .storage
@@ -166,6 +167,7 @@ impl ProgramsHost {
             metrics: self.config.metrics.clone(),
             program_metrics: self.config.program_metrics.clone(),
             receipts: self.config.receipts.clone(),
+            threads,
         };
         let spawned = match code {
             Code::Server(code) => resident::spawn(spawn, code).await,

@@ -130,12 +130,13 @@ pub async fn spawn(
         }
     };
     let (jobs, queue) = mpsc::channel(MAX_PROCESS_QUEUED);
+    let threads = spawn.threads.clone();
     let (process, afterlife) = spawn.process(Door::Requests(jobs));
     process
         .memory
         .store(generation.memory_bytes() as u64, Ordering::Relaxed);
     let serving = process.clone();
-    tokio::spawn(async move {
+    threads.spawn(async move {
         let why = serve(
             &serving,
             &mut generation,
@@ -155,7 +156,7 @@ pub async fn spawn(
             cpu: Duration::from_nanos(cpu.load(Ordering::Relaxed)),
             peak_memory_bytes,
         };
-        afterlife.finish(&serving, ended).await;
+        afterlife.finish(&serving, ended, || {}).await;
     });
     Ok((process, payload))
 }

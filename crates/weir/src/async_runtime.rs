@@ -14,6 +14,10 @@ use crate::config::UsageError;
 /// The variable tokio's builder reads for its worker count.
 const WORKER_THREADS_VAR: &str = "TOKIO_WORKER_THREADS";
 
+/// What the runtime's threads (its workers and its blocking pool) are
+/// called.
+const WORKER_THREAD_NAME: &str = "weir-worker";
+
 /// The worker count the operator asked for, if any.
 fn worker_threads(value: Option<std::ffi::OsString>) -> Result<Option<usize>, UsageError> {
     let Some(value) = value else { return Ok(None) };
@@ -27,7 +31,9 @@ fn worker_threads(value: Option<std::ffi::OsString>) -> Result<Option<usize>, Us
 
 pub fn build() -> anyhow::Result<tokio::runtime::Runtime> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.enable_all();
+    // Named, so that `top -H` tells them from the program threads
+    // (`weir-program`), the epoch ticker (`weir-epoch`) and the rest.
+    builder.enable_all().thread_name(WORKER_THREAD_NAME);
     if let Some(n) = worker_threads(std::env::var_os(WORKER_THREADS_VAR))? {
         builder.worker_threads(n);
     }

@@ -402,3 +402,74 @@ async fn a_lifetime_process_is_its_owners_alone_and_reaches_nothing_of_the_host(
     assert_eq!(fed.json()["taken"], 5);
     assert_eq!(o.read_until(pid, 0, "got mine\n").await, "got mine\n");
 }
+
+/// CPU time of each of the server's threads called `name` (its `comm`),
+/// together, in clock ticks.
+fn thread_ticks(pid: u32, name: &str) -> u64 {
+    let mut ticks = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = task.unwrap().path();
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
+            continue;
+        };
+        if comm.trim_end() != name {
+            continue;
+        }
+        // After the command's parenthesised name: state is field 3, utime
+        // and stime fields 14 and 15.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        ticks += fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    }
+    ticks
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_that_compute_forever_run_on_the_program_threads_not_the_request_workers() {
+    let o = Owner::start("threads", &[]).await;
+    let pid = o.weir.pid();
+    // Four commands that never stop computing: on the request workers,
+    // each would have held one for a 5 ms slice in every round of the
+    // scheduler, and every request waited behind all of them.
+    let spinning: Vec<u64> = futures::future::join_all((0..4).map(|_| o.spawn("arg=spin"))).await;
+    let (workers, programs) = (
+        thread_ticks(pid, "weir-worker"),
+        thread_ticks(pid, "weir-program"),
+    );
+    let mut answered = 0;
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        // Their owner and the worker answer meanwhile.
+        assert_eq!(o.call("POST", "/r/o/count", b"").await.status, 200);
+        // (the worker's own answer to a path it does not serve)
+        assert_eq!(o.call("GET", "/", b"").await.status, 404);
+        answered += 1;
+        // A call now and then: the workers' own work stays small beside
+        // what the commands compute.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let workers = thread_ticks(pid, "weir-worker") - workers;
+    let programs = thread_ticks(pid, "weir-program") - programs;
+    // The computing is charged to the program threads: a core's worth at
+    // the least over two seconds (200 ticks are two core-seconds), while
+    // the workers only answered calls.
+    assert!(
+        programs >= 100,
+        "program threads: {programs} ticks, workers: {workers}"
+    );
+    assert!(
+        workers * 4 < programs,
+        "the workers took part in the computing: {workers} ticks against the program threads' {programs} ({answered} rounds of calls)"
+    );
+    for pid in spinning {
+        let exited = o.call("POST", &format!("/r/o/kill/{pid}"), b"").await;
+        assert_eq!(exited.json()["killed"], true);
+    }
+}
