@@ -432,6 +432,35 @@ async fn what_an_actor_hangs_on_its_sockets_is_bounded_and_a_refusal_keeps_nothi
     assert_eq!(weir.get("/p/victim/incr").await.text(), "1");
 }
 
+/// Makes `n` actors of the hostile class (`storm0`…) each arm an alarm
+/// that re-arms itself for "now" every time it runs.
+async fn start_storms(weir: &Weir, n: usize) {
+    for i in 0..n {
+        assert_eq!(
+            weir.get(&format!("/h/storm{i}/storm")).await.json(),
+            json!("storming")
+        );
+    }
+}
+
+/// How many times each of the first `n` storms has run.
+async fn storm_runs(weir: &Weir, n: usize) -> Vec<u64> {
+    futures::future::join_all((0..n).map(|i| async move {
+        weir.get(&format!("/h/storm{i}/storm-runs")).await.json()["runs"]
+            .as_u64()
+            .unwrap_or(0)
+    }))
+    .await
+}
+
+/// Every storm ran again since `before` was counted: none stopped.
+async fn assert_every_storm_went_on(weir: &Weir, before: &[u64]) {
+    let after = storm_runs(weir, before.len()).await;
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        assert!(a > b, "storm {i} stopped: {b} then {a}");
+    }
+}
+
 #[tokio::test]
 async fn actors_whose_alarms_rearm_for_now_forever_leave_everyone_else_answering() {
     let dir = data_dir("alarm-storm");
@@ -440,32 +469,16 @@ async fn actors_whose_alarms_rearm_for_now_forever_leave_everyone_else_answering
     // Ten actors each arm an alarm that re-arms itself for "now" every
     // time it runs: turns with no end and no caller.
     const STORMS: usize = 10;
-    for i in 0..STORMS {
-        assert_eq!(
-            weir.get(&format!("/h/storm{i}/storm")).await.json(),
-            json!("storming")
-        );
-    }
-    let runs = |i: usize| {
-        let weir = &weir;
-        async move {
-            weir.get(&format!("/h/storm{i}/storm-runs")).await.json()["runs"]
-                .as_u64()
-                .unwrap_or(0)
-        }
-    };
+    start_storms(&weir, STORMS).await;
     // While they storm, another actor, the worker and the admin address
     // answer, every time, and the storms go on meanwhile.
-    let before: Vec<u64> = futures::future::join_all((0..STORMS).map(runs)).await;
+    let before = storm_runs(&weir, STORMS).await;
     for n in 2..=21 {
         assert_eq!(weir.get("/p/victim/incr").await.text(), n.to_string());
         assert_eq!(weir.get("/hello").await.json(), json!("still here"));
         assert_eq!(weir.admin_send("GET", "/healthz").await.status, 200);
     }
-    let after: Vec<u64> = futures::future::join_all((0..STORMS).map(runs)).await;
-    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
-        assert!(a > b, "storm {i} stopped: {b} then {a}");
-    }
+    assert_every_storm_went_on(&weir, &before).await;
 }
 
 #[tokio::test]
@@ -476,21 +489,8 @@ async fn alarms_that_rearm_forever_take_turns_within_max_concurrent_alarms() {
     // Twelve times more storms than places: unbounded, each would be a
     // delivery queued beside every request.
     const STORMS: usize = 24;
-    for i in 0..STORMS {
-        assert_eq!(
-            weir.get(&format!("/h/storm{i}/storm")).await.json(),
-            json!("storming")
-        );
-    }
-    let runs = |i: usize| {
-        let weir = &weir;
-        async move {
-            weir.get(&format!("/h/storm{i}/storm-runs")).await.json()["runs"]
-                .as_u64()
-                .unwrap_or(0)
-        }
-    };
-    let before: Vec<u64> = futures::future::join_all((0..STORMS).map(runs)).await;
+    start_storms(&weir, STORMS).await;
+    let before = storm_runs(&weir, STORMS).await;
     let mut seen_waiting = 0;
     for n in 2..=21 {
         assert_eq!(weir.get("/p/victim/incr").await.text(), n.to_string());
@@ -501,10 +501,7 @@ async fn alarms_that_rearm_forever_take_turns_within_max_concurrent_alarms() {
         seen_waiting = seen_waiting.max(status["alarms_waiting"].as_u64().unwrap());
     }
     // Every storm went on (they take turns: none is starved), ...
-    let after: Vec<u64> = futures::future::join_all((0..STORMS).map(runs)).await;
-    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
-        assert!(a > b, "storm {i} stopped: {b} then {a}");
-    }
+    assert_every_storm_went_on(&weir, &before).await;
     // ... never more than two at once, and the bound was reached: due
     // storms waited for a place.
     let status = weir.admin_get("/actors").await.json()["status"].clone();
