@@ -149,7 +149,7 @@ impl ActorDirectory {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|source| StoreError::Dir {
                 path: dir.to_path_buf(),
-                source,
+                cause: source,
             })?;
         }
         Ok(path)

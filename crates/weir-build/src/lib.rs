@@ -50,11 +50,11 @@ pub enum BuildError {
     },
     #[error("{path} is not a component exporting {INCOMING_HANDLER}: {reason}")]
     NotAProxy { path: PathBuf, reason: String },
-    #[error("cannot copy {from} to {to}: {source}")]
+    #[error("cannot copy {from} to {to}: {cause}")]
     Copy {
         from: PathBuf,
         to: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -201,7 +201,7 @@ pub fn build(request: &BuildRequest) -> Result<PathBuf, BuildError> {
     let bytes = std::fs::read(&artifact).map_err(|source| BuildError::Copy {
         from: artifact.clone(),
         to: request.out_dir.clone(),
-        source,
+        cause: source,
     })?;
     check_proxy(&bytes).map_err(|reason| BuildError::NotAProxy {
         path: artifact.clone(),
@@ -214,7 +214,7 @@ pub fn build(request: &BuildRequest) -> Result<PathBuf, BuildError> {
         .map_err(|source| BuildError::Copy {
             from: artifact.clone(),
             to: to.clone(),
-            source,
+            cause: source,
         })?;
     Ok(to)
 }

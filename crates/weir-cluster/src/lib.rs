@@ -65,15 +65,12 @@ use crate::shipper::Records;
 pub enum ClusterError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("{database}: {source}")]
-    Database {
-        database: String,
-        source: CoordError,
-    },
-    #[error("cannot listen for other nodes on {addr}: {source}")]
+    #[error("{database}: {cause}")]
+    Database { database: String, cause: CoordError },
+    #[error("cannot listen for other nodes on {addr}: {cause}")]
     Listen {
         addr: SocketAddr,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -117,7 +114,7 @@ impl Cluster {
                 .await
                 .map_err(|source| ClusterError::Database {
                     database: database.clone(),
-                    source,
+                    cause: source,
                 })?,
         );
         let listener =
@@ -125,13 +122,13 @@ impl Cluster {
                 .await
                 .map_err(|source| ClusterError::Listen {
                     addr: config.listen,
-                    source,
+                    cause: source,
                 })?;
         let internal_addr = listener
             .local_addr()
             .map_err(|source| ClusterError::Listen {
                 addr: config.listen,
-                source,
+                cause: source,
             })?;
         let address = config
             .advertise
@@ -143,7 +140,7 @@ impl Cluster {
             .await
             .map_err(|source| ClusterError::Database {
                 database: database.clone(),
-                source,
+                cause: source,
             })?;
         let ownership = Arc::new(Ownership::new(coordinator.clone(), lease.clone()));
         let records = Arc::new(Records::default());

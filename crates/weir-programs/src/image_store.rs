@@ -117,10 +117,10 @@ pub enum ImageError {
     TooLarge { bytes: u64, limit: u64 },
     #[error("image {0} is in use (a run or process holds it)")]
     InUse(Digest),
-    #[error("the image store {path}: {source}")]
+    #[error("the image store {path}: {cause}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -189,7 +189,7 @@ impl ImageStore {
     pub fn open(dir: &Path, max_image_bytes: u64) -> Result<ImageStore, ImageError> {
         std::fs::create_dir_all(dir.join(COMPILED_DIR)).map_err(|source| ImageError::Io {
             path: dir.to_path_buf(),
-            source,
+            cause: source,
         })?;
         Ok(ImageStore {
             dir: dir.to_path_buf(),
@@ -213,7 +213,7 @@ impl ImageStore {
     fn io(&self, source: std::io::Error) -> ImageError {
         ImageError::Io {
             path: self.dir.clone(),
-            source,
+            cause: source,
         }
     }
 

@@ -30,11 +30,8 @@ const PROGRAM_STORAGE_THREADS: usize = 1;
 pub enum ProgramLoadError {
     #[error(transparent)]
     Image(#[from] ImageError),
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("cannot read {path}: {cause}")]
+    Read { path: String, cause: std::io::Error },
     #[error(transparent)]
     Load(#[from] LoadError),
     #[error("cannot start the programs' storage threads: {0}")]
@@ -64,7 +61,7 @@ impl Loader {
         let cache =
             CodeCache::new(&images.compiled_dir(), compiler).map_err(|source| ImageError::Io {
                 path: images.compiled_dir(),
-                source,
+                cause: source,
             })?;
         let pool = SqlPool::new(PROGRAM_STORAGE_THREADS)
             .map_err(|e| ProgramLoadError::Pool(e.to_string()))?;
@@ -101,7 +98,7 @@ impl Loader {
         let limit = self.images_limit();
         let read = |source| ProgramLoadError::Read {
             path: name.to_string(),
-            source,
+            cause: source,
         };
         let size = std::fs::metadata(name).map_err(read)?.len();
         if size > limit {

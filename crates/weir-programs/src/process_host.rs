@@ -137,7 +137,7 @@ impl ProgramsHost {
                 if let Some((dir, owner_dir, slots)) = &dir {
                     std::fs::create_dir_all(dir).map_err(|source| ProgramLoadError::Read {
                         path: format!("storage slot {}", dir.display()),
-                        source,
+                        cause: source,
                     })?;
                     let max = loader.limits().programs.max_slot_bytes;
                     quota = Some(slots.quotas.for_owner(owner_dir, max));

@@ -59,7 +59,7 @@ impl App {
             .await
             .map_err(|source| LoadError::Instantiate {
                 path: shown.to_string(),
-                source,
+                cause: source,
             })?;
         // Idle lanes are taken last-in first-out: lane 0, released last, is
         // admitted first, and a lane without a generation only when every

@@ -49,11 +49,8 @@ pub trait HostInterfaces: Send + Sync {
 /// Why an app could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("cannot read {path}: {cause}")]
+    Read { path: String, cause: std::io::Error },
     #[error("{path} is a core Wasm module, not a component; build it for wasm32-wasip2")]
     NotAComponent { path: String },
     #[error("{path} does not compile: {reason}")]
@@ -73,10 +70,10 @@ pub enum LoadError {
     /// (a WASI 0.3 handler), refused before it is compiled.
     #[error("{path} cannot be served: {reason}")]
     Unservable { path: String, reason: String },
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Instantiate {
         path: String,
-        source: InstantiateError,
+        cause: InstantiateError,
     },
 }
 
@@ -176,7 +173,7 @@ impl<E: Entry> AppCode<E> {
         let shown = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
             path: shown.clone(),
-            source,
+            cause: source,
         })?;
         Self::from_bytes(engine, cache, &shown, &bytes, limits, outbound, stores)
     }

@@ -127,41 +127,45 @@ impl ServerConfig {
 pub enum ServerError {
     #[error(transparent)]
     DataDir(#[from] DataDirError),
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}: {cause}")]
     Listen {
         addr: SocketAddr,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error(transparent)]
     Pool(#[from] PoolError),
-    #[error("cannot open stores under {dir}: {source}")]
-    Stores { dir: PathBuf, source: StoreError },
+    #[error("cannot open stores under {dir}: {cause}")]
+    Stores { dir: PathBuf, cause: StoreError },
     #[error(transparent)]
     Load(#[from] LoadError),
-    #[error("cannot use the code cache {dir}: {source}")]
-    CodeCache {
-        dir: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("actor class `{class}`: {source}")]
-    ActorClass { class: String, source: LoadError },
-    #[error("cannot index actors under {dir}: {source}")]
+    #[error("cannot use the code cache {dir}: {cause}")]
+    CodeCache { dir: PathBuf, cause: std::io::Error },
+    #[error("actor class `{class}`: {cause}")]
+    ActorClass { class: String, cause: LoadError },
+    #[error("cannot index actors under {dir}: {cause}")]
     Actors {
         dir: PathBuf,
-        source: weir_actors::AdminError,
+        cause: weir_actors::AdminError,
     },
     #[error(transparent)]
     Images(#[from] weir_programs::ImageError),
     #[error(transparent)]
     Spec(#[from] SpecError),
+    /// Says its cause in its own words (so it hands on no source).
     #[error("cluster: {0}")]
-    Cluster(#[from] weir_cluster::ClusterError),
+    Cluster(weir_cluster::ClusterError),
     #[error("{0}")]
     Config(String),
     #[error("{0}")]
     Deploy(String),
+}
+
+impl From<weir_cluster::ClusterError> for ServerError {
+    fn from(e: weir_cluster::ClusterError) -> Self {
+        ServerError::Cluster(e)
+    }
 }
 
 /// Every app's actor host, asked in turn for memory when the budget runs
@@ -199,7 +203,10 @@ pub struct Server {
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|source| ServerError::Listen { addr, source })
+        .map_err(|source| ServerError::Listen {
+            addr,
+            cause: source,
+        })
 }
 
 impl Server {
@@ -248,7 +255,7 @@ impl Server {
             .map(Arc::new)
             .map_err(|source| ServerError::CodeCache {
                 dir: code_dir.clone(),
-                source,
+                cause: source,
             })?;
         let engine = WeirEngine::new(
             EngineSizing {

@@ -49,7 +49,7 @@ impl Source {
         let shown = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
             path: shown.clone(),
-            source,
+            cause: source,
         })?;
         Ok(Source::new(bytes, shown))
     }
@@ -75,7 +75,7 @@ impl Recipe {
         for (class, path) in &spec.actors {
             let source = Source::read(path).map_err(|source| ServerError::ActorClass {
                 class: class.clone(),
-                source,
+                cause: source,
             })?;
             classes.insert(class.clone(), Arc::new(source));
         }

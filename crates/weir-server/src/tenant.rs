@@ -122,7 +122,7 @@ impl Shared {
         )
         .map_err(|source| ServerError::ActorClass {
             class: class.to_string(),
-            source,
+            cause: source,
         })?;
         Ok(ActorClass::new(
             class.to_string(),
@@ -163,7 +163,7 @@ impl Tenant {
         let dir = spec.data_dir(&shared.data_dir);
         let stores_error = |source| ServerError::Stores {
             dir: dir.clone(),
-            source,
+            cause: source,
         };
         // A cluster stores each database's snapshot as one PostgreSQL
         // value: a bound past what one value holds is refused at start,
@@ -280,7 +280,7 @@ impl Tenant {
             let host = ActorHost::new(built, directory, shared.receipts.clone(), placement)
                 .map_err(|source| ServerError::Actors {
                     dir: dir.clone(),
-                    source,
+                    cause: source,
                 })?;
             actor_sockets.connect(&host);
             let router: Arc<dyn InternalRouter> = host.clone();

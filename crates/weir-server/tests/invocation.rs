@@ -326,7 +326,7 @@ async fn a_start_function_that_never_ends_is_refused_at_event_limit() {
     let built = tokio::time::timeout(Duration::from_secs(60), Server::build(config));
     let error = built.await.expect("not hung").err().expect("refused");
     match &error {
-        ServerError::Load(LoadError::Instantiate { source, .. }) => assert_eq!(
+        ServerError::Load(LoadError::Instantiate { cause: source, .. }) => assert_eq!(
             source.reason,
             "its start did not finish within event_limit_ms (300 ms)"
         ),

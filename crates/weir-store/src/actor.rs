@@ -92,8 +92,9 @@ pub enum ActorStoreError {
     EntryTooLarge { key: String, size: usize },
     #[error("statement refused: {0}")]
     Refused(String),
+    /// Says its cause in its own words (so it hands on no source).
     #[error("refused: {0}")]
-    TooLarge(#[from] ResultTooLarge),
+    TooLarge(ResultTooLarge),
     #[error("interrupted: the turn's deadline passed")]
     Stopped,
     #[error(transparent)]
@@ -102,6 +103,12 @@ pub enum ActorStoreError {
     Untaken,
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl From<ResultTooLarge> for ActorStoreError {
+    fn from(e: ResultTooLarge) -> Self {
+        ActorStoreError::TooLarge(e)
+    }
 }
 
 impl From<rusqlite::Error> for ActorStoreError {

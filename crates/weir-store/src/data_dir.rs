@@ -31,10 +31,10 @@ pub const TOKEN_BYTES: usize = 32;
 pub enum DataDirError {
     #[error("data dir {path} is in use by another weir (pid {holder}); one server per data dir")]
     InUse { path: PathBuf, holder: String },
-    #[error("cannot use data dir {path}: {source}")]
+    #[error("cannot use data dir {path}: {cause}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -50,7 +50,7 @@ impl DataDir {
     pub fn open(path: &Path) -> Result<DataDir, DataDirError> {
         let io = |source| DataDirError::Io {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         };
         std::fs::create_dir_all(path).map_err(io)?;
         let lock_path = path.join(LOCK_FILE);
@@ -103,7 +103,7 @@ impl DataDir {
         let path = self.token_path();
         let io = |source| DataDirError::Io {
             path: path.clone(),
-            source,
+            cause: source,
         };
         match std::fs::read_to_string(&path) {
             Ok(token) if !token.trim().is_empty() => return Ok(token.trim().to_string()),

@@ -69,10 +69,10 @@ pub enum StoreError {
     NotACounter(String),
     #[error("counter `{0}` would overflow")]
     Overflow(String),
-    #[error("cannot create {path}: {source}")]
+    #[error("cannot create {path}: {cause}")]
     Dir {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error(transparent)]
     ResultTooLarge(#[from] confinement::ResultTooLarge),
@@ -254,7 +254,7 @@ pub(crate) fn open_named<T>(
     let dir = data_dir.join(kind);
     std::fs::create_dir_all(&dir).map_err(|source| StoreError::Dir {
         path: dir.clone(),
-        source,
+        cause: source,
     })?;
     for name in names {
         if !valid_name(name) {

@@ -7,7 +7,6 @@ mod admin_client;
 mod apps_cli;
 mod async_runtime;
 mod config;
-mod error_text;
 mod logging;
 mod processes_cli;
 mod programs_cli;
@@ -27,7 +26,6 @@ use weir_runtime::memory_budget::MemoryBudget;
 use weir_server::{DEFAULT_LISTEN, Server, ServerConfig};
 
 use crate::config::{Config, Overrides, UsageError};
-use crate::error_text::error_text;
 
 /// The process's allocator. Every request allocates and frees on the
 /// worker thread that serves it, and often frees what another worker
@@ -198,7 +196,7 @@ fn main() -> ExitCode {
             return match compile_artifact(args) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("{}", error_text(&e));
+                    eprintln!("{e:#}");
                     match e.downcast_ref::<CompileError>() {
                         Some(CompileError::NotKept(_)) => {
                             ExitCode::from(compiled_code::EXIT_ARTIFACT_NOT_WRITTEN)
@@ -217,7 +215,7 @@ fn main() -> ExitCode {
                 eprintln!("weir: {usage}");
                 return ExitCode::from(EXIT_USAGE);
             }
-            eprintln!("weir: {}", error_text(&e));
+            eprintln!("weir: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -404,11 +402,8 @@ async fn reload_loop(
             let config = match read {
                 Ok(Ok(config)) => config,
                 Ok(Err(e)) => {
-                    tracing::warn!(error = %error_text(&e), "SIGHUP: the configuration is refused; nothing changed");
-                    eprintln!(
-                        "weir: SIGHUP: configuration refused, nothing changed: {}",
-                        error_text(&e)
-                    );
+                    tracing::warn!(error = %format!("{e:#}"), "SIGHUP: the configuration is refused; nothing changed");
+                    eprintln!("weir: SIGHUP: configuration refused, nothing changed: {e:#}");
                     continue;
                 }
                 Err(e) => {

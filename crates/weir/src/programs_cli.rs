@@ -111,7 +111,7 @@ pub fn run(args: RunArgs) -> ExitCode {
                 eprintln!("weir: {}: {load}", load_code(load));
                 return ExitCode::from(EXIT_NOT_RUNNABLE);
             }
-            eprintln!("weir: {}", crate::error_text::error_text(&e));
+            eprintln!("weir: {e:#}");
             ExitCode::FAILURE
         }
     }

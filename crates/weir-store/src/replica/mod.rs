@@ -160,14 +160,21 @@ pub fn encode_run(run: &[LogEntry]) -> Result<Vec<u8>, ReplicaError> {
 pub enum ReplicaError {
     #[error(transparent)]
     Wal(#[from] WalError),
+    /// Says its cause in its own words (so it hands on no source).
     #[error("replica i/o: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     #[error("the log entry is not LTX: {0}")]
     Ltx(String),
     #[error("the log does not continue the database: {0}")]
     Discontinuous(String),
     #[error("the database's checksum is {found}, its history says {expected}")]
     Checksum { expected: Checksum, found: Checksum },
+}
+
+impl From<std::io::Error> for ReplicaError {
+    fn from(e: std::io::Error) -> Self {
+        ReplicaError::Io(e)
+    }
 }
 
 /// The transaction id LTX gives the commit numbered `head`: id 1 is the

@@ -61,12 +61,19 @@ pub struct WalCommit {
 /// Why a WAL could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum WalError {
+    /// Says its cause in its own words (so it hands on no source).
     #[error("cannot read the write-ahead log: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
     #[error("the write-ahead log has page size {found}, the database {expected}")]
     PageSize { found: u32, expected: u32 },
     #[error("the write-ahead log's header is not SQLite's")]
     Header,
+}
+
+impl From<io::Error> for WalError {
+    fn from(e: io::Error) -> Self {
+        WalError::Io(e)
+    }
 }
 
 /// SQLite's WAL checksum over `data` (a multiple of 8 bytes), continuing
