@@ -203,7 +203,10 @@ def main():
     )
     tmp = Path(tempfile.mkdtemp(prefix="weir-actors-bench-"))
     if args.baseline:
-        compare_builds(args, tmp)
+        try:
+            compare_builds(args, tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         return
     workerd = None if args.no_workerd else find_workerd(ROOT / "bench/.cache/workerd")
     results = {}
