@@ -21,6 +21,7 @@ use weir_store::sql::SqlDatabases;
 
 use crate::compiled_code::{CodeCache, CompileError};
 use crate::component_world::{self, World};
+use crate::compute_share::ComputeShare;
 use crate::engine::WeirEngine;
 use crate::extension::InternalRoutes;
 use crate::guest_state::GenerationState;
@@ -151,6 +152,8 @@ pub struct AppCode<E: Entry = ProxyPre<GenerationState>> {
     pub router: Option<Arc<dyn crate::extension::StoreRouter>>,
     /// The guest memory budget every instance reserves from.
     pub budget: Arc<MemoryBudget>,
+    /// Where its long computations take their slices, if anywhere.
+    pub share: Option<Arc<ComputeShare>>,
     pub routes: InternalRoutes,
     /// The compiled component, for a layer's own exports.
     pub component: Component,
@@ -218,6 +221,7 @@ impl<E: Entry> AppCode<E> {
             e
         })?;
         let budget = engine.budget().clone();
+        let share = engine.share().cloned();
         let engine = engine.engine().clone();
         let link = |e: wasmtime::Error| LoadError::Link {
             path: shown.to_string(),
@@ -244,6 +248,7 @@ impl<E: Entry> AppCode<E> {
             pool: stores.pool,
             router: stores.router,
             budget,
+            share,
             routes: stores.routes,
             component: component.clone(),
         })

@@ -1,10 +1,12 @@
-//! The one wasmtime `Engine` of a Weir process and its one epoch ticker.
+//! The wasmtime `Engine`s of a Weir process and their epoch tickers.
 //!
-//! Invariant owned here: there is exactly one thread that advances time for
-//! Wasm per engine, whatever the number of requests, and every engine's
-//! instances reserve their memory from the one process-wide budget. Every store yields to tokio at each
-//! epoch tick, so a guest that spins is interrupted by the same tokio timers
-//! that bound every other wait — no thread or timer is created per request.
+//! Invariant owned here: exactly one thread advances each engine's time
+//! for Wasm, whatever the number of requests (its own [`EpochTicker`], or
+//! its compute share's, which ticks every engine that serves requests),
+//! and every engine's instances reserve their memory from the one
+//! process-wide budget. Every store yields to tokio at each epoch tick, so
+//! a guest that spins is interrupted by the same tokio timers that bound
+//! every other wait — no thread or timer is created per request.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,6 +15,7 @@ use std::time::Duration;
 
 use wasmtime::{Config, InstanceAllocationStrategy, PoolingAllocationConfig};
 
+use crate::compute_share::ComputeShare;
 use crate::memory_budget::{MAX_TABLE_ELEMENTS, MemoryBudget};
 
 /// How often the engine's epoch advances. A spinning guest is interrupted at
@@ -120,13 +123,15 @@ fn base_config() -> Config {
     config
 }
 
-/// The shared engine plus its ticker; dropping it stops the ticker.
+/// The shared engine plus its ticker (its own, or its share's); dropping
+/// it stops its own ticker.
 pub struct WeirEngine {
     engine: wasmtime::Engine,
     kind: EngineKind,
     budget: Arc<MemoryBudget>,
-    stop: Arc<AtomicBool>,
-    ticker: Option<JoinHandle<()>>,
+    /// Its own ticker, until it joins a share (whose ticker then ticks it).
+    ticker: Option<EpochTicker>,
+    share: Option<Arc<ComputeShare>>,
 }
 
 impl WeirEngine {
@@ -212,26 +217,17 @@ impl WeirEngine {
     ) -> Result<Self, EngineError> {
         let engine =
             wasmtime::Engine::new(config).map_err(|e| EngineError::Config(format!("{e:#}")))?;
-        let stop = Arc::new(AtomicBool::new(false));
         let ticker = {
             let engine = engine.clone();
-            let stop = stop.clone();
-            std::thread::Builder::new()
-                .name("weir-epoch".into())
-                .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(EPOCH_TICK);
-                        engine.increment_epoch();
-                    }
-                })
+            EpochTicker::start(move || engine.increment_epoch())
                 .map_err(|e| EngineError::Config(format!("cannot start epoch ticker: {e}")))?
         };
         Ok(WeirEngine {
             engine,
             kind,
             budget,
-            stop,
             ticker: Some(ticker),
+            share: None,
         })
     }
 
@@ -246,12 +242,56 @@ impl WeirEngine {
     pub fn kind(&self) -> EngineKind {
         self.kind
     }
+
+    /// This engine's long computations take their slices from `share`
+    /// (engines that serve requests share one; a program engine runs on
+    /// threads of its own and has none). The share's ticker then advances
+    /// this engine's epoch, so that a slice handed out at a tick lasts the
+    /// whole tick.
+    pub fn with_share(mut self, share: Arc<ComputeShare>) -> Self {
+        self.ticker = None;
+        share.tick(self.engine.clone());
+        self.share = Some(share);
+        self
+    }
+
+    pub fn share(&self) -> Option<&Arc<ComputeShare>> {
+        self.share.as_ref()
+    }
 }
 
-impl Drop for WeirEngine {
+/// A thread that runs `each_tick` every [`EPOCH_TICK`] until it is
+/// dropped: the one source of time for Wasm of the engines it ticks.
+pub(crate) struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    pub(crate) fn start(mut each_tick: impl FnMut() + Send + 'static) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("weir-epoch".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(EPOCH_TICK);
+                        each_tick();
+                    }
+                })?
+        };
+        Ok(EpochTicker {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for EpochTicker {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.ticker.take() {
+        if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }

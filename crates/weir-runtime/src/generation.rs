@@ -8,8 +8,8 @@
 
 use std::time::{Duration, Instant};
 
+use wasmtime::Store;
 use wasmtime::component::{Instance, ResourceTable};
-use wasmtime::{Store, UpdateDeadline};
 use wasmtime_wasi::WasiCtx;
 use wasmtime_wasi_http::WasiHttpCtx;
 use wasmtime_wasi_http::p2::bindings::Proxy;
@@ -89,7 +89,8 @@ impl Generation {
 /// as its WASI context and `output` as the output budget each new scope
 /// restarts, the memory limiter, and a yield to tokio at every epoch tick
 /// (a spinning guest then returns control to the call's own timers, which
-/// decide its fate). Every instance Weir makes — a generation, a keyed
+/// decide its fate; a long computation then also waits for its slice of
+/// the engine's [`crate::compute_share`]). Every instance Weir makes — a generation, a keyed
 /// instance, a program — gets its store here.
 pub fn new_store<E: Entry>(
     code: &AppCode<E>,
@@ -120,14 +121,13 @@ pub fn new_store<E: Entry>(
         router: code.router.clone(),
         max_result_bytes: code.limits.max_sql_result_bytes,
         memory: MemoryLimiter::new(code.limits.memory_limit_bytes as usize, code.budget.clone()),
+        slices: 0,
+        share: code.share.clone(),
     };
     let mut store = Store::new(code.engine(), state);
     store.limiter_async(|s| &mut s.memory);
     store.set_epoch_deadline(1);
-    store.epoch_deadline_callback(|mut store| {
-        store.data_mut().check_held()?;
-        Ok(UpdateDeadline::Yield(1))
-    });
+    store.epoch_deadline_callback(|mut store| store.data_mut().interrupted());
     store
 }
 

@@ -14,6 +14,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use weir_store::KvStores;
 use weir_store::sql::SqlDatabases;
 
+use crate::compute_share::{ComputeShare, LONG_CALL_SLICES};
 use crate::guest_output::GuestOutput;
 use crate::keyvalue::KeyValueView;
 use crate::memory_budget::MemoryLimiter;
@@ -41,6 +42,10 @@ pub struct GenerationState {
     /// What the running event's caller offered its host interfaces, until
     /// one claims it or the event ends.
     pub(crate) offered: Option<crate::extension::Offered>,
+    /// Epoch interruptions since the running call began.
+    pub(crate) slices: u32,
+    /// Where the call takes its slices once it is a long computation.
+    pub(crate) share: Option<Arc<ComputeShare>>,
 }
 
 impl WasiView for GenerationState {
@@ -97,10 +102,12 @@ impl GenerationState {
     }
 
     /// Sets (or clears) the scope of the event or turn running now.
-    /// A new scope is a new event: the guest's output budget starts over.
+    /// A new scope is a new event: the guest's output budget and its
+    /// count of slices start over.
     pub fn set_scope(&mut self, scope: Option<Arc<EventScope>>) {
         if scope.is_some() {
             self.output.reset();
+            self.slices = 0;
         }
         // An offer lives for one event.
         if scope.is_none() {
@@ -192,6 +199,21 @@ impl GenerationState {
             std::sync::atomic::Ordering::Relaxed,
         );
         self.memory.mirror = Some(to);
+    }
+
+    /// What the guest does at an epoch interruption: its handles are
+    /// counted ([`GenerationState::check_held`]), then it yields to tokio,
+    /// and a long computation also waits for its next slice of the share
+    /// ([`crate::compute_share`]).
+    pub(crate) fn interrupted(&mut self) -> wasmtime::Result<wasmtime::UpdateDeadline> {
+        self.check_held()?;
+        self.slices = self.slices.saturating_add(1);
+        Ok(match &self.share {
+            Some(share) if self.slices >= LONG_CALL_SLICES => {
+                wasmtime::UpdateDeadline::YieldCustom(1, share.next_slice())
+            }
+            _ => wasmtime::UpdateDeadline::Yield(1),
+        })
     }
 
     /// Counts what the guest's handles hold in the host (headers with their

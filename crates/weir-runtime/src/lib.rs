@@ -56,6 +56,7 @@ pub mod buffered;
 pub mod code;
 pub mod compiled_code;
 pub mod component_world;
+pub mod compute_share;
 pub mod engine;
 pub mod error_code;
 pub mod event;

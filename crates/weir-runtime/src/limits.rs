@@ -408,6 +408,11 @@ limit_table! {
             default: DEFAULT_SQL_THREADS, range: 1, 256, unit: Count,
             meaning: "threads that run guests' SQL, lists, multi-key and key-value calls (never the async workers)",
         },
+        /// 0 until resolved at start ([`crate::compute_share::slices_per_tick`]).
+        long_call_workers: usize = "long_call_workers" {
+            default: 0, range: 0, 1024, unit: Count,
+            meaning: "request workers that long computations (calls past their third 5 ms epoch slice: worker events and actor turns) may hold at once; the others are left to the calls that answer (0: all workers but one)",
+        },
         max_sql_result_bytes: usize = "max_sql_result_bytes" {
             default: DEFAULT_MAX_SQL_RESULT_BYTES, range: 1024, 1 << 30, unit: Bytes,
             meaning: "what one SQL batch, statement, list or batch read hands back to a guest",

@@ -42,6 +42,7 @@ use weir_programs::image_store::IMAGES_DIR;
 use weir_programs::metrics::ProgramMetrics;
 use weir_runtime::App;
 use weir_runtime::compiled_code::{CodeCache, Compiler};
+use weir_runtime::compute_share::{self, ComputeShare, ShareError};
 use weir_runtime::engine::EngineError;
 use weir_runtime::memory_budget::{MemoryBudget, Reclaim};
 use weir_runtime::metrics::Metrics;
@@ -122,6 +123,21 @@ impl ServerConfig {
     }
 }
 
+/// The operators' view of the compute share: how many slices long
+/// computations may start per tick, how many they were given, and how
+/// many wait for one now.
+fn share_section(share: Arc<ComputeShare>) -> (&'static str, weir_http::admin::StatusSection) {
+    let section: weir_http::admin::StatusSection = Arc::new(move || {
+        let status = share.status();
+        serde_json::json!({
+            "slices_per_tick": status.slices_per_tick,
+            "slices_granted": status.slices_granted,
+            "waiting": status.waiting,
+        })
+    });
+    ("compute_share", section)
+}
+
 /// Why a server could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -136,6 +152,8 @@ pub enum ServerError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     Pool(#[from] PoolError),
+    #[error(transparent)]
+    Share(#[from] ShareError),
     #[error("cannot open stores under {dir}: {cause}")]
     Stores { dir: PathBuf, cause: StoreError },
     #[error(transparent)]
@@ -257,20 +275,27 @@ impl Server {
                 dir: code_dir.clone(),
                 cause: source,
             })?;
+        // Worker events and actor turns run on this runtime's workers; long
+        // computations among them share `long_call_workers` of them.
+        let share = ComputeShare::new(compute_share::slices_per_tick(
+            tokio::runtime::Handle::current().metrics().num_workers(),
+            server_limits.long_call_workers,
+        ))?;
         let engine = WeirEngine::new(
             EngineSizing {
                 lanes: u32::try_from(lane_capacity).unwrap_or(u32::MAX),
                 memory_limit_bytes: server_limits.memory_limit_bytes,
             },
             budget.clone(),
-        )?;
+        )?
+        .with_share(share.clone());
         // Actor classes run on an engine of their own: many mostly idle
         // instances, allocated on demand and freed when they hibernate.
         let actor_engine = if config.apps.iter().any(|a| !a.actors.is_empty()) {
-            Some(WeirEngine::on_demand(
-                server_limits.memory_limit_bytes,
-                budget.clone(),
-            )?)
+            Some(
+                WeirEngine::on_demand(server_limits.memory_limit_bytes, budget.clone())?
+                    .with_share(share.clone()),
+            )
         } else {
             None
         };
@@ -371,6 +396,7 @@ impl Server {
                         });
                         ("cluster", section)
                     })
+                    .chain(std::iter::once(share_section(share)))
                     .collect(),
             });
             (listener, state)

@@ -316,16 +316,7 @@ async fn spinning_guests_are_stopped_without_a_thread_per_request() {
     assert_eq!(weir.get("/hello").await.status, 200);
     let idle = threads(weir.pid());
     let loops: Vec<_> = (0..8)
-        .map(|_| {
-            let addr = weir.addr;
-            tokio::spawn(async move {
-                let req = http::Request::get("/loop")
-                    .header("host", "x")
-                    .body(http_body_util::Full::new(bytes::Bytes::new()))
-                    .unwrap();
-                common::send_to(addr, req).await
-            })
-        })
+        .map(|_| get_in_background(weir.addr, "/loop"))
         .collect();
     // Sample while every lane is spinning.
     weir.wait_busy(8).await;
@@ -341,18 +332,101 @@ async fn spinning_guests_are_stopped_without_a_thread_per_request() {
     );
 }
 
+/// A `GET path` to `addr`, sent from a task of its own.
+fn get_in_background(
+    addr: std::net::SocketAddr,
+    path: &str,
+) -> tokio::task::JoinHandle<common::Resp> {
+    let req = http::Request::get(path)
+        .header("host", "x")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    tokio::spawn(common::send_to(addr, req))
+}
+
+/// Long computations take at most their share of the request workers:
+/// with two workers, one. Three worker events and three actor turns that
+/// compute until their deadline would each have held a worker for a slice
+/// in every round of the scheduler, and every other request waited behind
+/// all of them; now they take their slices in turn on one worker's worth,
+/// the other is left to the calls that answer, and each still ends at its
+/// own deadline.
+#[tokio::test]
+async fn long_computations_take_one_workers_share_and_leave_the_other_to_the_calls_that_answer() {
+    let actor = format!("probe={}", common::guest("actor_probe").display());
+    let weir = Weir::start_with_env(
+        &[
+            probe().to_str().unwrap(),
+            "--actor",
+            &actor,
+            "--actor-route",
+            "probe=/p",
+            "--limit",
+            "max_concurrent=8",
+            "--limit",
+            // Long enough to outlast the measuring on a loaded machine.
+            "event_limit_ms=8000",
+        ],
+        &[("TOKIO_WORKER_THREADS", "2")],
+    );
+    assert_eq!(weir.get("/hello").await.status, 200);
+    let pid = weir.pid();
+    let long: Vec<_> = (0..3)
+        .map(|_| get_in_background(weir.addr, "/loop"))
+        .chain((0..3).map(|i| get_in_background(weir.addr, &format!("/p/spin{i}/loop"))))
+        .collect();
+    weir.wait_busy(3).await;
+    // They wait for their slices in turn.
+    common::wait_for("long computations waiting for a slice", || async {
+        let share = weir.status().await["compute_share"].clone();
+        if share["waiting"].as_u64().unwrap() >= 1 {
+            Ok(())
+        } else {
+            Err(share.to_string())
+        }
+    })
+    .await;
+    let granted = weir.status().await["compute_share"]["slices_granted"]
+        .as_u64()
+        .unwrap();
+    let workers = common::thread_ticks(pid, "weir-worker");
+    let started = Instant::now();
+    let mut answered = 0;
+    while started.elapsed() < Duration::from_secs(2) {
+        assert_eq!(weir.get("/hello").await.status, 200);
+        answered += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let workers = common::thread_ticks(pid, "weir-worker") - workers;
+    // Clock ticks are 10 ms: the wall time the workers could have used.
+    let one_worker = started.elapsed().as_millis() as u64 / 10;
+    let share = weir.status().await["compute_share"].clone();
+    assert_eq!(share["slices_per_tick"], 1, "{share}");
+    assert!(
+        share["slices_granted"].as_u64().unwrap() > granted,
+        "the long computations went on: {share}"
+    );
+    // Both workers computing would be two workers' time; the share is one,
+    // plus what answering took.
+    assert!(
+        workers * 2 < one_worker * 3,
+        "the workers spent {workers} ticks in {one_worker} ticks of wall time ({answered} answers)"
+    );
+    for call in long {
+        call.await
+            .unwrap()
+            .assert_weir_error(503, "event_deadline_exceeded");
+    }
+    let share = weir.status().await["compute_share"].clone();
+    assert_eq!(share["waiting"], 0, "{share}");
+}
+
 /// A `GET /sleep?ms=MS` to `addr`, sent from a task of its own.
 fn sleep_in_background(
     addr: std::net::SocketAddr,
     ms: u64,
 ) -> tokio::task::JoinHandle<common::Resp> {
-    tokio::spawn(async move {
-        let req = http::Request::get(format!("/sleep?ms={ms}"))
-            .header("host", "x")
-            .body(http_body_util::Full::new(bytes::Bytes::new()))
-            .unwrap();
-        common::send_to(addr, req).await
-    })
+    get_in_background(addr, &format!("/sleep?ms={ms}"))
 }
 
 /// After a `SIGTERM`: the `/sleep` in flight is answered in full, and

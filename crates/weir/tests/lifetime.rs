@@ -9,8 +9,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::guest;
 use common::programs::{Owners, push_image};
+use common::{guest, thread_ticks};
 use serde_json::Value;
 
 /// The processes' test server (see `Owners`), with lifetime calls for
@@ -401,34 +401,6 @@ async fn a_lifetime_process_is_its_owners_alone_and_reaches_nothing_of_the_host(
         .await;
     assert_eq!(fed.json()["taken"], 5);
     assert_eq!(o.read_until(pid, 0, "got mine\n").await, "got mine\n");
-}
-
-/// CPU time of each of the server's threads called `name` (its `comm`),
-/// together, in clock ticks.
-fn thread_ticks(pid: u32, name: &str) -> u64 {
-    let mut ticks = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let dir = task.unwrap().path();
-        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
-            continue;
-        };
-        if comm.trim_end() != name {
-            continue;
-        }
-        // After the command's parenthesised name: state is field 3, utime
-        // and stime fields 14 and 15.
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .unwrap()
-            .1
-            .split_whitespace()
-            .collect();
-        ticks += fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    }
-    ticks
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -264,6 +264,15 @@ impl wasi::exports::http::incoming_handler::Guest for Probe {
                     x = std::hint::black_box(x.wrapping_add(1));
                 }
             }
+            // Computes `m` million additions, then answers: a request that
+            // is a long computation but ends.
+            "/compute" => {
+                let mut x: u64 = 0;
+                for _ in 0..query(&path, "m").unwrap_or(0) * 1_000_000 {
+                    x = std::hint::black_box(x.wrapping_add(1));
+                }
+                simple(out, 200, x.to_string().as_bytes());
+            }
             "/sleep" => {
                 sleep_ms(query(&path, "ms").unwrap_or(0));
                 simple(out, 200, b"slept\n");

@@ -689,3 +689,31 @@ pub fn rss_kib(pid: u32) -> u64 {
 pub fn reset_peak(pid: u32) {
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
 }
+
+/// CPU time of each of the server's threads called `name` (its `comm`),
+/// together, in clock ticks.
+pub fn thread_ticks(pid: u32, name: &str) -> u64 {
+    let mut ticks = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = task.unwrap().path();
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
+            continue;
+        };
+        if comm.trim_end() != name {
+            continue;
+        }
+        // After the command's parenthesised name: state is field 3, utime
+        // and stime fields 14 and 15.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        ticks += fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    }
+    ticks
+}
