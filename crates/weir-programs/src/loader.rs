@@ -79,6 +79,8 @@ impl Loader {
                 // A process's filesystem counts against its owner's quota.
                 interfaces: vec![Arc::new(crate::slot_filesystem::SlotFilesystem)],
                 router: None,
+                // Programs compute on threads of their own.
+                share: None,
             },
         })
     }

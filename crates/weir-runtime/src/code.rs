@@ -21,7 +21,7 @@ use weir_store::sql::SqlDatabases;
 
 use crate::compiled_code::{CodeCache, CompileError};
 use crate::component_world::{self, World};
-use crate::compute_share::ComputeShare;
+use crate::compute_share::ShareTenant;
 use crate::engine::WeirEngine;
 use crate::extension::InternalRoutes;
 use crate::guest_state::GenerationState;
@@ -102,6 +102,10 @@ pub struct Stores {
     /// Where the stores and databases are, when a layer above decides
     /// (cluster mode); `kv` and `sql` are then empty.
     pub router: Option<Arc<dyn crate::extension::StoreRouter>>,
+    /// The app's seat in the share of the request workers its long
+    /// computations take turns at ([`crate::compute_share`]); none for
+    /// code that runs on threads of its own (programs).
+    pub share: Option<ShareTenant>,
 }
 
 /// The export a kind of code is entered by: its pre-instantiated form,
@@ -153,7 +157,7 @@ pub struct AppCode<E: Entry = ProxyPre<GenerationState>> {
     /// The guest memory budget every instance reserves from.
     pub budget: Arc<MemoryBudget>,
     /// Where its long computations take their slices, if anywhere.
-    pub share: Option<Arc<ComputeShare>>,
+    pub share: Option<ShareTenant>,
     pub routes: InternalRoutes,
     /// The compiled component, for a layer's own exports.
     pub component: Component,
@@ -221,7 +225,6 @@ impl<E: Entry> AppCode<E> {
             e
         })?;
         let budget = engine.budget().clone();
-        let share = engine.share().cloned();
         let engine = engine.engine().clone();
         let link = |e: wasmtime::Error| LoadError::Link {
             path: shown.to_string(),
@@ -248,7 +251,7 @@ impl<E: Entry> AppCode<E> {
             pool: stores.pool,
             router: stores.router,
             budget,
-            share,
+            share: stores.share,
             routes: stores.routes,
             component: component.clone(),
         })

@@ -9,19 +9,12 @@
 //! every other wait — no thread or timer is created per request.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use wasmtime::{Config, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::compute_share::ComputeShare;
+use crate::epoch_ticker::EpochTicker;
 use crate::memory_budget::{MAX_TABLE_ELEMENTS, MemoryBudget};
-
-/// How often the engine's epoch advances. A spinning guest is interrupted at
-/// the next tick, so this is the granularity of every Wasm deadline; 5 ms
-/// keeps deadline overshoot small while the ticker costs nothing measurable.
-pub const EPOCH_TICK: Duration = Duration::from_millis(5);
 
 /// Instance slots the pooling allocator reserves beyond the lanes: an
 /// abandoned generation's slot is released when its store drops, but a
@@ -131,7 +124,8 @@ pub struct WeirEngine {
     budget: Arc<MemoryBudget>,
     /// Its own ticker, until it joins a share (whose ticker then ticks it).
     ticker: Option<EpochTicker>,
-    share: Option<Arc<ComputeShare>>,
+    /// The share whose ticker ticks it, kept as long as the engine.
+    _share: Option<Arc<ComputeShare>>,
 }
 
 impl WeirEngine {
@@ -227,7 +221,7 @@ impl WeirEngine {
             kind,
             budget,
             ticker: Some(ticker),
-            share: None,
+            _share: None,
         })
     }
 
@@ -243,56 +237,16 @@ impl WeirEngine {
         self.kind
     }
 
-    /// This engine's long computations take their slices from `share`
-    /// (engines that serve requests share one; a program engine runs on
-    /// threads of its own and has none). The share's ticker then advances
-    /// this engine's epoch, so that a slice handed out at a tick lasts the
-    /// whole tick.
+    /// The share's ticker advances this engine's epoch from now on, so that
+    /// a slice of the share handed out at a tick lasts the whole tick (the
+    /// engines that serve requests join one; a program engine runs on
+    /// threads of its own and keeps its own ticker). Which share a call's
+    /// long computations take their slices from is its app's
+    /// ([`crate::code::Stores::share`]).
     pub fn with_share(mut self, share: Arc<ComputeShare>) -> Self {
         self.ticker = None;
         share.tick(self.engine.clone());
-        self.share = Some(share);
+        self._share = Some(share);
         self
-    }
-
-    pub fn share(&self) -> Option<&Arc<ComputeShare>> {
-        self.share.as_ref()
-    }
-}
-
-/// A thread that runs `each_tick` every [`EPOCH_TICK`] until it is
-/// dropped: the one source of time for Wasm of the engines it ticks.
-pub(crate) struct EpochTicker {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl EpochTicker {
-    pub(crate) fn start(mut each_tick: impl FnMut() + Send + 'static) -> std::io::Result<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let stop = stop.clone();
-            std::thread::Builder::new()
-                .name("weir-epoch".into())
-                .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(EPOCH_TICK);
-                        each_tick();
-                    }
-                })?
-        };
-        Ok(EpochTicker {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for EpochTicker {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }

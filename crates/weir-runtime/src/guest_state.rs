@@ -14,7 +14,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use weir_store::KvStores;
 use weir_store::sql::SqlDatabases;
 
-use crate::compute_share::{ComputeShare, LONG_CALL_SLICES};
+use crate::compute_share::{LONG_CALL_SLICES, ShareTenant};
 use crate::guest_output::GuestOutput;
 use crate::keyvalue::KeyValueView;
 use crate::memory_budget::MemoryLimiter;
@@ -45,7 +45,7 @@ pub struct GenerationState {
     /// Epoch interruptions since the running call began.
     pub(crate) slices: u32,
     /// Where the call takes its slices once it is a long computation.
-    pub(crate) share: Option<Arc<ComputeShare>>,
+    pub(crate) share: Option<ShareTenant>,
 }
 
 impl WasiView for GenerationState {

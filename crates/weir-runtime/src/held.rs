@@ -21,7 +21,7 @@
 //!   the guest in frames of one chunk). It is counted at each epoch tick
 //!   the guest runs through: past the limit the guest traps and its call
 //!   ends `memory_limit_exceeded`. Between two ticks it can add no more
-//!   than it can copy in one ([`crate::engine::EPOCH_TICK`]).
+//!   than it can copy in one ([`crate::epoch_ticker::EPOCH_TICK`]).
 //!
 //! The count walks every entry the guest holds, so its cost at a tick
 //! grows with what the guest holds, and the limit bounds both: at most

@@ -42,7 +42,9 @@
 //! # How the modules depend on each other
 //!
 //! One way, with no circles: [`outcome`], [`error_code`], [`limits`],
-//! [`scope`] and [`extension`] depend on nothing else here; [`metrics`] on
+//! [`scope`], [`extension`] and [`epoch_ticker`] depend on nothing else here;
+//! [`compute_share`] on [`epoch_ticker`]; [`engine`] on both and
+//! [`memory_budget`]; [`metrics`] on
 //! [`outcome`] and [`memory_budget`]; [`receipt`] on [`metrics`]; [`guest_state`] on the host
 //! interfaces ([`outbound`], [`keyvalue`], [`sql`]); [`code`] on
 //! [`guest_state`] and [`compiled_code`]; [`generation`] on [`code`];
@@ -58,6 +60,7 @@ pub mod compiled_code;
 pub mod component_world;
 pub mod compute_share;
 pub mod engine;
+pub mod epoch_ticker;
 pub mod error_code;
 pub mod event;
 pub mod extension;

@@ -411,7 +411,7 @@ limit_table! {
         /// 0 until resolved at start ([`crate::compute_share::slices_per_tick`]).
         long_call_workers: usize = "long_call_workers" {
             default: 0, range: 0, 1024, unit: Count,
-            meaning: "request workers that long computations (calls past their third 5 ms epoch slice: worker events and actor turns) may hold at once; the others are left to the calls that answer (0: all workers but one)",
+            meaning: "request workers that long computations (calls still computing at their third 5 ms epoch tick) may hold at once; the others are left to the calls that answer (0: all workers but one)",
         },
         max_sql_result_bytes: usize = "max_sql_result_bytes" {
             default: DEFAULT_MAX_SQL_RESULT_BYTES, range: 1024, 1 << 30, unit: Bytes,

@@ -125,14 +125,25 @@ impl ServerConfig {
 
 /// The operators' view of the compute share: how many slices long
 /// computations may start per tick, how many they were given, and how
-/// many wait for one now.
+/// many wait for one now, in all and per app.
 fn share_section(share: Arc<ComputeShare>) -> (&'static str, weir_http::admin::StatusSection) {
     let section: weir_http::admin::StatusSection = Arc::new(move || {
         let status = share.status();
+        let apps: serde_json::Map<_, _> = status
+            .apps
+            .iter()
+            .map(|(app, granted, waiting)| {
+                (
+                    app.to_string(),
+                    serde_json::json!({ "slices_granted": granted, "waiting": waiting }),
+                )
+            })
+            .collect();
         serde_json::json!({
             "slices_per_tick": status.slices_per_tick,
             "slices_granted": status.slices_granted,
             "waiting": status.waiting,
+            "apps": apps,
         })
     });
     ("compute_share", section)
@@ -306,6 +317,7 @@ impl Server {
             &metrics,
         );
         let shared = Arc::new(tenant::Shared {
+            share: share.clone(),
             sockets: sockets.clone(),
             engine,
             actor_engine,

@@ -36,6 +36,9 @@ use crate::{ServerError, ServerLimits};
 
 /// What every app of the server is built with.
 pub(crate) struct Shared {
+    /// The request workers' share for long computations; each app has a
+    /// seat in it.
+    pub share: Arc<weir_runtime::compute_share::ComputeShare>,
     /// Workers' instances: pooled, sized for every app's lanes.
     pub engine: WeirEngine,
     /// Actor classes' instances, when any app declares classes.
@@ -254,6 +257,7 @@ impl Tenant {
             router: store_placement
                 .clone()
                 .map(|p| p as Arc<dyn weir_runtime::extension::StoreRouter>),
+            share: Some(shared.share.seat(&spec.name)),
         };
         let actors = if classes.is_empty() {
             None

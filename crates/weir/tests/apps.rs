@@ -326,3 +326,78 @@ async fn with_two_apps_of_actors_the_operator_names_the_app() {
         .await
         .assert_weir_error(400, "app_required");
 }
+
+/// The slices of `app` in the compute share, and its computations waiting.
+fn seat(status: &serde_json::Value, app: &str) -> (u64, u64) {
+    let seat = &status["compute_share"]["apps"][app];
+    (
+        seat["slices_granted"].as_u64().unwrap_or(0),
+        seat["waiting"].as_u64().unwrap_or(0),
+    )
+}
+
+/// Long computations take turns at the share app by app: twelve of one
+/// app and one of another, all computing until their deadline, and the
+/// one gets half the slices, not a thirteenth.
+#[tokio::test]
+async fn an_app_with_many_long_computations_takes_no_more_of_the_share_than_an_app_with_one() {
+    let file = config_file(
+        "share",
+        &format!(
+            "[limits]\nevent_limit_ms = 8000\n{}{}",
+            app_section("busy", &probe(), &["busy.test/"], ""),
+            app_section("calm", &probe(), &["/"], ""),
+        ),
+    );
+    let weir = Weir::start_with_env(
+        &["--config", file.to_str().unwrap()],
+        &[("TOKIO_WORKER_THREADS", "2")],
+    );
+    assert_eq!(
+        get_with_host(&weir, "busy.test", "/hello").await.status,
+        200
+    );
+    let computing = |host: &'static str| {
+        let addr = weir.addr;
+        tokio::spawn(async move {
+            let req = Request::get("/loop")
+                .header("host", host)
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            send_to(addr, req).await
+        })
+    };
+    let mut long: Vec<_> = (0..12).map(|_| computing("busy.test")).collect();
+    long.push(computing("calm.test"));
+    // Both apps' computations wait for slices.
+    wait_for("both apps waiting for slices", || async {
+        let status = weir.status().await;
+        if seat(&status, "busy").1 >= 2 && seat(&status, "calm").0 >= 1 {
+            Ok(())
+        } else {
+            Err(status["compute_share"].to_string())
+        }
+    })
+    .await;
+    let before = weir.status().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = weir.status().await;
+    let busy = seat(&after, "busy").0 - seat(&before, "busy").0;
+    let calm = seat(&after, "calm").0 - seat(&before, "calm").0;
+    assert_eq!(after["compute_share"]["slices_per_tick"], 1);
+    // Slice by slice, first come first served, the one computation of
+    // `calm` would get one slice in thirteen; app by app, one in two
+    // (measured: 181 against 185).
+    assert!(
+        busy > 0 && calm * 2 >= busy,
+        "calm got {calm} slices while busy got {busy}: {}",
+        after["compute_share"]
+    );
+    for call in long {
+        call.await
+            .unwrap()
+            .assert_weir_error(503, "event_deadline_exceeded");
+    }
+    let status = weir.status().await;
+    assert_eq!(seat(&status, "busy").1 + seat(&status, "calm").1, 0);
+}
