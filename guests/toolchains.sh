@@ -43,9 +43,10 @@ js="$tools/js-$COMPONENTIZE_JS_VERSION"
 cjs="$js/node_modules/@bytecodealliance/componentize-js"
 if [ ! -f "$cjs/src/cli.js" ]; then
     say "installing componentize-js $COMPONENTIZE_JS_VERSION (npm)"
+    # Warnings shown: npm reports a failed write (a full disk) as one.
     rm -rf "$js"
     mkdir -p "$js"
-    npm install --prefix "$js" --no-audit --no-fund --loglevel=error \
+    npm install --prefix "$js" --no-audit --no-fund --loglevel=warn \
         "@bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION" >&2
 fi
 
