@@ -6,7 +6,7 @@ mod common;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use common::{Weir, probe};
+use common::{Weir, probe, rss_kib, thread_count};
 
 #[tokio::test]
 async fn retirement_gives_a_fresh_generation_after_64_events() {
@@ -284,22 +284,6 @@ async fn memory_growth_past_the_limit_fails_and_abandons() {
     assert_eq!(weir.get("/hello").await.status, 200);
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap()
-}
-
-fn threads(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .count()
-}
-
 #[tokio::test]
 async fn spinning_guests_are_stopped_without_a_thread_per_request() {
     let weir = Weir::start(
@@ -314,13 +298,13 @@ async fn spinning_guests_are_stopped_without_a_thread_per_request() {
         ],
     );
     assert_eq!(weir.get("/hello").await.status, 200);
-    let idle = threads(weir.pid());
+    let idle = thread_count(weir.pid());
     let loops: Vec<_> = (0..8)
         .map(|_| get_in_background(weir.addr, "/loop"))
         .collect();
     // Sample while every lane is spinning.
     weir.wait_busy(8).await;
-    let busy = threads(weir.pid());
+    let busy = thread_count(weir.pid());
     for l in loops {
         l.await
             .unwrap()

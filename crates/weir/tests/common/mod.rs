@@ -10,6 +10,14 @@ pub mod hostile;
 pub mod programs;
 pub mod websocket;
 
+mod hold_server;
+mod process_stats;
+// Not every test binary uses them.
+#[allow(unused_imports)]
+pub use hold_server::HoldServer;
+#[allow(unused_imports)]
+pub use process_stats::*;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -561,159 +569,7 @@ where
     }
 }
 
-/// An upstream HTTP server on 127.0.0.1 that holds every request it reads
-/// until it is released: by [`HoldServer::release`], or by the arrival of
-/// its `barrier`-th request. Each request is answered `released`, or
-/// `timeout` if nothing released it within 60 s. Tests use it to hold a
-/// lane or an actor's turn open exactly as long as they need, instead of
-/// guessing how long a sleep takes.
-pub struct HoldServer {
-    pub port: u16,
-    state: Arc<(Mutex<HoldState>, std::sync::Condvar)>,
-}
-
-#[derive(Default)]
-struct HoldState {
-    arrived: usize,
-    /// Requests held right now.
-    held: usize,
-    /// Most requests held at once.
-    max_held: usize,
-    released: bool,
-}
-
-impl HoldServer {
-    pub fn start(barrier: Option<usize>) -> HoldServer {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let state = Arc::new((Mutex::new(HoldState::default()), std::sync::Condvar::new()));
-        let shared = state.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { return };
-                let state = shared.clone();
-                std::thread::spawn(move || {
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match stream.read(&mut buf) {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let (lock, wake) = &*state;
-                    let mut s = lock.lock().unwrap();
-                    s.arrived += 1;
-                    s.held += 1;
-                    s.max_held = s.max_held.max(s.held);
-                    if barrier.is_some_and(|b| s.arrived >= b) {
-                        s.released = true;
-                    }
-                    wake.notify_all();
-                    let (mut s, timeout) = wake
-                        .wait_timeout_while(s, Duration::from_secs(60), |s| !s.released)
-                        .unwrap();
-                    s.held -= 1;
-                    drop(s);
-                    let body = if timeout.timed_out() {
-                        "timeout"
-                    } else {
-                        "released"
-                    };
-                    let _ = write!(
-                        stream,
-                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                });
-            }
-        });
-        HoldServer { port, state }
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/", self.port)
-    }
-
-    /// Requests that have arrived so far.
-    pub fn arrived(&self) -> usize {
-        self.state.0.lock().unwrap().arrived
-    }
-
-    /// Most requests held at the same time so far.
-    pub fn max_held(&self) -> usize {
-        self.state.0.lock().unwrap().max_held
-    }
-
-    /// Waits until `n` requests have arrived.
-    pub async fn wait_arrived(&self, n: usize) {
-        wait_for(&format!("{n} requests at the hold server"), || async {
-            let arrived = self.arrived();
-            if arrived >= n {
-                Ok(())
-            } else {
-                Err(format!("{arrived} arrived"))
-            }
-        })
-        .await
-    }
-
-    /// Answers every held request, and every later one at once.
-    pub fn release(&self) {
-        self.state.0.lock().unwrap().released = true;
-        self.state.1.notify_all();
-    }
-}
-
 /// The deterministic byte pattern used for body round trips.
 pub fn pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
-}
-
-/// A `kB` field of `/proc/PID/status` (`VmRSS:`, `VmHWM:`).
-/// A `/proc/<pid>/status` figure in KiB: `VmRSS` (now) or `VmHWM` (peak).
-pub fn proc_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
-pub fn rss_kib(pid: u32) -> u64 {
-    proc_kib(pid, "VmRSS:")
-}
-
-/// Starts the peak (`VmHWM`) over from the current RSS.
-pub fn reset_peak(pid: u32) {
-    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
-}
-
-/// CPU time of each of the server's threads called `name` (its `comm`),
-/// together, in clock ticks.
-pub fn thread_ticks(pid: u32, name: &str) -> u64 {
-    let mut ticks = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let dir = task.unwrap().path();
-        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
-            continue;
-        };
-        if comm.trim_end() != name {
-            continue;
-        }
-        // After the command's parenthesised name: state is field 3, utime
-        // and stime fields 14 and 15.
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .unwrap()
-            .1
-            .split_whitespace()
-            .collect();
-        ticks += fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    }
-    ticks
 }
