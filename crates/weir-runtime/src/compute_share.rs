@@ -61,21 +61,13 @@ pub fn slices_per_tick(workers: usize, long_call_workers: usize) -> usize {
 /// The slices long computations may start per tick, shared by every
 /// engine that serves requests.
 pub struct ComputeShare {
-    grants: Arc<Grants>,
+    grants: Arc<Mutex<GrantState>>,
     slices_per_tick: usize,
     engines: Arc<Mutex<Vec<wasmtime::Engine>>>,
     _ticker: EpochTicker,
 }
 
 /// Who gets the next slices.
-struct Grants {
-    state: Mutex<GrantState>,
-    /// Slices long computations were given, all apps together.
-    granted: AtomicU64,
-    /// Long computations waiting for a slice now, all apps together.
-    waiting: AtomicU64,
-}
-
 struct GrantState {
     /// Slices left in this tick.
     available: usize,
@@ -105,7 +97,9 @@ struct SeatCounters {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShareStatus {
     pub slices_per_tick: usize,
+    /// Slices the apps being served were given, together.
     pub slices_granted: u64,
+    /// Their long computations waiting now, together.
     pub waiting: u64,
     /// Per app: its name, the slices it was given, its computations
     /// waiting now.
@@ -123,15 +117,11 @@ impl ComputeShare {
     /// A share of `slices_per_tick` slices per tick (at least one).
     pub fn new(slices_per_tick: usize) -> Result<Arc<Self>, ShareError> {
         let slices_per_tick = slices_per_tick.max(1);
-        let grants = Arc::new(Grants {
-            state: Mutex::new(GrantState {
-                available: slices_per_tick,
-                seats: Vec::new(),
-                handed: 0,
-            }),
-            granted: AtomicU64::new(0),
-            waiting: AtomicU64::new(0),
-        });
+        let grants = Arc::new(Mutex::new(GrantState {
+            available: slices_per_tick,
+            seats: Vec::new(),
+            handed: 0,
+        }));
         let engines: Arc<Mutex<Vec<wasmtime::Engine>>> = Arc::default();
         let ticker = {
             let grants = grants.clone();
@@ -142,7 +132,7 @@ impl ComputeShare {
                 }
                 // The slices not taken do not add up: at most a tick's
                 // worth is ever there.
-                let mut state = lock(&grants.state);
+                let mut state = lock(&grants);
                 state.available = slices_per_tick;
                 state.hand_out();
             })
@@ -168,7 +158,7 @@ impl ComputeShare {
             granted: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
         });
-        let mut state = lock(&self.grants.state);
+        let mut state = lock(&self.grants);
         let queue = SeatQueue {
             counters: Some(counters.clone()),
             waiters: VecDeque::new(),
@@ -192,7 +182,7 @@ impl ComputeShare {
     }
 
     pub fn status(&self) -> ShareStatus {
-        let apps = lock(&self.grants.state)
+        let apps: Vec<_> = lock(&self.grants)
             .seats
             .iter()
             .filter_map(|s| s.counters.as_ref())
@@ -206,8 +196,8 @@ impl ComputeShare {
             .collect();
         ShareStatus {
             slices_per_tick: self.slices_per_tick,
-            slices_granted: self.grants.granted.load(Ordering::Relaxed),
-            waiting: self.grants.waiting.load(Ordering::Relaxed),
+            slices_granted: apps.iter().map(|(_, granted, _)| granted).sum(),
+            waiting: apps.iter().map(|(_, _, waiting)| waiting).sum(),
             apps,
         }
     }
@@ -264,7 +254,7 @@ impl GrantState {
 pub struct ShareTenant(Arc<Seat>);
 
 struct Seat {
-    grants: Arc<Grants>,
+    grants: Arc<Mutex<GrantState>>,
     number: usize,
     counters: Arc<SeatCounters>,
 }
@@ -277,18 +267,17 @@ impl ShareTenant {
     /// first, so its call's timers run.
     pub(crate) fn next_slice(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         let seat = self.0.clone();
-        let turn = lock(&seat.grants.state).take_or_queue(seat.number);
+        let turn = lock(&seat.grants).take_or_queue(seat.number);
         Box::pin(async move {
             match turn {
                 None => tokio::task::yield_now().await,
                 Some(turn) => {
-                    let _waiting = Waiting::new([&seat.grants.waiting, &seat.counters.waiting]);
-                    // An error means the app is gone: the call goes on to
-                    // its end.
+                    let _waiting = Waiting::new(&seat.counters.waiting);
+                    // The sender goes only with the share itself; the call
+                    // goes on either way.
                     let _ = turn.await;
                 }
             }
-            seat.grants.granted.fetch_add(1, Ordering::Relaxed);
             seat.counters.granted.fetch_add(1, Ordering::Relaxed);
         })
     }
@@ -296,7 +285,7 @@ impl ShareTenant {
 
 impl Drop for Seat {
     fn drop(&mut self) {
-        let mut state = lock(&self.grants.state);
+        let mut state = lock(&self.grants);
         state.seats[self.number] = SeatQueue {
             counters: None,
             waiters: VecDeque::new(),
@@ -306,22 +295,18 @@ impl Drop for Seat {
 }
 
 /// Counted as waiting until the slice comes or the call ends.
-struct Waiting<'a>([&'a AtomicU64; 2]);
+struct Waiting<'a>(&'a AtomicU64);
 
 impl<'a> Waiting<'a> {
-    fn new(counts: [&'a AtomicU64; 2]) -> Self {
-        for count in counts {
-            count.fetch_add(1, Ordering::Relaxed);
-        }
-        Waiting(counts)
+    fn new(count: &'a AtomicU64) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Waiting(count)
     }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        for count in self.0 {
-            count.fetch_sub(1, Ordering::Relaxed);
-        }
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -427,7 +412,7 @@ mod tests {
         assert_eq!(status.waiting, 0);
         assert_eq!(status.apps, vec![("app".into(), 5, 0)]);
         // Nothing taken for a while: a tick's worth there, never more.
-        let available = || lock(&share.grants.state).available;
+        let available = || lock(&share.grants).available;
         tokio::time::timeout(EPOCH_TICK * 200, async {
             while available() < 2 {
                 tokio::time::sleep(EPOCH_TICK).await;
