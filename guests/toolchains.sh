@@ -21,6 +21,9 @@ set -euo pipefail
 COMPONENTIZE_PY_VERSION=0.25.1
 COMPONENTIZE_JS_VERSION=0.23.0
 WASI_HTTP_WORLD=wasi:http/proxy@0.2.12
+# Tries of each toolchain install before giving up: a registry that drops
+# a connection fails an install in seconds.
+INSTALL_ATTEMPTS=3
 
 guests="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$guests")"
@@ -31,23 +34,55 @@ mkdir -p "$tools"
 say() { echo "toolchains: $*" >&2; }
 
 # --- the toolchains ----------------------------------------------------
+# install NAME LOG_DIR COMMAND...: runs COMMAND (which starts from nothing
+# each time) until it succeeds, INSTALL_ATTEMPTS times at most. After each
+# failure it shows the free disk and the error and warning lines the
+# installer wrote to LOG_DIR (npm reports a failed write as a warning), so
+# the last lines of a failed run say why.
+install() {
+    local name="$1" logs="$2"
+    shift 2
+    local attempt=1
+    until rm -rf "$logs" && mkdir -p "$logs" && "$@" >&2; do
+        df -h "$out" | sed 's/^/toolchains:   /' >&2
+        grep -h -E '( error | warn |ERROR:|WARNING:)' "$logs"/* 2>/dev/null | tail -n 20 | sed 's/^/toolchains:   /' >&2 || true
+        say "installing $name failed (attempt $attempt of $INSTALL_ATTEMPTS); its errors are above"
+        if [ "$attempt" -ge "$INSTALL_ATTEMPTS" ]; then
+            say "giving up on $name: the guests built with it cannot be built"
+            exit 1
+        fi
+        sleep $((attempt * 10))
+        attempt=$((attempt + 1))
+    done
+    rm -rf "$logs"
+}
+
 py="$tools/py-$COMPONENTIZE_PY_VERSION"
-if [ ! -x "$py/bin/componentize-py" ]; then
-    say "installing componentize-py $COMPONENTIZE_PY_VERSION (PyPI)"
+install_py() {
     rm -rf "$py"
     python3 -m venv "$py"
     "$py/bin/pip" install --quiet --disable-pip-version-check \
+        --log "$out/pip-logs/pip.log" \
         "componentize-py==$COMPONENTIZE_PY_VERSION"
+}
+if [ ! -x "$py/bin/componentize-py" ]; then
+    say "installing componentize-py $COMPONENTIZE_PY_VERSION (PyPI)"
+    install componentize-py "$out/pip-logs" install_py
 fi
+
 js="$tools/js-$COMPONENTIZE_JS_VERSION"
 cjs="$js/node_modules/@bytecodealliance/componentize-js"
-if [ ! -f "$cjs/src/cli.js" ]; then
-    say "installing componentize-js $COMPONENTIZE_JS_VERSION (npm)"
+install_js() {
     # Warnings shown: npm reports a failed write (a full disk) as one.
     rm -rf "$js"
     mkdir -p "$js"
     npm install --prefix "$js" --no-audit --no-fund --loglevel=warn \
-        "@bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION" >&2
+        --logs-dir="$out/npm-logs" \
+        "@bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION"
+}
+if [ ! -f "$cjs/src/cli.js" ]; then
+    say "installing componentize-js $COMPONENTIZE_JS_VERSION (npm)"
+    install componentize-js "$out/npm-logs" install_js
 fi
 
 # --- the WIT Weir serves -------------------------------------------------
