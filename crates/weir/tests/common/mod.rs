@@ -64,7 +64,11 @@ pub fn guest(name: &str) -> PathBuf {
             .arg(root().join("guests/target"))
             .status()
             .expect("cargo runs");
-        assert!(status.success(), "guests build");
+        assert!(
+            status.success(),
+            "the guests under guests/ do not build (the README's test command \
+             first runs `rustup target add wasm32-wasip2`)"
+        );
     });
     let path = root().join(format!("guests/target/wasm32-wasip2/release/{name}.wasm"));
     assert!(path.is_file(), "{} exists", path.display());
