@@ -63,7 +63,7 @@ mod tests {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
         )
         .unwrap();
-        let wrong = weir_runtime::limits::readme_disagreements(ActorLimits::SPECS, &readme);
+        let wrong = weir_runtime::limit_table::readme_disagreements(ActorLimits::SPECS, &readme);
         assert!(wrong.is_empty(), "{wrong:#?}");
     }
 

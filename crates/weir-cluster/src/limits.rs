@@ -27,7 +27,7 @@ mod tests {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
         )
         .unwrap();
-        let wrong = weir_runtime::limits::readme_disagreements(ClusterLimits::SPECS, &readme);
+        let wrong = weir_runtime::limit_table::readme_disagreements(ClusterLimits::SPECS, &readme);
         assert!(wrong.is_empty(), "{wrong:#?}");
     }
 

@@ -32,7 +32,7 @@ use weir_runtime::generation::{new_store, start};
 use weir_runtime::guest_output::{GuestOutput, PastBudget, Sink};
 use weir_runtime::guest_state::GenerationState;
 use weir_runtime::invocation::{self, Ending, NoResponse, Timing};
-use weir_runtime::limits::{LimitError, LimitTable, split_assignment, unknown_among};
+use weir_runtime::limit_table::{LimitError, LimitTable, split_assignment, unknown_among};
 use weir_runtime::metrics::AppMetrics;
 use weir_runtime::outcome::Outcome;
 use weir_runtime::receipt::{ReceiptSink, Terminal, write_receipt};

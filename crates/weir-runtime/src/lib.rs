@@ -41,8 +41,9 @@
 //!
 //! # How the modules depend on each other
 //!
-//! One way, with no circles: [`outcome`], [`error_code`], [`limits`],
+//! One way, with no circles: [`outcome`], [`error_code`], [`limit_table`],
 //! [`scope`], [`extension`] and [`epoch_ticker`] depend on nothing else here;
+//! [`limits`] on [`limit_table`];
 //! [`compute_share`] on [`epoch_ticker`]; [`engine`] on both and
 //! [`memory_budget`]; [`metrics`] on
 //! [`outcome`] and [`memory_budget`]; [`receipt`] on [`metrics`]; [`guest_state`] on the host
@@ -72,6 +73,7 @@ pub mod invocation;
 pub mod keyvalue;
 pub mod lane;
 pub mod latency_histogram;
+pub mod limit_table;
 pub mod limits;
 pub mod memory_budget;
 pub mod metrics;
@@ -89,4 +91,5 @@ pub use app::App;
 pub use code::{AppCode, LoadError, Stores};
 pub use engine::{EngineSizing, WeirEngine};
 pub use error_code::{ErrorCode, WeirError};
-pub use limits::{LimitError, Limits};
+pub use limit_table::LimitError;
+pub use limits::Limits;

@@ -10,7 +10,9 @@ use weir_cluster::ClusterLimits;
 use weir_http::websocket::SocketLimits;
 use weir_programs::ProgramLimits;
 use weir_runtime::Limits;
-use weir_runtime::limits::{LimitError, LimitSpec, LimitTable, split_assignment, unknown_among};
+use weir_runtime::limit_table::{
+    LimitError, LimitSpec, LimitTable, split_assignment, unknown_among,
+};
 
 /// The limits of every layer of one server.
 #[derive(Clone, Debug, Default)]

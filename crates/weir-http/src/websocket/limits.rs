@@ -55,7 +55,7 @@ mod tests {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
         )
         .unwrap();
-        let wrong = weir_runtime::limits::readme_disagreements(SocketLimits::SPECS, &readme);
+        let wrong = weir_runtime::limit_table::readme_disagreements(SocketLimits::SPECS, &readme);
         assert!(wrong.is_empty(), "{wrong:#?}");
     }
 }
