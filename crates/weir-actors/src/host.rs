@@ -7,7 +7,7 @@
 //! Invariants owned here: at most one live instance of an actor exists. An
 //! actor is reached only through its one cell in the host's map, found
 //! under the map's lock; every turn, delivery and operator request first
-//! claims the cell ([`ActorHost::claim`]), and a cell leaves the map only
+//! claims the cell (`ActorHost::claim`), and a cell leaves the map only
 //! while nobody holds or waits for it (checked under the same lock). A
 //! class's code is replaced whole ([`ActorHost::install_class`]): a turn
 //! runs on the code it started with, and an actor's next turn after the

@@ -99,7 +99,7 @@ struct Record {
     broken: bool,
 }
 
-/// Every object's [`Record`], kept across hibernation.
+/// Every object's `Record`, kept across hibernation.
 #[derive(Default)]
 pub struct Records(Mutex<HashMap<String, Record>>);
 

@@ -1,6 +1,6 @@
 //! The `lifetime` contract: a command (`wasi:cli/run`) run once for its
 //! process's whole life, on the same path as a one-shot run
-//! ([`crate::one_shot::Ready`]); its owner writes its stdin, reads its
+//! (`one_shot::Ready`); its owner writes its stdin, reads its
 //! output and waits for its exit through its [`Console`].
 //!
 //! Invariants owned here:

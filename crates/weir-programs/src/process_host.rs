@@ -1,7 +1,7 @@
 //! The host side of `weir:process/processes`: spawn, kill, status, list
 //! and storage slots of an actor's resident processes (the functions the
 //! linker in [`crate::host`] calls). A spawn journals its launch before the
-//! program runs ([`crate::fenced_work`]); [`ProgramsHost::launch`] is the
+//! program runs ([`crate::fenced_work`]); `ProgramsHost::launch` is the
 //! one way a process starts, for a spawn and for a re-drive.
 
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The wasmtime `Engine`s of a Weir process and their epoch tickers.
 //!
 //! Invariant owned here: exactly one thread advances each engine's time
-//! for Wasm, whatever the number of requests (its own [`EpochTicker`], or
+//! for Wasm, whatever the number of requests (its own `EpochTicker`, or
 //! its compute share's, which ticks every engine that serves requests),
 //! and every engine's instances reserve their memory from the one
 //! process-wide budget. Every store yields to tokio at each epoch tick, so

@@ -16,7 +16,7 @@
 //!   sent that has a body, the body's buffer (one chunk of
 //!   `max_response_chunk_bytes`, the most it can hold whatever the guest
 //!   writes); the bytes of internal calls' responses handed to the guest
-//!   and not yet taken by its streams ([`HeldResponses`]), and for each
+//!   and not yet taken by its streams (`HeldResponses`), and for each
 //!   input stream the one chunk it buffers (an internal response reaches
 //!   the guest in frames of one chunk). It is counted at each epoch tick
 //!   the guest runs through: past the limit the guest traps and its call

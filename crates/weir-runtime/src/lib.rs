@@ -41,9 +41,9 @@
 //!
 //! # How the modules depend on each other
 //!
-//! One way, with no circles: [`outcome`], [`error_code`], [`limit_table`],
+//! One way, with no circles: [`outcome`], [`error_code`], [`limit_table`](mod@limit_table),
 //! [`scope`], [`extension`] and [`epoch_ticker`] depend on nothing else here;
-//! [`limits`] on [`limit_table`];
+//! [`limits`] on [`limit_table`](mod@limit_table);
 //! [`compute_share`] on [`epoch_ticker`]; [`engine`] on both and
 //! [`memory_budget`]; [`metrics`] on
 //! [`outcome`] and [`memory_budget`]; [`receipt`] on [`metrics`]; [`guest_state`] on the host

@@ -1,4 +1,4 @@
-//! How a limit is declared: a [`limit_table!`] names each limit once (its
+//! How a limit is declared: a [`limit_table!`](crate::limit_table!) names each limit once (its
 //! flat name, default, range, unit and meaning, and the field that holds
 //! it) and yields the struct, its specs, `Default`, and setting by name.
 //!
@@ -89,7 +89,7 @@ impl LimitValue for u32 {
     }
 }
 
-/// A table of limits declared with [`limit_table!`]: what a configuration
+/// A table of limits declared with [`limit_table!`](crate::limit_table!): what a configuration
 /// reader needs to set limits of several tables by their flat names.
 pub trait LimitTable {
     fn specs() -> &'static [LimitSpec];

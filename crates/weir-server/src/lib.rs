@@ -11,7 +11,7 @@
 //! - one guest memory budget and one storage pool for every instance of
 //!   every app and layer (workers and actors alike), and one metrics
 //!   registry; each app's stores, actors and processes are its own
-//!   ([`tenant`]), and its versions are [`versions`]'s;
+//!   (`tenant`), and its versions are [`versions`]'s;
 //! - the worker engine reserves instance slots for every app's lanes
 //!   [`VERSIONS_AT_ONCE`] times over, so a deploy never waits for the
 //!   version it replaces to give its slots back;

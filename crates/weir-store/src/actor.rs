@@ -259,7 +259,7 @@ impl ActorDb {
     }
 
     /// Bounds the actor's database file at `max_bytes`
-    /// (`max_database_bytes`, [`crate::bound_size`]).
+    /// (`max_database_bytes`, `bound_size`).
     pub fn set_max_bytes(&mut self, max_bytes: u64) -> Result<(), ActorStoreError> {
         Ok(crate::bound_size(&self.conn, max_bytes)?)
     }

@@ -64,7 +64,8 @@ impl KvStore {
     }
 
     /// Opens a store as a replica starting at `start`: every commit is
-    /// captured for shipping ([`KvStore::ship_with`]).
+    /// captured for shipping ([`replica::SharedCapture::ship_with`], reached
+    /// through [`KvStore::capture`]).
     pub fn open_replica(
         path: &Path,
         name: &str,
@@ -131,7 +132,7 @@ impl KvStore {
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Bounds the store's file at `max_bytes` ([`bound_size`]).
+    /// Bounds the store's file at `max_bytes` (`bound_size`).
     pub fn set_max_bytes(&self, max_bytes: u64) -> Result<(), StoreError> {
         bound_size(&self.conn(), max_bytes)
     }
@@ -316,7 +317,7 @@ impl KvStores {
         Ok(KvStores { stores })
     }
 
-    /// Bounds every store's file at `max_bytes` ([`bound_size`]).
+    /// Bounds every store's file at `max_bytes` (`bound_size`).
     pub fn set_max_bytes(&self, max_bytes: u64) -> Result<(), StoreError> {
         self.stores
             .values()

@@ -7,9 +7,9 @@
 //!   before returning). With [`Durability::Fsync`] it also survives power
 //!   loss (every commit is fsynced);
 //! - a database never grows past the bound set on its connection
-//!   ([`bound_size`]), and a write refused by it is named `database_full`;
+//!   (`bound_size`), and a write refused by it is named `database_full`;
 //! - only declared names become files: a name is checked before it is
-//!   joined to a path ([`valid_name`]).
+//!   joined to a path (`valid_name`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -75,7 +75,7 @@ pub enum StoreError {
     #[error("{0}")]
     Unavailable(String),
     /// A write needed a page past the database's bound
-    /// ([`bound_size`]), or the disk had no room.
+    /// (`bound_size`), or the disk had no room.
     #[error("{DATABASE_FULL}")]
     Full,
     #[error("sqlite: {0}")]

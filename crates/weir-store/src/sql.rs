@@ -223,7 +223,7 @@ impl SqlDatabase {
         })
     }
 
-    /// Bounds the database's file at `max_bytes` ([`crate::bound_size`]).
+    /// Bounds the database's file at `max_bytes` (`bound_size`).
     pub fn set_max_bytes(&self, max_bytes: u64) -> Result<(), StoreError> {
         crate::bound_size(
             &self.conn.lock().unwrap_or_else(|p| p.into_inner()),
@@ -385,7 +385,7 @@ impl SqlDatabases {
         Ok(SqlDatabases { databases })
     }
 
-    /// Bounds every database's file at `max_bytes` ([`crate::bound_size`]).
+    /// Bounds every database's file at `max_bytes` (`bound_size`).
     pub fn set_max_bytes(&self, max_bytes: u64) -> Result<(), StoreError> {
         self.databases
             .values()

@@ -2,6 +2,11 @@
 //! crates; `weir serve` hands a checked configuration to
 //! `weir_server::Server`. Nothing here decides how an event runs.
 
+// The doc comments of this crate's argument structs are clap's `--help`
+// text, written for a terminal (`[limits]`, `scheme://host[:port]`,
+// `<path>`), not rustdoc links or HTML.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
+
 mod actors_cli;
 mod admin_client;
 mod apps_cli;

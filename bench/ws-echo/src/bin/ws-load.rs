@@ -18,7 +18,7 @@
 //! With SIZE 0 the sockets are only held open, idle, for SECONDS (for
 //! memory per idle socket); it prints `{"held":N}` once all are open.
 //!
-//! Usage: ws-load URL SOCKETS SECONDS SIZE [RATE]
+//! Usage: `ws-load URL SOCKETS SECONDS SIZE [RATE]`
 
 use std::time::{Duration, Instant};
 

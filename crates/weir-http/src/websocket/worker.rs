@@ -9,7 +9,7 @@
 //! - a subprotocol the client did not offer is refused, and the offer
 //!   stays for a corrected accept;
 //! - the socket ends with its event: 1000 when the handler returns, 1001 at
-//!   the session deadline, 1011 when the guest failed (see [`ending`]).
+//!   the session deadline, 1011 when the guest failed (see `ending`).
 
 use std::sync::{Arc, Mutex};
 
