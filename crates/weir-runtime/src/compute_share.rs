@@ -86,6 +86,17 @@ struct SeatQueue {
     served: u64,
 }
 
+impl SeatQueue {
+    /// A seat with nobody waiting, never served; `None` is a free number.
+    fn new(counters: Option<Arc<SeatCounters>>) -> Self {
+        SeatQueue {
+            counters,
+            waiters: VecDeque::new(),
+            served: 0,
+        }
+    }
+}
+
 /// What operators see of one app's part.
 struct SeatCounters {
     app: Arc<str>,
@@ -159,11 +170,7 @@ impl ComputeShare {
             waiting: AtomicU64::new(0),
         });
         let mut state = lock(&self.grants);
-        let queue = SeatQueue {
-            counters: Some(counters.clone()),
-            waiters: VecDeque::new(),
-            served: 0,
-        };
+        let queue = SeatQueue::new(Some(counters.clone()));
         let number = match state.seats.iter().position(|s| s.counters.is_none()) {
             Some(free) => {
                 state.seats[free] = queue;
@@ -286,11 +293,7 @@ impl ShareTenant {
 impl Drop for Seat {
     fn drop(&mut self) {
         let mut state = lock(&self.grants);
-        state.seats[self.number] = SeatQueue {
-            counters: None,
-            waiters: VecDeque::new(),
-            served: 0,
-        };
+        state.seats[self.number] = SeatQueue::new(None);
     }
 }
 
@@ -336,14 +339,12 @@ mod tests {
         GrantState {
             available: 0,
             seats: (0..seats)
-                .map(|i| SeatQueue {
-                    counters: Some(Arc::new(SeatCounters {
+                .map(|i| {
+                    SeatQueue::new(Some(Arc::new(SeatCounters {
                         app: i.to_string().into(),
                         granted: AtomicU64::new(0),
                         waiting: AtomicU64::new(0),
-                    })),
-                    waiters: VecDeque::new(),
-                    served: 0,
+                    })))
                 })
                 .collect(),
             handed: 0,

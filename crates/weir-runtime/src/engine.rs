@@ -122,14 +122,29 @@ pub struct WeirEngine {
     engine: wasmtime::Engine,
     kind: EngineKind,
     budget: Arc<MemoryBudget>,
-    /// Its own ticker, until it joins a share (whose ticker then ticks it).
-    ticker: Option<EpochTicker>,
-    /// The share whose ticker ticks it, kept as long as the engine.
-    _share: Option<Arc<ComputeShare>>,
+    /// What advances its epoch, kept as long as the engine.
+    _clock: Clock,
+}
+
+/// The one thread that advances an engine's epoch: its own ticker, or the
+/// ticker of the compute share it serves requests under.
+enum Clock {
+    Own { _ticker: EpochTicker },
+    Share { _share: Arc<ComputeShare> },
 }
 
 impl WeirEngine {
-    pub fn new(sizing: EngineSizing, budget: Arc<MemoryBudget>) -> Result<Self, EngineError> {
+    /// An engine of lanes: instance slots reserved up front. With a
+    /// `share`, the share's ticker advances its epoch, so that a slice of
+    /// the share handed out at a tick lasts the whole tick (the engines
+    /// that serve requests are ticked by one; which share a call's long
+    /// computations take their slices from is its app's,
+    /// [`crate::code::Stores::share`]); without one it has its own ticker.
+    pub fn new(
+        sizing: EngineSizing,
+        budget: Arc<MemoryBudget>,
+        share: Option<Arc<ComputeShare>>,
+    ) -> Result<Self, EngineError> {
         let mut config = base_config();
 
         let slots = sizing.lanes.saturating_mul(POOL_SLOTS_PER_LANE).max(4);
@@ -151,7 +166,7 @@ impl WeirEngine {
         // bytes are reset whole.
         pool.pagemap_scan(wasmtime::Enabled::Auto);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        Self::with_config(&config, EngineKind::Pooled(sizing), budget)
+        Self::with_config(&config, EngineKind::Pooled(sizing), budget, share)
     }
 
     /// An engine for many, mostly idle instances (the keyed instances of
@@ -160,10 +175,11 @@ impl WeirEngine {
     /// slot reserved and resident). Each memory reserves only
     /// `memory_limit_bytes` of address space, so tens of thousands of live
     /// instances fit in the address space and the kernel's map count;
-    /// accesses are then bounds-checked.
+    /// accesses are then bounds-checked. Its epoch as [`WeirEngine::new`]'s.
     pub fn on_demand(
         memory_limit_bytes: u64,
         budget: Arc<MemoryBudget>,
+        share: Option<Arc<ComputeShare>>,
     ) -> Result<Self, EngineError> {
         let mut config = base_config();
         config.memory_reservation(memory_limit_bytes);
@@ -171,7 +187,7 @@ impl WeirEngine {
         config.memory_reservation_for_growth(0);
         config.allocation_strategy(InstanceAllocationStrategy::OnDemand);
         let kind = EngineKind::OnDemand { memory_limit_bytes };
-        Self::with_config(&config, kind, budget)
+        Self::with_config(&config, kind, budget, share)
     }
 
     /// The engine of programs: few instances, each run long or hot (a
@@ -180,7 +196,8 @@ impl WeirEngine {
     /// the compiled code needs no bounds check on an access (measured: a
     /// byte loop over 4 MiB ran about a quarter slower bounds-checked); the
     /// limiter still holds each memory to `memory_limit_bytes`. Memory is
-    /// allocated per instance and returned when it ends.
+    /// allocated per instance and returned when it ends. Programs run on
+    /// threads of their own, so the engine has its own ticker.
     pub fn for_programs(
         memory_limit_bytes: u64,
         budget: Arc<MemoryBudget>,
@@ -188,15 +205,15 @@ impl WeirEngine {
         let mut config = base_config();
         config.allocation_strategy(InstanceAllocationStrategy::OnDemand);
         let kind = EngineKind::Programs { memory_limit_bytes };
-        Self::with_config(&config, kind, budget)
+        Self::with_config(&config, kind, budget, None)
     }
 
-    /// The engine of `kind`.
+    /// The engine of `kind`, with its own ticker.
     pub fn of_kind(kind: EngineKind, budget: Arc<MemoryBudget>) -> Result<Self, EngineError> {
         match kind {
-            EngineKind::Pooled(sizing) => Self::new(sizing, budget),
+            EngineKind::Pooled(sizing) => Self::new(sizing, budget, None),
             EngineKind::OnDemand { memory_limit_bytes } => {
-                Self::on_demand(memory_limit_bytes, budget)
+                Self::on_demand(memory_limit_bytes, budget, None)
             }
             EngineKind::Programs { memory_limit_bytes } => {
                 Self::for_programs(memory_limit_bytes, budget)
@@ -208,20 +225,27 @@ impl WeirEngine {
         config: &Config,
         kind: EngineKind,
         budget: Arc<MemoryBudget>,
+        share: Option<Arc<ComputeShare>>,
     ) -> Result<Self, EngineError> {
         let engine =
             wasmtime::Engine::new(config).map_err(|e| EngineError::Config(format!("{e:#}")))?;
-        let ticker = {
-            let engine = engine.clone();
-            EpochTicker::start(move || engine.increment_epoch())
-                .map_err(|e| EngineError::Config(format!("cannot start epoch ticker: {e}")))?
+        let clock = match share {
+            Some(share) => {
+                share.tick(engine.clone());
+                Clock::Share { _share: share }
+            }
+            None => {
+                let engine = engine.clone();
+                let ticker = EpochTicker::start(move || engine.increment_epoch())
+                    .map_err(|e| EngineError::Config(format!("cannot start epoch ticker: {e}")))?;
+                Clock::Own { _ticker: ticker }
+            }
         };
         Ok(WeirEngine {
             engine,
             kind,
             budget,
-            ticker: Some(ticker),
-            _share: None,
+            _clock: clock,
         })
     }
 
@@ -235,18 +259,5 @@ impl WeirEngine {
 
     pub fn kind(&self) -> EngineKind {
         self.kind
-    }
-
-    /// The share's ticker advances this engine's epoch from now on, so that
-    /// a slice of the share handed out at a tick lasts the whole tick (the
-    /// engines that serve requests join one; a program engine runs on
-    /// threads of its own and keeps its own ticker). Which share a call's
-    /// long computations take their slices from is its app's
-    /// ([`crate::code::Stores::share`]).
-    pub fn with_share(mut self, share: Arc<ComputeShare>) -> Self {
-        self.ticker = None;
-        share.tick(self.engine.clone());
-        self._share = Some(share);
-        self
     }
 }

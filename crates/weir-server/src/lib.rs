@@ -298,15 +298,16 @@ impl Server {
                 memory_limit_bytes: server_limits.memory_limit_bytes,
             },
             budget.clone(),
-        )?
-        .with_share(share.clone());
+            Some(share.clone()),
+        )?;
         // Actor classes run on an engine of their own: many mostly idle
         // instances, allocated on demand and freed when they hibernate.
         let actor_engine = if config.apps.iter().any(|a| !a.actors.is_empty()) {
-            Some(
-                WeirEngine::on_demand(server_limits.memory_limit_bytes, budget.clone())?
-                    .with_share(share.clone()),
-            )
+            Some(WeirEngine::on_demand(
+                server_limits.memory_limit_bytes,
+                budget.clone(),
+                Some(share.clone()),
+            )?)
         } else {
             None
         };
