@@ -9,8 +9,11 @@
 //!
 //! The directory also keeps the census: how many actors have a database
 //! here. A new one is made only while the census is under its bound
-//! (`max_actors`), so no caller, however many names it makes up, grows the
-//! number of files past it; an actor that already exists is never refused.
+//! (`max_actors`) and the app's storage room has free bytes
+//! ([`StorageRoom`]), so no caller, however many names it makes up, grows
+//! the number of files past it; an actor that already exists is never
+//! refused. The room's count moves with every file the directory makes or
+//! removes.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,6 +23,7 @@ use weir_store::actor::{ActorDb, ActorStoreError};
 use weir_store::{Durability, StoreError};
 
 use crate::address::ActorAddress;
+use crate::storage_room::{StorageRoom, files_bytes};
 
 /// Why an actor's database was not opened.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +31,13 @@ pub enum OpenError {
     /// The actor does not exist, and the app already has `max` actors.
     #[error("the app has {max} actors (max_actors); a new one is made only after one is deleted")]
     TooMany { max: usize },
+    /// The actor does not exist, and the app's actors already take
+    /// `max_actor_storage_bytes`.
+    #[error(
+        "the app's actors take {used} bytes of the {max} they may (max_actor_storage_bytes); \
+         a new one is made only after room is made"
+    )]
+    NoRoom { used: u64, max: u64 },
     #[error(transparent)]
     Store(#[from] ActorStoreError),
 }
@@ -60,6 +71,7 @@ pub struct ActorDirectory {
     root: PathBuf,
     durability: Durability,
     census: Arc<Census>,
+    room: Arc<StorageRoom>,
 }
 
 impl ActorDirectory {
@@ -74,7 +86,18 @@ impl ActorDirectory {
                 actors: AtomicUsize::new(0),
                 max: AtomicUsize::new(usize::MAX),
             }),
+            room: Arc::default(),
         }
+    }
+
+    /// The room the app's actors share on disk.
+    pub fn room(&self) -> &Arc<StorageRoom> {
+        &self.room
+    }
+
+    /// The bytes of an actor's files on disk (0 when it has none).
+    pub fn files_bytes(&self, actor: &ActorAddress) -> u64 {
+        files_bytes(&self.path(actor))
     }
 
     /// Bounds the actors that may have a database here: a new one past it
@@ -99,6 +122,10 @@ impl ActorDirectory {
 
     /// Takes a place in the census for a new actor, or says why not.
     fn admit(&self) -> Result<(), OpenError> {
+        if !self.room.has_room() {
+            let (used, max) = self.room.usage();
+            return Err(OpenError::NoRoom { used, max });
+        }
         let max = self.census.max.load(Ordering::Relaxed);
         self.census
             .actors
@@ -173,7 +200,7 @@ impl ActorDirectory {
         if opened.is_err() && !existed {
             // Its place goes back with its files; if none was made, by
             // itself. A file that could not be removed keeps it.
-            match self.delete(actor) {
+            match self.remove(actor, false) {
                 Ok(true) | Err(_) => {}
                 Ok(false) => self.release(),
             }
@@ -237,11 +264,26 @@ impl ActorDirectory {
         Ok((actors, strangers))
     }
 
-    /// Deletes an actor: its database and WAL files, and its place in the
-    /// census. The caller makes sure the actor is not running.
+    /// Deletes a hibernated actor: its database and WAL files, its place
+    /// in the census and what its files took in the storage room. The
+    /// caller makes sure the actor is not running.
     pub fn delete(&self, actor: &ActorAddress) -> std::io::Result<bool> {
+        self.remove(actor, true)
+    }
+
+    /// Deletes an actor whose database is still open somewhere: what it
+    /// takes in the room is given back when that closes (see
+    /// `crate::gate`), not here.
+    pub fn delete_open(&self, actor: &ActorAddress) -> std::io::Result<bool> {
+        self.remove(actor, false)
+    }
+
+    /// Removes an actor's files and its place in the census; `counted`:
+    /// its files are what the room counts for it.
+    fn remove(&self, actor: &ActorAddress, counted: bool) -> std::io::Result<bool> {
         let path = self.path(actor);
         let existed = path.is_file();
+        let took = if counted { files_bytes(&path) } else { 0 };
         for suffix in ["", "-wal", "-shm"] {
             let file = PathBuf::from(format!("{}{suffix}", path.display()));
             match std::fs::remove_file(&file) {
@@ -253,6 +295,7 @@ impl ActorDirectory {
         if existed {
             self.release();
         }
+        self.room.moved(took, 0);
         Ok(existed)
     }
 }
@@ -329,5 +372,33 @@ mod tests {
         ));
         let (_, new) = directory.prepare(&c).unwrap();
         assert!(!new);
+    }
+
+    #[test]
+    fn a_full_storage_room_refuses_new_actors_and_a_deletion_gives_room_back() {
+        let data = weir_scratch::dir("actors-room");
+        let directory = ActorDirectory::new(&data, Durability::Process);
+        let [a, b] = ["a", "b"].map(|n| ActorAddress::new("counter", n).unwrap());
+        drop(directory.open(&a).unwrap());
+        let files = directory.files_bytes(&a);
+        assert!(files > 0);
+        // The room counts `a` (as a start would), and has no room for one
+        // more actor's first pages.
+        directory.room().moved(0, files);
+        directory
+            .room()
+            .set_max(files + crate::storage_room::NEW_ACTOR_BYTES - 1);
+        assert!(matches!(
+            directory.open(&b),
+            Err(OpenError::NoRoom { used, .. }) if used == files
+        ));
+        assert!(!directory.exists(&b));
+        assert_eq!(directory.census(), (1, usize::MAX));
+        // An actor that exists opens however full the room.
+        drop(directory.open(&a).unwrap());
+        // Deleting it gives back what its files took.
+        assert!(directory.delete(&a).unwrap());
+        assert_eq!(directory.room().usage().0, 0);
+        drop(directory.open(&b).unwrap());
     }
 }

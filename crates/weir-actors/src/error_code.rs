@@ -22,6 +22,9 @@ pub enum ActorErrorCode {
     AddressInvalid,
     /// 507: the actor does not exist and the app already has `max_actors`.
     TooMany,
+    /// 507: the actor does not exist and the app's actors already take
+    /// `max_actor_storage_bytes` on disk.
+    StorageFull,
 }
 
 impl ActorErrorCode {
@@ -31,6 +34,7 @@ impl ActorErrorCode {
         ActorErrorCode::ClassUnknown,
         ActorErrorCode::AddressInvalid,
         ActorErrorCode::TooMany,
+        ActorErrorCode::StorageFull,
     ];
 }
 
@@ -42,6 +46,7 @@ impl WeirError for ActorErrorCode {
             ActorErrorCode::ClassUnknown => "actor_class_unknown",
             ActorErrorCode::AddressInvalid => "actor_address_invalid",
             ActorErrorCode::TooMany => "too_many_actors",
+            ActorErrorCode::StorageFull => "actor_storage_full",
         }
     }
 
@@ -52,7 +57,7 @@ impl WeirError for ActorErrorCode {
             ActorErrorCode::AddressInvalid => 400,
             // Insufficient Storage: the server cannot keep one more, and
             // trying again will not help until an operator acts.
-            ActorErrorCode::TooMany => 507,
+            ActorErrorCode::TooMany | ActorErrorCode::StorageFull => 507,
         }
     }
 }

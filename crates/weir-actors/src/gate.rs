@@ -21,7 +21,10 @@
 //!   cut by it;
 //! - on a replica (cluster mode), every commit — a turn's, a barrier's, a
 //!   write outside any turn — is handed to the actor's [`Durable`] in
-//!   order as soon as it is made, and what leaves waits for it to settle.
+//!   order as soon as it is made, and what leaves waits for it to settle;
+//! - every write is bounded by what the app's storage room leaves the
+//!   actor before it runs, and every turn that wrote is counted in the
+//!   room when it ends ([`crate::storage_room`]).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -31,6 +34,7 @@ use weir_store::confinement::StopCheck;
 
 use crate::error_code::TurnError;
 use crate::placement::{BoxFuture, Durable};
+use crate::storage_room::RoomShare;
 
 /// Why a storage call of the turn failed.
 pub enum GateError {
@@ -50,7 +54,14 @@ impl std::fmt::Display for GateError {
 }
 
 struct GateState {
+    /// Declared before `room`: it closes first, so the room then counts
+    /// the files it left.
     db: ActorDb,
+    /// The actor's place in the app's storage room.
+    room: RoomShare,
+    /// The turn called a write since it began: its footprint is counted
+    /// again when it ends.
+    wrote: bool,
     /// The turn has writes not yet committed.
     dirty: bool,
     /// Why a commit of this turn failed; the turn must not answer.
@@ -63,6 +74,25 @@ struct GateState {
 }
 
 impl GateState {
+    /// Counts the database's pages again, after writes.
+    fn recount(&mut self) {
+        self.room.recount(&self.db);
+    }
+
+    /// The turn ended (committed or rolled back): what it wrote is
+    /// counted.
+    fn ended(&mut self) {
+        if std::mem::take(&mut self.wrote) {
+            self.recount();
+        }
+    }
+
+    /// Bounds the database at what the storage room leaves it, before a
+    /// write.
+    fn bounded(&mut self) -> Result<(), ActorStoreError> {
+        self.room.bound(&mut self.db)
+    }
+
     /// Begins the open turn's transaction if it has not begun yet. A
     /// begin that fails poisons the turn: no later call may run outside
     /// the turn's transaction, and the turn may not answer.
@@ -98,12 +128,9 @@ pub struct TurnGate {
 }
 
 impl TurnGate {
-    pub fn new(db: ActorDb) -> Arc<TurnGate> {
-        TurnGate::with_durable(db, None)
-    }
-
-    /// The gate of a replica whose commits go to `durable`.
-    pub fn with_durable(db: ActorDb, durable: Option<Arc<dyn Durable>>) -> Arc<TurnGate> {
+    /// The gate of an actor whose database is `db`, counted in the app's
+    /// storage room by `room`; on a replica, its commits go to `durable`.
+    pub fn open(db: ActorDb, room: RoomShare, durable: Option<Arc<dyn Durable>>) -> Arc<TurnGate> {
         Arc::new(TurnGate {
             state: Mutex::new(GateState {
                 // A replica may have just come from another node, timers
@@ -111,6 +138,8 @@ impl TurnGate {
                 // timer index.
                 timers_changed: durable.is_some(),
                 db,
+                room,
+                wrote: false,
                 dirty: false,
                 failed: None,
                 unbegun: false,
@@ -151,7 +180,11 @@ impl TurnGate {
         f: impl FnOnce(&mut ActorDb) -> Result<T, ActorStoreError>,
     ) -> Result<T, String> {
         let mut s = self.lock();
-        let value = f(&mut s.db).map_err(|e| e.to_string());
+        let value = s
+            .bounded()
+            .and_then(|()| f(&mut s.db))
+            .map_err(|e| e.to_string());
+        s.recount();
         self.ship(&mut s.db)?;
         value
     }
@@ -225,6 +258,7 @@ impl TurnGate {
     pub fn begin(&self, stop: StopCheck) {
         let mut s = self.lock();
         s.dirty = false;
+        s.wrote = false;
         s.failed = None;
         s.db.watch(Some(stop));
         s.unbegun = true;
@@ -238,10 +272,13 @@ impl TurnGate {
         s.unbegun = false;
         if let Some(why) = s.failed.take() {
             let _ = s.db.rollback_turn();
+            s.ended();
             return Err(why);
         }
         s.dirty = false;
-        s.db.commit_turn().map_err(|e| e.to_string())?;
+        let committed = s.db.commit_turn().map_err(|e| e.to_string());
+        s.ended();
+        committed?;
         self.ship(&mut s.db)
     }
 
@@ -252,6 +289,7 @@ impl TurnGate {
         s.dirty = false;
         s.unbegun = false;
         let _ = s.db.rollback_turn();
+        s.ended();
     }
 
     /// The output gate: makes the turn's writes so far durable before
@@ -329,11 +367,12 @@ impl TurnGate {
         if let Some(why) = &s.failed {
             return Err(GateError::Poisoned(why.clone()));
         }
-        let result = s.begun().and_then(f);
+        let result = s.bounded().and_then(|_| s.begun()).and_then(f);
         if let Err(e) = &result {
             s.check_lost(e);
         }
         s.dirty = true;
+        s.wrote = true;
         result.map_err(GateError::Store)
     }
 }

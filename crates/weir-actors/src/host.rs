@@ -98,6 +98,9 @@ pub struct Exclusive {
     live: tokio::sync::OwnedMutexGuard<Live>,
     /// The database, opened for the holder when the actor was hibernated.
     db: Option<ActorDb>,
+    /// What its files took before `db` opened them (the storage room
+    /// counts them again when it closes).
+    files: u64,
     actor: ActorAddress,
     directory: ActorDirectory,
     /// The actor's storage is a replica (cluster mode).
@@ -123,10 +126,23 @@ impl Exclusive {
             ));
         }
         if self.db.is_none() {
+            self.files = self.directory.files_bytes(&self.actor);
             let opened = self.directory.open(&self.actor);
             self.db = Some(opened.map_err(|e| AdminError::Storage(e.to_string()))?);
         }
         f(self.db.as_mut().expect("opened above")).map_err(storage)
+    }
+}
+
+impl Drop for Exclusive {
+    fn drop(&mut self) {
+        // Closed while the actor is still held: what the holder wrote is
+        // counted in the storage room before any turn opens it again.
+        if let Some(db) = self.db.take() {
+            drop(db);
+            let now = self.directory.files_bytes(&self.actor);
+            self.directory.room().moved(self.files, now);
+        }
     }
 }
 
@@ -237,10 +253,14 @@ impl ActorHost {
                 // No actor runs yet: open each briefly, as its own turn
                 // would. One that cannot be opened is reported and skipped;
                 // the others are served.
-                match host.directory.open(&actor).and_then(|db| {
+                let opened = host.directory.open(&actor).and_then(|db| {
                     let next = db.next_deadline()?;
                     Ok((next, !db.journal()?.is_empty()))
-                }) {
+                });
+                // Closed again, readable or not, its files take room.
+                let files = host.directory.files_bytes(&actor);
+                host.directory.room().moved(0, files);
+                match opened {
                     Ok((next, has_journal)) => {
                         host.timers.set(&actor, next);
                         if has_journal {
@@ -282,6 +302,7 @@ impl ActorHost {
         Ok(Exclusive {
             live,
             db: None,
+            files: 0,
             actor,
             directory: self.directory.clone(),
             replicated: self.placement.is_some(),
@@ -452,6 +473,14 @@ impl ActorHost {
             |limit: fn(&ActorClass) -> usize| self.classes.values().map(|c| limit(&c.load())).min();
         self.directory
             .set_max_actors(least(|c| c.limits.max_actors).unwrap_or(usize::MAX));
+        let least_bytes = self
+            .classes
+            .values()
+            .map(|c| c.load().limits.max_actor_storage_bytes)
+            .min();
+        self.directory
+            .room()
+            .set_max(least_bytes.unwrap_or(crate::limits::DEFAULT_MAX_ACTOR_STORAGE_BYTES));
         self.deliveries.set_max(
             least(|c| c.limits.max_concurrent_alarms)
                 .unwrap_or(crate::limits::DEFAULT_MAX_CONCURRENT_ALARMS as usize),

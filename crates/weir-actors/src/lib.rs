@@ -6,6 +6,7 @@
 //!
 //! - [`address`]: how actors are named and reached;
 //! - [`directory`]: where their databases live;
+//! - [`storage_room`]: what their databases take on disk together;
 //! - [`gate`]: the turn gate (one transaction per turn, the output gate);
 //! - [`bindings`]: the `weir:actor` host functions;
 //! - [`turn`]: one turn on the runtime's invocation machine;
@@ -37,6 +38,7 @@ pub mod os_limits;
 pub mod placement;
 pub mod receipts;
 pub mod residency;
+pub mod storage_room;
 pub mod timers;
 pub mod turn;
 

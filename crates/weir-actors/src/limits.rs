@@ -20,6 +20,13 @@ pub const DEFAULT_ACTOR_MAX_QUEUED: u64 = 128;
 /// 24 GB and a million files.
 pub const DEFAULT_MAX_ACTORS: u64 = 1_000_000;
 
+/// What all of an app's actor databases may take on this server's disk
+/// together, by default. `max_actors` (a million) times
+/// `max_database_bytes` (512 MiB) bounds nothing a disk has; 32 GiB holds
+/// a million small actors (about 10 KiB each) or 64 full ones, and keeps
+/// one app from filling a disk the server's other apps write to.
+pub const DEFAULT_MAX_ACTOR_STORAGE_BYTES: u64 = 32 << 30;
+
 /// Alarm deliveries an app runs at once, by default: as many as a worker
 /// app has lanes (`max_concurrent`), so background turns can keep the
 /// workers as busy as requests can, and never queue more beside a request.
@@ -45,6 +52,10 @@ limit_table! {
         max_actors: usize = "max_actors" {
             default: DEFAULT_MAX_ACTORS, range: 1, 1_000_000_000, unit: Count,
             meaning: "actors with a database on this server, all classes of the app together; a call that would make one more is refused with too_many_actors, and existing actors are never refused",
+        },
+        max_actor_storage_bytes: u64 = "max_actor_storage_bytes" {
+            default: DEFAULT_MAX_ACTOR_STORAGE_BYTES, range: 64 << 10, 1 << 50, unit: Bytes,
+            meaning: "disk taken by the databases of all the app's actors on this server together (a hibernated actor's files, a live one's pages); once reached, a write that needs a new page fails with database_full and keeps nothing, deletes still run, and a new actor is refused with actor_storage_full",
         },
         max_concurrent_alarms: usize = "max_concurrent_alarms" {
             default: DEFAULT_MAX_CONCURRENT_ALARMS, range: 1, 65_536, unit: Count,

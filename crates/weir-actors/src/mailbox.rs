@@ -278,7 +278,7 @@ impl ActorHost {
             ended,
         );
         drop(claim);
-        if report.error == Some(ActorErrorCode::TooMany.into()) {
+        if report.refused_new() {
             self.forget_unopened(&cell.address);
         }
     }

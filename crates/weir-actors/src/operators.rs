@@ -7,6 +7,7 @@
 //! its turn, so it sees exactly what is committed and never interleaves
 //! with a turn.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use serde::Serialize;
@@ -91,7 +92,12 @@ pub struct HostStatus {
     /// Actors with a database on this server, and how many may have one.
     pub actors: usize,
     pub max_actors: usize,
-    /// Calls refused because they would have made one actor too many.
+    /// What the app's actors take on disk together (the storage room's
+    /// count), and how much they may (`max_actor_storage_bytes`).
+    pub storage_bytes: u64,
+    pub max_storage_bytes: u64,
+    /// Calls refused because they would have made one actor too many, or
+    /// one more in a full storage room.
     pub refused_new: u64,
     pub pending_timers: usize,
     pub turns: u64,
@@ -118,27 +124,21 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn file_size(path: &std::path::Path) -> u64 {
-    let mut total = 0;
-    for suffix in ["", "-wal"] {
-        let file = format!("{}{suffix}", path.display());
-        total += std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
-    }
-    total
-}
-
 impl ActorHost {
     pub fn status(&self) -> HostStatus {
         let mut classes: Vec<String> = self.classes.keys().cloned().collect();
         classes.sort();
         let c = &self.counters;
         let (actors, max_actors) = self.directory.census();
+        let (storage_bytes, max_storage_bytes) = self.directory.room().usage();
         HostStatus {
             classes,
             live: self.live_count(),
             max_live: self.max_live,
             actors,
             max_actors,
+            storage_bytes,
+            max_storage_bytes,
             refused_new: c.refused_new.load(Ordering::Relaxed),
             pending_timers: self.timers.len(),
             turns: c.turns.load(Ordering::Relaxed),
@@ -171,7 +171,7 @@ impl ActorHost {
         ActorSummary {
             live,
             waiting,
-            storage_bytes: file_size(&self.directory.path(actor)),
+            storage_bytes: self.directory.files_bytes(actor),
             next_timer_ms: self.timers.get(actor),
             class: actor.class.clone(),
             name: actor.name.clone(),
@@ -313,12 +313,18 @@ impl ActorHost {
         }
         let claim = self.claim_always(&actor, &class);
         let mut live = claim.cell.live.lock().await;
+        // Its database closes here unless something still holds its gate;
+        // then the room counts it down when that closes.
+        let gate = live.gate.take();
         live.reset();
+        let still_open = gate.is_some_and(|g| Arc::into_inner(g).is_none());
         self.timers.set(&actor, None);
-        let existed = self
-            .directory
-            .delete(&actor)
-            .map_err(|e| AdminError::Storage(e.to_string()))?;
+        let deleted = if still_open {
+            self.directory.delete_open(&actor)
+        } else {
+            self.directory.delete(&actor)
+        };
+        let existed = deleted.map_err(|e| AdminError::Storage(e.to_string()))?;
         drop(live);
         drop(claim);
         Ok(existed)

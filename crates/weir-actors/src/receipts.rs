@@ -14,7 +14,6 @@ use serde::Serialize;
 use weir_runtime::WeirError;
 use weir_runtime::receipt::{Terminal, write_receipt};
 
-use crate::error_code::ActorErrorCode;
 use crate::host::{ActorClass, ActorHost, Cell};
 use crate::turn::TurnReport;
 
@@ -29,7 +28,8 @@ pub(crate) struct Counters {
     pub(crate) wakes: AtomicU64,
     pub(crate) hibernations: AtomicU64,
     pub(crate) overloaded: AtomicU64,
-    /// Calls refused for making one actor past `max_actors`.
+    /// Calls refused for making one actor past `max_actors`, or one more
+    /// in a full storage room (`max_actor_storage_bytes`).
     pub(crate) refused_new: AtomicU64,
     pub(crate) alarms: AtomicU64,
     pub(crate) alarms_dropped: AtomicU64,
@@ -110,7 +110,7 @@ impl ActorHost {
         if !ok {
             self.counters.failed_turns.fetch_add(1, Ordering::Relaxed);
         }
-        if report.error == Some(ActorErrorCode::TooMany.into()) {
+        if report.refused_new() {
             self.counters.refused_new.fetch_add(1, Ordering::Relaxed);
             metrics.refused_new();
         }

@@ -36,6 +36,7 @@ use crate::directory::{ActorDirectory, OpenError};
 use crate::error_code::{ActorErrorCode, TurnError};
 use crate::gate::TurnGate;
 use crate::placement::Placement;
+use crate::storage_room::RoomShare;
 use crate::timers::{ALARM_MAX_RETRIES, now_ms, retry_at};
 
 /// `alarm: func(reason: string) -> result<option<u64>, string>`.
@@ -108,6 +109,14 @@ pub struct TurnReport {
 }
 
 impl TurnReport {
+    /// The turn was refused because its actor would have been a new one
+    /// past `max_actors` or `max_actor_storage_bytes`.
+    pub(crate) fn refused_new(&self) -> bool {
+        [ActorErrorCode::TooMany, ActorErrorCode::StorageFull]
+            .iter()
+            .any(|&code| self.error == Some(code.into()))
+    }
+
     pub(crate) fn fail(&mut self, code: impl Into<TurnError>, detail: Option<String>) {
         self.error = Some(code.into());
         self.detail = detail.map(invocation::truncate);
@@ -128,11 +137,16 @@ pub(crate) async fn wake(
     }
     if live.gate.is_none() {
         let refused = |report: &mut TurnReport, e: OpenError, what: &str| {
-            if let OpenError::TooMany { .. } = e {
-                report.error = Some(ActorErrorCode::TooMany.into());
+            match e {
+                OpenError::TooMany { .. } => report.error = Some(ActorErrorCode::TooMany.into()),
+                OpenError::NoRoom { .. } => report.error = Some(ActorErrorCode::StorageFull.into()),
+                OpenError::Store(_) => {}
             }
             format!("{what}: {e}")
         };
+        // What the room counts for the actor while it is closed: its
+        // files, as they are before anything opens them.
+        let files = ctx.directory.files_bytes(ctx.address);
         let (mut db, durable) = match ctx.placement {
             None => match ctx.directory.open(ctx.address) {
                 Ok(db) => (db, None),
@@ -159,9 +173,15 @@ pub(crate) async fn wake(
             }
         };
         db.set_max_result_bytes(ctx.code.limits.max_sql_result_bytes);
-        db.set_max_bytes(ctx.code.limits.max_database_bytes)
-            .map_err(|e| format!("cannot bound the actor's storage: {e}"))?;
-        live.gate = Some(TurnGate::with_durable(db, durable));
+        let room = RoomShare::open(
+            ctx.directory.room().clone(),
+            ctx.directory.path(ctx.address),
+            &mut db,
+            files,
+            ctx.code.limits.max_database_bytes,
+        )
+        .map_err(|e| format!("cannot bound the actor's storage: {e}"))?;
+        live.gate = Some(TurnGate::open(db, room, durable));
     }
     if live.generation.is_some() {
         if live.install == ctx.install {

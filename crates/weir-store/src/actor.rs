@@ -129,6 +129,8 @@ pub struct ActorDb {
     /// A replica's capture of its commits (cluster mode): SQLite never
     /// checkpoints it on its own.
     capture: Option<Capture>,
+    /// The database's page size, in bytes.
+    page_bytes: u64,
 }
 
 fn guest_error(e: GuestSqlError) -> ActorStoreError {
@@ -208,7 +210,10 @@ impl ActorDb {
         // kept: a longer WAL makes each checkpoint's fsync longer); the file
         // is cut back to `WAL_KEEP_BYTES` afterwards (`crate::connect_with`).
         let confinement = Confinement::install(&conn, Some(RESERVED_PREFIX));
+        // A database made before `PAGE_BYTES` keeps its own page size.
+        let page_bytes: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
         Ok(ActorDb {
+            page_bytes: page_bytes.max(1) as u64,
             conn,
             confinement,
             in_turn: false,
@@ -262,6 +267,17 @@ impl ActorDb {
     /// (`max_database_bytes`, `bound_size`).
     pub fn set_max_bytes(&mut self, max_bytes: u64) -> Result<(), ActorStoreError> {
         Ok(crate::bound_size(&self.conn, max_bytes)?)
+    }
+
+    /// The bytes of the database's pages, free ones included: what its
+    /// file holds once the WAL is checkpointed (uncommitted pages of an
+    /// open turn count too).
+    pub fn footprint_bytes(&self) -> Result<u64, ActorStoreError> {
+        let pages: i64 = self
+            .conn
+            .prepare_cached("PRAGMA page_count")?
+            .query_row([], |r| r.get(0))?;
+        Ok(pages.max(0) as u64 * self.page_bytes)
     }
 
     /// Bounds what one call hands back to the guest (`max_sql_result_bytes`).

@@ -93,10 +93,11 @@ impl From<rusqlite::Error> for StoreError {
 }
 
 /// What a guest is told when a write would grow its database past
-/// `max_database_bytes` (SQLite's `SQLITE_FULL`, which a disk with no room
-/// left also gives).
-pub const DATABASE_FULL: &str =
-    "database_full: the database has reached max_database_bytes, or the disk has no room";
+/// `max_database_bytes`, or an actor's past what the app's storage room
+/// has free (`max_actor_storage_bytes`): SQLite's `SQLITE_FULL`, which a
+/// disk with no room left also gives.
+pub const DATABASE_FULL: &str = "database_full: the database has reached max_database_bytes, or the app's actors together \
+     max_actor_storage_bytes, or the disk has no room";
 
 /// True for SQLite's "database or disk is full".
 pub(crate) fn is_full(e: &rusqlite::Error) -> bool {

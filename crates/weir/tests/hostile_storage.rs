@@ -5,7 +5,8 @@
 //! no file outgrows the bound, a turn that lost its transaction keeps
 //! nothing, a full actor still wakes and can be emptied, and other tenants
 //! are untouched. Made-up actor names stop at `max_actors`: a refusal is
-//! named and leaves no file, and the actors that exist still answer.
+//! named and leaves no file, and the actors that exist still answer. All
+//! of an app's actors together stop at `max_actor_storage_bytes`.
 
 mod common;
 
@@ -256,4 +257,126 @@ async fn made_up_actor_names_stop_at_max_actors_and_the_actors_that_exist_still_
             "probe/victim"
         ]
     );
+}
+
+/// What the actor files under `dir` take on disk, databases and WALs.
+fn actor_disk_bytes(dir: &std::path::Path) -> u64 {
+    actor_files(dir)
+        .iter()
+        .map(|actor| {
+            let db = dir.join(format!("actors/{actor}.sqlite3"));
+            file_bytes(&db) + file_bytes(&db.with_extension("sqlite3-wal"))
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn actors_together_stop_at_max_actor_storage_bytes_and_a_deleted_actor_gives_room_back() {
+    const ROOM: u64 = 2 << 20;
+    let dir = data_dir("storage-room");
+    let room = format!("max_actor_storage_bytes={ROOM}");
+    // No actor hibernates while the test counts, however slow the machine.
+    let limits = ["--limit", &room, "--limit", "actor_idle_ms=600000"];
+    let weir = start(&dir, &limits);
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "1");
+
+    // Actors far under max_database_bytes (512 MiB) fill the app's room
+    // together, 200 KB a turn, in statements SQLite undoes alone.
+    let grow = |rows: u32, bytes: u32| {
+        format!(
+            "INSERT INTO t SELECT randomblob({bytes}) FROM \
+             (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {rows}) \
+             SELECT x FROM c)"
+        )
+    };
+    let big = grow(10, 20_000);
+    let mut refused = None;
+    for i in 0..40 {
+        let name = format!("r{i}");
+        let answers = exec(&weir, &name, &["CREATE TABLE t (b)", &big]).await;
+        if let Some(error) = answers.iter().find_map(|a| a["error"].as_str()) {
+            refused = Some((i, name, error.to_string()));
+            break;
+        }
+    }
+    let (made, last, error) = refused.expect("the room refused no write");
+    assert!(made >= 5, "refused after {made} actors: {error}");
+    assert!(error.contains("database_full"), "{error}");
+    assert!(error.contains("max_actor_storage_bytes"), "{error}");
+    // Small writes fill what is left, to the page; each refused one is
+    // refused alone and the turn goes on.
+    let small = grow(2, 1_000);
+    let answers = exec(&weir, &last, &vec![small.as_str(); 120]).await;
+    let kept = answers.iter().filter(|a| a["rows"].is_array()).count();
+    assert!(kept < 120, "the room refused no small write: {answers:?}");
+    assert!(
+        answers[kept..].iter().all(|a| a["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("database_full"))),
+        "{answers:?}"
+    );
+    let status = weir.admin_get("/actors").await.json()["status"].clone();
+    let used = status["storage_bytes"].as_u64().unwrap();
+    assert_eq!(status["max_storage_bytes"], ROOM, "{status}");
+    // One writer at a time never passes the bound.
+    assert!(used <= ROOM, "{status}");
+    assert!(used > ROOM - 64 * 1024, "{status}");
+
+    // A new actor is refused by name and leaves no file; the actors that
+    // exist read, rewrite their pages, and reuse what their deletes free.
+    weir.get("/h/newcomer/hello")
+        .await
+        .assert_weir_error(507, "actor_storage_full");
+    let r = weir
+        .actor_receipt_where(|r| r["error"] == "actor_storage_full")
+        .await;
+    assert!(
+        r["detail"]
+            .as_str()
+            .unwrap()
+            .contains("max_actor_storage_bytes"),
+        "{r}"
+    );
+    assert!(!dir.join("actors/hostile/newcomer.sqlite3").exists());
+    let status = weir.admin_get("/actors").await.json()["status"].clone();
+    assert_eq!(status["refused_new"], 1, "{status}");
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "2");
+    let r = exec(&weir, "r0", &["SELECT count(*) FROM t"]).await;
+    assert_eq!(r[0]["rows"], json!([[10]]), "{r:?}");
+    let r = exec(
+        &weir,
+        "r0",
+        &["DELETE FROM t", &big, "SELECT count(*) FROM t"],
+    )
+    .await;
+    assert_eq!(r[2]["rows"], json!([[10]]), "{r:?}");
+    assert!(
+        exec(&weir, "r1", &[&big]).await[0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("database_full"))
+    );
+
+    // Deleting an actor gives its bytes back: a newcomer is made, and
+    // grows into them.
+    let r = weir.admin_send("DELETE", "/actors/hostile/r1").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let status = weir.admin_get("/actors").await.json()["status"].clone();
+    assert!(
+        status["storage_bytes"].as_u64().unwrap() < used - 200_000,
+        "{status}"
+    );
+    let r = exec(&weir, "newcomer", &["CREATE TABLE t (b)", &big]).await;
+    assert!(r[1]["rows"].is_array(), "{r:?}");
+
+    // After a restart the room is counted again from the disk, to the
+    // byte, and every actor still has its rows.
+    drop(weir);
+    let weir = start(&dir, &limits);
+    let status = weir.admin_get("/actors").await.json()["status"].clone();
+    assert_eq!(status["storage_bytes"], actor_disk_bytes(&dir), "{status}");
+    for name in ["r0", "r2", "newcomer"] {
+        let r = exec(&weir, name, &["SELECT count(*) FROM t"]).await;
+        assert_eq!(r[0]["rows"], json!([[10]]), "{name}: {r:?}");
+    }
+    assert_eq!(weir.get("/p/victim/incr").await.text(), "3");
 }

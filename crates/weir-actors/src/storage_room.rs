@@ -1,0 +1,236 @@
+//! The storage room: the bytes all of an app's actor databases take on
+//! this server's disk together, against `max_actor_storage_bytes`.
+//!
+//! `max_database_bytes` bounds one database and `max_actors` the number
+//! of them; without a bound on the whole, an app that makes many actors
+//! and fills each could fill the disk that every other app on the server
+//! writes to. The room counts what each actor takes:
+//! - a hibernated actor, the bytes of its files (database and WAL), as
+//!   measured when it closed, or at start;
+//! - a live actor, its database's pages (`page_count`), as measured when
+//!   it woke and after each turn that wrote.
+//!
+//! Invariants owned here:
+//! - a live actor's database is bounded at what it has plus what the room
+//!   has free, whenever that is less than `max_database_bytes`
+//!   ([`StorageRoom::bound_for`]): once the room is full, a write that
+//!   needs a new page is refused as at `max_database_bytes` (named
+//!   `database_full`, nothing of it kept), while reads, deletes and writes
+//!   into pages the database already has (those its deletes freed
+//!   included) go on; deleting an actor gives back what its files took;
+//! - actors that write at once may together pass the bound by at most
+//!   what was free when each of them was bounded (each is bounded at the
+//!   room's free bytes, not at a share of them); the first turn after
+//!   that finds the room full;
+//! - a new actor is made only while the room has room for its first
+//!   pages ([`StorageRoom::has_room`]); an actor that exists always
+//!   opens;
+//! - every change of an actor's measure moves the count by the
+//!   difference, so the count follows the disk as actors wake, write,
+//!   hibernate and are deleted.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use weir_store::actor::{ActorDb, ActorStoreError};
+
+/// Free bytes the room must have for a new actor to be made. A new
+/// actor's database starts with Weir's schema, about 12 KiB of pages;
+/// with this much free, making one never passes the bound.
+pub const NEW_ACTOR_BYTES: u64 = 64 << 10;
+
+/// The bytes of an actor database's files on disk: the database and its
+/// WAL (0 for a file that is not there).
+pub fn files_bytes(path: &Path) -> u64 {
+    [PathBuf::from(path), wal_path(path)]
+        .iter()
+        .map(|file| std::fs::metadata(file).map_or(0, |m| m.len()))
+        .sum()
+}
+
+fn wal_path(path: &Path) -> PathBuf {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    PathBuf::from(wal)
+}
+
+/// What the actors of one app take on disk together, and the bound.
+#[derive(Debug)]
+pub struct StorageRoom {
+    used: AtomicU64,
+    max: AtomicU64,
+}
+
+impl Default for StorageRoom {
+    fn default() -> Self {
+        StorageRoom {
+            used: AtomicU64::new(0),
+            max: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl StorageRoom {
+    /// Sets the bound (`max_actor_storage_bytes`).
+    pub fn set_max(&self, max: u64) {
+        self.max.store(max, Ordering::Relaxed);
+    }
+
+    /// Bytes counted, and the bound.
+    pub fn usage(&self) -> (u64, u64) {
+        (
+            self.used.load(Ordering::Relaxed),
+            self.max.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Bytes left under the bound.
+    pub fn free(&self) -> u64 {
+        let (used, max) = self.usage();
+        max.saturating_sub(used)
+    }
+
+    /// True while a new actor may be made ([`NEW_ACTOR_BYTES`] free).
+    pub fn has_room(&self) -> bool {
+        self.free() >= NEW_ACTOR_BYTES
+    }
+
+    /// Moves the count from what an actor took (`from`) to what it takes
+    /// now (`to`).
+    pub fn moved(&self, from: u64, to: u64) {
+        if to >= from {
+            self.used.fetch_add(to - from, Ordering::Relaxed);
+        } else {
+            let less = from - to;
+            let _ = self
+                .used
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                    Some(u.saturating_sub(less))
+                });
+        }
+    }
+
+    /// The bound for a live database of `footprint` bytes whose own bound
+    /// is `max_database_bytes`: what it has plus what the room has free,
+    /// if that is less.
+    pub fn bound_for(&self, footprint: u64, max_database_bytes: u64) -> u64 {
+        footprint
+            .saturating_add(self.free())
+            .min(max_database_bytes)
+    }
+}
+
+/// A live actor's place in the room: the pages it is counted for, and
+/// the bound its connection has now. Made when the actor's database
+/// opens; when it drops (after the database closed), the actor is counted
+/// for its files again.
+#[derive(Debug)]
+pub struct RoomShare {
+    room: Arc<StorageRoom>,
+    path: PathBuf,
+    max_database_bytes: u64,
+    footprint: u64,
+    bound: u64,
+}
+
+impl RoomShare {
+    /// The share of an actor whose database at `path` was just opened as
+    /// `db`; `files` is what the room counted for it before (its files as
+    /// they were before the open, 0 for a new actor).
+    pub fn open(
+        room: Arc<StorageRoom>,
+        path: PathBuf,
+        db: &mut ActorDb,
+        files: u64,
+        max_database_bytes: u64,
+    ) -> Result<RoomShare, ActorStoreError> {
+        let footprint = db.footprint_bytes()?;
+        room.moved(files, footprint);
+        let mut share = RoomShare {
+            room,
+            path,
+            max_database_bytes,
+            footprint,
+            bound: 0,
+        };
+        share.bound(db)?;
+        Ok(share)
+    }
+
+    /// Bounds the database at what the room leaves it, before a write. A
+    /// pragma runs only when that changed: never while the room has more
+    /// free than the database's own bound.
+    pub fn bound(&mut self, db: &mut ActorDb) -> Result<(), ActorStoreError> {
+        let bound = self.room.bound_for(self.footprint, self.max_database_bytes);
+        if bound != self.bound {
+            db.set_max_bytes(bound)?;
+            self.bound = bound;
+        }
+        Ok(())
+    }
+
+    /// Counts what the database has now, after a turn (or a write outside
+    /// one) that may have changed it.
+    pub fn recount(&mut self, db: &ActorDb) {
+        if let Ok(footprint) = db.footprint_bytes() {
+            self.room.moved(self.footprint, footprint);
+            self.footprint = footprint;
+        }
+    }
+}
+
+impl Drop for RoomShare {
+    fn drop(&mut self) {
+        // The database has closed: its files are what it takes now (none,
+        // if it was deleted meanwhile).
+        self.room.moved(self.footprint, files_bytes(&self.path));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_count_follows_moves_and_bounds_follow_the_count() {
+        let room = StorageRoom::default();
+        room.set_max(NEW_ACTOR_BYTES + 1000);
+        assert!(room.has_room());
+        room.moved(0, NEW_ACTOR_BYTES + 1);
+        assert!(!room.has_room(), "a new actor needs NEW_ACTOR_BYTES free");
+        room.moved(NEW_ACTOR_BYTES + 1, 0);
+        room.set_max(1000);
+        room.moved(0, 600);
+        assert_eq!(room.usage(), (600, 1000));
+        // A database of 100 bytes may grow by what is free (400), or up to
+        // its own bound when that is less.
+        assert_eq!(room.bound_for(100, 10_000), 500);
+        assert_eq!(room.bound_for(100, 300), 300);
+        room.moved(100, 500);
+        assert_eq!(room.free(), 0);
+        // Full: no growth, but what a database has it keeps.
+        assert_eq!(room.bound_for(500, 10_000), 500);
+        // Passed by writers at once: still no growth, and no underflow.
+        room.moved(0, 300);
+        assert_eq!(room.usage(), (1300, 1000));
+        assert_eq!(room.bound_for(200, 10_000), 200);
+        // A deletion gives back what it took, never below zero.
+        room.moved(1000, 0);
+        assert_eq!(room.usage(), (300, 1000));
+        room.moved(5000, 0);
+        assert_eq!(room.usage(), (0, 1000));
+    }
+
+    #[test]
+    fn files_are_the_database_and_its_wal() {
+        let dir = weir_scratch::dir("storage-room-files");
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = dir.join("a.sqlite3");
+        assert_eq!(files_bytes(&db), 0);
+        std::fs::write(&db, [0u8; 100]).unwrap();
+        std::fs::write(dir.join("a.sqlite3-wal"), [0u8; 20]).unwrap();
+        std::fs::write(dir.join("a.sqlite3-shm"), [0u8; 7]).unwrap();
+        assert_eq!(files_bytes(&db), 120);
+    }
+}
