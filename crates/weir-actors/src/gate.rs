@@ -74,9 +74,9 @@ struct GateState {
 }
 
 impl GateState {
-    /// Counts the database's pages again, after writes.
+    /// Counts the database's files again, after writes.
     fn recount(&mut self) {
-        self.room.recount(&self.db);
+        self.room.recount();
     }
 
     /// The turn ended (committed or rolled back): what it wrote is

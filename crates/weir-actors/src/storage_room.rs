@@ -4,15 +4,17 @@
 //! `max_database_bytes` bounds one database and `max_actors` the number
 //! of them; without a bound on the whole, an app that makes many actors
 //! and fills each could fill the disk that every other app on the server
-//! writes to. The room counts what each actor takes:
-//! - a hibernated actor, the bytes of its files (database and WAL), as
-//!   measured when it closed, or at start;
-//! - a live actor, its database's pages (`page_count`), as measured when
-//!   it woke and after each turn that wrote.
+//! writes to. The room counts what each actor's files (its database and
+//! its WAL) take: at start, when it wakes, after each turn of it that
+//! wrote, and when it closes. A turn's WAL frames are on disk before
+//! anything counts them: the new pages among them are bounded (below), the
+//! pages it rewrites are not, and are counted when the turn ends. SQLite
+//! checkpoints a WAL past 1,000 pages at a commit, and the file is cut
+//! back at its next write.
 //!
 //! Invariants owned here:
-//! - a live actor's database is bounded at what it has plus what the room
-//!   has free, whenever that is less than `max_database_bytes`
+//! - a live actor's database is bounded at the pages it has plus what the
+//!   room has free, whenever that is less than `max_database_bytes`
 //!   ([`StorageRoom::bound_for`]): once the room is full, a write that
 //!   needs a new page is refused as at `max_database_bytes` (named
 //!   `database_full`, nothing of it kept), while reads, deletes and writes
@@ -111,9 +113,9 @@ impl StorageRoom {
         }
     }
 
-    /// The bound for a live database of `footprint` bytes whose own bound
-    /// is `max_database_bytes`: what it has plus what the room has free,
-    /// if that is less.
+    /// The bound for a live database of `footprint` bytes of pages whose
+    /// own bound is `max_database_bytes`: what it has plus what the room
+    /// has free, if that is less.
     pub fn bound_for(&self, footprint: u64, max_database_bytes: u64) -> u64 {
         footprint
             .saturating_add(self.free())
@@ -121,17 +123,23 @@ impl StorageRoom {
     }
 }
 
-/// A live actor's place in the room: the pages it is counted for, and
-/// the bound its connection has now. Made when the actor's database
-/// opens; when it drops (after the database closed), the actor is counted
-/// for its files again.
+/// A live actor's place in the room: the bytes of its files when last
+/// counted, and the bound its connection has now. Made when the actor's
+/// database opens; counted again after each turn that wrote and when it
+/// closes.
 #[derive(Debug)]
 pub struct RoomShare {
     room: Arc<StorageRoom>,
     path: PathBuf,
     max_database_bytes: u64,
-    footprint: u64,
+    /// Its files (database and WAL) when last counted.
+    counted: u64,
+    /// The bound on its pages its connection has now.
     bound: u64,
+    /// Its pages when the room first bounded the current turn below its
+    /// own bound: the turn may grow from there by what is free, however
+    /// many writes it makes.
+    turn_pages: Option<u64>,
 }
 
 impl RoomShare {
@@ -145,24 +153,36 @@ impl RoomShare {
         files: u64,
         max_database_bytes: u64,
     ) -> Result<RoomShare, ActorStoreError> {
-        let footprint = db.footprint_bytes()?;
-        room.moved(files, footprint);
+        let counted = files_bytes(&path);
+        room.moved(files, counted);
         let mut share = RoomShare {
             room,
             path,
             max_database_bytes,
-            footprint,
+            counted,
             bound: 0,
+            turn_pages: None,
         };
         share.bound(db)?;
         Ok(share)
     }
 
-    /// Bounds the database at what the room leaves it, before a write. A
-    /// pragma runs only when that changed: never while the room has more
-    /// free than the database's own bound.
+    /// Bounds the database's pages at what the room leaves it, before a
+    /// write: its pages when the turn began writing plus what the room
+    /// has free now, when that is less than its own bound. While the room
+    /// has more free than that, this reads nothing and runs no pragma
+    /// (and a turn grows by less than was free when it began).
     pub fn bound(&mut self, db: &mut ActorDb) -> Result<(), ActorStoreError> {
-        let bound = self.room.bound_for(self.footprint, self.max_database_bytes);
+        let free = self.room.free();
+        let bound = if free >= self.max_database_bytes {
+            self.max_database_bytes
+        } else {
+            let pages = match self.turn_pages {
+                Some(pages) => pages,
+                None => *self.turn_pages.insert(db.footprint_bytes()?),
+            };
+            self.room.bound_for(pages, self.max_database_bytes)
+        };
         if bound != self.bound {
             db.set_max_bytes(bound)?;
             self.bound = bound;
@@ -170,13 +190,13 @@ impl RoomShare {
         Ok(())
     }
 
-    /// Counts what the database has now, after a turn (or a write outside
-    /// one) that may have changed it.
-    pub fn recount(&mut self, db: &ActorDb) {
-        if let Ok(footprint) = db.footprint_bytes() {
-            self.room.moved(self.footprint, footprint);
-            self.footprint = footprint;
-        }
+    /// Counts its files again, after a turn (or a write outside one) that
+    /// may have changed them.
+    pub fn recount(&mut self) {
+        self.turn_pages = None;
+        let now = files_bytes(&self.path);
+        self.room.moved(self.counted, now);
+        self.counted = now;
     }
 }
 
@@ -184,7 +204,7 @@ impl Drop for RoomShare {
     fn drop(&mut self) {
         // The database has closed: its files are what it takes now (none,
         // if it was deleted meanwhile).
-        self.room.moved(self.footprint, files_bytes(&self.path));
+        self.recount();
     }
 }
 
