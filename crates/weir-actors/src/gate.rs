@@ -76,7 +76,7 @@ struct GateState {
 impl GateState {
     /// Counts the database's files again, after writes.
     fn recount(&mut self) {
-        self.room.recount();
+        self.room.recount(&self.db);
     }
 
     /// The turn ended (committed or rolled back): what it wrote is

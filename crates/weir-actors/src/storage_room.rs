@@ -153,7 +153,7 @@ impl RoomShare {
         files: u64,
         max_database_bytes: u64,
     ) -> Result<RoomShare, ActorStoreError> {
-        let counted = files_bytes(&path);
+        let counted = db.files_bytes()?;
         room.moved(files, counted);
         let mut share = RoomShare {
             room,
@@ -191,10 +191,15 @@ impl RoomShare {
     }
 
     /// Counts its files again, after a turn (or a write outside one) that
-    /// may have changed them.
-    pub fn recount(&mut self) {
+    /// may have changed them: read from the files the open database holds.
+    pub fn recount(&mut self, db: &ActorDb) {
         self.turn_pages = None;
-        let now = files_bytes(&self.path);
+        if let Ok(now) = db.files_bytes() {
+            self.moved_to(now);
+        }
+    }
+
+    fn moved_to(&mut self, now: u64) {
         self.room.moved(self.counted, now);
         self.counted = now;
     }
@@ -204,7 +209,7 @@ impl Drop for RoomShare {
     fn drop(&mut self) {
         // The database has closed: its files are what it takes now (none,
         // if it was deleted meanwhile).
-        self.recount();
+        self.moved_to(files_bytes(&self.path));
     }
 }
 
