@@ -20,6 +20,7 @@ use rusqlite::Connection;
 pub mod actor;
 pub mod confinement;
 pub mod data_dir;
+pub mod disk_use;
 pub mod entries;
 pub mod journal;
 pub mod kv;
