@@ -466,23 +466,21 @@ impl ActorHost {
     }
 
     /// Applies the limits that bound the app's actors together (actors on
-    /// disk, alarm deliveries at once) as the classes' code now sets them:
-    /// one app's limits, so the same for every class; the smallest if not.
+    /// disk, the disk they take, alarm deliveries at once) as the classes'
+    /// code now sets them: one app's limits, so the same for every class;
+    /// the smallest if not.
     fn apply_app_limits(&self) {
-        let least =
-            |limit: fn(&ActorClass) -> usize| self.classes.values().map(|c| limit(&c.load())).min();
+        fn least<T: Ord>(host: &ActorHost, limit: impl Fn(&ActorLimits) -> T) -> Option<T> {
+            host.classes.values().map(|c| limit(&c.load().limits)).min()
+        }
         self.directory
-            .set_max_actors(least(|c| c.limits.max_actors).unwrap_or(usize::MAX));
-        let least_bytes = self
-            .classes
-            .values()
-            .map(|c| c.load().limits.max_actor_storage_bytes)
-            .min();
-        self.directory
-            .room()
-            .set_max(least_bytes.unwrap_or(crate::limits::DEFAULT_MAX_ACTOR_STORAGE_BYTES));
+            .set_max_actors(least(self, |l| l.max_actors).unwrap_or(usize::MAX));
+        self.directory.room().set_max(
+            least(self, |l| l.max_actor_storage_bytes)
+                .unwrap_or(crate::limits::DEFAULT_MAX_ACTOR_STORAGE_BYTES),
+        );
         self.deliveries.set_max(
-            least(|c| c.limits.max_concurrent_alarms)
+            least(self, |l| l.max_concurrent_alarms)
                 .unwrap_or(crate::limits::DEFAULT_MAX_CONCURRENT_ALARMS as usize),
         );
     }
