@@ -90,6 +90,14 @@ impl ActorDirectory {
         }
     }
 
+    /// The directory counting its actors' files in `room`, which the
+    /// layers above share for what they keep for the same actors (their
+    /// storage slots).
+    pub fn with_room(mut self, room: Arc<StorageRoom>) -> ActorDirectory {
+        self.room = room;
+        self
+    }
+
     /// The room the app's actors share on disk.
     pub fn room(&self) -> &Arc<StorageRoom> {
         &self.room

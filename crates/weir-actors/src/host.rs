@@ -132,17 +132,22 @@ impl Exclusive {
         }
         f(self.db.as_mut().expect("opened above")).map_err(storage)
     }
-}
 
-impl Drop for Exclusive {
-    fn drop(&mut self) {
-        // Closed while the actor is still held: what the holder wrote is
-        // counted in the storage room before any turn opens it again.
+    /// Closes the holder's own connection, if it opened one: what the
+    /// holder wrote is counted in the storage room before any turn opens
+    /// the database again (a wake counts from what the room counted).
+    fn close(&mut self) {
         if let Some(db) = self.db.take() {
             drop(db);
             let now = self.directory.files_bytes(&self.actor);
             self.directory.room().moved(self.files, now);
         }
+    }
+}
+
+impl Drop for Exclusive {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 
@@ -352,7 +357,7 @@ impl ActorHost {
         };
         // The holder's own connection goes first: a woken actor opens its
         // database for itself.
-        held.db = None;
+        held.close();
         let ctx = self.context(&cell, &class);
         let started = Instant::now();
         let mut report = crate::turn::TurnReport::default();

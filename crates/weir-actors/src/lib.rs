@@ -52,3 +52,4 @@ pub use limits::ActorLimits;
 pub use metrics::ActorMetrics;
 pub use operators::AdminError;
 pub use placement::{Durable, Forwarded, Location, Placement, Refusal};
+pub use storage_room::StorageRoom;

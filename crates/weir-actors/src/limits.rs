@@ -20,9 +20,10 @@ pub const DEFAULT_ACTOR_MAX_QUEUED: u64 = 128;
 /// 24 GB and a million files.
 pub const DEFAULT_MAX_ACTORS: u64 = 1_000_000;
 
-/// What all of an app's actor databases may take on this server's disk
-/// together, by default. `max_actors` (a million) times
-/// `max_database_bytes` (512 MiB) bounds nothing a disk has; 32 GiB holds
+/// What all of an app's actors (their databases and their storage slots)
+/// may take on this server's disk together, by default. `max_actors` (a
+/// million) times `max_database_bytes` (512 MiB) or `max_slot_bytes`
+/// (1 GiB) bounds nothing a disk has; 32 GiB holds
 /// a million fresh actors (about 24 KiB each with their WAL files) or 64
 /// full ones, and keeps one app from filling a disk the server's other
 /// apps write to.
@@ -56,7 +57,7 @@ limit_table! {
         },
         max_actor_storage_bytes: u64 = "max_actor_storage_bytes" {
             default: DEFAULT_MAX_ACTOR_STORAGE_BYTES, range: 64 << 10, 1 << 50, unit: Bytes,
-            meaning: "disk taken by the databases of all the app's actors on this server together (database and WAL files); once reached, a write that needs a new page fails with database_full and keeps nothing, deletes still run, and a new actor is refused with actor_storage_full",
+            meaning: "disk taken by all the app's actors on this server together: their database and WAL files and their storage slots; once reached, a write that needs a new page fails with database_full and keeps nothing, a slot write fails with insufficient-space, deletes still run, and a new actor is refused with actor_storage_full",
         },
         max_concurrent_alarms: usize = "max_concurrent_alarms" {
             default: DEFAULT_MAX_CONCURRENT_ALARMS, range: 1, 65_536, unit: Count,

@@ -93,9 +93,12 @@ pub struct HostStatus {
     pub actors: usize,
     pub max_actors: usize,
     /// What the app's actors take on disk together (the storage room's
-    /// count), and how much they may (`max_actor_storage_bytes`).
+    /// count: databases and storage slots), and how much they may
+    /// (`max_actor_storage_bytes`).
     pub storage_bytes: u64,
     pub max_storage_bytes: u64,
+    /// The part of `storage_bytes` their storage slots hold.
+    pub slot_storage_bytes: u64,
     /// Calls refused because they would have made one actor too many, or
     /// one more in a full storage room.
     pub refused_new: u64,
@@ -139,6 +142,7 @@ impl ActorHost {
             max_actors,
             storage_bytes,
             max_storage_bytes,
+            slot_storage_bytes: self.directory.room().slot_bytes(),
             refused_new: c.refused_new.load(Ordering::Relaxed),
             pending_timers: self.timers.len(),
             turns: c.turns.load(Ordering::Relaxed),

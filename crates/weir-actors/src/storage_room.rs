@@ -1,16 +1,21 @@
-//! The storage room: the bytes all of an app's actor databases take on
-//! this server's disk together, against `max_actor_storage_bytes`.
+//! The storage room: the bytes all of an app's actors take on this
+//! server's disk together (their databases and their storage slots),
+//! against `max_actor_storage_bytes`.
 //!
-//! `max_database_bytes` bounds one database and `max_actors` the number
-//! of them; without a bound on the whole, an app that makes many actors
-//! and fills each could fill the disk that every other app on the server
-//! writes to. The room counts what each actor's files (its database and
-//! its WAL) take: at start, when it wakes, after each turn of it that
+//! `max_database_bytes` bounds one database, `max_slot_bytes` one actor's
+//! storage slots and `max_actors` the number of actors; without a bound on
+//! the whole, an app that makes many actors and fills each could fill the
+//! disk that every other app on the server writes to. The room counts
+//! what each actor's files (its database and its WAL) take: at start, when it wakes, after each turn of it that
 //! wrote, and when it closes. A turn's WAL frames are on disk before
 //! anything counts them: the new pages among them are bounded (below), the
 //! pages it rewrites are not, and are counted when the turn ends. SQLite
 //! checkpoints a WAL past 1,000 pages at a commit, and the file is cut
-//! back at its next write.
+//! back at its next write. What the layer above keeps in an actor's
+//! storage slots is counted as that layer counts it (`max_slot_bytes`:
+//! bytes, and 4 KiB per file, directory and link): found at start, and
+//! then taken from the room before it is written ([`StorageRoom::take_slot_bytes`])
+//! and given back when it is removed.
 //!
 //! Invariants owned here:
 //! - a live actor's database is bounded at the pages it has plus what the
@@ -24,6 +29,9 @@
 //!   what was free when each of them was bounded (each is bounded at the
 //!   room's free bytes, not at a share of them); the first turn after
 //!   that finds the room full;
+//! - a storage slot grows only by bytes the room has free: growth that
+//!   does not fit is refused whole, so slots never pass the bound, and
+//!   the room they take is the room the databases cannot;
 //! - a new actor is made only while the room has room for its first
 //!   pages ([`StorageRoom::has_room`]); an actor that exists always
 //!   opens;
@@ -60,7 +68,10 @@ fn wal_path(path: &Path) -> PathBuf {
 /// What the actors of one app take on disk together, and the bound.
 #[derive(Debug)]
 pub struct StorageRoom {
+    /// Everything counted: databases and storage slots.
     used: AtomicU64,
+    /// The part of `used` that storage slots hold.
+    slots: AtomicU64,
     max: AtomicU64,
 }
 
@@ -68,6 +79,7 @@ impl Default for StorageRoom {
     fn default() -> Self {
         StorageRoom {
             used: AtomicU64::new(0),
+            slots: AtomicU64::new(0),
             max: AtomicU64::new(u64::MAX),
         }
     }
@@ -111,6 +123,51 @@ impl StorageRoom {
                     Some(u.saturating_sub(less))
                 });
         }
+    }
+
+    /// Bytes the storage slots hold (a part of [`StorageRoom::usage`]).
+    pub fn slot_bytes(&self) -> u64 {
+        self.slots.load(Ordering::Relaxed)
+    }
+
+    /// Counts what storage slots already hold (found on disk at start).
+    pub fn found_slot_bytes(&self, bytes: u64) {
+        self.used.fetch_add(bytes, Ordering::Relaxed);
+        self.slots.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Takes `bytes` for a storage slot to grow by, all of them if they
+    /// fit under the bound, else none (false).
+    pub fn take_slot_bytes(&self, bytes: u64) -> bool {
+        let max = self.max.load(Ordering::Relaxed);
+        let took = bytes == 0
+            || self
+                .used
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                    used.checked_add(bytes).filter(|&total| total <= max)
+                })
+                .is_ok();
+        if took {
+            self.slots.fetch_add(bytes, Ordering::Relaxed);
+        }
+        took
+    }
+
+    /// Gives back what a storage slot no longer holds.
+    pub fn give_slot_bytes(&self, bytes: u64) {
+        // Only what the slots were counted for leaves the whole.
+        let held = self
+            .slots
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(bytes))
+            })
+            .unwrap_or_else(|n| n);
+        let less = held.min(bytes);
+        let _ = self
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(less))
+            });
     }
 
     /// The bound for a live database of `footprint` bytes of pages whose
@@ -245,6 +302,27 @@ mod tests {
         assert_eq!(room.usage(), (300, 1000));
         room.moved(5000, 0);
         assert_eq!(room.usage(), (0, 1000));
+    }
+
+    #[test]
+    fn slots_take_only_what_is_free_and_the_databases_see_it_taken() {
+        let room = StorageRoom::default();
+        room.set_max(1000);
+        room.found_slot_bytes(100);
+        room.moved(0, 300);
+        assert_eq!((room.usage(), room.slot_bytes()), ((400, 1000), 100));
+        assert!(room.take_slot_bytes(500));
+        // All or nothing: 101 does not fit in 100.
+        assert!(!room.take_slot_bytes(101));
+        assert_eq!((room.usage(), room.slot_bytes()), ((900, 1000), 600));
+        // The databases may grow by what the slots left.
+        assert_eq!(room.bound_for(300, 10_000), 400);
+        room.give_slot_bytes(600);
+        assert_eq!((room.usage(), room.slot_bytes()), ((300, 1000), 0));
+        // Never below zero, neither part.
+        room.give_slot_bytes(50);
+        assert_eq!((room.usage(), room.slot_bytes()), ((300, 1000), 0));
+        assert!(room.take_slot_bytes(0));
     }
 
     #[test]

@@ -24,6 +24,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use wasmtime::component::Linker;
+use weir_actors::StorageRoom;
 use weir_actors::bindings::ActorSeat;
 use weir_runtime::code::HostInterfaces;
 use weir_runtime::compiled_code::Compiler;
@@ -66,6 +67,9 @@ pub struct ProgramsConfig {
     pub images_dir: PathBuf,
     /// Where storage slots live (`<data-dir>/slots`).
     pub slots_dir: PathBuf,
+    /// The app's storage room, which its actors' slots share with their
+    /// databases (`max_actor_storage_bytes`).
+    pub room: Arc<StorageRoom>,
     pub compiler: Compiler,
     pub limits: RunLimits,
     pub outbound: OutboundRules,
@@ -89,8 +93,9 @@ pub type Secrets = std::collections::HashMap<String, std::collections::HashMap<S
 pub struct ProgramsHost {
     pub(crate) config: ProgramsConfig,
     loader: OnceLock<Result<Arc<Loader>, String>>,
-    /// Opened at the first spawn (which is when a crash's leftover
-    /// ephemeral slots are deleted).
+    /// Opened at the app's start ([`ProgramsHost::open_slots`]), or else
+    /// at the first spawn: when a crash's leftover ephemeral slots are
+    /// deleted and the durable ones are counted in the room.
     slots: OnceLock<Result<Arc<Slots>, String>>,
     /// Where processes run, started at the first spawn.
     threads: OnceLock<Result<ProgramThreads, String>>,
@@ -156,10 +161,17 @@ impl ProgramsHost {
         loader.prepare(&mut root).map_err(|e| e.to_string())
     }
 
+    /// Opens the storage slots now (blocking): their leftovers are
+    /// deleted and what the durable ones hold is counted in the app's
+    /// storage room before its actors run.
+    pub fn open_slots(&self) -> Result<(), String> {
+        self.slots().map(drop)
+    }
+
     pub(crate) fn slots(&self) -> Result<Arc<Slots>, String> {
         self.slots
             .get_or_init(|| {
-                Slots::open(&self.config.slots_dir)
+                Slots::open(&self.config.slots_dir, self.config.room.clone())
                     .map(Arc::new)
                     .map_err(|e| format!("cannot open {}: {e}", self.config.slots_dir.display()))
             })

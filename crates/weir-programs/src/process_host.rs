@@ -395,17 +395,19 @@ impl ProgramsHost {
             })
             .map_err(|_| types::Error::Failed("the owner's turn cannot write".into()))?;
         seat.gate.flush().map_err(types::Error::Failed)?;
-        // What it held goes back to its owner's quota, if a process of the
-        // owner runs (else the next one measures the disk anew).
-        let quota = self
-            .slots()
-            .ok()
-            .and_then(|slots| slots.quotas.running(&slots.owner_dir(&owner)));
+        // What it held goes back to the app's room, and to its owner's
+        // quota if a process of the owner runs (else the next one measures
+        // the disk anew).
+        let slots = self.slots().map_err(types::Error::Failed)?;
+        let owner_dir = slots.owner_dir(&owner);
         tokio::task::spawn_blocking(move || {
-            if let Some(quota) = &quota {
-                quota.release(crate::slot_quota::measure(&dir));
-            }
-            std::fs::remove_dir_all(&dir)
+            let held = crate::slot_quota::measure(&dir);
+            let removed = std::fs::remove_dir_all(&dir);
+            // What is left of it (a removal that failed half way) is
+            // counted again.
+            let left = crate::slot_quota::measure(&dir);
+            slots.quotas.released(&owner_dir, held.saturating_sub(left));
+            removed
         })
         .await
         .map_err(|e| types::Error::Failed(e.to_string()))

@@ -13,13 +13,18 @@
 //! - an ephemeral slot is the process's own (`ephemeral/…-<pid>`) and is
 //!   deleted when the process ends; what a crash left behind is deleted at
 //!   the next start.
+//! - what the durable slots hold when they open is counted in the app's
+//!   storage room before any process writes (see [`crate::slot_quota`]).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use sha2::{Digest as _, Sha256};
 
 use crate::process_table::Owner;
-use crate::slot_quota::SlotQuotas;
+use weir_actors::StorageRoom;
+
+use crate::slot_quota::{SlotQuotas, measure_durable};
 
 /// The data dir's subdirectory of storage slots.
 pub const SLOTS_DIR: &str = "slots";
@@ -46,8 +51,10 @@ pub struct Slots {
 }
 
 impl Slots {
-    /// Opens `<data-dir>/slots`, deleting the ephemeral slots a crash left.
-    pub fn open(root: &Path) -> std::io::Result<Slots> {
+    /// Opens `<data-dir>/slots`, deleting the ephemeral slots a crash left
+    /// and counting what the durable ones hold in the app's `room`
+    /// (blocking: it reads every durable slot's tree).
+    pub fn open(root: &Path, room: Arc<StorageRoom>) -> std::io::Result<Slots> {
         let ephemeral = root.join("ephemeral");
         match std::fs::remove_dir_all(&ephemeral) {
             Ok(()) => {}
@@ -55,10 +62,12 @@ impl Slots {
             Err(e) => return Err(e),
         }
         std::fs::create_dir_all(&ephemeral)?;
-        std::fs::create_dir_all(root.join("durable"))?;
+        let durable = root.join("durable");
+        std::fs::create_dir_all(&durable)?;
+        room.found_slot_bytes(measure_durable(&durable));
         Ok(Slots {
             root: root.to_path_buf(),
-            quotas: SlotQuotas::default(),
+            quotas: SlotQuotas::new(room),
         })
     }
 

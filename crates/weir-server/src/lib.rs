@@ -178,6 +178,8 @@ pub enum ServerError {
         dir: PathBuf,
         cause: weir_actors::AdminError,
     },
+    #[error("storage slots: {0}")]
+    Slots(String),
     #[error(transparent)]
     Images(#[from] weir_programs::ImageError),
     #[error(transparent)]

@@ -10,7 +10,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use weir_actors::{ActorClass, ActorDirectory, ActorHost, ActorInterfaces, ActorMetrics};
+use weir_actors::{
+    ActorClass, ActorDirectory, ActorHost, ActorInterfaces, ActorMetrics, StorageRoom,
+};
 use weir_cluster::Cluster;
 use weir_http::websocket::{ActorSockets, SocketHub, SocketInterfaces};
 use weir_programs::RunLimits;
@@ -212,12 +214,16 @@ impl Tenant {
             shared.prefix(&spec.name),
             crate::PROGRAMS_METRICS_APP
         );
+        // What the app's actors take on disk, their databases and their
+        // storage slots together (`max_actor_storage_bytes`).
+        let room = Arc::new(StorageRoom::default());
         // Programs run from the app's actors' turns: on an engine of their
         // own, made at the first run, from the server's image store into
         // the app's own storage slots.
         let programs = ProgramsHost::new(ProgramsConfig {
             images_dir: shared.data_dir.join(IMAGES_DIR),
             slots_dir: dir.join(weir_programs::storage_slot::SLOTS_DIR),
+            room: room.clone(),
             compiler: shared.compiler.clone(),
             limits: RunLimits {
                 runtime: limits.runtime.clone(),
@@ -273,7 +279,7 @@ impl Tenant {
                     &stores,
                 )?);
             }
-            let directory = ActorDirectory::new(&dir, shared.durability);
+            let directory = ActorDirectory::new(&dir, shared.durability).with_room(room);
             // In cluster mode each actor runs on the node that owns it, its
             // storage shipped to the cluster's database.
             let placement = shared
@@ -289,6 +295,11 @@ impl Tenant {
             actor_sockets.connect(&host);
             let router: Arc<dyn InternalRouter> = host.clone();
             stores.routes.connect(&[router, process_router.clone()]);
+            // What the durable storage slots hold counts in the room
+            // before any turn writes (none run in cluster mode).
+            if !clustered {
+                programs.open_slots().map_err(ServerError::Slots)?;
+            }
             host.start();
             // Owners whose processes the last run did not see end get them
             // back now, without waiting for a request (none run in cluster

@@ -291,3 +291,146 @@ async fn a_process_cannot_fill_the_disk_through_its_slot() {
     let (pid, _) = o.spawn("owner", "slot=app&durable=1").await;
     assert_eq!(fill(pid, "owner", "write", 16).await, (1, stream_failed));
 }
+
+/// What the app's actor databases take on disk: every database and WAL.
+fn actor_disk_bytes(data: &std::path::Path) -> u64 {
+    walk(&data.join("actors"))
+        .iter()
+        .filter(|p| {
+            let name = p.to_string_lossy();
+            name.ends_with(".sqlite3") || name.ends_with(".sqlite3-wal")
+        })
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum()
+}
+
+/// What the durable slots hold as `max_slot_bytes` counts it: each
+/// slot's contents, bytes and 4 KiB per entry (the class, owner and slot
+/// directories are Weir's).
+fn slot_disk_bytes(data: &std::path::Path) -> u64 {
+    let durable = data.join("slots/durable");
+    let mut total = 0;
+    for class in std::fs::read_dir(&durable).unwrap().flatten() {
+        for owner in std::fs::read_dir(class.path()).unwrap().flatten() {
+            for slot in std::fs::read_dir(owner.path()).unwrap().flatten() {
+                let (bytes, entries) = held(&slot.path());
+                total += bytes + entries as u64 * 4096;
+            }
+        }
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_and_databases_share_max_actor_storage_bytes_and_a_removed_slot_gives_room_back() {
+    const MIB: u64 = 1 << 20;
+    const ROOM: u64 = 5 * MIB;
+    let room = format!("max_actor_storage_bytes={ROOM}");
+    // Each owner's own quota has room for 3 MiB of chunks; the app's room
+    // not for two such owners beside their databases.
+    let limits = [
+        &room,
+        "max_slot_bytes=4194304",
+        "actor_idle_ms=600000",
+        "event_limit_ms=20000",
+    ];
+    let mut o = Owners::start("slot-room", &limits).await;
+    let status = async |o: &Owners| o.weir.admin_get("/actors").await.json()["status"].clone();
+    let fill = async |o: &Owners, pid: u64, owner: &str, how: &str, n: u64| {
+        let r = o
+            .call(
+                "POST",
+                &format!("/r/{owner}/proc/{pid}/fill?how={how}&n={n}"),
+                b"",
+            )
+            .await;
+        assert_eq!(r.status, 200, "{how}: {:?}", r.body);
+        let v = r.json();
+        (
+            v["done"].as_u64().unwrap(),
+            v["error"].as_str().map(String::from),
+        )
+    };
+    let stream_failed = Some("Uncategorized".to_string());
+    let full = Some("StorageFull".to_string());
+    let (a, _) = o.spawn("a", "slot=app&durable=1").await;
+    let (b, _) = o.spawn("b", "slot=app&durable=1").await;
+
+    // One owner fills its own quota: three chunks beside its start line.
+    assert_eq!(
+        fill(&o, a, "a", "write", 16).await,
+        (3, stream_failed.clone())
+    );
+    // The next finds the app's room shorter than its own quota: as many
+    // chunks fit as the room has free after the file's entry.
+    let s = status(&o).await;
+    let free = ROOM - s["storage_bytes"].as_u64().unwrap();
+    let fit = (free - 4096) / MIB;
+    assert!(fit < 3, "the room, not b's quota, must stop b: {s}");
+    assert_eq!(
+        fill(&o, b, "b", "write", 16).await,
+        (fit, stream_failed.clone())
+    );
+    // Then empty files, 4 KiB each, until not one more fits.
+    let s = status(&o).await;
+    let free = ROOM - s["storage_bytes"].as_u64().unwrap();
+    assert_eq!(
+        fill(&o, b, "b", "files", 2000).await,
+        (free / 4096, full.clone())
+    );
+    let s = status(&o).await;
+    let (used, slots) = (
+        s["storage_bytes"].as_u64().unwrap(),
+        s["slot_storage_bytes"].as_u64().unwrap(),
+    );
+    assert!(ROOM - used < 4096, "{s}");
+    // The count is the disk's: the databases' files and the slots as
+    // their quotas count them.
+    assert_eq!(slots, slot_disk_bytes(&o.data), "{s}");
+    assert_eq!(used, slots + actor_disk_bytes(&o.data), "{s}");
+
+    // A full room makes no new actor; the owners that exist answer.
+    let newcomer = o.call("GET", "/r/c/count", b"").await;
+    assert_eq!(newcomer.status, 507, "{:?}", newcomer.body);
+    assert_eq!(newcomer.json()["error"], "actor_storage_full");
+    assert!(!o.data.join("actors/runner/c.sqlite3").exists());
+    let alive = o.call("GET", &format!("/r/a/status/{a}"), b"").await;
+    assert_eq!(alive.status, 200, "{:?}", alive.body);
+
+    // Removing a's slot gives its bytes back to the whole app: a new actor
+    // is made and b grows into what a held.
+    o.call("POST", &format!("/r/a/kill/{a}"), b"").await;
+    let removed = o.call("POST", "/r/a/remove-storage/app", b"").await;
+    assert_eq!(removed.json()["removed"], true, "{:?}", removed.body);
+    let s = status(&o).await;
+    assert_eq!(s["slot_storage_bytes"], slot_disk_bytes(&o.data), "{s}");
+    assert!(
+        slots - s["slot_storage_bytes"].as_u64().unwrap() > 3 * MIB,
+        "{s}"
+    );
+    assert_eq!(o.call("GET", "/r/c/count", b"").await.json()["n"], 1);
+    assert_eq!(fill(&o, b, "b", "write", 2).await, (2, None));
+
+    // After a restart the room counts the slots from the disk again, and
+    // holds a new owner, whose own quota is empty, to what is left.
+    o.remove_data = false;
+    let data = o.data.clone();
+    drop(o);
+    let o = Owners::start_in(data, &limits).await;
+    // b's process is started again by its launch journal: its first turn
+    // after the restart waits for that.
+    let listed = o.call("GET", "/r/b/list", b"").await.json();
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+    let s = status(&o).await;
+    assert_eq!(s["slot_storage_bytes"], slot_disk_bytes(&o.data), "{s}");
+    assert_eq!(
+        s["storage_bytes"].as_u64().unwrap(),
+        slot_disk_bytes(&o.data) + actor_disk_bytes(&o.data),
+        "{s}"
+    );
+    let (d, _) = o.spawn("d", "slot=app&durable=1").await;
+    let s = status(&o).await;
+    let free = ROOM - s["storage_bytes"].as_u64().unwrap();
+    assert!(free / 4096 < 1000, "{s}");
+    assert_eq!(fill(&o, d, "d", "files", 2000).await, (free / 4096, full));
+}
