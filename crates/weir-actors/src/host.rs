@@ -211,6 +211,9 @@ pub struct ActorHost {
     /// Where actors run and their commits become durable, when that is
     /// decided beyond this process (cluster mode).
     pub(crate) placement: Option<Arc<dyn Placement>>,
+    /// What the layers above keep in actors' names, let go of when an
+    /// actor is deleted ([`ActorHost::keep_holdings`]).
+    pub(crate) holdings: std::sync::OnceLock<Arc<dyn crate::holdings::Holdings>>,
 }
 
 impl ActorHost {
@@ -243,6 +246,7 @@ impl ActorHost {
             unreadable: Vec::new(),
             journaled: Vec::new(),
             placement,
+            holdings: std::sync::OnceLock::new(),
         };
         let mut journaled = Vec::new();
         let mut unreadable = Vec::new();
@@ -287,6 +291,13 @@ impl ActorHost {
         host.directory.recount(census);
         host.apply_app_limits();
         Ok(Arc::new(host))
+    }
+
+    /// Binds the layer that keeps processes and slots in actors' names:
+    /// an actor's deletion has it let go of them first (once; later
+    /// calls change nothing).
+    pub fn keep_holdings(&self, holdings: Arc<dyn crate::holdings::Holdings>) {
+        let _ = self.holdings.set(holdings);
     }
 
     /// Actors whose launch journal had rows when this host started.

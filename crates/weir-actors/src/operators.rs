@@ -306,8 +306,10 @@ impl ActorHost {
         })
     }
 
-    /// Deletes an actor: waits for its turn, drops it from memory, removes
-    /// its database and its timers. True if it existed.
+    /// Deletes an actor: waits for its turn, has the layers above let go
+    /// of what they keep in its name (its processes and storage slots,
+    /// see [`crate::holdings`]), drops it from memory, removes its
+    /// database and its timers. True if it existed.
     pub async fn delete(&self, class: &str, name: &str) -> Result<bool, AdminError> {
         let class = self.class(class)?.clone();
         let actor = ActorAddress::new(&class.name, name)?;
@@ -317,6 +319,12 @@ impl ActorHost {
         }
         let claim = self.claim_always(&actor, &class);
         let mut live = claim.cell.live.lock().await;
+        if let Some(holdings) = self.holdings.get() {
+            holdings
+                .let_go(&actor)
+                .await
+                .map_err(|why| AdminError::Storage(format!("{actor}: {why}")))?;
+        }
         // Its database closes here unless something still holds its gate;
         // then the room counts it down when that closes.
         let gate = live.gate.take();

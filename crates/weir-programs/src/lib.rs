@@ -19,7 +19,8 @@
 //!   [`slot_quota`] (what an owner's slots may hold on disk) and
 //!   [`slot_filesystem`] (`wasi:filesystem` for processes, counted).
 //! - [`fenced_work`]: the launch journal, and [`recovery`]: re-driving what
-//!   a crash left.
+//!   a crash left; [`holdings`]: what a deleted actor's processes and
+//!   slots leave (nothing).
 //! - [`limits`], [`error_code`], [`metrics`]: the programs' own limits,
 //!   codes and metrics, set and reported like the runtime's.
 //!
@@ -29,6 +30,7 @@
 
 pub mod error_code;
 pub mod fenced_work;
+pub mod holdings;
 pub mod host;
 pub mod image_store;
 pub mod lifetime;

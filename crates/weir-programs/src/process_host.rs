@@ -399,25 +399,10 @@ impl ProgramsHost {
         // quota if a process of the owner runs (else the next one measures
         // the disk anew).
         let slots = self.slots().map_err(types::Error::Failed)?;
-        let owner_dir = slots.owner_dir(&owner);
-        tokio::task::spawn_blocking(move || {
-            let held = crate::slot_quota::measure(&dir);
-            let removed = std::fs::remove_dir_all(&dir);
-            // What is left of it (a removal that failed half way) is
-            // counted again.
-            let left = crate::slot_quota::measure(&dir);
-            slots.quotas.released(&owner_dir, held.saturating_sub(left));
-            removed
-        })
-        .await
-        .map_err(|e| types::Error::Failed(e.to_string()))
-        .and_then(|removed| match removed {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(types::Error::Failed(format!(
-                "cannot remove storage slot `{name}`: {e}"
-            ))),
-        })
+        tokio::task::spawn_blocking(move || slots.remove(&owner, &dir, crate::slot_quota::measure))
+            .await
+            .map_err(|e| types::Error::Failed(e.to_string()))?
+            .map_err(|e| types::Error::Failed(format!("cannot remove storage slot `{name}`: {e}")))
     }
 }
 

@@ -112,7 +112,7 @@ pub fn measure(dir: &Path) -> u64 {
 
 /// What the slots under one owner's directory count: each slot's
 /// contents, its own directory not.
-fn owner_bytes(owner_dir: &Path) -> u64 {
+pub(crate) fn owner_bytes(owner_dir: &Path) -> u64 {
     subdirectories(owner_dir).map(|slot| measure(&slot)).sum()
 }
 

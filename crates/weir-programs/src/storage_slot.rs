@@ -86,6 +86,30 @@ impl Slots {
             .join(Self::owner_key(owner))
     }
 
+    /// Removes `dir` — one of `owner`'s slots, or its whole directory of
+    /// durable slots — and gives back to the owner's quota (if a process
+    /// of it runs) and to the app's room what `count` says it held. True
+    /// if it existed. Blocking.
+    pub(crate) fn remove(
+        &self,
+        owner: &Owner,
+        dir: &Path,
+        count: impl Fn(&Path) -> u64,
+    ) -> std::io::Result<bool> {
+        let held = count(dir);
+        let removed = std::fs::remove_dir_all(dir);
+        // What is left of it (a removal that failed half way) is still
+        // counted.
+        let left = count(dir);
+        self.quotas
+            .released(&self.owner_dir(owner), held.saturating_sub(left));
+        match removed {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The durable slot `name` of `owner` (not created).
     pub fn durable(&self, owner: &Owner, name: &str) -> PathBuf {
         self.owner_dir(owner).join(name)

@@ -293,6 +293,8 @@ impl Tenant {
                     cause: source,
                 })?;
             actor_sockets.connect(&host);
+            // Deleting an actor ends its processes and removes its slots.
+            host.keep_holdings(programs.clone());
             let router: Arc<dyn InternalRouter> = host.clone();
             stores.routes.connect(&[router, process_router.clone()]);
             // What the durable storage slots hold counts in the room

@@ -434,3 +434,83 @@ async fn slots_and_databases_share_max_actor_storage_bytes_and_a_removed_slot_gi
     assert!(free / 4096 < 1000, "{s}");
     assert_eq!(fill(&o, d, "d", "files", 2000).await, (free / 4096, full));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_an_actor_ends_its_processes_and_removes_its_slots_and_a_namesake_finds_nothing() {
+    let o = Owners::start("deleted-owner", &["actor_idle_ms=600000"]).await;
+    let status = async || o.weir.admin_get("/actors").await.json()["status"].clone();
+    let put = async |owner: &str, pid: u64, file: &str| {
+        let r = o
+            .call(
+                "PUT",
+                &format!("/r/{owner}/proc/{pid}/files/{file}"),
+                &[7u8; 100_000],
+            )
+            .await;
+        assert_eq!(r.text(), "wrote 100000");
+    };
+    let (durable, _) = o.spawn("gone", "slot=app&durable=1").await;
+    let (scratch, _) = o.spawn("gone", "slot=tmp").await;
+    put("gone", durable, "notes.txt").await;
+    put("gone", scratch, "tmp.bin").await;
+    let (kept, _) = o.spawn("kept", "slot=app&durable=1").await;
+    put("kept", kept, "notes.txt").await;
+    let before = status().await["slot_storage_bytes"].as_u64().unwrap();
+    assert!(before > 300_000, "{before}");
+
+    let deleted = o.weir.admin_send("DELETE", "/actors/runner/gone").await;
+    assert_eq!(deleted.json()["deleted"], true, "{:?}", deleted.body);
+
+    // Its processes are gone, before the deletion answered; the other
+    // owner's runs on.
+    let listed = o.weir.admin_get("/processes").await.json();
+    let owners: Vec<&str> = listed["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["owner"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(owners, ["kept"], "{listed}");
+    // Its slots are off the disk, the durable one and the ephemeral one,
+    // and their bytes are back in the room; the other owner's are not.
+    let durable_dirs = std::fs::read_dir(o.data.join("slots/durable/runner"))
+        .unwrap()
+        .count();
+    assert_eq!(durable_dirs, 1, "only kept's owner directory is left");
+    let ephemeral = std::fs::read_dir(o.data.join("slots/ephemeral"))
+        .unwrap()
+        .count();
+    assert_eq!(ephemeral, 0);
+    let s = status().await;
+    assert_eq!(s["slot_storage_bytes"], slot_disk_bytes(&o.data), "{s}");
+    assert!(
+        before - s["slot_storage_bytes"].as_u64().unwrap() >= 200_000,
+        "{s}"
+    );
+    assert_eq!(s["actors"], 1, "{s}");
+    let read = o
+        .call("GET", &format!("/r/kept/proc/{kept}/files/notes.txt"), b"")
+        .await;
+    assert_eq!(read.body.as_ref().unwrap().len(), 100_000);
+    // Nothing of the deleted owner came back meanwhile (a process's end
+    // does not reopen its owner to clean its journal).
+    assert!(!o.data.join("actors/runner/gone.sqlite3").exists());
+
+    // A new actor of the same name starts with nothing of the old one.
+    let listed = o.call("GET", "/r/gone/list", b"").await.json();
+    assert_eq!(listed, serde_json::json!([]));
+    let (again, _) = o.spawn("gone", "slot=app&durable=1").await;
+    let read = o
+        .call("GET", &format!("/r/gone/proc/{again}/files/notes.txt"), b"")
+        .await;
+    assert_eq!(
+        (read.status.as_u16(), read.text()),
+        (404, "NotFound".to_string())
+    );
+    let s = status().await;
+    assert_eq!(
+        s["storage_bytes"].as_u64().unwrap(),
+        slot_disk_bytes(&o.data) + actor_disk_bytes(&o.data),
+        "{s}"
+    );
+}
