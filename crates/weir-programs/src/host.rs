@@ -28,6 +28,7 @@ use weir_actors::StorageRoom;
 use weir_actors::bindings::ActorSeat;
 use weir_runtime::code::HostInterfaces;
 use weir_runtime::compiled_code::Compiler;
+use weir_runtime::guest_log::GuestLog;
 use weir_runtime::guest_state::GenerationState;
 use weir_runtime::memory_budget::MemoryBudget;
 use weir_runtime::metrics::AppMetrics;
@@ -77,6 +78,9 @@ pub struct ProgramsConfig {
     pub metrics: AppMetrics,
     pub program_metrics: ProgramMetrics,
     pub receipts: Option<Arc<dyn ReceiptSink>>,
+    /// Where resident processes' stdout and stderr go: the app's records
+    /// in Weir's log.
+    pub guest_log: Option<Arc<GuestLog>>,
     /// Each actor class's secrets, by name, as the server's configuration
     /// gives them (what `secret-env` names resolve to).
     pub secrets: Secrets,
@@ -146,6 +150,7 @@ impl ProgramsHost {
                     c.compiler.clone(),
                     c.limits.clone(),
                     c.outbound.clone(),
+                    c.guest_log.clone(),
                 )
                 .map(Arc::new)
                 .map_err(|e| e.to_string())

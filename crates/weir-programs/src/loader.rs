@@ -13,6 +13,7 @@ use std::sync::Arc;
 use wasmtime_wasi::p2::bindings::CommandPre;
 use weir_runtime::code::Entry;
 use weir_runtime::compiled_code::{CodeCache, Compiler};
+use weir_runtime::guest_log::GuestLog;
 use weir_runtime::guest_state::GenerationState;
 use weir_runtime::outbound::OutboundRules;
 use weir_runtime::sql_pool::SqlPool;
@@ -50,13 +51,15 @@ pub struct Loader {
 }
 
 impl Loader {
-    /// A loader over `images`, compiling with `compiler` for `engine`.
+    /// A loader over `images`, compiling with `compiler` for `engine`;
+    /// resident processes' output goes to `guest_log` (their app's).
     pub fn new(
         images: ImageStore,
         engine: WeirEngine,
         compiler: Compiler,
         limits: RunLimits,
         outbound: OutboundRules,
+        guest_log: Option<Arc<GuestLog>>,
     ) -> Result<Loader, ProgramLoadError> {
         let cache =
             CodeCache::new(&images.compiled_dir(), compiler).map_err(|source| ImageError::Io {
@@ -81,6 +84,7 @@ impl Loader {
                 router: None,
                 // Programs compute on threads of their own.
                 share: None,
+                guest_log,
             },
         })
     }

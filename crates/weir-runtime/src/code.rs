@@ -24,6 +24,7 @@ use crate::component_world::{self, World};
 use crate::compute_share::ShareTenant;
 use crate::engine::WeirEngine;
 use crate::extension::InternalRoutes;
+use crate::guest_log::GuestLog;
 use crate::guest_state::GenerationState;
 use crate::limits::Limits;
 use crate::memory_budget::MemoryBudget;
@@ -106,6 +107,9 @@ pub struct Stores {
     /// computations take turns at ([`crate::compute_share`]); none for
     /// code that runs on threads of its own (programs).
     pub share: Option<ShareTenant>,
+    /// Where its guests' stdout and stderr go, as records naming the app
+    /// ([`crate::guest_log`]); nowhere without one.
+    pub guest_log: Option<Arc<GuestLog>>,
 }
 
 /// The export a kind of code is entered by: its pre-instantiated form,
@@ -158,6 +162,8 @@ pub struct AppCode<E: Entry = ProxyPre<GenerationState>> {
     pub budget: Arc<MemoryBudget>,
     /// Where its long computations take their slices, if anywhere.
     pub share: Option<ShareTenant>,
+    /// Where its guests' output goes (see [`Stores::guest_log`]).
+    pub guest_log: Option<Arc<GuestLog>>,
     pub routes: InternalRoutes,
     /// The compiled component, for a layer's own exports.
     pub component: Component,
@@ -252,6 +258,7 @@ impl<E: Entry> AppCode<E> {
             router: stores.router,
             budget,
             share: stores.share,
+            guest_log: stores.guest_log,
             routes: stores.routes,
             component: component.clone(),
         })

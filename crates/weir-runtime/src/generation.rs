@@ -48,7 +48,8 @@ impl Generation {
 
     /// [`Generation::instantiate`] with a WASI context of the caller's
     /// (a resident program's arguments and environment); its stdout and
-    /// stderr are set here, to Weir's own with the per-event budget.
+    /// stderr are set here: records in the app's log with the per-event
+    /// budget ([`crate::guest_log`]).
     pub async fn instantiate_with(
         code: &AppCode,
         metrics: &AppMetrics,
@@ -56,7 +57,7 @@ impl Generation {
         extras: Extras,
         mut wasi: wasmtime_wasi::WasiCtxBuilder,
     ) -> Result<Generation, InstantiateError> {
-        let (stdout, stderr) = GuestOutput::pair();
+        let (stdout, stderr) = GuestOutput::pair(code.guest_log.as_ref());
         let wasi = wasi.stdout(stdout).stderr(stderr.clone()).build();
         let mut store = new_store(code, metrics, extras, wasi, stderr);
         // A start function is guest code: it runs under the same bound as

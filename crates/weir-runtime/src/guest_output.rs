@@ -1,10 +1,14 @@
-//! A guest's standard output and error: written to Weir's own, bounded.
+//! A guest's standard output and error: into Weir's log, bounded.
 //!
-//! Invariant owned here: one event (or turn of a layer above) makes Weir write at most
-//! [`MAX_GUEST_OUTPUT_BYTES`] of its guest's output, stdout and stderr
-//! together; the rest is accepted from the guest and dropped. A guest that
-//! prints in a loop cannot fill the operator's logs or disk, and a panic
-//! message (a few hundred bytes) always gets through. A program's output
+//! Invariant owned here: one event (or turn of a layer above) adds at most
+//! [`MAX_GUEST_OUTPUT_BYTES`] to Weir's log for its guest's output, stdout
+//! and stderr together, records and their framing included (the records
+//! are [`crate::guest_log`]'s); the rest is accepted from the guest and
+//! dropped. A guest that prints in a loop adds no more than that per
+//! event, and a panic message (a few hundred bytes) always gets through.
+//! A one-shot run's output from the command line goes to Weir's own
+//! stdout and stderr as it is (the operator's own program, its output its
+//! result). A program's output
 //! ([`GuestOutput::shared`]) has a budget of its own, past which writes
 //! fail and [`GuestOutput::exceeded`] says so: its output is never more
 //! than the budget, and a cut output never passes for a whole one.
@@ -18,17 +22,23 @@ use std::task::{Context, Poll};
 use tokio::io::AsyncWrite;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 
-/// Bytes of a guest's output written per event, at most: room for any
-/// diagnostic, and a bound on what one event adds to Weir's log.
+use crate::guest_log::{GuestLog, LogStream};
+
+/// Bytes a guest's output adds to Weir's log per event, at most: room for
+/// any diagnostic, and a bound on what one event adds to Weir's log.
 pub const MAX_GUEST_OUTPUT_BYTES: u64 = 64 << 10;
 
 /// Where a guest stream's bytes go.
 #[derive(Clone)]
 pub enum Sink {
-    /// Weir's own standard output.
+    /// Weir's own standard output, as it is.
     Stdout,
-    /// Weir's own standard error.
+    /// Weir's own standard error, as it is.
     Stderr,
+    /// Records in Weir's log ([`crate::guest_log`]).
+    Log(Arc<LogStream>),
+    /// Nowhere (no log takes guest output).
+    Nowhere,
     /// Kept in memory for the caller (a program's output handed back, a
     /// process's tail).
     Capture(Arc<dyn Keep>),
@@ -69,17 +79,37 @@ pub struct GuestOutput {
     exceeded: Arc<AtomicBool>,
     past: PastBudget,
     sink: Sink,
+    /// Both streams of a pair into the log, to finish their lines when
+    /// an event ends.
+    logs: Option<Arc<[Arc<LogStream>; 2]>>,
 }
 
 impl GuestOutput {
-    /// The stdout and stderr of one generation, into Weir's own, with one
-    /// budget of [`MAX_GUEST_OUTPUT_BYTES`] per event; the rest is dropped.
-    pub fn pair() -> (GuestOutput, GuestOutput) {
-        Self::shared(
-            MAX_GUEST_OUTPUT_BYTES,
-            PastBudget::Drop,
-            Sink::Stdout,
-            Sink::Stderr,
+    /// The stdout and stderr of one generation, as records in `log` (or
+    /// nowhere without one), with one budget of [`MAX_GUEST_OUTPUT_BYTES`]
+    /// per event; the rest is dropped.
+    pub fn pair(log: Option<&Arc<GuestLog>>) -> (GuestOutput, GuestOutput) {
+        let Some(log) = log else {
+            return Self::shared(0, PastBudget::Drop, Sink::Nowhere, Sink::Nowhere);
+        };
+        let budget = Budget {
+            left: Arc::new(AtomicU64::new(MAX_GUEST_OUTPUT_BYTES)),
+            exceeded: Arc::new(AtomicBool::new(false)),
+            past: PastBudget::Drop,
+        };
+        let stream = |name| Arc::new(LogStream::new(log.clone(), name, budget.clone()));
+        let streams = Arc::new([stream("stdout"), stream("stderr")]);
+        let one = |sink| GuestOutput {
+            left: budget.left.clone(),
+            budget: MAX_GUEST_OUTPUT_BYTES,
+            exceeded: budget.exceeded.clone(),
+            past: PastBudget::Drop,
+            sink,
+            logs: Some(streams.clone()),
+        };
+        (
+            one(Sink::Log(streams[0].clone())),
+            one(Sink::Log(streams[1].clone())),
         )
     }
 
@@ -99,6 +129,7 @@ impl GuestOutput {
             exceeded: exceeded.clone(),
             past,
             sink,
+            logs: None,
         };
         (one(stdout), one(stderr))
     }
@@ -107,6 +138,14 @@ impl GuestOutput {
     pub fn reset(&self) {
         self.left.store(self.budget, Ordering::Relaxed);
         self.exceeded.store(false, Ordering::Relaxed);
+    }
+
+    /// The event ended: a line the guest left unfinished on either stream
+    /// goes to the log now, within the event's budget.
+    pub fn end_event(&self) {
+        for stream in self.logs.iter().flat_map(|logs| logs.iter()) {
+            stream.end_event();
+        }
     }
 
     /// True once the guest wrote more than the budget.
@@ -141,15 +180,19 @@ impl StdoutStream for GuestOutput {
                 inner: Captured(into.clone()),
                 budget,
             }),
+            // The records count themselves against the budget.
+            Sink::Log(stream) => Box::new(Logged(stream.clone())),
+            Sink::Nowhere => Box::new(tokio::io::sink()),
         }
     }
 }
 
 /// The shared budget as one stream sees it.
-struct Budget {
-    left: Arc<AtomicU64>,
-    exceeded: Arc<AtomicBool>,
-    past: PastBudget,
+#[derive(Clone)]
+pub(crate) struct Budget {
+    pub(crate) left: Arc<AtomicU64>,
+    pub(crate) exceeded: Arc<AtomicBool>,
+    pub(crate) past: PastBudget,
 }
 
 /// Writes through to `inner` while the budget lasts, then drops or
@@ -197,6 +240,28 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Bounded<W> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Output into the log, as records.
+struct Logged(Arc<LogStream>);
+
+impl AsyncWrite for Logged {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.0.write(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
     }
 }
 

@@ -109,9 +109,10 @@ impl GenerationState {
             self.output.reset();
             self.slices = 0;
         }
-        // An offer lives for one event.
+        // An offer lives for one event, and so does an unfinished line.
         if scope.is_none() {
             self.offered = None;
+            self.output.end_event();
         }
         self.outbound.scope = scope;
     }

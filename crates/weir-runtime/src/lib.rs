@@ -66,6 +66,7 @@ pub mod error_code;
 pub mod event;
 pub mod extension;
 pub mod generation;
+pub mod guest_log;
 pub mod guest_output;
 pub mod guest_state;
 pub mod held;

@@ -182,10 +182,30 @@ pub(crate) fn encode_line(
     kind: impl FnOnce(&mut Vec<u8>) -> serde_json::Result<()>,
     terminal: &Terminal<'_>,
 ) -> serde_json::Result<()> {
-    buf.extend_from_slice(b"{\"timestamp\":\"");
-    write_timestamp(buf, ended);
     // Every kind alike: a call that failed is a warning.
-    buf.extend_from_slice(if terminal.error.is_some() {
+    let warn = terminal.error.is_some();
+    let mut fields = Ok(());
+    encode_record(buf, warn, target, message, ended, |buf| {
+        fields = kind(buf);
+        terminal.write_fields(buf);
+    });
+    fields
+}
+
+/// One log line in the shape of Weir's others: `{"timestamp":…,
+/// "level":"INFO"|"WARN","target":…,"fields":{"message":…<fields>}}` and
+/// a newline; `fields` appends each of its fields led by a comma.
+pub(crate) fn encode_record(
+    buf: &mut Vec<u8>,
+    warn: bool,
+    target: &'static str,
+    message: &'static str,
+    at: SystemTime,
+    fields: impl FnOnce(&mut Vec<u8>),
+) {
+    buf.extend_from_slice(b"{\"timestamp\":\"");
+    write_timestamp(buf, at);
+    buf.extend_from_slice(if warn {
         b"\",\"level\":\"WARN\",\"target\":"
     } else {
         b"\",\"level\":\"INFO\",\"target\":"
@@ -193,10 +213,8 @@ pub(crate) fn encode_line(
     put_str(buf, target);
     buf.extend_from_slice(b",\"fields\":{\"message\":");
     put_str(buf, message);
-    kind(buf)?;
-    terminal.write_fields(buf);
+    fields(buf);
     buf.extend_from_slice(b"}}\n");
-    Ok(())
 }
 
 /// Encodes one line in this thread's reused buffer and hands it to `sink`.

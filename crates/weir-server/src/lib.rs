@@ -96,6 +96,9 @@ pub struct ServerConfig {
     pub durability: Durability,
     /// Where receipts go, if anywhere.
     pub receipts: Option<Arc<dyn ReceiptSink>>,
+    /// Where guests' stdout and stderr go, as records naming their app
+    /// (`weir_runtime::guest_log`), if anywhere.
+    pub guest_output: Option<Arc<dyn ReceiptSink>>,
     /// What compiles components that are not in the data dir's code cache.
     pub compiler: Compiler,
     /// Cluster mode: the node's settings (its lease is `cluster_lease_ms`
@@ -106,7 +109,7 @@ pub struct ServerConfig {
 impl ServerConfig {
     /// A configuration with every default: `app` served on `listen` (on
     /// every host and path), its data under `data_dir`, no stores, no
-    /// actors, receipts not logged.
+    /// actors, receipts and guest output not logged.
     pub fn new(app: impl Into<PathBuf>, listen: SocketAddr, data_dir: impl Into<PathBuf>) -> Self {
         ServerConfig {
             apps: vec![AppSpec::single(app)],
@@ -117,6 +120,7 @@ impl ServerConfig {
             data_dir: data_dir.into(),
             durability: Durability::Process,
             receipts: None,
+            guest_output: None,
             compiler: Compiler::InProcess,
             cluster: None,
         }
@@ -330,6 +334,7 @@ impl Server {
             program_metrics: ProgramMetrics::register(&metrics),
             metrics: metrics.clone(),
             receipts: config.receipts.clone(),
+            guest_output: config.guest_output.clone(),
             budget: budget.clone(),
             pool,
             limits: config.limits.clone(),

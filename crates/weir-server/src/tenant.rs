@@ -23,6 +23,7 @@ use weir_programs::process_router::ProcessRouter;
 use weir_runtime::code::HostInterfaces;
 use weir_runtime::compiled_code::{CodeCache, Compiler};
 use weir_runtime::extension::{InternalRouter, InternalRoutes};
+use weir_runtime::guest_log::GuestLog;
 use weir_runtime::memory_budget::MemoryBudget;
 use weir_runtime::metrics::Metrics;
 use weir_runtime::outbound::OutboundRules;
@@ -53,6 +54,8 @@ pub(crate) struct Shared {
     pub actor_metrics: ActorMetrics,
     pub program_metrics: ProgramMetrics,
     pub receipts: Option<Arc<dyn ReceiptSink>>,
+    /// Where guests' stdout and stderr go, if anywhere.
+    pub guest_output: Option<Arc<dyn ReceiptSink>>,
     pub budget: Arc<MemoryBudget>,
     pub pool: Arc<SqlPool>,
     pub limits: ServerLimits,
@@ -214,6 +217,11 @@ impl Tenant {
             shared.prefix(&spec.name),
             crate::PROGRAMS_METRICS_APP
         );
+        // Its guests' output: records naming the app in Weir's log.
+        let guest_log = shared
+            .guest_output
+            .as_ref()
+            .map(|sink| Arc::new(GuestLog::new(sink.clone(), &spec.name)));
         // What the app's actors take on disk, their databases and their
         // storage slots together (`max_actor_storage_bytes`).
         let room = Arc::new(StorageRoom::default());
@@ -234,6 +242,7 @@ impl Tenant {
             metrics: shared.metrics.for_app(&programs_metrics),
             program_metrics: shared.program_metrics.for_app(&spec.name),
             receipts: shared.receipts.clone(),
+            guest_log: guest_log.clone(),
             secrets: spec.secrets.clone(),
             spawns_refused: shared
                 .cluster
@@ -264,6 +273,7 @@ impl Tenant {
                 .clone()
                 .map(|p| p as Arc<dyn weir_runtime::extension::StoreRouter>),
             share: Some(shared.share.seat(&spec.name)),
+            guest_log,
         };
         let actors = if classes.is_empty() {
             None

@@ -197,11 +197,18 @@ static OUTPUT: OnceLock<Batched> = OnceLock::new();
 /// Where receipts go: the same batched stderr as every other log line, or
 /// nowhere when `WEIR_LOG` filters out `weir::receipt` at `info`.
 pub fn receipt_sink() -> Option<Arc<dyn ReceiptSink>> {
-    if !tracing::enabled!(target: "weir::receipt", tracing::Level::INFO) {
-        return None;
-    }
-    let output = OUTPUT.get_or_init(Batched::default).clone();
-    Some(Arc::new(output))
+    tracing::enabled!(target: "weir::receipt", tracing::Level::INFO).then(batched)
+}
+
+/// The batched stderr as a line sink.
+fn batched() -> Arc<dyn ReceiptSink> {
+    Arc::new(OUTPUT.get_or_init(Batched::default).clone())
+}
+
+/// Where guests' stdout and stderr go: records in the same batched
+/// stderr, or nowhere when `WEIR_LOG` filters out `weir::guest` at `info`.
+pub fn guest_sink() -> Option<Arc<dyn ReceiptSink>> {
+    tracing::enabled!(target: "weir::guest", tracing::Level::INFO).then(batched)
 }
 
 /// Installs the JSON subscriber; `WEIR_LOG` takes a `tracing` filter.

@@ -316,6 +316,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         data_dir: config.data_dir,
         durability: config.durability,
         receipts: logging::receipt_sink(),
+        guest_output: logging::guest_sink(),
         compiler: Compiler::Process {
             program: std::env::current_exe().context("cannot find the weir executable")?,
             args: vec!["compile-artifact".into()],

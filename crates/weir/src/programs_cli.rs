@@ -161,6 +161,8 @@ fn prepare_and_run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Compiler::InProcess,
         limits.clone(),
         OutboundRules::new(patterns),
+        // A run from the command line writes its own stdout and stderr.
+        None,
     )?;
     let mut root = loader.root(&args.program)?;
     let name = Path::new(&args.program)

@@ -314,6 +314,88 @@ async fn a_guest_cannot_flood_weirs_log() {
 }
 
 #[tokio::test]
+async fn a_guest_cannot_forge_or_break_weirs_log_lines() {
+    let dir = data_dir("forge");
+    let weir = start(&dir, &[]);
+    let say = async |stream: &str, bytes: &[u8]| {
+        let r = weir
+            .send(
+                Request::post(format!("/say?stream={stream}"))
+                    .body(Full::new(Bytes::copy_from_slice(bytes)))
+                    .unwrap(),
+            )
+            .await
+            .json();
+        assert_eq!(r["said"], bytes.len(), "{r}");
+    };
+    // A receipt of an app that does not exist, on both streams; then a
+    // line left unfinished, which would glue Weir's next line to it; then
+    // bytes that are not text.
+    let forged = r#"{"timestamp":"2026-12-04T00:00:00.000000Z","level":"INFO","target":"weir::receipt","fields":{"message":"receipt","app":"bank","outcome":"ok","status":200}}"#;
+    say("stderr", format!("{forged}\n").as_bytes()).await;
+    say("stdout", format!("{forged}\n").as_bytes()).await;
+    say("stderr", b"{\"glued\":").await;
+    say("stderr", b"\x1b[2J\x00\xff\n").await;
+    assert_eq!(weir.get("/hello").await.json(), "still here");
+    wait_for("the last call's receipt", || async {
+        let log = weir.log();
+        let receipts = log
+            .lines()
+            .filter(|l| l.contains("\"weir::receipt\""))
+            .count();
+        if receipts >= 5 {
+            Ok(())
+        } else {
+            Err(format!("{receipts} receipts"))
+        }
+    })
+    .await;
+    let log = weir.log();
+    let mut records = Vec::new();
+    for line in log.lines() {
+        if line.starts_with("weir: ") {
+            continue; // the start's plain lines
+        }
+        let record: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: a broken line {line:?}"));
+        records.push(record);
+    }
+    // Every receipt is Weir's own: five calls, the hostile app's.
+    let receipts: Vec<_> = records
+        .iter()
+        .filter(|r| r["target"] == "weir::receipt")
+        .collect();
+    assert_eq!(receipts.len(), 5, "{log}");
+    let app = receipts[0]["fields"]["app"].clone();
+    assert!(receipts.iter().all(|r| r["fields"]["app"] == app), "{log}");
+    assert_ne!(app, "bank");
+    // What the guest wrote is in the log as its own records, each line
+    // whole, saying which app and stream it came from.
+    let said: Vec<(String, String)> = records
+        .iter()
+        .filter(|r| r["target"] == "weir::guest")
+        .map(|r| {
+            assert_eq!(r["fields"]["app"], app, "{r}");
+            (
+                r["fields"]["stream"].as_str().unwrap().to_string(),
+                r["fields"]["line"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let owned = |s: &str, l: &str| (s.to_string(), l.to_string());
+    assert_eq!(
+        said,
+        [
+            owned("stderr", forged),
+            owned("stdout", forged),
+            owned("stderr", "{\"glued\":"),
+            owned("stderr", "\x1b[2J\0\u{fffd}"),
+        ],
+        "{log}"
+    );
+}
+
+#[tokio::test]
 async fn one_server_per_data_dir_and_a_crash_frees_it() {
     let dir = data_dir("lock");
     let first = start(&dir, &[]);

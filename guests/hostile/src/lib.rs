@@ -19,6 +19,7 @@
 //! | `GET /names?n=N&prefix=P` | calls `/hello` of N made-up hostile actors `P0`, `P1`, … (each call makes an actor); answers each status and the first refusal's body |
 //! | `GET /kv?cursor=C` | `list-keys` of store `main` from cursor C |
 //! | `GET /print?kb=N` | writes N KiB of lines to its standard error |
+//! | `POST /say?stream=S` | writes the body, as it is, to its standard error (or standard output with `S=stdout`): a forged log line, a line cut short, control bytes |
 //! | `GET /hello` | a harmless answer: proves the server still serves |
 //! | `GET /ws?tags=N&tag_bytes=B&key_bytes=K&attachment=A&auto=R` | (actor, an upgrade) accepts with N tags of B bytes (and a replacement key of K bytes), then sets an attachment of A bytes and an auto-response whose request is R bytes; a refused accept is answered 400 with `{"accept": error}`, an accepted socket gets `{"attachment": result, "auto": result}` as its first message and then answers each message with the bytes of the attachment it holds |
 
@@ -120,6 +121,16 @@ impl wasi::exports::http::incoming_handler::Guest for Hostile {
         let route = path.split('?').next().unwrap_or("").to_string();
         match route.as_str() {
             "/hello" => json_out(out, json!("still here")),
+            "/say" => {
+                use std::io::Write;
+                let bytes = read_body(&request, MAX_BODY);
+                let written = if query(&path, "stream") == Some("stdout") {
+                    std::io::stdout().write_all(&bytes)
+                } else {
+                    std::io::stderr().write_all(&bytes)
+                };
+                json_out(out, json!({ "said": bytes.len(), "ok": written.is_ok() }))
+            }
             "/print" => {
                 use std::io::Write;
                 let kb: usize = query(&path, "kb").and_then(|v| v.parse().ok()).unwrap_or(1);

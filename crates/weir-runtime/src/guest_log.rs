@@ -1,0 +1,297 @@
+//! A guest's standard output and error as records in Weir's log.
+//!
+//! Weir's log is JSON lines that operators and their tools trust: a
+//! receipt says how a call ended, a diagnostic what Weir did. Invariant
+//! owned here: a guest's bytes reach that log only inside records Weir
+//! frames — one line per line the guest wrote, with the app that wrote it
+//! and the stream, the guest's text as an escaped JSON string (bytes that
+//! are not UTF-8 replaced). So a guest cannot write a line that passes for
+//! one of Weir's (a forged receipt), cut one of Weir's lines in two by
+//! leaving its own unfinished, or put control bytes into the log.
+//!
+//! A line is written when the guest ends it (`\n`), when it reaches
+//! [`MAX_GUEST_LINE_BYTES`] (written in pieces, each but the last marked
+//! `"cut":true`), or when the event ends with it unfinished. What an event
+//! adds to the log this way — the records, framing and escapes included —
+//! counts against its output budget
+//! ([`crate::guest_output::MAX_GUEST_OUTPUT_BYTES`]); the first record
+//! that does not fit is replaced by one short record saying the rest of
+//! the event's output was dropped, and the rest is dropped.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use crate::guest_output::Budget;
+use crate::receipt_line::{ReceiptSink, encode_record, put_text};
+
+/// The log target of guest output: `WEIR_LOG=info,weir::guest=off`
+/// silences it.
+pub const GUEST_TARGET: &str = "weir::guest";
+
+/// The longest line a guest writes as one record, in its bytes: a long
+/// line is readable in a log viewer, and an unfinished line held for the
+/// event's end takes at most this much host memory per stream.
+pub const MAX_GUEST_LINE_BYTES: usize = 16 << 10;
+
+/// Where one app's guests' output goes: the log, and the app's name,
+/// encoded once.
+pub struct GuestLog {
+    sink: Arc<dyn ReceiptSink>,
+    /// `,"app":…`.
+    head: Box<[u8]>,
+}
+
+impl GuestLog {
+    pub fn new(sink: Arc<dyn ReceiptSink>, app: &str) -> GuestLog {
+        let mut head = Vec::new();
+        put_text(&mut head, "app", app);
+        GuestLog {
+            sink,
+            head: head.into(),
+        }
+    }
+
+    /// One record of `stream`'s `line`, encoded into `buf`.
+    fn encode(&self, buf: &mut Vec<u8>, stream: &'static str, line: &[u8], cut: bool) {
+        buf.clear();
+        encode_record(
+            buf,
+            false,
+            GUEST_TARGET,
+            "guest output",
+            SystemTime::now(),
+            |buf| {
+                buf.extend_from_slice(&self.head);
+                put_text(buf, "stream", stream);
+                put_text(buf, "line", &String::from_utf8_lossy(line));
+                if cut {
+                    buf.extend_from_slice(b",\"cut\":true");
+                }
+            },
+        );
+    }
+
+    /// The record that replaces what did not fit in an event's budget.
+    fn dropped(&self, stream: &'static str) {
+        let mut buf = Vec::new();
+        encode_record(
+            &mut buf,
+            true,
+            GUEST_TARGET,
+            "guest output past the event's budget dropped",
+            SystemTime::now(),
+            |buf| {
+                buf.extend_from_slice(&self.head);
+                put_text(buf, "stream", stream);
+            },
+        );
+        self.sink.write_line(&buf);
+    }
+}
+
+/// One stream of one instance into the log: its unfinished line, and the
+/// event's budget it shares with its sibling stream.
+pub struct LogStream {
+    log: Arc<GuestLog>,
+    stream: &'static str,
+    budget: Budget,
+    state: Mutex<Lines>,
+}
+
+#[derive(Default)]
+struct Lines {
+    /// The guest's bytes since its last line ended.
+    unfinished: Vec<u8>,
+    /// A record is encoded here before it goes to the log.
+    record: Vec<u8>,
+}
+
+impl LogStream {
+    pub(crate) fn new(log: Arc<GuestLog>, stream: &'static str, budget: Budget) -> LogStream {
+        LogStream {
+            log,
+            stream,
+            budget,
+            state: Mutex::default(),
+        }
+    }
+
+    /// Takes what the guest wrote: every line it ends, and every
+    /// [`MAX_GUEST_LINE_BYTES`] of a line it does not, is written.
+    pub(crate) fn write(&self, mut bytes: &[u8]) {
+        let mut lines = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let lines = &mut *lines;
+        while !bytes.is_empty() {
+            let room = MAX_GUEST_LINE_BYTES - lines.unfinished.len();
+            let end = bytes.iter().take(room).position(|&b| b == b'\n');
+            match end {
+                Some(at) => {
+                    lines.unfinished.extend_from_slice(&bytes[..at]);
+                    bytes = &bytes[at + 1..];
+                    self.emit(lines, false);
+                }
+                None if bytes.len() > room => {
+                    lines.unfinished.extend_from_slice(&bytes[..room]);
+                    bytes = &bytes[room..];
+                    // Cut here, unless the line ends right after.
+                    let ends = bytes.first() == Some(&b'\n');
+                    if ends {
+                        bytes = &bytes[1..];
+                    }
+                    self.emit(lines, !ends);
+                }
+                None => {
+                    lines.unfinished.extend_from_slice(bytes);
+                    bytes = &[];
+                }
+            }
+        }
+    }
+
+    /// The event ended: a line the guest left unfinished is written.
+    pub(crate) fn end_event(&self) {
+        let mut lines = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !lines.unfinished.is_empty() {
+            self.emit(&mut lines, false);
+        }
+    }
+
+    /// Writes the unfinished line as one record, if the budget has room
+    /// for it.
+    fn emit(&self, lines: &mut Lines, cut: bool) {
+        self.log
+            .encode(&mut lines.record, self.stream, &lines.unfinished, cut);
+        lines.unfinished.clear();
+        let size = lines.record.len() as u64;
+        let fits = self
+            .budget
+            .left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                left.checked_sub(size)
+            })
+            .is_ok();
+        if fits {
+            self.log.sink.write_line(&lines.record);
+        } else if !self.budget.exceeded.swap(true, Ordering::Relaxed) {
+            self.log.dropped(self.stream);
+        }
+    }
+}
+
+impl Drop for LogStream {
+    /// An instance dropped mid-line (a trap, a retirement) still leaves
+    /// its last line in the log: often the reason it ended.
+    fn drop(&mut self) {
+        self.end_event();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Collected(Mutex<Vec<u8>>);
+
+    impl ReceiptSink for Collected {
+        fn write_line(&self, line: &[u8]) {
+            self.0.lock().unwrap().extend_from_slice(line);
+        }
+    }
+
+    fn stream(budget: u64) -> (LogStream, Arc<Collected>, Budget) {
+        let sink = Arc::new(Collected::default());
+        let budget = Budget {
+            left: Arc::new(AtomicU64::new(budget)),
+            exceeded: Arc::new(AtomicBool::new(false)),
+            past: crate::guest_output::PastBudget::Drop,
+        };
+        let log = Arc::new(GuestLog::new(sink.clone(), "shop"));
+        let stream = LogStream::new(log, "stderr", budget.clone());
+        (stream, sink, budget)
+    }
+
+    fn records(sink: &Collected) -> Vec<serde_json::Value> {
+        let bytes = sink.0.lock().unwrap().clone();
+        bytes
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).expect("every line is JSON"))
+            .collect()
+    }
+
+    #[test]
+    fn a_forged_line_and_an_unfinished_one_stay_inside_their_records() {
+        let (stream, sink, _) = stream(1 << 20);
+        let forged = "{\"timestamp\":\"2026-12-04T00:00:00Z\",\"level\":\"INFO\",\
+                      \"target\":\"weir::receipt\",\"fields\":{\"outcome\":\"ok\"}}";
+        stream.write(format!("{forged}\nhalf a li").as_bytes());
+        stream.write(b"ne\n\x1b[31m\x00\xff\r");
+        stream.end_event();
+        let records = records(&sink);
+        let lines: Vec<&str> = records
+            .iter()
+            .map(|r| r["fields"]["line"].as_str().unwrap())
+            .collect();
+        assert_eq!(lines, [forged, "half a line", "\x1b[31m\0\u{fffd}\r"]);
+        for r in &records {
+            assert_eq!(r["target"], GUEST_TARGET);
+            assert_eq!(r["fields"]["app"], "shop");
+            assert_eq!(r["fields"]["stream"], "stderr");
+        }
+    }
+
+    #[test]
+    fn a_long_line_is_written_in_cut_pieces() {
+        let (stream, sink, _) = stream(1 << 20);
+        let long = vec![b'x'; 2 * MAX_GUEST_LINE_BYTES + 5];
+        stream.write(&long);
+        stream.write(b"\n");
+        // A line exactly as long as the bound is one record, not cut.
+        stream.write(&vec![b'y'; MAX_GUEST_LINE_BYTES]);
+        stream.write(b"\n");
+        let records = records(&sink);
+        let pieces: Vec<(usize, bool)> = records
+            .iter()
+            .map(|r| {
+                let f = &r["fields"];
+                (f["line"].as_str().unwrap().len(), f["cut"] == true)
+            })
+            .collect();
+        assert_eq!(
+            pieces,
+            [
+                (MAX_GUEST_LINE_BYTES, true),
+                (MAX_GUEST_LINE_BYTES, true),
+                (5, false),
+                (MAX_GUEST_LINE_BYTES, false)
+            ]
+        );
+    }
+
+    #[test]
+    fn an_event_adds_at_most_its_budget_to_the_log_and_says_what_it_dropped() {
+        let (stream, sink, budget) = stream(4096);
+        for _ in 0..1000 {
+            stream.write(b"\0\0\0\0\0\0\0\0\n");
+        }
+        let written = sink.0.lock().unwrap().len();
+        let records = records(&sink);
+        let last = records.last().unwrap();
+        assert_eq!(last["level"], "WARN");
+        assert_eq!(
+            last["fields"]["message"],
+            "guest output past the event's budget dropped"
+        );
+        let kept: usize = records[..records.len() - 1]
+            .iter()
+            .map(|r| serde_json::to_vec(r).unwrap().len() + 1)
+            .sum();
+        assert!(kept <= 4096, "{kept}");
+        assert!(written - kept < 300, "one short note: {}", written - kept);
+        assert!(budget.exceeded.load(Ordering::Relaxed));
+    }
+}
