@@ -8,7 +8,10 @@ with wrk and the Lua scripts in bench/wrk/:
 - key-value get and set on one hot key and on 10,000 keys spread uniformly
   (the spread keys are written before they are read);
 - a SQL batch of an INSERT plus a SELECT, and a one-statement point read;
-- the hello guest on the same build, as the no-capability reference.
+- the hello guest on the same build, as the no-capability reference;
+- a guest that prints: `guests/hostile` writing 4 lines of 1 KiB to its
+  stderr per request (`/print?kb=4`), Weir's stderr into a file, with the
+  bytes the log grew by per request.
 
 Prints req/s, p50 and p99 per workload. Durability is the default
 ("process": each acknowledged write survives a crash of Weir).
@@ -25,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
@@ -34,12 +38,12 @@ from hello import ROOT, free_port, run_wrk_script, wait_ready  # noqa: E402
 WRK = ROOT / "bench" / "wrk"
 
 
-def serve_build(app, args, binary=None, env=None):
+def serve_build(app, args, binary=None, env=None, log=None):
     port = free_port()
     proc = subprocess.Popen(
         [str(binary or ROOT / "target/release/weir"), "serve", str(app), "--listen", f"127.0.0.1:{port}", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log or subprocess.DEVNULL,
+        stderr=log or subprocess.DEVNULL,
         env={**os.environ, **(env or {})},
     )
     return port, proc
@@ -86,8 +90,8 @@ def measure(args, label, binary):
         print(f"{name + label:52} {r['rps']:>9.0f} req/s  p50 {r['p50']:6.2f} ms  p99 {r['p99']:6.2f} ms"
               + (f"  non-2xx {r['non2xx']}" if r["non2xx"] else ""), flush=True)
 
-    def serve(app, extra):
-        return serve_build(app, extra, binary)
+    def serve(app, extra, log=None):
+        return serve_build(app, extra, binary, log=log)
 
     try:
         port, proc = serve(guests / "hello.wasm", [])
@@ -123,6 +127,27 @@ def measure(args, label, binary):
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
+
+        log_path = data / "weir.log"
+        with open(log_path, "wb") as log:
+            port, proc = serve(guests / "hostile.wasm", ["--data-dir", str(data / "print")], log=log)
+            try:
+                wait_ready(port, proc, path="/hello")
+                name = "guest prints 4 x 1 KiB lines"
+                load(name, port, path="/print?kb=4")
+                # What one such request adds to the log: 200 of them, one
+                # after another, once the load's lines are written out.
+                time.sleep(0.5)
+                before = log_path.stat().st_size
+                for _ in range(200):
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/print?kb=4").read()
+                time.sleep(0.5)
+                grew = (log_path.stat().st_size - before) / 200
+                print(f"{'  log bytes per request' + label:52} {grew:>9.0f}", flush=True)
+            finally:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)
+                proc.wait()
     finally:
         shutil.rmtree(data, ignore_errors=True)
     return rows

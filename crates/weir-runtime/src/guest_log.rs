@@ -13,16 +13,16 @@
 //! [`MAX_GUEST_LINE_BYTES`] (written in pieces, each but the last marked
 //! `"cut":true`), or when the event ends with it unfinished. What an event
 //! adds to the log this way — the records, framing and escapes included —
-//! counts against its output budget
-//! ([`crate::guest_output::MAX_GUEST_OUTPUT_BYTES`]); the first record
+//! counts against its output budget (`MAX_GUEST_OUTPUT_BYTES`, set by
+//! `crate::guest_output`); the first record
 //! that does not fit is replaced by one short record saying the rest of
 //! the event's output was dropped, and the rest is dropped.
 
-use std::sync::atomic::Ordering;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use crate::guest_output::Budget;
 use crate::receipt_line::{ReceiptSink, encode_record, put_text};
 
 /// The log target of guest output: `WEIR_LOG=info,weir::guest=off`
@@ -33,6 +33,16 @@ pub const GUEST_TARGET: &str = "weir::guest";
 /// line is readable in a log viewer, and an unfinished line held for the
 /// event's end takes at most this much host memory per stream.
 pub const MAX_GUEST_LINE_BYTES: usize = 16 << 10;
+
+/// What a stream keeps of its line buffer between events: a stream that
+/// once held a long line does not keep its 16 KiB for every idle instance
+/// (a hundred thousand hibernation-free actors would hold gigabytes).
+const KEPT_LINE_CAPACITY: usize = 256;
+
+thread_local! {
+    /// Each thread encodes records into its own reused buffer.
+    static RECORD: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
 
 /// Where one app's guests' output goes: the log, and the app's name,
 /// encoded once.
@@ -95,7 +105,10 @@ impl GuestLog {
 pub struct LogStream {
     log: Arc<GuestLog>,
     stream: &'static str,
-    budget: Budget,
+    /// Bytes the event may still add to the log.
+    left: Arc<AtomicU64>,
+    /// Set when a record did not fit.
+    exceeded: Arc<AtomicBool>,
     state: Mutex<Lines>,
 }
 
@@ -103,16 +116,22 @@ pub struct LogStream {
 struct Lines {
     /// The guest's bytes since its last line ended.
     unfinished: Vec<u8>,
-    /// A record is encoded here before it goes to the log.
-    record: Vec<u8>,
 }
 
 impl LogStream {
-    pub(crate) fn new(log: Arc<GuestLog>, stream: &'static str, budget: Budget) -> LogStream {
+    /// `stream` of an instance into `log`, within the event's budget:
+    /// `left` bytes, and `exceeded` once a record did not fit.
+    pub(crate) fn new(
+        log: Arc<GuestLog>,
+        stream: &'static str,
+        left: Arc<AtomicU64>,
+        exceeded: Arc<AtomicBool>,
+    ) -> LogStream {
         LogStream {
             log,
             stream,
-            budget,
+            left,
+            exceeded,
             state: Mutex::default(),
         }
     }
@@ -149,33 +168,37 @@ impl LogStream {
         }
     }
 
-    /// The event ended: a line the guest left unfinished is written.
+    /// The event ended: a line the guest left unfinished is written, and
+    /// the buffer shrinks back.
     pub(crate) fn end_event(&self) {
         let mut lines = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if !lines.unfinished.is_empty() {
             self.emit(&mut lines, false);
         }
+        lines.unfinished.shrink_to(KEPT_LINE_CAPACITY);
     }
 
     /// Writes the unfinished line as one record, if the budget has room
     /// for it.
     fn emit(&self, lines: &mut Lines, cut: bool) {
-        self.log
-            .encode(&mut lines.record, self.stream, &lines.unfinished, cut);
+        RECORD.with(|record| {
+            let mut record = record.borrow_mut();
+            self.log
+                .encode(&mut record, self.stream, &lines.unfinished, cut);
+            let size = record.len() as u64;
+            let fits = self
+                .left
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                    left.checked_sub(size)
+                })
+                .is_ok();
+            if fits {
+                self.log.sink.write_line(&record);
+            } else if !self.exceeded.swap(true, Ordering::Relaxed) {
+                self.log.dropped(self.stream);
+            }
+        });
         lines.unfinished.clear();
-        let size = lines.record.len() as u64;
-        let fits = self
-            .budget
-            .left
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
-                left.checked_sub(size)
-            })
-            .is_ok();
-        if fits {
-            self.log.sink.write_line(&lines.record);
-        } else if !self.budget.exceeded.swap(true, Ordering::Relaxed) {
-            self.log.dropped(self.stream);
-        }
     }
 }
 
@@ -189,8 +212,6 @@ impl Drop for LogStream {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, AtomicU64};
-
     use super::*;
 
     #[derive(Default)]
@@ -202,16 +223,13 @@ mod tests {
         }
     }
 
-    fn stream(budget: u64) -> (LogStream, Arc<Collected>, Budget) {
+    fn stream(budget: u64) -> (LogStream, Arc<Collected>, Arc<AtomicBool>) {
         let sink = Arc::new(Collected::default());
-        let budget = Budget {
-            left: Arc::new(AtomicU64::new(budget)),
-            exceeded: Arc::new(AtomicBool::new(false)),
-            past: crate::guest_output::PastBudget::Drop,
-        };
+        let exceeded = Arc::new(AtomicBool::new(false));
         let log = Arc::new(GuestLog::new(sink.clone(), "shop"));
-        let stream = LogStream::new(log, "stderr", budget.clone());
-        (stream, sink, budget)
+        let left = Arc::new(AtomicU64::new(budget));
+        let stream = LogStream::new(log, "stderr", left, exceeded.clone());
+        (stream, sink, exceeded)
     }
 
     fn records(sink: &Collected) -> Vec<serde_json::Value> {
@@ -245,6 +263,15 @@ mod tests {
     }
 
     #[test]
+    fn an_idle_stream_keeps_no_long_line_buffer() {
+        let (stream, _, _) = stream(1 << 20);
+        stream.write(&vec![b'z'; MAX_GUEST_LINE_BYTES - 1]);
+        stream.end_event();
+        let kept = stream.state.lock().unwrap().unfinished.capacity();
+        assert!(kept <= KEPT_LINE_CAPACITY, "{kept}");
+    }
+
+    #[test]
     fn a_long_line_is_written_in_cut_pieces() {
         let (stream, sink, _) = stream(1 << 20);
         let long = vec![b'x'; 2 * MAX_GUEST_LINE_BYTES + 5];
@@ -274,7 +301,7 @@ mod tests {
 
     #[test]
     fn an_event_adds_at_most_its_budget_to_the_log_and_says_what_it_dropped() {
-        let (stream, sink, budget) = stream(4096);
+        let (stream, sink, exceeded) = stream(4096);
         for _ in 0..1000 {
             stream.write(b"\0\0\0\0\0\0\0\0\n");
         }
@@ -292,6 +319,6 @@ mod tests {
             .sum();
         assert!(kept <= 4096, "{kept}");
         assert!(written - kept < 300, "one short note: {}", written - kept);
-        assert!(budget.exceeded.load(Ordering::Relaxed));
+        assert!(exceeded.load(Ordering::Relaxed));
     }
 }

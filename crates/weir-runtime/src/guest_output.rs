@@ -92,17 +92,17 @@ impl GuestOutput {
         let Some(log) = log else {
             return Self::shared(0, PastBudget::Drop, Sink::Nowhere, Sink::Nowhere);
         };
-        let budget = Budget {
-            left: Arc::new(AtomicU64::new(MAX_GUEST_OUTPUT_BYTES)),
-            exceeded: Arc::new(AtomicBool::new(false)),
-            past: PastBudget::Drop,
+        let left = Arc::new(AtomicU64::new(MAX_GUEST_OUTPUT_BYTES));
+        let exceeded = Arc::new(AtomicBool::new(false));
+        let stream = |name| {
+            let budget = (left.clone(), exceeded.clone());
+            Arc::new(LogStream::new(log.clone(), name, budget.0, budget.1))
         };
-        let stream = |name| Arc::new(LogStream::new(log.clone(), name, budget.clone()));
         let streams = Arc::new([stream("stdout"), stream("stderr")]);
         let one = |sink| GuestOutput {
-            left: budget.left.clone(),
+            left: left.clone(),
             budget: MAX_GUEST_OUTPUT_BYTES,
-            exceeded: budget.exceeded.clone(),
+            exceeded: exceeded.clone(),
             past: PastBudget::Drop,
             sink,
             logs: Some(streams.clone()),
@@ -188,11 +188,10 @@ impl StdoutStream for GuestOutput {
 }
 
 /// The shared budget as one stream sees it.
-#[derive(Clone)]
-pub(crate) struct Budget {
-    pub(crate) left: Arc<AtomicU64>,
-    pub(crate) exceeded: Arc<AtomicBool>,
-    pub(crate) past: PastBudget,
+struct Budget {
+    left: Arc<AtomicU64>,
+    exceeded: Arc<AtomicBool>,
+    past: PastBudget,
 }
 
 /// Writes through to `inner` while the budget lasts, then drops or
