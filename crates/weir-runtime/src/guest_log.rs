@@ -109,6 +109,9 @@ pub struct LogStream {
     left: Arc<AtomicU64>,
     /// Set when a record did not fit.
     exceeded: Arc<AtomicBool>,
+    /// Set by a write, cleared at the event's end: an event whose guest
+    /// wrote nothing ends without taking the lock.
+    wrote: AtomicBool,
     state: Mutex<Lines>,
 }
 
@@ -132,6 +135,7 @@ impl LogStream {
             stream,
             left,
             exceeded,
+            wrote: AtomicBool::new(false),
             state: Mutex::default(),
         }
     }
@@ -139,6 +143,7 @@ impl LogStream {
     /// Takes what the guest wrote: every line it ends, and every
     /// [`MAX_GUEST_LINE_BYTES`] of a line it does not, is written.
     pub(crate) fn write(&self, mut bytes: &[u8]) {
+        self.wrote.store(true, Ordering::Relaxed);
         let mut lines = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let lines = &mut *lines;
         while !bytes.is_empty() {
@@ -171,6 +176,9 @@ impl LogStream {
     /// The event ended: a line the guest left unfinished is written, and
     /// the buffer shrinks back.
     pub(crate) fn end_event(&self) {
+        if !self.wrote.swap(false, Ordering::Relaxed) {
+            return;
+        }
         let mut lines = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if !lines.unfinished.is_empty() {
             self.emit(&mut lines, false);
