@@ -6,12 +6,16 @@
 //!
 //! - [`address`]: how actors are named and reached;
 //! - [`directory`]: where their databases live;
-//! - [`storage_room`]: what their databases take on disk together;
+//! - [`storage_room`]: what their databases and storage slots take on
+//!   disk together;
 //! - [`gate`]: the turn gate (one transaction per turn, the output gate);
 //! - [`bindings`]: the `weir:actor` host functions;
 //! - [`turn`]: one turn on the runtime's invocation machine;
 //! - [`timers`]: every actor's next deadline and the retry policy;
 //! - [`host`]: the classes and the one map of actors in memory;
+//! - [`exclusive`]: an actor held between its turns by a layer above;
+//! - [`holdings`]: what layers above keep in an actor's name, let go of
+//!   when it is deleted;
 //! - [`mailbox`]: calls queued for an actor and run turn after turn;
 //! - [`dispatcher`]: due timers delivered as alarm turns;
 //! - [`residency`]: hibernation and eviction;
@@ -28,6 +32,7 @@ pub mod bindings;
 pub mod directory;
 pub mod dispatcher;
 pub mod error_code;
+pub mod exclusive;
 pub mod gate;
 pub mod holdings;
 pub mod host;
@@ -47,8 +52,8 @@ pub use address::{ActorAddress, AddressError};
 pub use bindings::ActorInterfaces;
 pub use directory::{ActorDirectory, Unreadable};
 pub use error_code::{ActorErrorCode, TurnError};
+pub use exclusive::Exclusive;
 pub use holdings::Holdings;
-pub use host::Exclusive;
 pub use host::{ActorClass, ActorHost};
 pub use limits::ActorLimits;
 pub use metrics::ActorMetrics;
