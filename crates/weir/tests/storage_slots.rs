@@ -203,6 +203,24 @@ fn held(dir: &std::path::Path) -> (u64, usize) {
     })
 }
 
+/// Has `owner`'s process `pid` try to fill its slot (the resident
+/// server's `/fill`): how many steps worked, and the first error's kind.
+async fn fill(o: &Owners, pid: u64, owner: &str, how: &str, n: u64) -> (u64, Option<String>) {
+    let r = o
+        .call(
+            "POST",
+            &format!("/r/{owner}/proc/{pid}/fill?how={how}&n={n}"),
+            b"",
+        )
+        .await;
+    assert_eq!(r.status, 200, "{how}: {:?}", r.body);
+    let v = r.json();
+    (
+        v["done"].as_u64().unwrap(),
+        v["error"].as_str().map(String::from),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_cannot_fill_the_disk_through_its_slot() {
     const MAX: u64 = 4 << 20;
@@ -211,21 +229,6 @@ async fn a_process_cannot_fill_the_disk_through_its_slot() {
     // default second.
     let o = Owners::start("slot-quota", &[&limit, "event_limit_ms=20000"]).await;
     let (pid, _) = o.spawn("owner", "slot=app&durable=1").await;
-    let fill = async |pid: u64, owner: &str, how: &str, n: u64| {
-        let r = o
-            .call(
-                "POST",
-                &format!("/r/{owner}/proc/{pid}/fill?how={how}&n={n}"),
-                b"",
-            )
-            .await;
-        assert_eq!(r.status, 200, "{how}: {:?}", r.body);
-        let v = r.json();
-        (
-            v["done"].as_u64().unwrap(),
-            v["error"].as_str().map(String::from),
-        )
-    };
     let full = Some("StorageFull".to_string());
     let slots = o.data.join("slots/durable");
     let within = |what: &str| {
@@ -237,7 +240,10 @@ async fn a_process_cannot_fill_the_disk_through_its_slot() {
     };
 
     // A sparse length is counted whole: a GiB does not fit in 4 MiB.
-    assert_eq!(fill(pid, "owner", "sparse", 1024).await, (0, full.clone()));
+    assert_eq!(
+        fill(&o, pid, "owner", "sparse", 1024).await,
+        (0, full.clone())
+    );
     let sparse = walk(&slots)
         .into_iter()
         .find(|p| p.ends_with("sparse"))
@@ -246,21 +252,27 @@ async fn a_process_cannot_fill_the_disk_through_its_slot() {
     // Empty files and directories are not free: 4 KiB each. Beside
     // `sparse` and the start's line in `starts.log`, 1,021 fit.
     assert_eq!(
-        fill(pid, "owner", "files", 2000).await,
+        fill(&o, pid, "owner", "files", 2000).await,
         (1021, full.clone())
     );
     within("files");
-    fill(pid, "owner", "clear", 0).await;
-    assert_eq!(fill(pid, "owner", "dirs", 2000).await, (1024, full.clone()));
+    fill(&o, pid, "owner", "clear", 0).await;
+    assert_eq!(
+        fill(&o, pid, "owner", "dirs", 2000).await,
+        (1024, full.clone())
+    );
     within("dirs");
-    fill(pid, "owner", "clear", 0).await;
+    fill(&o, pid, "owner", "clear", 0).await;
     // No way of growing and shrinking files makes the count drift: beside
     // 2 MiB kept, after rounds of every such way, each leaving nothing,
     // exactly as many empty files fit as before them.
-    assert_eq!(fill(pid, "owner", "write", 2).await, (2, None));
-    assert_eq!(fill(pid, "owner", "churn", 20).await, (20, None));
-    assert_eq!(fill(pid, "owner", "files", 2000).await, (511, full.clone()));
-    fill(pid, "owner", "clear", 0).await;
+    assert_eq!(fill(&o, pid, "owner", "write", 2).await, (2, None));
+    assert_eq!(fill(&o, pid, "owner", "churn", 20).await, (20, None));
+    assert_eq!(
+        fill(&o, pid, "owner", "files", 2000).await,
+        (511, full.clone())
+    );
+    fill(&o, pid, "owner", "clear", 0).await;
 
     // Appending 1 MiB at a time: three fit beside the file's own entry,
     // the fourth does not, and nothing past the quota reaches the disk.
@@ -268,28 +280,31 @@ async fn a_process_cannot_fill_the_disk_through_its_slot() {
     // failed stream write as EIO, `Uncategorized`.)
     let stream_failed = Some("Uncategorized".to_string());
     assert_eq!(
-        fill(pid, "owner", "write", 16).await,
+        fill(&o, pid, "owner", "write", 16).await,
         (3, stream_failed.clone())
     );
     within("write");
     // Writing over what is there grows nothing, and is not refused.
-    assert_eq!(fill(pid, "owner", "rewrite", 3).await, (3, None));
+    assert_eq!(fill(&o, pid, "owner", "rewrite", 3).await, (3, None));
 
     // Another owner's slots have a quota of their own.
     let (other, _) = o.spawn("other", "slot=app&durable=1").await;
-    assert_eq!(fill(other, "other", "write", 2).await, (2, None));
+    assert_eq!(fill(&o, other, "other", "write", 2).await, (2, None));
 
     // Removing files gives their space back.
-    assert_eq!(fill(pid, "owner", "clear", 0).await, (1, None));
-    assert_eq!(fill(pid, "owner", "files", 100).await, (100, None));
-    assert_eq!(fill(pid, "owner", "dirs", 10).await, (10, None));
-    assert_eq!(fill(pid, "owner", "write", 2).await, (2, None));
+    assert_eq!(fill(&o, pid, "owner", "clear", 0).await, (1, None));
+    assert_eq!(fill(&o, pid, "owner", "files", 100).await, (100, None));
+    assert_eq!(fill(&o, pid, "owner", "dirs", 10).await, (10, None));
+    assert_eq!(fill(&o, pid, "owner", "write", 2).await, (2, None));
 
     // A new process of the owner counts what the disk holds: 110 entries
     // and 2 MiB with the file's entry leave room for one more MiB.
     o.call("POST", &format!("/r/owner/kill/{pid}"), b"").await;
     let (pid, _) = o.spawn("owner", "slot=app&durable=1").await;
-    assert_eq!(fill(pid, "owner", "write", 16).await, (1, stream_failed));
+    assert_eq!(
+        fill(&o, pid, "owner", "write", 16).await,
+        (1, stream_failed)
+    );
 }
 
 /// What the app's actor databases take on disk: every database and WAL.
@@ -336,21 +351,6 @@ async fn slots_and_databases_share_max_actor_storage_bytes_and_a_removed_slot_gi
     ];
     let mut o = Owners::start("slot-room", &limits).await;
     let status = async |o: &Owners| o.weir.admin_get("/actors").await.json()["status"].clone();
-    let fill = async |o: &Owners, pid: u64, owner: &str, how: &str, n: u64| {
-        let r = o
-            .call(
-                "POST",
-                &format!("/r/{owner}/proc/{pid}/fill?how={how}&n={n}"),
-                b"",
-            )
-            .await;
-        assert_eq!(r.status, 200, "{how}: {:?}", r.body);
-        let v = r.json();
-        (
-            v["done"].as_u64().unwrap(),
-            v["error"].as_str().map(String::from),
-        )
-    };
     let stream_failed = Some("Uncategorized".to_string());
     let full = Some("StorageFull".to_string());
     let (a, _) = o.spawn("a", "slot=app&durable=1").await;
