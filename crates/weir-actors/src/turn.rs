@@ -207,10 +207,20 @@ pub(crate) async fn wake(
     let number = ctx
         .next_generation
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // Its guest's output names the actor.
+    let fields = [
+        ("class", ctx.address.class.as_str()),
+        ("name", ctx.address.name.as_str()),
+    ];
     let extras = Extras {
         caller: Some(Arc::new(seat.identity.clone())),
         data: Some(Box::new(seat)),
         output_gate: Some(gate),
+        guest_log: ctx
+            .code
+            .guest_log
+            .as_ref()
+            .map(|log| Arc::new(log.with_fields(&fields))),
     };
     let mut generation = Generation::instantiate(ctx.code, ctx.metrics, number, extras)
         .await

@@ -99,16 +99,22 @@ pub async fn spawn(
     };
     let left = spawn.deadline.saturating_duration_since(Instant::now());
     let pid = spawn.reserved.reservation.pid;
+    let mut extras = crate::process::SlotUse::extras(spawn.storage.as_ref());
+    // Its output names the process and its owner.
+    let owner = &spawn.reserved.owner;
+    let fields = [
+        ("class", owner.class.as_str()),
+        ("name", owner.name.as_str()),
+        ("pid", &pid.to_string()),
+    ];
+    extras.guest_log = code
+        .guest_log
+        .as_ref()
+        .map(|log| Arc::new(log.with_fields(&fields)));
     let made = tokio::time::timeout(
         left,
         Timed::new(
-            Generation::instantiate_with(
-                &code,
-                &spawn.metrics,
-                pid,
-                crate::process::SlotUse::extras(spawn.storage.as_ref()),
-                wasi,
-            ),
+            Generation::instantiate_with(&code, &spawn.metrics, pid, extras, wasi),
             &cpu,
         ),
     )

@@ -108,6 +108,9 @@ pub struct Extras {
     pub output_gate: Option<Arc<dyn OutputGate>>,
     /// Who the generation is, for internal routers (none: a worker).
     pub caller: Option<Caller>,
+    /// Where its guest's output goes, when the layer names the instance
+    /// in its records (an actor, a process); else the code's.
+    pub guest_log: Option<Arc<crate::guest_log::GuestLog>>,
 }
 
 /// A domain of hosts answered in-process: requests to it never reach the

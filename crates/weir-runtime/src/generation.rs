@@ -57,7 +57,9 @@ impl Generation {
         extras: Extras,
         mut wasi: wasmtime_wasi::WasiCtxBuilder,
     ) -> Result<Generation, InstantiateError> {
-        let (stdout, stderr) = GuestOutput::pair(code.guest_log.as_ref());
+        let mut extras = extras;
+        let log = extras.guest_log.take();
+        let (stdout, stderr) = GuestOutput::pair(log.as_ref().or(code.guest_log.as_ref()));
         let wasi = wasi.stdout(stdout).stderr(stderr.clone()).build();
         let mut store = new_store(code, metrics, extras, wasi, stderr);
         // A start function is guest code: it runs under the same bound as

@@ -4,7 +4,7 @@
 //! receipt says how a call ended, a diagnostic what Weir did. Invariant
 //! owned here: a guest's bytes reach that log only inside records Weir
 //! frames — one line per line the guest wrote, with the app that wrote it
-//! and the stream, the guest's text as an escaped JSON string (bytes that
+//! (and the actor or process, when it is one) and the stream, the guest's text as an escaped JSON string (bytes that
 //! are not UTF-8 replaced). So a guest cannot write a line that passes for
 //! one of Weir's (a forged receipt), cut one of Weir's lines in two by
 //! leaving its own unfinished, or put control bytes into the log.
@@ -58,6 +58,19 @@ impl GuestLog {
         put_text(&mut head, "app", app);
         GuestLog {
             sink,
+            head: head.into(),
+        }
+    }
+
+    /// The same log, its records also naming `fields` (an actor's class
+    /// and name, a process's pid): one per instance, made when it starts.
+    pub fn with_fields(&self, fields: &[(&'static str, &str)]) -> GuestLog {
+        let mut head = self.head.to_vec();
+        for (key, value) in fields {
+            put_text(&mut head, key, value);
+        }
+        GuestLog {
+            sink: self.sink.clone(),
             head: head.into(),
         }
     }
@@ -263,7 +276,22 @@ mod tests {
             .map(|r| r["fields"]["line"].as_str().unwrap())
             .collect();
         assert_eq!(lines, [forged, "half a line", "\x1b[31m\0\u{fffd}\r"]);
-        for r in &records {
+        let actor = GuestLog::new(sink.clone(), "shop")
+            .with_fields(&[("class", "cart"), ("name", "\"x\"")]);
+        let actor = LogStream::new(
+            Arc::new(actor),
+            "stdout",
+            Arc::new(AtomicU64::new(1 << 20)),
+            Arc::default(),
+        );
+        actor.write(b"hi\n");
+        let records = self::records(&sink);
+        let last = &records.last().unwrap()["fields"];
+        assert_eq!(
+            (&last["class"], &last["name"], &last["line"]),
+            (&"cart".into(), &"\"x\"".into(), &"hi".into())
+        );
+        for r in &records[..3] {
             assert_eq!(r["target"], GUEST_TARGET);
             assert_eq!(r["fields"]["app"], "shop");
             assert_eq!(r["fields"]["stream"], "stderr");

@@ -337,13 +337,22 @@ async fn a_guest_cannot_forge_or_break_weirs_log_lines() {
     say("stderr", b"{\"glued\":").await;
     say("stderr", b"\x1b[2J\x00\xff\n").await;
     assert_eq!(weir.get("/hello").await.json(), "still here");
+    // An actor's lines name the actor.
+    let r = weir
+        .send(
+            Request::post("/h/noisy/say")
+                .body(Full::new(Bytes::from_static(b"from an actor\n")))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
     wait_for("the last call's receipt", || async {
         let log = weir.log();
         let receipts = log
             .lines()
             .filter(|l| l.contains("\"weir::receipt\""))
             .count();
-        if receipts >= 5 {
+        if receipts >= 5 && log.contains("from an actor") {
             Ok(())
         } else {
             Err(format!("{receipts} receipts"))
@@ -371,9 +380,19 @@ async fn a_guest_cannot_forge_or_break_weirs_log_lines() {
     assert_ne!(app, "bank");
     // What the guest wrote is in the log as its own records, each line
     // whole, saying which app and stream it came from.
+    let from_actor: Vec<_> = records
+        .iter()
+        .filter(|r| r["fields"]["line"] == "from an actor")
+        .collect();
+    assert_eq!(from_actor.len(), 1, "{log}");
+    let f = &from_actor[0]["fields"];
+    assert_eq!(
+        (&f["app"], &f["class"], &f["name"]),
+        (&app, &"hostile".into(), &"noisy".into())
+    );
     let said: Vec<(String, String)> = records
         .iter()
-        .filter(|r| r["target"] == "weir::guest")
+        .filter(|r| r["target"] == "weir::guest" && r["fields"]["class"].is_null())
         .map(|r| {
             assert_eq!(r["fields"]["app"], app, "{r}");
             (
