@@ -9,7 +9,8 @@
 //! - a durable slot's directory is a function of its owner and name only
 //!   (`durable/<class>/<digest of the actor's name>/<slot>`), so the same
 //!   owner finds it again after a kill, a crash or a restart, and no other
-//!   owner can reach it; it goes only when its owner removes it;
+//!   owner can reach it; it goes only when its owner removes it, or when
+//!   the owner itself is deleted (see [`crate::holdings`]);
 //! - an ephemeral slot is the process's own (`ephemeral/…-<pid>`) and is
 //!   deleted when the process ends; what a crash left behind is deleted at
 //!   the next start.
