@@ -6,16 +6,16 @@
 //! storage slots and `max_actors` the number of actors; without a bound on
 //! the whole, an app that makes many actors and fills each could fill the
 //! disk that every other app on the server writes to. The room counts
-//! what each actor's files (its database and its WAL) take: at start, when it wakes, after each turn of it that
-//! wrote, and when it closes. A turn's WAL frames are on disk before
+//! what each actor's files (its database and its WAL) take: at start,
+//! when it wakes, after each turn of it that wrote, and when it closes. A turn's WAL frames are on disk before
 //! anything counts them: the new pages among them are bounded (below), the
 //! pages it rewrites are not, and are counted when the turn ends. SQLite
 //! checkpoints a WAL past 1,000 pages at a commit, and the file is cut
 //! back at its next write. What the layer above keeps in an actor's
 //! storage slots is counted as that layer counts it (`max_slot_bytes`:
 //! bytes, and 4 KiB per file, directory and link): found at start, and
-//! then taken from the room before it is written ([`StorageRoom::take_slot_bytes`])
-//! and given back when it is removed.
+//! then taken from the room before it is written
+//! ([`StorageRoom::take_slot_bytes`]) and given back when it is removed.
 //!
 //! Invariants owned here:
 //! - a live actor's database is bounded at the pages it has plus what the
@@ -63,6 +63,28 @@ fn wal_path(path: &Path) -> PathBuf {
     let mut wal = path.as_os_str().to_owned();
     wal.push("-wal");
     PathBuf::from(wal)
+}
+
+/// Adds `bytes` to `counter` if the sum stays at most `max`, else nothing
+/// (false): a reservation under a bound, all or none. Nothing always fits
+/// (a counter others passed the bound on still takes no growth).
+pub fn take_within(counter: &AtomicU64, bytes: u64, max: u64) -> bool {
+    bytes == 0
+        || counter
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                n.checked_add(bytes).filter(|&total| total <= max)
+            })
+            .is_ok()
+}
+
+/// Takes `bytes` off `counter`, never below zero; what it took.
+pub fn give_back(counter: &AtomicU64, bytes: u64) -> u64 {
+    let held = counter
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            Some(n.saturating_sub(bytes))
+        })
+        .unwrap_or_else(|n| n);
+    held.min(bytes)
 }
 
 /// What the actors of one app take on disk together, and the bound.
@@ -116,12 +138,7 @@ impl StorageRoom {
         if to >= from {
             self.used.fetch_add(to - from, Ordering::Relaxed);
         } else {
-            let less = from - to;
-            let _ = self
-                .used
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
-                    Some(u.saturating_sub(less))
-                });
+            give_back(&self.used, from - to);
         }
     }
 
@@ -139,14 +156,7 @@ impl StorageRoom {
     /// Takes `bytes` for a storage slot to grow by, all of them if they
     /// fit under the bound, else none (false).
     pub fn take_slot_bytes(&self, bytes: u64) -> bool {
-        let max = self.max.load(Ordering::Relaxed);
-        let took = bytes == 0
-            || self
-                .used
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
-                    used.checked_add(bytes).filter(|&total| total <= max)
-                })
-                .is_ok();
+        let took = take_within(&self.used, bytes, self.max.load(Ordering::Relaxed));
         if took {
             self.slots.fetch_add(bytes, Ordering::Relaxed);
         }
@@ -156,18 +166,7 @@ impl StorageRoom {
     /// Gives back what a storage slot no longer holds.
     pub fn give_slot_bytes(&self, bytes: u64) {
         // Only what the slots were counted for leaves the whole.
-        let held = self
-            .slots
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                Some(n.saturating_sub(bytes))
-            })
-            .unwrap_or_else(|n| n);
-        let less = held.min(bytes);
-        let _ = self
-            .used
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                Some(n.saturating_sub(less))
-            });
+        give_back(&self.used, give_back(&self.slots, bytes));
     }
 
     /// The bound for a live database of `footprint` bytes of pages whose

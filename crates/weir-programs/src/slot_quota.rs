@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use weir_actors::StorageRoom;
+use weir_actors::storage_room::{give_back, take_within};
 
 /// What each file, directory or link counts besides its bytes: one block
 /// of a common file system, which is about what its inode and directory
@@ -54,34 +55,20 @@ impl SlotQuota {
     /// Takes `bytes` from what is left to the owner and from the app's
     /// room, or nothing if they do not fit in both.
     pub fn reserve(&self, bytes: u64) -> bool {
-        if bytes == 0 {
-            return true;
-        }
-        let own = self
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|&total| total <= self.max)
-            })
-            .is_ok();
-        if own && !self.room.take_slot_bytes(bytes) {
-            self.release_own(bytes);
+        if !take_within(&self.used, bytes, self.max) {
             return false;
         }
-        own
+        if !self.room.take_slot_bytes(bytes) {
+            give_back(&self.used, bytes);
+            return false;
+        }
+        true
     }
 
     /// Gives `bytes` back, to the owner and to the app's room.
     pub fn release(&self, bytes: u64) {
-        self.release_own(bytes);
+        give_back(&self.used, bytes);
         self.room.give_slot_bytes(bytes);
-    }
-
-    fn release_own(&self, bytes: u64) {
-        let _ = self
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                Some(used.saturating_sub(bytes))
-            });
     }
 
     pub fn used(&self) -> u64 {

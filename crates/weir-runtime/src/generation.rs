@@ -54,10 +54,9 @@ impl Generation {
         code: &AppCode,
         metrics: &AppMetrics,
         number: u64,
-        extras: Extras,
+        mut extras: Extras,
         mut wasi: wasmtime_wasi::WasiCtxBuilder,
     ) -> Result<Generation, InstantiateError> {
-        let mut extras = extras;
         let log = extras.guest_log.take();
         let (stdout, stderr) = GuestOutput::pair(log.as_ref().or(code.guest_log.as_ref()));
         let wasi = wasi.stdout(stdout).stderr(stderr.clone()).build();

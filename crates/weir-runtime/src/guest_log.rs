@@ -4,8 +4,8 @@
 //! receipt says how a call ended, a diagnostic what Weir did. Invariant
 //! owned here: a guest's bytes reach that log only inside records Weir
 //! frames — one line per line the guest wrote, with the app that wrote it
-//! (and the actor or process, when it is one) and the stream, the guest's text as an escaped JSON string (bytes that
-//! are not UTF-8 replaced). So a guest cannot write a line that passes for
+//! (and the actor or process, when it is one) and the stream, the guest's
+//! text as an escaped JSON string (bytes that are not UTF-8 replaced). So a guest cannot write a line that passes for
 //! one of Weir's (a forged receipt), cut one of Weir's lines in two by
 //! leaving its own unfinished, or put control bytes into the log.
 //!
@@ -14,9 +14,9 @@
 //! `"cut":true`), or when the event ends with it unfinished. What an event
 //! adds to the log this way — the records, framing and escapes included —
 //! counts against its output budget (`MAX_GUEST_OUTPUT_BYTES`, set by
-//! `crate::guest_output`); the first record
-//! that does not fit is replaced by one short record saying the rest of
-//! the event's output was dropped, and the rest is dropped.
+//! `crate::guest_output`); the first record that does not fit is replaced
+//! by one short record saying the rest of the event's output was dropped,
+//! and the rest is dropped.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -75,41 +75,32 @@ impl GuestLog {
         }
     }
 
-    /// One record of `stream`'s `line`, encoded into `buf`.
-    fn encode(&self, buf: &mut Vec<u8>, stream: &'static str, line: &[u8], cut: bool) {
+    /// One record of `stream` into `buf`: its `line` (and whether it was
+    /// cut), or, without one, the note that the rest of the event's
+    /// output was dropped.
+    fn encode(&self, buf: &mut Vec<u8>, stream: &'static str, line: Option<(&[u8], bool)>) {
         buf.clear();
+        let message = match line {
+            Some(_) => "guest output",
+            None => "guest output past the event's budget dropped",
+        };
         encode_record(
             buf,
-            false,
+            line.is_none(),
             GUEST_TARGET,
-            "guest output",
+            message,
             SystemTime::now(),
             |buf| {
                 buf.extend_from_slice(&self.head);
                 put_text(buf, "stream", stream);
-                put_text(buf, "line", &String::from_utf8_lossy(line));
-                if cut {
-                    buf.extend_from_slice(b",\"cut\":true");
+                if let Some((line, cut)) = line {
+                    put_text(buf, "line", &String::from_utf8_lossy(line));
+                    if cut {
+                        buf.extend_from_slice(b",\"cut\":true");
+                    }
                 }
             },
         );
-    }
-
-    /// The record that replaces what did not fit in an event's budget.
-    fn dropped(&self, stream: &'static str) {
-        let mut buf = Vec::new();
-        encode_record(
-            &mut buf,
-            true,
-            GUEST_TARGET,
-            "guest output past the event's budget dropped",
-            SystemTime::now(),
-            |buf| {
-                buf.extend_from_slice(&self.head);
-                put_text(buf, "stream", stream);
-            },
-        );
-        self.sink.write_line(&buf);
     }
 }
 
@@ -125,13 +116,8 @@ pub struct LogStream {
     /// Set by a write, cleared at the event's end: an event whose guest
     /// wrote nothing ends without taking the lock.
     wrote: AtomicBool,
-    state: Mutex<Lines>,
-}
-
-#[derive(Default)]
-struct Lines {
     /// The guest's bytes since its last line ended.
-    unfinished: Vec<u8>,
+    unfinished: Mutex<Vec<u8>>,
 }
 
 impl LogStream {
@@ -149,7 +135,7 @@ impl LogStream {
             left,
             exceeded,
             wrote: AtomicBool::new(false),
-            state: Mutex::default(),
+            unfinished: Mutex::default(),
         }
     }
 
@@ -157,29 +143,28 @@ impl LogStream {
     /// [`MAX_GUEST_LINE_BYTES`] of a line it does not, is written.
     pub(crate) fn write(&self, mut bytes: &[u8]) {
         self.wrote.store(true, Ordering::Relaxed);
-        let mut lines = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let lines = &mut *lines;
+        let mut line = self.unfinished.lock().unwrap_or_else(|p| p.into_inner());
         while !bytes.is_empty() {
-            let room = MAX_GUEST_LINE_BYTES - lines.unfinished.len();
+            let room = MAX_GUEST_LINE_BYTES - line.len();
             let end = bytes.iter().take(room).position(|&b| b == b'\n');
             match end {
                 Some(at) => {
-                    lines.unfinished.extend_from_slice(&bytes[..at]);
+                    line.extend_from_slice(&bytes[..at]);
                     bytes = &bytes[at + 1..];
-                    self.emit(lines, false);
+                    self.emit(&mut line, false);
                 }
                 None if bytes.len() > room => {
-                    lines.unfinished.extend_from_slice(&bytes[..room]);
+                    line.extend_from_slice(&bytes[..room]);
                     bytes = &bytes[room..];
                     // Cut here, unless the line ends right after.
                     let ends = bytes.first() == Some(&b'\n');
                     if ends {
                         bytes = &bytes[1..];
                     }
-                    self.emit(lines, !ends);
+                    self.emit(&mut line, !ends);
                 }
                 None => {
-                    lines.unfinished.extend_from_slice(bytes);
+                    line.extend_from_slice(bytes);
                     bytes = &[];
                 }
             }
@@ -192,20 +177,20 @@ impl LogStream {
         if !self.wrote.swap(false, Ordering::Relaxed) {
             return;
         }
-        let mut lines = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if !lines.unfinished.is_empty() {
-            self.emit(&mut lines, false);
+        let mut line = self.unfinished.lock().unwrap_or_else(|p| p.into_inner());
+        if !line.is_empty() {
+            self.emit(&mut line, false);
         }
-        lines.unfinished.shrink_to(KEPT_LINE_CAPACITY);
+        line.shrink_to(KEPT_LINE_CAPACITY);
     }
 
-    /// Writes the unfinished line as one record, if the budget has room
-    /// for it.
-    fn emit(&self, lines: &mut Lines, cut: bool) {
+    /// Writes `line` as one record and empties it, if the budget has room
+    /// for the record; else the first time, the note that the rest is
+    /// dropped.
+    fn emit(&self, line: &mut Vec<u8>, cut: bool) {
         RECORD.with(|record| {
             let mut record = record.borrow_mut();
-            self.log
-                .encode(&mut record, self.stream, &lines.unfinished, cut);
+            self.log.encode(&mut record, self.stream, Some((line, cut)));
             let size = record.len() as u64;
             let fits = self
                 .left
@@ -216,10 +201,11 @@ impl LogStream {
             if fits {
                 self.log.sink.write_line(&record);
             } else if !self.exceeded.swap(true, Ordering::Relaxed) {
-                self.log.dropped(self.stream);
+                self.log.encode(&mut record, self.stream, None);
+                self.log.sink.write_line(&record);
             }
         });
-        lines.unfinished.clear();
+        line.clear();
     }
 }
 
@@ -303,7 +289,7 @@ mod tests {
         let (stream, _, _) = stream(1 << 20);
         stream.write(&vec![b'z'; MAX_GUEST_LINE_BYTES - 1]);
         stream.end_event();
-        let kept = stream.state.lock().unwrap().unfinished.capacity();
+        let kept = stream.unfinished.lock().unwrap().capacity();
         assert!(kept <= KEPT_LINE_CAPACITY, "{kept}");
     }
 

@@ -95,8 +95,12 @@ impl GuestOutput {
         let left = Arc::new(AtomicU64::new(MAX_GUEST_OUTPUT_BYTES));
         let exceeded = Arc::new(AtomicBool::new(false));
         let stream = |name| {
-            let budget = (left.clone(), exceeded.clone());
-            Arc::new(LogStream::new(log.clone(), name, budget.0, budget.1))
+            Arc::new(LogStream::new(
+                log.clone(),
+                name,
+                left.clone(),
+                exceeded.clone(),
+            ))
         };
         let streams = Arc::new([stream("stdout"), stream("stderr")]);
         let one = |sink| GuestOutput {
