@@ -514,3 +514,34 @@ async fn deleting_an_actor_ends_its_processes_and_removes_its_slots_and_a_namesa
         "{s}"
     );
 }
+
+#[test]
+fn a_slots_directory_that_cannot_be_opened_stops_the_start_naming_it() {
+    // The room must count the durable slots before any actor runs: a
+    // server that cannot read them does not serve with a count too low.
+    let data = weir_scratch::dir("slots-unopenable");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("slots"), b"not a directory").unwrap();
+    let runner = common::guest("runner");
+    let actor = format!("runner={}", runner.display());
+    let out = common::run_weir(&[
+        "serve",
+        runner.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--actor",
+        &actor,
+    ]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("storage slots: cannot open")
+            && out
+                .stderr
+                .contains(&data.join("slots").display().to_string()),
+        "{}",
+        out.stderr
+    );
+    let _ = std::fs::remove_dir_all(&data);
+}
