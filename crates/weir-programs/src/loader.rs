@@ -61,11 +61,15 @@ impl Loader {
         outbound: OutboundRules,
         guest_log: Option<Arc<GuestLog>>,
     ) -> Result<Loader, ProgramLoadError> {
-        let cache =
-            CodeCache::new(&images.compiled_dir(), compiler).map_err(|source| ImageError::Io {
-                path: images.compiled_dir(),
-                cause: source,
-            })?;
+        let cache = CodeCache::new(
+            &images.compiled_dir(),
+            compiler,
+            limits.runtime.compile_memory_limit_bytes,
+        )
+        .map_err(|source| ImageError::Io {
+            path: images.compiled_dir(),
+            cause: source,
+        })?;
         let pool = SqlPool::new(PROGRAM_STORAGE_THREADS)
             .map_err(|e| ProgramLoadError::Pool(e.to_string()))?;
         Ok(Loader {

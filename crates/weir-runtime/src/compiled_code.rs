@@ -5,8 +5,10 @@
 //!   compiler. Compiling untrusted Wasm is the most memory- and CPU-hungry
 //!   thing Weir does with a guest's bytes: in a process of its own, its
 //!   peak memory is given back when that process exits, a compiler that
-//!   crashes or runs past [`COMPILE_TIME_LIMIT`] is a refused load rather
-//!   than a dead or stalled server, and the server's idle footprint holds
+//!   crashes, runs past [`COMPILE_TIME_LIMIT`] or grows past the cache's
+//!   memory limit (`compile_memory_limit_bytes`, checked every
+//!   [`COMPILER_POLL`]) is killed and its component refused rather than a
+//!   dead, stalled or starved server, and the server's idle footprint holds
 //!   only the code it runs (an idle `weir serve` of the hello guest: 15 MiB
 //!   instead of 26 MiB, see `bench/RESULTS.md`);
 //! - an artifact is named by the SHA-256 of the component's bytes and the
@@ -42,8 +44,11 @@ use crate::engine::{EngineKind, WeirEngine};
 /// takes ten minutes is treated as an attack on the compiler, not as code.
 pub const COMPILE_TIME_LIMIT: Duration = Duration::from_secs(600);
 
-/// How often a waiting server looks at its compiler process.
-const COMPILER_POLL: Duration = Duration::from_millis(5);
+/// How often a waiting server looks at its compiler process (its exit,
+/// its time and its memory). Cranelift's memory grows by page faults, a few
+/// GB/s on a busy machine at most, so a compiler passes its memory limit by
+/// tens of MiB at most before it is seen and killed.
+pub const COMPILER_POLL: Duration = Duration::from_millis(5);
 
 /// Most bytes of a failed compiler's stderr kept for the error: enough for
 /// any compiler message, bounded whatever the process prints.
@@ -60,8 +65,9 @@ pub const EXIT_ARTIFACT_NOT_WRITTEN: u8 = 3;
 /// Why a component's machine code could not be had.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CompileError {
-    /// The component's own doing: the compiler refused it, crashed on it
-    /// or ran past [`COMPILE_TIME_LIMIT`], or the engine refused its code.
+    /// The component's own doing: the compiler refused it, crashed on it,
+    /// ran past [`COMPILE_TIME_LIMIT`] or past the memory limit, or the
+    /// engine refused its code.
     #[error("{0}")]
     Refused(String),
     /// The server's: the code was compiled but could not be kept in the
@@ -78,7 +84,9 @@ pub enum Compiler {
     InProcess,
     /// By running `program args… --engine KIND --out FILE` with the
     /// component on stdin; the program calls [`compile_to`]. `weir`
-    /// runs itself with its hidden `compile-artifact` command.
+    /// runs itself with its hidden `compile-artifact` command. The process
+    /// is killed when it runs too long or its resident memory passes the
+    /// cache's limit.
     Process {
         program: PathBuf,
         args: Vec<OsString>,
@@ -89,6 +97,8 @@ pub enum Compiler {
 pub struct CodeCache {
     dir: Option<PathBuf>,
     compiler: Compiler,
+    /// Most resident memory a compiler process may reach.
+    memory_limit_bytes: u64,
     /// Artifacts this server loaded: what [`CodeCache::prune`] keeps.
     used: Mutex<HashSet<PathBuf>>,
 }
@@ -99,16 +109,25 @@ impl CodeCache {
         CodeCache {
             dir: None,
             compiler: Compiler::InProcess,
+            memory_limit_bytes: u64::MAX,
             used: Mutex::new(HashSet::new()),
         }
     }
 
-    /// A cache in `dir` (created if missing), filled by `compiler`.
-    pub fn new(dir: &Path, compiler: Compiler) -> std::io::Result<CodeCache> {
+    /// A cache in `dir` (created if missing), filled by `compiler`, whose
+    /// process may reach `memory_limit_bytes` of resident memory (the
+    /// `compile_memory_limit_bytes` limit; a compiler in this process is
+    /// not bounded).
+    pub fn new(
+        dir: &Path,
+        compiler: Compiler,
+        memory_limit_bytes: u64,
+    ) -> std::io::Result<CodeCache> {
         std::fs::create_dir_all(dir)?;
         Ok(CodeCache {
             dir: Some(dir.to_path_buf()),
             compiler,
+            memory_limit_bytes,
             used: Mutex::new(HashSet::new()),
         })
     }
@@ -175,9 +194,14 @@ impl CodeCache {
     fn compile(&self, engine: &WeirEngine, bytes: &[u8], path: &Path) -> Result<(), CompileError> {
         match &self.compiler {
             Compiler::InProcess => compile_to(engine.engine(), bytes, path),
-            Compiler::Process { program, args } => {
-                run_compiler(program, args, engine.kind(), bytes, path)
-            }
+            Compiler::Process { program, args } => run_compiler(
+                program,
+                args,
+                engine.kind(),
+                bytes,
+                path,
+                self.memory_limit_bytes,
+            ),
         }
     }
 
@@ -238,7 +262,7 @@ pub fn compile_to(engine: &wasmtime::Engine, bytes: &[u8], out: &Path) -> Result
     let artifact = engine
         .precompile_component(bytes)
         .map_err(|e| CompileError::Refused(format!("{e:#}")))?;
-    let partial = out.with_extension(format!("{ARTIFACT_EXTENSION}.partial"));
+    let partial = partial_path(out);
     let write = || -> std::io::Result<()> {
         let mut file = std::fs::File::create(&partial)?;
         file.write_all(&artifact)?;
@@ -251,12 +275,18 @@ pub fn compile_to(engine: &wasmtime::Engine, bytes: &[u8], out: &Path) -> Result
     })
 }
 
+/// Where [`compile_to`] writes before it renames into `out`.
+fn partial_path(out: &Path) -> PathBuf {
+    out.with_extension(format!("{ARTIFACT_EXTENSION}.partial"))
+}
+
 fn run_compiler(
     program: &Path,
     args: &[OsString],
     kind: EngineKind,
     bytes: &[u8],
     out: &Path,
+    memory_limit_bytes: u64,
 ) -> Result<(), CompileError> {
     let mut child = Command::new(program)
         .args(args)
@@ -291,15 +321,31 @@ fn run_compiler(
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
-            Ok(None) if started.elapsed() >= COMPILE_TIME_LIMIT => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(CompileError::Refused(format!(
-                    "compiling took longer than {} s",
-                    COMPILE_TIME_LIMIT.as_secs()
-                )));
+            Ok(None) => {
+                let overrun = if started.elapsed() >= COMPILE_TIME_LIMIT {
+                    Some(format!(
+                        "compiling took longer than {} s",
+                        COMPILE_TIME_LIMIT.as_secs()
+                    ))
+                } else {
+                    resident_anonymous_bytes(child.id())
+                        .filter(|&bytes| bytes > memory_limit_bytes)
+                        .map(|_| {
+                            format!(
+                                "compiling needed more than {} MiB of memory (compile_memory_limit_bytes)",
+                                memory_limit_bytes >> 20
+                            )
+                        })
+                };
+                if let Some(reason) = overrun {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    let _ = std::fs::remove_file(partial_path(out));
+                    let _ = std::fs::remove_file(out);
+                    return Err(CompileError::Refused(reason));
+                }
+                std::thread::sleep(COMPILER_POLL);
             }
-            Ok(None) => std::thread::sleep(COMPILER_POLL),
             Err(e) => {
                 return Err(CompileError::NotKept(format!(
                     "cannot wait for the compiler: {e}"
@@ -326,10 +372,40 @@ fn run_compiler(
     )
 }
 
+/// The memory process `pid` made for itself and holds in RAM (`RssAnon`
+/// of `/proc/PID/status`: the heap, not the executable's shared pages),
+/// or `None` where the system does not say (then only time bounds it).
+fn resident_anonymous_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_rss_anon(&status)
+}
+
+fn parse_rss_anon(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
+    let kib: u64 = line["RssAnon:".len()..]
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib << 10)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::engine::EngineSizing;
+
+    #[test]
+    fn a_process_memory_is_read_from_its_status() {
+        let status =
+            "Name:\tweir\nVmRSS:\t  40000 kB\nRssAnon:\t   12345 kB\nRssFile:\t 27655 kB\n";
+        assert_eq!(parse_rss_anon(status), Some(12345 << 10));
+        assert_eq!(parse_rss_anon("VmRSS: 1 kB\n"), None);
+        assert_eq!(parse_rss_anon("RssAnon: lots\n"), None);
+        // This process has a heap, and says so.
+        assert!(resident_anonymous_bytes(std::process::id()).is_some_and(|b| b > 0));
+    }
 
     #[test]
     fn engine_kinds_survive_the_command_line() {

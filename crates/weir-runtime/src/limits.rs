@@ -72,6 +72,19 @@ pub const MAX_OPERATIONS: u64 = 4096;
 /// statements on every one of them still leave the async workers free.
 pub const DEFAULT_SQL_THREADS: u64 = 4;
 
+/// Resident memory a compiler process may reach: 4 GiB. The largest real
+/// components measured here peak far below it (componentize-py's 18 MB
+/// Python: 0.46 GB, StarlingMonkey's 13 MB JavaScript: 0.48 GB, on 2 cores;
+/// Cranelift compiles a function per core at once, so more cores hold
+/// more), while Wasm built to exhaust Cranelift needs little: two
+/// functions of 1.4 MB each took 2 GB, and a component may hold functions
+/// of 7.6 MB each (bench/RESULTS.md).
+pub const DEFAULT_COMPILE_MEMORY_LIMIT_BYTES: u64 = 4 << 30;
+
+/// Least compiler memory that may be set: 64 MiB, twice what the smallest
+/// guests here need (the hello guest compiles in 29 MB).
+pub const MIN_COMPILE_MEMORY_LIMIT_BYTES: u64 = 64 << 20;
+
 /// What one storage call may hand back to a guest (SQL rows, a list, a
 /// batch read), by default: far more than a page of results, and a bound
 /// on what one call makes the host hold.
@@ -185,6 +198,10 @@ limit_table! {
         sql_threads: usize = "sql_threads" {
             default: DEFAULT_SQL_THREADS, range: 1, 256, unit: Count,
             meaning: "threads that run guests' SQL, lists, multi-key and key-value calls (never the async workers)",
+        },
+        compile_memory_limit_bytes: u64 = "compile_memory_limit_bytes" {
+            default: DEFAULT_COMPILE_MEMORY_LIMIT_BYTES, range: MIN_COMPILE_MEMORY_LIMIT_BYTES, 1 << 40, unit: Bytes,
+            meaning: "resident memory of the process that compiles a component (a deploy, a start, an image push); past it the process is killed and the component refused",
         },
         /// 0 until resolved at start ([`crate::compute_share::slices_per_tick`]).
         long_call_workers: usize = "long_call_workers" {

@@ -25,6 +25,8 @@ pub const SERVER_WIDE_LIMITS: &[&str] = &[
     "header_read_timeout_ms",
     "max_total_guest_memory_bytes",
     "sql_threads",
+    // One code cache, compiled for every app by the same process kind.
+    "compile_memory_limit_bytes",
     // One share of the workers for every app's long computations.
     "long_call_workers",
     // The engines reserve each instance's memory up front at this size.

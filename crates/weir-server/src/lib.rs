@@ -286,12 +286,16 @@ impl Server {
         let pool = Arc::new(SqlPool::new(server_limits.sql_threads)?);
         weir_store::confinement::bound_sqlite_heap(SQLITE_SOFT_HEAP_BYTES, SQLITE_HARD_HEAP_BYTES);
         let code_dir = config.data_dir.join(CODE_DIR);
-        let code_cache = CodeCache::new(&code_dir, config.compiler.clone())
-            .map(Arc::new)
-            .map_err(|source| ServerError::CodeCache {
-                dir: code_dir.clone(),
-                cause: source,
-            })?;
+        let code_cache = CodeCache::new(
+            &code_dir,
+            config.compiler.clone(),
+            server_limits.compile_memory_limit_bytes,
+        )
+        .map(Arc::new)
+        .map_err(|source| ServerError::CodeCache {
+            dir: code_dir.clone(),
+            cause: source,
+        })?;
         // Worker events and actor turns run on this runtime's workers; long
         // computations among them share `long_call_workers` of them.
         let share = ComputeShare::new(compute_share::slices_per_tick(

@@ -296,3 +296,38 @@ async fn a_pushed_image_is_compiled_before_the_push_is_answered() {
     drop(weir);
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// An image's compiler is bounded as an app's is: a push of Wasm built to
+/// exhaust Cranelift's memory is stored as pushed, not compiled, and the
+/// answer names the limit; the next image compiles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pushed_image_that_exhausts_the_compiler_is_stored_uncompiled_naming_the_limit() {
+    use common::hostile::{COMPILER_LIMIT, COMPILER_REFUSAL, compile_bomb};
+    let data = data_dir("compile-bomb");
+    let weir = common::programs::serve_runner(&data, &[COMPILER_LIMIT]);
+    let bomb = std::fs::read(compile_bomb(2, 100_000)).unwrap();
+    let pushed = admin(&weir, "PUT", "/images", bomb.clone(), true).await;
+    assert_eq!(pushed.status, 201, "{:?}", pushed.body);
+    assert_eq!(pushed.json()["compiled"], false, "{:?}", pushed.body);
+    let why = pushed.json()["compile_error"].as_str().unwrap().to_string();
+    assert!(why.contains(COMPILER_REFUSAL), "{why}");
+    let compiled: Vec<String> = std::fs::read_dir(data.join("images/compiled"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !compiled.iter().any(|f| f.starts_with(&sha256_hex(&bomb))),
+        "{compiled:?}"
+    );
+    let probe = admin(
+        &weir,
+        "PUT",
+        "/images",
+        std::fs::read(cmdprobe()).unwrap(),
+        true,
+    )
+    .await;
+    assert_eq!(probe.json()["compiled"], true, "{:?}", probe.body);
+    drop(weir);
+    let _ = std::fs::remove_dir_all(&data);
+}

@@ -69,3 +69,24 @@ pub async fn exec(weir: &Weir, name: &str, statements: &[&str]) -> Vec<Value> {
     assert_eq!(r.status, 200, "{:?}", r.body);
     r.json().as_array().unwrap().clone()
 }
+
+/// The compile bomb with `functions` chains of `additions` each, as a
+/// component file.
+pub fn compile_bomb(functions: usize, additions: usize) -> PathBuf {
+    let chain = "local.get 0 i32.const 1 i32.add local.set 0\n".repeat(additions);
+    let bodies: String = (0..functions)
+        .map(|i| format!("(func (export \"f{i}\") (param i32)\n{chain})\n"))
+        .collect();
+    let wat = std::fs::read_to_string(root().join("guests/wat/compile-bomb.wat"))
+        .unwrap()
+        .replace("FUNCTIONS", &bodies);
+    let path = weir_scratch::dir(&format!("compile-bomb-{functions}x{additions}.wasm"));
+    std::fs::write(&path, wat::parse_str(&wat).unwrap()).unwrap();
+    path
+}
+
+/// The compiler's memory limit the tests set: 256 MiB, where the hello
+/// guests compile in about 30 MB and the bomb needs over 1 GB.
+pub const COMPILER_LIMIT: &str = "compile_memory_limit_bytes=268435456";
+pub const COMPILER_REFUSAL: &str =
+    "compiling needed more than 256 MiB of memory (compile_memory_limit_bytes)";
