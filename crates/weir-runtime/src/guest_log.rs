@@ -262,15 +262,15 @@ mod tests {
             .map(|r| r["fields"]["line"].as_str().unwrap())
             .collect();
         assert_eq!(lines, [forged, "half a line", "\x1b[31m\0\u{fffd}\r"]);
-        let actor = GuestLog::new(sink.clone(), "shop")
+        let keyed = GuestLog::new(sink.clone(), "shop")
             .with_fields(&[("class", "cart"), ("name", "\"x\"")]);
-        let actor = LogStream::new(
-            Arc::new(actor),
+        let keyed = LogStream::new(
+            Arc::new(keyed),
             "stdout",
             Arc::new(AtomicU64::new(1 << 20)),
             Arc::default(),
         );
-        actor.write(b"hi\n");
+        keyed.write(b"hi\n");
         let records = self::records(&sink);
         let last = &records.last().unwrap()["fields"];
         assert_eq!(

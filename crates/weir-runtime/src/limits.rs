@@ -72,6 +72,15 @@ pub const MAX_OPERATIONS: u64 = 4096;
 /// statements on every one of them still leave the async workers free.
 pub const DEFAULT_SQL_THREADS: u64 = 4;
 
+/// Memory SQLite may hold for the whole process: 2 GiB. Its page caches
+/// (freed first past a quarter of this) and
+/// what guests' statements hold while they run: results are bounded by
+/// `max_sql_result_bytes`, but a sort, a `DISTINCT` or a recursive query
+/// keeps its rows in this heap, not in temporary files, until it ends.
+/// Past it the allocating statement fails (out of memory) rather than the
+/// process growing.
+pub const DEFAULT_MAX_SQL_MEMORY_BYTES: u64 = 2 << 30;
+
 /// Resident memory a compiler process may reach: 4 GiB. The largest real
 /// components measured here peak far below it (componentize-py's 18 MB
 /// Python: 0.46 GB, StarlingMonkey's 13 MB JavaScript: 0.48 GB, on 2 cores;
@@ -198,6 +207,10 @@ limit_table! {
         sql_threads: usize = "sql_threads" {
             default: DEFAULT_SQL_THREADS, range: 1, 256, unit: Count,
             meaning: "threads that run guests' SQL, lists, multi-key and key-value calls (never the async workers)",
+        },
+        max_sql_memory_bytes: u64 = "max_sql_memory_bytes" {
+            default: DEFAULT_MAX_SQL_MEMORY_BYTES, range: 64 << 20, 1 << 40, unit: Bytes,
+            meaning: "memory SQLite holds for the whole process: page caches, and the sorts, temporary tables and recursive queues of running statements (never spilled to temporary files); past a quarter of it caches are freed first, past it the allocating statement fails out of memory",
         },
         compile_memory_limit_bytes: u64 = "compile_memory_limit_bytes" {
             default: DEFAULT_COMPILE_MEMORY_LIMIT_BYTES, range: MIN_COMPILE_MEMORY_LIMIT_BYTES, 1 << 40, unit: Bytes,

@@ -25,6 +25,8 @@ pub const SERVER_WIDE_LIMITS: &[&str] = &[
     "header_read_timeout_ms",
     "max_total_guest_memory_bytes",
     "sql_threads",
+    // SQLite's heap is one for the process.
+    "max_sql_memory_bytes",
     // One code cache, compiled for every app by the same process kind.
     "compile_memory_limit_bytes",
     // One share of the workers for every app's long computations.

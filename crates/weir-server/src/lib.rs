@@ -56,15 +56,12 @@ pub use app_spec::{AppSpec, SpecError};
 pub use limits::ServerLimits;
 pub use versions::Apps;
 
-/// Memory SQLite may hold for the whole process before it frees its caches
-/// first: thousands of small actor page caches fit well under it.
-pub const SQLITE_SOFT_HEAP_BYTES: u64 = 512 << 20;
-
-/// Memory SQLite may hold for the whole process at most; past it a
-/// statement fails (`SQLITE_NOMEM`) instead of the process growing. Guest
-/// SQL cannot get near it: values are bounded by `SQLITE_LIMIT_LENGTH`,
-/// results by `max_sql_result_bytes`, page caches per connection.
-pub const SQLITE_HARD_HEAP_BYTES: u64 = 2 << 30;
+/// SQLite's soft heap limit is this part of `max_sql_memory_bytes`: past
+/// it SQLite frees its page caches before it allocates, so a statement
+/// that sorts in memory takes cache from idle connections before it takes
+/// the rest of the bound (512 MiB of the default 2 GiB: thousands of small
+/// actor page caches fit under it).
+pub const SQLITE_SOFT_HEAP_DIVISOR: u64 = 4;
 
 /// The data dir's subdirectory of compiled code (see
 /// [`weir_runtime::compiled_code`]).
@@ -284,7 +281,10 @@ impl Server {
         let lane_capacity = lanes * VERSIONS_AT_ONCE;
         let budget = MemoryBudget::new(server_limits.total_guest_memory());
         let pool = Arc::new(SqlPool::new(server_limits.sql_threads)?);
-        weir_store::confinement::bound_sqlite_heap(SQLITE_SOFT_HEAP_BYTES, SQLITE_HARD_HEAP_BYTES);
+        weir_store::confinement::bound_sqlite_heap(
+            server_limits.max_sql_memory_bytes / SQLITE_SOFT_HEAP_DIVISOR,
+            server_limits.max_sql_memory_bytes,
+        );
         let code_dir = config.data_dir.join(CODE_DIR);
         let code_cache = CodeCache::new(
             &code_dir,

@@ -21,7 +21,13 @@
 //!   [`PROGRESS_OPS`] virtual-machine steps;
 //! - what a statement hands back is counted as it is read
 //!   ([`ResultBudget`]), so a result over its bound is refused before the
-//!   host holds more than the bound.
+//!   host holds more than the bound;
+//! - a statement writes no file but its database: what SQLite would spill
+//!   to temporary files (sorts, `DISTINCT`, `UNION`, recursive queues,
+//!   statement journals) is held in SQLite's heap ([`harden`]), which the
+//!   process bounds ([`bound_sqlite_heap`]); a temporary file is bounded
+//!   by nothing but the disk, and one sort under a streaming response's
+//!   deadline wrote 2 GB of them in 20 s (bench/RESULTS.md).
 //!
 //! Every refusal names what was refused.
 
@@ -103,6 +109,9 @@ pub fn harden(conn: &Connection, max_value_bytes: usize) -> rusqlite::Result<()>
     let length = i32::try_from(max_value_bytes).unwrap_or(i32::MAX);
     conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, length)?;
     conn.set_limit(Limit::SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_TEXT_BYTES)?;
+    // Temporary tables, indices, sorts and statement journals in memory,
+    // under the process's heap bound, never in the temp directory.
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
     Ok(())
 }
 
@@ -374,6 +383,24 @@ impl ResultBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hardened_connection_keeps_its_temporary_storage_in_memory_and_a_guest_cannot_move_it() {
+        let (conn, c) = conn(None);
+        let mode = |conn: &Connection| -> i64 {
+            conn.query_row("PRAGMA temp_store", [], |r| r.get(0))
+                .unwrap()
+        };
+        assert_eq!(mode(&conn), 2, "2 is MEMORY");
+        for sql in [
+            "PRAGMA temp_store = FILE",
+            "PRAGMA temp_store = 1",
+            "PRAGMA temp_store",
+        ] {
+            assert!(guest(&conn, &c, sql).is_err(), "{sql}");
+        }
+        assert_eq!(mode(&conn), 2);
+    }
 
     fn conn(prefix: Option<&'static str>) -> (Connection, Confinement) {
         let conn = Connection::open_in_memory().unwrap();

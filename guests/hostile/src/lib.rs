@@ -4,7 +4,7 @@
 //!
 //! | path | attack |
 //! |---|---|
-//! | `POST /sql` | the body's JSON `{"db": "...", "statements": ["...", ...]}` as one `weir:sql` batch; answers `{"rows": [...]}` or `{"error": "..."}` |
+//! | `POST /sql[?after_headers=1]` | the body's JSON `{"db": "...", "statements": ["...", ...]}` as one `weir:sql` batch; answers `{"rows": [...]}` or `{"error": "..."}` (with `after_headers`, sends its headers first and runs the batch while its body is open: under the session's deadline) |
 //! | `POST /exec` | (actor) the body's JSON list of statements through `storage.exec`, one after another; answers each result or error |
 //! | `GET /list?limit=N` | (actor) `storage.list`; answers the count of entries or the error |
 //! | `POST /put-big?n=N&bytes=B` | (actor) N entries of B bytes (fills storage for the list attacks) |
@@ -153,7 +153,7 @@ impl wasi::exports::http::incoming_handler::Guest for Hostile {
                     })
                     .unwrap_or_default();
                 let db = input["db"].as_str().unwrap_or("app");
-                let answer = match weir_guest::sql::batch(db, &statements) {
+                let run = || match weir_guest::sql::batch(db, &statements) {
                     Ok(results) => json!({
                         "rows": results
                             .iter()
@@ -162,7 +162,25 @@ impl wasi::exports::http::incoming_handler::Guest for Hostile {
                     }),
                     Err(e) => json!({ "error": format!("{e:?}") }),
                 };
-                json_out(out, answer)
+                if query(&path, "after_headers").is_some() {
+                    // Headers first: the batch then runs under the
+                    // session's deadline, not the event's.
+                    use wasi::http::types::{Fields, OutgoingBody, OutgoingResponse};
+                    let response = OutgoingResponse::new(Fields::new());
+                    let body = response.body().expect("body once");
+                    ResponseOutparam::set(out, Ok(response));
+                    let answer = run().to_string();
+                    let stream = body.write().expect("stream once");
+                    for chunk in answer.as_bytes().chunks(4096) {
+                        if stream.blocking_write_and_flush(chunk).is_err() {
+                            return;
+                        }
+                    }
+                    drop(stream);
+                    let _ = OutgoingBody::finish(body, None);
+                } else {
+                    json_out(out, run())
+                }
             }
             "/exec" => {
                 let input: Json =

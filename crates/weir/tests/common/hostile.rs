@@ -17,6 +17,11 @@ pub fn data_dir(name: &str) -> PathBuf {
 /// The hostile guest as the app and as actor class `hostile` (route `/h`),
 /// next to the `probe` class (route `/p`): the victim.
 pub fn start(dir: &Path, extra: &[&str]) -> Weir {
+    start_with_env(dir, extra, &[])
+}
+
+/// [`start`], with more environment variables for the server.
+pub fn start_with_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Weir {
     let hostile = guest("hostile");
     let probe = format!("probe={}", guest("actor_probe").display());
     let hostile_class = format!("hostile={}", hostile.display());
@@ -38,7 +43,7 @@ pub fn start(dir: &Path, extra: &[&str]) -> Weir {
         "hostile=/h",
     ];
     args.extend_from_slice(extra);
-    Weir::start_with(&args)
+    Weir::start_with_env(&args, env)
 }
 
 pub async fn post_json(weir: &Weir, path: &str, body: Value) -> Resp {
