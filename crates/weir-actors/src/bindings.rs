@@ -48,12 +48,21 @@ use generated::weir::actor::{identity, storage, timers, types};
 /// The alarm export's interface name, as components export it.
 pub const ALARM_INTERFACE: &str = "weir:actor/alarm@0.1.0";
 
-/// Who an actor is, as its guest sees it.
+/// Who an actor is, as its guest sees it, and as the routers see it when
+/// it calls out (the chain of the turn it runs).
 #[derive(Clone, Debug)]
 pub struct ActorIdentity {
     pub class: String,
     pub name: String,
     pub incarnation: u64,
+    pub turn_chain: crate::call_chain::TurnChain,
+}
+
+impl ActorIdentity {
+    /// The actors whose turns wait on the turn this actor runs now.
+    pub fn chain(&self) -> crate::call_chain::CallChain {
+        self.turn_chain.get()
+    }
 }
 
 /// An actor's place in a generation: its identity and its gate.

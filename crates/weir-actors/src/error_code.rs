@@ -25,6 +25,12 @@ pub enum ActorErrorCode {
     /// 507: the actor does not exist and the app's actors already take
     /// `max_actor_storage_bytes` on disk.
     StorageFull,
+    /// 508: an actor called an actor whose turn waits on it (itself, or
+    /// one of its callers): the call would wait on its own caller.
+    CallCycle,
+    /// 508: the call would make a chain of more than `MAX_CALL_DEPTH`
+    /// actors each waiting on the next.
+    CallDepthExceeded,
 }
 
 impl ActorErrorCode {
@@ -35,6 +41,8 @@ impl ActorErrorCode {
         ActorErrorCode::AddressInvalid,
         ActorErrorCode::TooMany,
         ActorErrorCode::StorageFull,
+        ActorErrorCode::CallCycle,
+        ActorErrorCode::CallDepthExceeded,
     ];
 }
 
@@ -47,6 +55,8 @@ impl WeirError for ActorErrorCode {
             ActorErrorCode::AddressInvalid => "actor_address_invalid",
             ActorErrorCode::TooMany => "too_many_actors",
             ActorErrorCode::StorageFull => "actor_storage_full",
+            ActorErrorCode::CallCycle => "actor_call_cycle",
+            ActorErrorCode::CallDepthExceeded => "actor_call_depth_exceeded",
         }
     }
 
@@ -58,6 +68,8 @@ impl WeirError for ActorErrorCode {
             // Insufficient Storage: the server cannot keep one more, and
             // trying again will not help until an operator acts.
             ActorErrorCode::TooMany | ActorErrorCode::StorageFull => 507,
+            // Loop Detected: answered at once, without running anything.
+            ActorErrorCode::CallCycle | ActorErrorCode::CallDepthExceeded => 508,
         }
     }
 }

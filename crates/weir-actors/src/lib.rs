@@ -17,6 +17,7 @@
 //! - [`holdings`]: what layers above keep in an actor's name, let go of
 //!   when it is deleted;
 //! - [`mailbox`]: calls queued for an actor and run turn after turn;
+//! - [`call_chain`]: the actors a call passes through (cycles and depth);
 //! - [`dispatcher`]: due timers delivered as alarm turns;
 //! - [`residency`]: hibernation and eviction;
 //! - [`placement`]: where calls run and where commits become durable, for
@@ -29,6 +30,7 @@
 
 pub mod address;
 pub mod bindings;
+pub mod call_chain;
 pub mod directory;
 pub mod dispatcher;
 pub mod error_code;

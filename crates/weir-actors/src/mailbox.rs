@@ -48,21 +48,7 @@ impl ActorHost {
         self: &Arc<Self>,
         request: http::Request<Bytes>,
     ) -> http::Response<Bytes> {
-        // The whole authority, so that a port or user information makes
-        // the address invalid rather than being dropped.
-        let host = request
-            .uri()
-            .authority()
-            .map(|a| a.as_str().to_string())
-            .or_else(|| {
-                request
-                    .headers()
-                    .get(http::header::HOST)
-                    .and_then(|h| h.to_str().ok())
-                    .map(str::to_string)
-            })
-            .unwrap_or_default();
-        let address = match ActorAddress::from_host(&host) {
+        let address = match ActorAddress::from_host(&request_host(&request)) {
             Ok(address) => address,
             Err(_) => return error_response(ActorErrorCode::AddressInvalid),
         };
@@ -314,6 +300,24 @@ struct Answer {
     claim: Claim,
 }
 
+/// Where a request to an actor goes: the whole authority, so that a port
+/// or user information makes the address invalid rather than being
+/// dropped.
+fn request_host(request: &http::Request<Bytes>) -> String {
+    request
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .or_else(|| {
+            request
+                .headers()
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_string)
+        })
+        .unwrap_or_default()
+}
+
 /// A request again, for a second hop (the body is shared, not copied).
 fn copy_request(parts: &http::request::Parts, body: Bytes) -> http::Request<Bytes> {
     let mut request = http::Request::new(body);
@@ -331,9 +335,24 @@ impl InternalRouter for ActorHost {
 
     fn call(
         self: Arc<Self>,
-        request: http::Request<Bytes>,
-        _caller: Option<weir_runtime::extension::Caller>,
+        mut request: http::Request<Bytes>,
+        caller: Option<weir_runtime::extension::Caller>,
     ) -> std::pin::Pin<Box<dyn Future<Output = http::Response<Bytes>> + Send>> {
+        // An actor calling: the call carries the actors that wait on it,
+        // and one back into them is refused before it waits on itself.
+        let calling = caller
+            .as_ref()
+            .and_then(|c| c.downcast_ref::<crate::bindings::ActorIdentity>());
+        if let Some(identity) = calling
+            && let Ok(address) = ActorAddress::from_host(&request_host(&request))
+        {
+            match crate::call_chain::CallChain::through(identity, &address) {
+                Ok(chain) => {
+                    request.extensions_mut().insert(chain);
+                }
+                Err(code) => return Box::pin(std::future::ready(error_response(code))),
+            }
+        }
         Box::pin(async move { self.call_actor(request).await })
     }
 }

@@ -32,6 +32,7 @@ use weir_runtime::{AppCode, ErrorCode};
 
 use crate::address::ActorAddress;
 use crate::bindings::{ActorIdentity, ActorSeat};
+use crate::call_chain::{CallChain, TurnChain};
 use crate::directory::{ActorDirectory, OpenError};
 use crate::error_code::{ActorErrorCode, TurnError};
 use crate::gate::TurnGate;
@@ -52,6 +53,9 @@ pub struct Live {
     pub incarnation: u64,
     /// The class install the generation was made from.
     pub install: u64,
+    /// The chain of the turn running now, as the generation's identity
+    /// shows it to the routers it calls.
+    pub chain: TurnChain,
 }
 
 impl Live {
@@ -200,6 +204,7 @@ pub(crate) async fn wake(
             class: ctx.address.class.clone(),
             name: ctx.address.name.clone(),
             incarnation,
+            turn_chain: live.chain.clone(),
         },
         gate: gate.clone(),
         has_alarm: ctx.alarm.is_some(),
@@ -266,6 +271,14 @@ pub async fn request_turn(
         return (error_response(code), report);
     }
     report.incarnation = live.incarnation;
+    // The actors waiting on this call, if an actor made it.
+    live.chain.begin(
+        request
+            .extensions()
+            .get::<CallChain>()
+            .cloned()
+            .unwrap_or_default(),
+    );
     let limits = &ctx.code.limits;
     let gate = live.gate.clone().expect("woken");
     // The turn's statements stop at its deadline, or at once if it is
@@ -490,6 +503,8 @@ where
 {
     let limits = &ctx.code.limits;
     let gate = live.gate.clone().expect("woken");
+    // No actor waits on a timer's or a layer's call.
+    live.chain.begin(CallChain::default());
     let scope = EventScope::new(limits.max_operations);
     let deadline = Instant::now() + limits.event_limit;
     scope.set_deadline(deadline);

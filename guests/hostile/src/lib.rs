@@ -17,6 +17,7 @@
 //! | `GET /blob?mb=N` | answers N MiB |
 //! | `GET /hoard?n=N&mb=M&name=A` | calls actor A's (default `blob`) `/blob?mb=M` N times and keeps each response, its body unread |
 //! | `GET /names?n=N&prefix=P` | calls `/hello` of N made-up hostile actors `P0`, `P1`, … (each call makes an actor); answers each status and the first refusal's body |
+//! | `GET /relay?via=A,B,…` | (actor) calls actor A's `/relay?via=B,…`; the last answers `"end"`; answers `{status, body}` of its call |
 //! | `GET /kv?cursor=C` | `list-keys` of store `main` from cursor C |
 //! | `GET /print?kb=N` | writes N KiB of lines to its standard error |
 //! | `POST /say?stream=S` | writes the body, as it is, to its standard error (or standard output with `S=stdout`): a forged log line, a line cut short, control bytes |
@@ -423,6 +424,20 @@ impl wasi::exports::http::incoming_handler::Guest for Hostile {
                     statuses.push(reply["status"].clone());
                 }
                 json_out(out, json!({ "statuses": statuses, "refusal": refusal }))
+            }
+            "/relay" => {
+                // Calls the first actor of `via` with the rest; the last
+                // one answers `end`. A name that is already on the way is
+                // a call back into the chain.
+                let via = query(&path, "via").unwrap_or("");
+                let answer = match via.split_once(',').unwrap_or((via, "")) {
+                    ("", _) => json!("end"),
+                    (next, rest) => get(
+                        &format!("{next}.hostile.actor.internal"),
+                        &format!("/relay?via={rest}"),
+                    ),
+                };
+                json_out(out, answer)
             }
             "/recurse" => {
                 let depth = recurse(0);
