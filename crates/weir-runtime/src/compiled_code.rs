@@ -8,7 +8,9 @@
 //!   crashes, runs past [`COMPILE_TIME_LIMIT`] or grows past the cache's
 //!   memory limit (`compile_memory_limit_bytes`, checked every
 //!   [`COMPILER_POLL`]) is killed and its component refused rather than a
-//!   dead, stalled or starved server, and the server's idle footprint holds
+//!   dead, stalled or starved server; a compiler outlives neither the
+//!   server nor the thread that waits for it (a server killed mid-compile
+//!   leaves no compiler running), and the server's idle footprint holds
 //!   only the code it runs (an idle `weir serve` of the hello guest: 15 MiB
 //!   instead of 26 MiB, see `bench/RESULTS.md`);
 //! - an artifact is named by the SHA-256 of the component's bytes and the
@@ -288,7 +290,27 @@ fn run_compiler(
     out: &Path,
     memory_limit_bytes: u64,
 ) -> Result<(), CompileError> {
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    // The kernel kills the compiler when the thread that started it (and
+    // waits for it, below) ends, the server's death included: an orphan
+    // would go on for up to COMPILE_TIME_LIMIT with up to its memory limit,
+    // beside the compiler of the restarted server.
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: runs in the child between fork and exec, where only
+        // async-signal-safe calls are allowed: prctl is one, and it sets
+        // only the child's own parent-death signal.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = command
         .args(args)
         .arg("--engine")
         .arg(kind.to_arg())

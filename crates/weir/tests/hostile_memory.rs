@@ -410,3 +410,74 @@ fn a_server_whose_component_exhausts_the_compiler_does_not_start_and_says_why() 
     assert!(code.is_empty(), "{code:?}");
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// True once process `pid` has ended (gone, or a zombie not yet reaped).
+fn ended(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // The state follows the command name in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_while_it_compiles_leaves_no_compiler_running() {
+    // Within the default limit the bomb compiles, in seconds and about
+    // 1 GB: long enough to kill the server meanwhile. An orphaned compiler
+    // would finish and write its artifact; a compiler that dies with its
+    // server writes nothing.
+    let bomb = std::fs::read(compile_bomb(2, 100_000)).unwrap();
+    let file = apps::config_file(
+        "compile-orphan",
+        &apps::app_section("site", &guest("hello"), &["/"], ""),
+    );
+    let data = weir_scratch::dir("compile-orphan");
+    let weir = Weir::start_with(&[
+        "--config",
+        file.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    let pid = weir.pid();
+    // The deploy's connection dies with the server: sent as a try.
+    let deploying = {
+        let (admin, token) = (weir.admin.unwrap(), weir.token.clone().unwrap());
+        let request = Request::post("/apps/site/deploy")
+            .header("host", admin.to_string())
+            .header("authorization", format!("Bearer {token}"))
+            .body(Full::new(Bytes::from(bomb)))
+            .unwrap();
+        tokio::spawn(try_send_to(admin, request))
+    };
+    let compiler = wait_for("the compiler process", || async {
+        children(pid)
+            .first()
+            .copied()
+            .ok_or("not started".to_string())
+    })
+    .await;
+    weir.signal("KILL");
+    assert!(
+        deploying.await.unwrap().is_err(),
+        "the deploy was not answered"
+    );
+    wait_for("the compiler to end", || async {
+        if ended(compiler) {
+            Ok(())
+        } else {
+            Err("running".to_string())
+        }
+    })
+    .await;
+    let code: Vec<_> = std::fs::read_dir(data.join("code"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        code.len(),
+        1,
+        "the compiler wrote nothing after its server died: {code:?}"
+    );
+}
