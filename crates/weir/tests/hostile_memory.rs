@@ -290,6 +290,32 @@ async fn one_table_grow_cannot_make_the_host_allocate_without_bound() {
         .assert_weir_error(502, "invalid_response");
 }
 
+/// A server of app `site` (the hello guest, routes `/`) with its own data
+/// dir and the admin address, for deploys.
+fn hello_site(name: &str, extra: &[&str]) -> (Weir, PathBuf) {
+    let file = apps::config_file(
+        name,
+        &apps::app_section("site", &guest("hello"), &["/"], ""),
+    );
+    let data = weir_scratch::dir(&format!("{name}-data"));
+    let mut args = vec![
+        "--config",
+        file.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    (Weir::start_with(&args), data)
+}
+
+/// The files of a data dir's code cache.
+fn artifacts(data: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(data.join("code"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
 /// The processes `pid` started that still run.
 fn children(pid: u32) -> Vec<u32> {
     let mut found = Vec::new();
@@ -308,19 +334,7 @@ fn children(pid: u32) -> Vec<u32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_component_built_to_exhaust_the_compiler_is_refused_at_the_compilers_memory_limit() {
     let bomb = std::fs::read(compile_bomb(2, 100_000)).unwrap();
-    let file = apps::config_file(
-        "compile-bomb",
-        &apps::app_section("site", &guest("hello"), &["/"], ""),
-    );
-    let data = weir_scratch::dir("compile-bomb-deploy");
-    let weir = Weir::start_with(&[
-        "--config",
-        file.to_str().unwrap(),
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--limit",
-        COMPILER_LIMIT,
-    ]);
+    let (weir, data) = hello_site("compile-bomb", &["--limit", COMPILER_LIMIT]);
     let pid = weir.pid();
     reset_peak(pid);
     let before = proc_kib(pid, "VmHWM:");
@@ -371,10 +385,7 @@ async fn a_component_built_to_exhaust_the_compiler_is_refused_at_the_compilers_m
     // It is gone, it left no artifact, and the server itself never held
     // its memory.
     assert_eq!(children(pid), Vec::<u32>::new());
-    let code: Vec<_> = std::fs::read_dir(data.join("code"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
+    let code = artifacts(&data);
     assert_eq!(
         code.len(),
         1,
@@ -429,17 +440,7 @@ async fn a_server_killed_while_it_compiles_leaves_no_compiler_running() {
     // would finish and write its artifact; a compiler that dies with its
     // server writes nothing.
     let bomb = std::fs::read(compile_bomb(2, 100_000)).unwrap();
-    let file = apps::config_file(
-        "compile-orphan",
-        &apps::app_section("site", &guest("hello"), &["/"], ""),
-    );
-    let data = weir_scratch::dir("compile-orphan");
-    let weir = Weir::start_with(&[
-        "--config",
-        file.to_str().unwrap(),
-        "--data-dir",
-        data.to_str().unwrap(),
-    ]);
+    let (weir, data) = hello_site("compile-orphan", &[]);
     let pid = weir.pid();
     // The deploy's connection dies with the server: sent as a try.
     let deploying = {
@@ -471,10 +472,7 @@ async fn a_server_killed_while_it_compiles_leaves_no_compiler_running() {
         }
     })
     .await;
-    let code: Vec<_> = std::fs::read_dir(data.join("code"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
+    let code = artifacts(&data);
     assert_eq!(
         code.len(),
         1,
