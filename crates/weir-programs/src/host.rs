@@ -17,7 +17,13 @@
 //! - a program runs from a rooted, verified image on the programs' own
 //!   engine, whose instances reserve from the server's one guest memory
 //!   budget; the engine (and its epoch thread) is made at the first run,
-//!   so a server that runs no program pays nothing for it.
+//!   so a server that runs no program pays nothing for it;
+//! - what a run holds in the host beside its caller's own copies — its
+//!   stdin, arguments and environment, and up to `max_run_output_bytes`
+//!   of captured output — is held out of that budget while it runs, or
+//!   the run is refused (`memory_budget_exceeded`) before it loads: the
+//!   caller's copies are its linear memory, counted already, and many
+//!   runs at once held as much again beside the budget.
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -195,6 +201,13 @@ impl ProgramsHost {
         }
         let (scope, _op) = operation(scope)?;
         let digest = parse_digest(&call.image)?;
+        let held = call.host_bytes() + self.config.limits.programs.max_run_output_bytes;
+        let Some(_held) = self.config.budget.hold(held).await else {
+            return Err(types::Error::Limit(format!(
+                "memory_budget_exceeded: the run would hold {held} bytes in the host (its stdin, arguments and environment, and up to max_run_output_bytes of output) beyond max_total_guest_memory_bytes ({})",
+                self.config.budget.limit()
+            )));
+        };
         let (root, program) = self
             .load_blocking(move |loader| {
                 let mut root = loader.images.root(&digest)?;
@@ -247,6 +260,15 @@ struct RunCall {
     args: Vec<String>,
     env: Vec<(String, String)>,
     stdin: Vec<u8>,
+}
+
+impl RunCall {
+    /// What the host holds of the call while the run lasts.
+    fn host_bytes(&self) -> u64 {
+        let args: usize = self.args.iter().map(String::len).sum();
+        let env: usize = self.env.iter().map(|(k, v)| k.len() + v.len()).sum();
+        (self.stdin.len() + args + env) as u64
+    }
 }
 
 impl ProgramsHost {

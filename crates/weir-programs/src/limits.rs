@@ -24,6 +24,14 @@ pub const MAX_RUN_OUTPUT_BYTES: u64 = 1 << 30;
 /// an operator who runs bigger ones raises it.
 pub const DEFAULT_MAX_SLOT_BYTES: u64 = 1 << 30;
 
+/// Most bytes a spawn's arguments, environment, secret names and start
+/// arguments may take together: 1 MiB. They are journaled in the owner's
+/// database and held by the host for the process's life (and by every
+/// relaunch), so their bound times `max_processes` is what processes' specs
+/// can hold; Linux itself gives a program's arguments and environment 2
+/// MiB at most (a quarter of an 8 MiB stack).
+pub const MAX_SPAWN_SPEC_BYTES: usize = 1 << 20;
+
 limit_table! {
     /// The limits of the programs a server or `weir run` runs.
     pub struct ProgramLimits {

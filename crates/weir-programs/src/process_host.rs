@@ -14,6 +14,7 @@ use crate::fenced_work::{self, LaunchSpec, OnCrash};
 use crate::host::generated::weir::process::{processes, types};
 use crate::host::{ProgramsHost, operation, parse_digest};
 use crate::lifetime::{self, Console, ConsoleError, Stream};
+use crate::limits::MAX_SPAWN_SPEC_BYTES;
 use crate::loader::ProgramLoadError;
 use crate::one_shot::CommandCode;
 use crate::process::{Contract, Process, SlotUse, Spawn, SpawnError};
@@ -50,6 +51,12 @@ impl ProgramsHost {
         }
         let (scope, _op) = operation(scope)?;
         let digest = parse_digest(&spec.image)?;
+        let spec_bytes = spec_bytes(&spec);
+        if spec_bytes > MAX_SPAWN_SPEC_BYTES {
+            return Err(types::Error::Limit(format!(
+                "the spawn's arguments, environment and start arguments take {spec_bytes} bytes; at most {MAX_SPAWN_SPEC_BYTES} may be journaled and held for a process"
+            )));
+        }
         let owner = owner_of(&seat);
         let reserved = self
             .table
@@ -467,4 +474,14 @@ fn console_error(e: ConsoleError) -> types::Error {
         ConsoleError::Ended(why) => types::Error::Ended(why),
         e @ ConsoleError::StdinClosed => types::Error::Failed(e.to_string()),
     }
+}
+
+/// What a spawn asks the host to journal and hold for the process's life.
+fn spec_bytes(spec: &processes::SpawnSpec) -> usize {
+    let pairs =
+        |list: &[(String, String)]| list.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    spec.args.iter().map(String::len).sum::<usize>()
+        + pairs(&spec.env)
+        + pairs(&spec.secret_env)
+        + spec.start_args.len()
 }

@@ -11,6 +11,9 @@
 //!   [`Reclaim`] hook) and the growth waits, up to [`RECLAIM_WAIT`], for
 //!   their memory to come back; if it still does not fit, it is refused
 //!   and the event or turn fails with `memory_budget_exceeded`;
+//! - what a layer above holds in the host for a guest's call, beside the
+//!   guest's own copy (a program run's stdin and captured output), is
+//!   held out of the same budget while the call lasts ([`Held`]);
 //! - tables, instances, tables and memories per store are bounded, so one
 //!   `table.grow` or a composed component cannot make the host allocate
 //!   without limit, whatever allocator the engine uses.
@@ -127,6 +130,16 @@ impl MemoryBudget {
         }
     }
 
+    /// Holds `bytes` out of the budget until the returned [`Held`] is
+    /// dropped, as [`MemoryBudget::reserve`] would; `None` when they do not
+    /// fit (counted as a refusal).
+    pub async fn hold(self: &Arc<Self>, bytes: u64) -> Option<Held> {
+        self.reserve(bytes).await.then(|| Held {
+            budget: self.clone(),
+            bytes,
+        })
+    }
+
     /// Gives `bytes` back.
     pub fn release(&self, bytes: u64) {
         if bytes == 0 {
@@ -134,6 +147,18 @@ impl MemoryBudget {
         }
         self.used.fetch_sub(bytes, Ordering::AcqRel);
         self.released.notify_waiters();
+    }
+}
+
+/// Bytes held out of the budget for as long as this lives.
+pub struct Held {
+    budget: Arc<MemoryBudget>,
+    bytes: u64,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
     }
 }
 

@@ -18,6 +18,7 @@ use http_body_util::Full;
 use serde_json::{Value, json};
 
 use common::hostile::*;
+use common::programs;
 use common::*;
 
 #[tokio::test]
@@ -478,4 +479,133 @@ async fn a_server_killed_while_it_compiles_leaves_no_compiler_running() {
         1,
         "the compiler wrote nothing after its server died: {code:?}"
     );
+}
+
+/// A runner server for the runs' memory test, under a 160 MiB guest
+/// memory budget, with `extra` limits.
+async fn run_budget_server(name: &str, extra: &[&str]) -> (Weir, String) {
+    let data = weir_scratch::dir(name);
+    let mut limits = vec![
+        "max_total_guest_memory_bytes=167772160",
+        "memory_limit_bytes=33554432",
+        "run_time_limit_ms=3000",
+        "event_limit_ms=30000",
+    ];
+    limits.extend_from_slice(extra);
+    let weir = programs::serve_runner(&data, &limits);
+    let digest = programs::push_image(&weir, std::path::Path::new(&programs::cmdprobe())).await;
+    (weir, digest)
+}
+
+/// How a run came out: ran (to its run time), refused by the budget
+/// (the message or the stopped reason), or something else.
+fn run_outcome(r: &Resp) -> &'static str {
+    let body = r.json();
+    let message = body["message"].as_str().unwrap_or_default();
+    match r.status.as_u16() {
+        200 if body["stopped"] == "run_time_limit_exceeded" => "ran",
+        429 if message.starts_with("memory_budget_exceeded: the run would hold") => "held out",
+        // The actor, or the run's program, refused growth on the way.
+        200 if body["stopped"] == "memory_budget_exceeded" => "budget",
+        503 if body["error"] == "memory_budget_exceeded" => "budget",
+        _ => "other",
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_runs_hold_in_the_host_is_held_out_of_the_guest_memory_budget() {
+    // Six actors at once each hand a run an 8 MiB environment variable and
+    // let it spin for its whole run time. The host holds each run's
+    // environment (and arguments and stdin), and up to max_run_output_bytes
+    // (16 MiB) of its output, beside the actor's own copy: counted (24 MiB
+    // a run), six such runs do not fit a 160 MiB budget beside their actors
+    // and take turns in it; uncounted, the budget saw a third of what they
+    // held.
+    const RUNS: usize = 6;
+    let (weir, digest) = run_budget_server("run-budget", &[]).await;
+    let runs: Vec<_> = (0..RUNS)
+        .map(|i| {
+            let (addr, path) = (
+                weir.addr,
+                format!("/r/run{i}/run/{digest}?arg=spin&pad={}", 8 << 20),
+            );
+            tokio::spawn(async move {
+                let req = Request::post(path.as_str())
+                    .header("host", "x")
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                send_to(addr, req).await
+            })
+        })
+        .collect();
+    // While they run, the budget counts what their hosts hold: at least
+    // four runs' 24 MiB.
+    let counted = wait_for("the runs' holds in the budget", || async {
+        let metrics = weir.admin_get("/metrics").await.text();
+        let used: u64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("weir_guest_memory_bytes "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        if used >= 4 * (24 << 20) {
+            Ok(used)
+        } else {
+            Err(format!("{used} bytes"))
+        }
+    })
+    .await;
+    let mut outcomes = Vec::new();
+    for run in runs {
+        let r = run.await.unwrap();
+        outcomes.push(run_outcome(&r));
+        assert_ne!(
+            outcomes.last(),
+            Some(&"other"),
+            "{}: {}",
+            r.status,
+            r.text()
+        );
+    }
+    println!("{RUNS} runs of an 8 MiB environment at once: {outcomes:?}, {counted} bytes counted");
+    // Past the budget a run waits for room, then is refused by name; none
+    // fails otherwise, and the ones that fit run.
+    assert!(outcomes.contains(&"ran"), "a run that fits runs");
+    // Every hold was given back: a run fits again.
+    let after = programs::call(
+        &weir,
+        "POST",
+        &format!("/r/run0/run/{digest}?arg=cat"),
+        b"fits",
+    )
+    .await;
+    assert_eq!(after.json()["stdout"], "fits", "{}", after.text());
+
+    // One run whose hold alone is over the budget (a 24 MiB environment
+    // and up to 140 MiB of output): refused at once, before it loads,
+    // naming the budget; with a small environment the same run fits
+    // (another actor's: that one's memory still holds what it built).
+    let (weir, digest) =
+        run_budget_server("run-budget-one", &["max_run_output_bytes=146800640"]).await;
+    let big = programs::call(
+        &weir,
+        "POST",
+        &format!("/r/one/run/{digest}?arg=spin&pad={}", 24 << 20),
+        b"",
+    )
+    .await;
+    assert_eq!(
+        run_outcome(&big),
+        "held out",
+        "{}: {}",
+        big.status,
+        big.text()
+    );
+    let small = programs::call(
+        &weir,
+        "POST",
+        &format!("/r/two/run/{digest}?arg=cat"),
+        b"fits",
+    )
+    .await;
+    assert_eq!(small.json()["stdout"], "fits", "{}", small.text());
 }

@@ -338,11 +338,40 @@ async fn a_spawn_of_what_is_not_a_server_or_not_stored_is_refused_and_holds_noth
             .unwrap()
             .starts_with("image_not_found")
     );
+    // A spec the host would journal and hold for the process's life is
+    // bounded: one byte past 1 MiB (the variable `PAD` and its value) is
+    // refused by name, before anything is journaled.
+    let oversized = o
+        .call(
+            "POST",
+            &format!("/r/owner/spawn/{}?pad={}", o.resident, 1 << 20),
+            b"",
+        )
+        .await;
+    assert_eq!(oversized.status, 429, "{}", oversized.text());
+    assert_eq!(
+        oversized.json()["message"],
+        format!(
+            "the spawn's arguments, environment and start arguments take {} bytes; at most {} may be journaled and held for a process",
+            (1 << 20) + 3,
+            1 << 20
+        )
+        .as_str()
+    );
     let ledger: Value = o.weir.status().await["processes"].clone();
     assert_eq!(
         (ledger["live"].clone(), ledger["slots"].clone()),
         (0.into(), 0.into())
     );
+    // Exactly 1 MiB is a spec like any other.
+    let fits = o
+        .call(
+            "POST",
+            &format!("/r/owner/spawn/{}?pad={}", o.resident, (1 << 20) - 3),
+            b"",
+        )
+        .await;
+    assert_eq!(fits.status, 200, "{}", fits.text());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

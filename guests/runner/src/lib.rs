@@ -3,7 +3,7 @@
 //! | path | behaviour |
 //! |---|---|
 //! | `POST /run/<digest>?arg=A&env=K=V` | runs the command with the body as stdin: `{exit_code, stopped, stdout, stderr}` |
-//! | `POST /spawn/<digest>?arg=A&env=K=V&secret=K=NAME&start=S&slot=N&durable=1&on_crash=report&contract=lifetime` | spawns a process (with storage slot N, durable or not): `{pid, payload}` |
+//! | `POST /spawn/<digest>?arg=A&env=K=V&secret=K=NAME&start=S&slot=N&durable=1&on_crash=report&contract=lifetime` | spawns a process (with storage slot N, durable or not): `{pid, payload}`; `pad=N` (here and for `/run`) adds a variable `PAD` of N bytes |
 //! | `POST /wait/<pid>?timeout=MS` | `{exited: null}` or `{exited: {exit_code, stopped, stdout, stderr}}` |
 //! | `POST /stdin/<pid>` | hands the body to its stdin: `{taken}` |
 //! | `POST /close/<pid>` | closes its stdin: `{closed: true}` |
@@ -91,6 +91,8 @@ fn args_and_env(query: &str) -> (Vec<String>, Vec<(String, String)>, Vec<u8>) {
                 }
             }
             "start" => start = decode(v).into_bytes(),
+            // A variable `PAD` of N bytes: a spec larger than a URL.
+            "pad" => env.push(("PAD".to_string(), "x".repeat(v.parse().unwrap_or(0)))),
             _ => {}
         }
     }
