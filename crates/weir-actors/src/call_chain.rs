@@ -14,8 +14,9 @@
 //!   forge nor strip it. A call from a worker, a client or a timer starts
 //!   a chain of its own.
 //!
-//! A call handed to another node of a cluster starts a new chain there: a
-//! cycle through two nodes ends at its deadline, as before.
+//! A call handed to another node of a cluster carries its chain in the
+//! envelope, so a cycle through several nodes is refused as one through
+//! one.
 
 use std::sync::{Arc, Mutex};
 
@@ -54,6 +55,18 @@ impl CallChain {
             return Err(ActorErrorCode::CallDepthExceeded);
         }
         Ok(CallChain(actors.into()))
+    }
+
+    /// The actors of the chain, outermost first, as (class, name): what a
+    /// layer carries to another node with the call.
+    pub fn actors(&self) -> &[(String, String)] {
+        &self.0
+    }
+
+    /// A chain carried with a call from another node of the cluster, as it
+    /// was there (the nodes trust each other's envelopes).
+    pub fn carried(actors: Vec<(String, String)>) -> CallChain {
+        CallChain(actors.into())
     }
 
     /// How many actors wait on the call.

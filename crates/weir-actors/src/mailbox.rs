@@ -325,6 +325,8 @@ fn copy_request(parts: &http::request::Parts, body: Bytes) -> http::Request<Byte
     *request.uri_mut() = parts.uri.clone();
     *request.version_mut() = parts.version;
     *request.headers_mut() = parts.headers.clone();
+    // The call's chain goes with it, hop after hop.
+    *request.extensions_mut() = parts.extensions.clone();
     request
 }
 

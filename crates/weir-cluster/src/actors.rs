@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use weir_actors::call_chain::CallChain;
 use weir_actors::placement::{BoxFuture, Durable, Opened};
 use weir_actors::{ActorAddress, Forwarded, Location, Placement, Refusal, TurnError};
 use weir_store::Durability;
@@ -100,10 +101,17 @@ impl Placement for ActorPlacement {
         request: http::Request<Bytes>,
     ) -> BoxFuture<'static, Forwarded> {
         let forwarder = self.forwarder.clone();
+        // The actors waiting on the call travel with it.
+        let chain = request
+            .extensions()
+            .get::<CallChain>()
+            .map(|c| c.actors().to_vec())
+            .unwrap_or_default();
         let target = Target::Actor {
             app: self.app.clone(),
             class: actor.class.clone(),
             name: actor.name.clone(),
+            chain,
         };
         Box::pin(async move { forwarder.call(&node, &target, request).await })
     }

@@ -11,6 +11,7 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use weir_actors::call_chain::MAX_CALL_DEPTH;
 
 /// Headers one envelope carries at most: far more than any request's head
 /// limit lets through.
@@ -19,11 +20,13 @@ pub const MAX_HEADERS: usize = 4096;
 /// What a forwarded call is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
-    /// A call to actor `name` of `class` of `app`.
+    /// A call to actor `name` of `class` of `app`, with the actors whose
+    /// turns wait on it, outermost first (`weir_actors::call_chain`).
     Actor {
         app: String,
         class: String,
         name: String,
+        chain: Vec<(String, String)>,
     },
     /// A key-value call to store `store` of `app` (the request's body is
     /// the call, see [`crate::store_wire`]).
@@ -119,11 +122,24 @@ pub fn encode_request(target: &Target, request: &http::Request<Bytes>) -> Result
     let body = request.body();
     let mut out = BytesMut::with_capacity(256 + body.len());
     match target {
-        Target::Actor { app, class, name } => {
+        Target::Actor {
+            app,
+            class,
+            name,
+            chain,
+        } => {
             out.put_u8(ACTOR);
             put_str16(&mut out, app.as_bytes())?;
             put_str16(&mut out, class.as_bytes())?;
             put_str16(&mut out, name.as_bytes())?;
+            if chain.len() > MAX_CALL_DEPTH {
+                return Err(Malformed("a call chain too long"));
+            }
+            out.put_u16(chain.len() as u16);
+            for (class, name) in chain {
+                put_str16(&mut out, class.as_bytes())?;
+                put_str16(&mut out, name.as_bytes())?;
+            }
         }
         Target::Kv { app, store } => {
             out.put_u8(KV);
@@ -150,6 +166,15 @@ pub fn decode_request(mut buf: Bytes) -> Result<(Target, http::Request<Bytes>), 
             app: get_string(&mut buf)?,
             class: get_string(&mut buf)?,
             name: get_string(&mut buf)?,
+            chain: {
+                let n = get_u16(&mut buf)? as usize;
+                if n > MAX_CALL_DEPTH {
+                    return Err(Malformed("a call chain too long"));
+                }
+                (0..n)
+                    .map(|_| Ok((get_string(&mut buf)?, get_string(&mut buf)?)))
+                    .collect::<Result<_, Malformed>>()?
+            },
         },
         KV => Target::Kv {
             app: get_string(&mut buf)?,
@@ -244,6 +269,7 @@ mod tests {
             app: "shop".into(),
             class: "cart".into(),
             name: "n".into(),
+            chain: vec![("room".into(), "a".into()), ("cart".into(), "m".into())],
         };
         let (t, back) = decode_request(encode_request(&target, &request).unwrap()).unwrap();
         assert_eq!(t, target);
@@ -283,6 +309,7 @@ mod tests {
             app: "a".into(),
             class: "c".into(),
             name: "n".into(),
+            chain: vec![("c".into(), "x".into())],
         };
         let whole = encode_request(&target, &request).unwrap();
         // Every cut inside the head is refused (a cut in the body is just

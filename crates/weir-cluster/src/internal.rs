@@ -28,6 +28,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
+use weir_actors::call_chain::CallChain;
 use weir_actors::{ActorAddress, ActorHost, Forwarded};
 
 use crate::counters::{Counters, add};
@@ -110,9 +111,17 @@ impl Served {
         self.stores.get().and_then(|s| s.get(app))
     }
 
-    async fn call(&self, target: Target, request: Request<Bytes>) -> Answer {
+    async fn call(&self, target: Target, mut request: Request<Bytes>) -> Answer {
         match target {
-            Target::Actor { app, class, name } => {
+            Target::Actor {
+                app,
+                class,
+                name,
+                chain,
+            } => {
+                if !chain.is_empty() {
+                    request.extensions_mut().insert(CallChain::carried(chain));
+                }
                 let Some(host) = self.actors.get().and_then(|a| a.get(&app)) else {
                     return Answer::NotRun;
                 };

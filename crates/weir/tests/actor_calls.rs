@@ -4,28 +4,9 @@
 
 mod common;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use common::hostile::*;
-
-/// What a chain of `/relay` calls came to: the status of the innermost
-/// call that did not answer 200 (or 200), its body, and how many hops
-/// answered on the way.
-fn innermost(mut answer: Value) -> (u64, Value, usize) {
-    let mut hops = 0;
-    loop {
-        let Some(status) = answer.get("status").and_then(Value::as_u64) else {
-            return (200, answer, hops);
-        };
-        let text = answer["body"].as_str().unwrap_or_default();
-        let body = serde_json::from_str(text).unwrap_or(Value::String(text.into()));
-        if status != 200 {
-            return (status, body, hops);
-        }
-        hops += 1;
-        answer = body;
-    }
-}
 
 #[tokio::test]
 async fn an_actor_calling_back_into_its_own_chain_is_refused_at_once_and_chains_end_at_their_depth()

@@ -6,10 +6,11 @@
 mod common;
 
 use bytes::Bytes;
-use common::cluster::{Postgres, actor_key, node, node_dir};
+use common::cluster::{Postgres, actor_key, node, node_dir, node_with_app, until_ok};
 use common::{Weir, guest, try_send_to};
 use http::Request;
 use http_body_util::Full;
+use serde_json::json;
 
 async fn incr(node: &Weir, actor: &str) -> common::Resp {
     node.send(
@@ -293,4 +294,55 @@ async fn what_does_not_run_in_cluster_mode_is_refused_by_name() {
         "{}",
         out.stderr
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_back_into_its_chain_through_another_node_is_refused_at_once() {
+    // Actor A on n1 calls B on n2, which calls A back: the chain travels
+    // in the envelope, so n2 refuses the call back at once. Without it,
+    // the call would wait in A's queue on n1 behind the turn that waits
+    // for it, for the whole minute of the deadline, and end 503.
+    let pg = Postgres::start();
+    let hostile = guest("hostile");
+    let class = format!("hostile={}", hostile.display());
+    let args = [
+        "--actor",
+        class.as_str(),
+        "--actor-route",
+        "hostile=/h",
+        "--limit",
+        "event_limit_ms=60000",
+    ];
+    let n1 = node_with_app(&pg, "n1", &node_dir("chain", "n1"), &hostile, &args);
+    let n2 = node_with_app(&pg, "n2", &node_dir("chain", "n2"), &hostile, &args);
+    // Two actors, one owned by each node (placement is the cluster's).
+    let key = |name: &str| format!("actor/hostile/hostile/{name}");
+    let (mut on1, mut on2) = (None, None);
+    for i in 0..64 {
+        let name = format!("x{i}");
+        assert_eq!(
+            until_ok(&n1, "GET", &format!("/h/{name}/hello"), "")
+                .await
+                .status,
+            200
+        );
+        match pg.owner(&key(&name)).as_deref() {
+            Some("n1") => on1 = on1.or(Some(name)),
+            Some("n2") => on2 = on2.or(Some(name)),
+            other => panic!("{name}: owner {other:?}"),
+        }
+        if on1.is_some() && on2.is_some() {
+            break;
+        }
+    }
+    let (a, b) = (on1.expect("an actor on n1"), on2.expect("an actor on n2"));
+    let r = n1.get(&format!("/h/{a}/relay?via={b},{a}")).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(
+        common::hostile::innermost(r.json()),
+        (508, json!({ "error": "actor_call_cycle" }), 1)
+    );
+    // And a chain through both nodes without a cycle answers.
+    let r = n2.get(&format!("/h/{b}/relay?via={a},c")).await;
+    assert_eq!(common::hostile::innermost(r.json()), (200, json!("end"), 2));
 }

@@ -95,3 +95,22 @@ pub fn compile_bomb(functions: usize, additions: usize) -> PathBuf {
 pub const COMPILER_LIMIT: &str = "compile_memory_limit_bytes=268435456";
 pub const COMPILER_REFUSAL: &str =
     "compiling needed more than 256 MiB of memory (compile_memory_limit_bytes)";
+
+/// What a chain of `/relay` calls came to: the status of the innermost
+/// call that did not answer 200 (or 200), its body, and how many hops
+/// answered on the way.
+pub fn innermost(mut answer: Value) -> (u64, Value, usize) {
+    let mut hops = 0;
+    loop {
+        let Some(status) = answer.get("status").and_then(Value::as_u64) else {
+            return (200, answer, hops);
+        };
+        let text = answer["body"].as_str().unwrap_or_default();
+        let body = serde_json::from_str(text).unwrap_or(Value::String(text.into()));
+        if status != 200 {
+            return (status, body, hops);
+        }
+        hops += 1;
+        answer = body;
+    }
+}
