@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use weir_runtime::extension::OutputGate;
 use weir_store::actor::{ActorDb, ActorStoreError};
-use weir_store::confinement::StopCheck;
+use weir_store::statement_bounds::StopCheck;
 
 use crate::error_code::TurnError;
 use crate::placement::{BoxFuture, Durable};

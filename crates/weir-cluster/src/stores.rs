@@ -25,10 +25,10 @@ use weir_actors::Forwarded;
 use weir_runtime::WeirError;
 use weir_runtime::extension::{StoreCall, StoreRouter};
 use weir_runtime::sql_pool::SqlPool;
-use weir_store::confinement::StopCheck;
 use weir_store::kv_op::{KvAnswer, KvOp};
 use weir_store::replica::{LogEntry, SharedCapture};
 use weir_store::sql::{BatchError, SqlDatabase, Statement, StatementResult};
+use weir_store::statement_bounds::StopCheck;
 use weir_store::{Durability, KvStore, StoreError};
 
 use crate::envelope::{self, Target};

@@ -85,7 +85,7 @@ pub trait StoreRouter: Send + Sync + 'static {
 pub struct StoreCall {
     /// The event's stop check (its deadline or abandonment), for a call
     /// that runs here.
-    pub stop: Option<weir_store::confinement::StopCheck>,
+    pub stop: Option<weir_store::statement_bounds::StopCheck>,
     /// The event's deadline, for a call that runs on another node.
     pub deadline: Option<std::time::Instant>,
     pub max_result_bytes: usize,

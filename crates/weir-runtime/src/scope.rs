@@ -124,7 +124,7 @@ impl EventScope {
 
     /// [`EventScope::should_stop`] as a check that host work can carry to
     /// another thread.
-    pub fn stop_check(self: &Arc<Self>) -> weir_store::confinement::StopCheck {
+    pub fn stop_check(self: &Arc<Self>) -> weir_store::statement_bounds::StopCheck {
         let scope = self.clone();
         Arc::new(move || scope.should_stop())
     }

@@ -281,7 +281,7 @@ impl Server {
         let lane_capacity = lanes * VERSIONS_AT_ONCE;
         let budget = MemoryBudget::new(server_limits.total_guest_memory());
         let pool = Arc::new(SqlPool::new(server_limits.sql_threads)?);
-        weir_store::confinement::bound_sqlite_heap(
+        weir_store::statement_bounds::bound_sqlite_heap(
             server_limits.max_sql_memory_bytes / SQLITE_SOFT_HEAP_DIVISOR,
             server_limits.max_sql_memory_bytes,
         );

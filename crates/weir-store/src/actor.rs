@@ -29,10 +29,11 @@ use std::path::Path;
 
 use rusqlite::{Connection, OptionalExtension};
 
-use crate::confinement::{self, Confinement, ResultBudget, ResultTooLarge, StopCheck};
+use crate::confinement::{self, Confinement};
 pub use crate::replica::ReplicaStart;
 use crate::replica::{Capture, Checksum, LogEntry, ReplicaError};
 use crate::sql::{GuestSqlError, MAX_SQL_VALUE_BYTES, StatementResult, Value};
+use crate::statement_bounds::{self, ResultBudget, ResultTooLarge, StopCheck};
 use crate::{Durability, StoreError};
 
 /// Largest entry, key and value together: large values belong in SQL tables
@@ -279,7 +280,7 @@ impl ActorDb {
     /// turn's deadline or abandonment); `None` removes the check, before
     /// the turn's own commit or rollback.
     pub fn watch(&self, stop: Option<StopCheck>) {
-        confinement::watch(&self.conn, stop);
+        statement_bounds::watch(&self.conn, stop);
     }
 
     /// The persisted incarnation counter (0 before the first instance).

@@ -1,5 +1,5 @@
-//! SQL confinement: what a guest's SQL may name and do, how long it may
-//! run and how much it may make the host hold.
+//! SQL confinement: what a guest's SQL may name and do, and what its
+//! connection may write.
 //!
 //! Invariants owned here, for every connection a guest's SQL reaches
 //! (`weir:sql` databases and actor databases):
@@ -16,39 +16,28 @@
 //!   untrusted schema, bounded string and statement lengths);
 //! - the same rules hold inside every trigger and view a guest created,
 //!   also when they fire inside a statement the host runs itself;
-//! - a statement stops when its [`StopCheck`] says so (the event's
-//!   deadline, its abandonment): SQLite asks between every
-//!   [`PROGRESS_OPS`] virtual-machine steps;
-//! - what a statement hands back is counted as it is read
-//!   ([`ResultBudget`]), so a result over its bound is refused before the
-//!   host holds more than the bound;
 //! - a statement writes no file but its database: what SQLite would spill
 //!   to temporary files (sorts, `DISTINCT`, `UNION`, recursive queues,
 //!   statement journals) is held in SQLite's heap ([`harden`]), which the
-//!   process bounds ([`bound_sqlite_heap`]); a temporary file is bounded
-//!   by nothing but the disk, and one sort under a streaming response's
-//!   deadline wrote 2 GB of them in 20 s (bench/RESULTS.md).
+//!   process bounds ([`crate::statement_bounds::bound_sqlite_heap`]); a
+//!   temporary file is bounded by nothing but the disk, and one sort under
+//!   a streaming response's deadline wrote 2 GB of them in 20 s
+//!   (bench/RESULTS.md).
+//!
+//! How long a statement may run and how much it may hand back is
+//! [`crate::statement_bounds`]'s.
 //!
 //! Every refusal names what was refused.
 
 use std::sync::{Arc, Mutex};
 
+use rusqlite::Connection;
 use rusqlite::hooks::{AuthAction, AuthContext, Authorization, TransactionOperation};
 use rusqlite::limits::Limit;
-use rusqlite::{Connection, ffi};
-
-/// Virtual-machine steps between two stop checks. A check costs a clock
-/// read; at ~1,000 steps it is far below a microsecond of work apart, so a
-/// runaway statement stops within microseconds of its deadline.
-pub const PROGRESS_OPS: i32 = 1000;
 
 /// Longest SQL text of one statement a guest may send: far beyond any
 /// real statement, and a bound on what the parser must hold.
 pub const MAX_SQL_TEXT_BYTES: i32 = 1 << 20;
-
-/// Bytes a result value counts beyond its own length: what the host holds
-/// per value besides its bytes, so many tiny values are bounded too.
-pub const VALUE_OVERHEAD_BYTES: usize = 32;
 
 /// Virtual-table modules a guest may create: full-text search and R-trees
 /// keep their data in ordinary tables of the same database.
@@ -89,10 +78,6 @@ pub const READABLE_PRAGMAS: &[&str] = &[
 /// SQL functions a guest may not call.
 pub const DENIED_FUNCTIONS: &[&str] = &["load_extension", "fts3_tokenizer"];
 
-/// When a running statement must stop: checked by SQLite's progress
-/// handler; `true` interrupts the statement.
-pub type StopCheck = Arc<dyn Fn() -> bool + Send + Sync>;
-
 /// Switches every guest-facing connection gets when it is opened: SQLite's
 /// own defences, under the authorizer's rules.
 pub fn harden(conn: &Connection, max_value_bytes: usize) -> rusqlite::Result<()> {
@@ -113,30 +98,6 @@ pub fn harden(conn: &Connection, max_value_bytes: usize) -> rusqlite::Result<()>
     // under the process's heap bound, never in the temp directory.
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     Ok(())
-}
-
-/// Bounds the memory SQLite itself may hold, for the whole process: past
-/// the soft limit it frees cache before allocating, past the hard limit an
-/// allocation fails (the statement gets `SQLITE_NOMEM`) instead of the
-/// process growing. Idempotent; the last call wins.
-pub fn bound_sqlite_heap(soft_bytes: u64, hard_bytes: u64) {
-    let soft = i64::try_from(soft_bytes).unwrap_or(i64::MAX);
-    let hard = i64::try_from(hard_bytes).unwrap_or(i64::MAX);
-    // SAFETY: both functions only set process-wide limits inside SQLite
-    // and are safe to call from any thread at any time.
-    unsafe {
-        ffi::sqlite3_soft_heap_limit64(soft);
-        ffi::sqlite3_hard_heap_limit64(hard);
-    }
-}
-
-/// Installs (or, with `None`, removes) the stop check of the statements
-/// run next on `conn`.
-pub fn watch(conn: &Connection, stop: Option<StopCheck>) {
-    match stop {
-        Some(stop) => conn.progress_handler(PROGRESS_OPS, Some(move || stop())),
-        None => conn.progress_handler(PROGRESS_OPS, None::<fn() -> bool>),
-    }
 }
 
 /// Whose statement is being prepared now.
@@ -348,38 +309,6 @@ pub fn guest_rule(ctx: &AuthContext<'_>, reserved_prefix: Option<&str>) -> Resul
     }
 }
 
-/// Counts what one call hands back to a guest, against its bound.
-pub struct ResultBudget {
-    left: usize,
-    limit: usize,
-}
-
-/// A result over its bound: the limit, named.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the results are over max_sql_result_bytes ({limit} bytes)")]
-pub struct ResultTooLarge {
-    pub limit: usize,
-}
-
-impl ResultBudget {
-    pub fn new(limit: usize) -> ResultBudget {
-        ResultBudget { left: limit, limit }
-    }
-
-    /// Takes `bytes` of payload (plus [`VALUE_OVERHEAD_BYTES`]) from the
-    /// budget.
-    pub fn take(&mut self, bytes: usize) -> Result<(), ResultTooLarge> {
-        let cost = bytes.saturating_add(VALUE_OVERHEAD_BYTES);
-        match self.left.checked_sub(cost) {
-            Some(left) => {
-                self.left = left;
-                Ok(())
-            }
-            None => Err(ResultTooLarge { limit: self.limit }),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -537,41 +466,12 @@ mod tests {
     }
 
     #[test]
-    fn a_watched_statement_stops_when_told() {
-        let (conn, _) = conn(None);
-        watch(&conn, Some(Arc::new(|| true)));
-        let err = conn
-            .query_row(
-                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT count(*) FROM c",
-                [],
-                |r| r.get::<_, i64>(0),
-            )
-            .unwrap_err();
-        assert!(err.to_string().contains("interrupt"), "{err}");
-        watch(&conn, None);
-        let n: i64 = conn.query_row("SELECT 1", [], |r| r.get(0)).unwrap();
-        assert_eq!(n, 1);
-    }
-
-    #[test]
     fn values_over_the_length_limit_fail() {
         let (conn, _) = conn(None);
         let err = conn
             .query_row("SELECT zeroblob(2000000)", [], |r| r.get::<_, Vec<u8>>(0))
             .unwrap_err();
         assert!(err.to_string().contains("too big"), "{err}");
-    }
-
-    #[test]
-    fn result_budgets_count_values_and_their_overhead() {
-        let mut b = ResultBudget::new(100);
-        b.take(50).unwrap();
-        assert_eq!(b.take(50), Err(ResultTooLarge { limit: 100 }));
-        let mut tiny = ResultBudget::new(VALUE_OVERHEAD_BYTES * 3);
-        for _ in 0..3 {
-            tiny.take(0).unwrap();
-        }
-        assert!(tiny.take(0).is_err());
     }
 
     mod properties {

@@ -6,7 +6,7 @@
 use rusqlite::{OptionalExtension, params, params_from_iter};
 
 use crate::actor::{ActorDb, ActorStoreError, MAX_ENTRY_BYTES};
-use crate::confinement::ResultBudget;
+use crate::statement_bounds::ResultBudget;
 
 /// Options of [`ActorDb::list`]: a key range (`start` inclusive, `end`
 /// exclusive), a prefix, an order and a count.

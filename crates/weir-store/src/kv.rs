@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::{
-    Durability, StoreError, StoreInfo, bound_size, confinement, connect, open_named, replica,
+    Durability, StoreError, StoreInfo, bound_size, connect, open_named, replica, statement_bounds,
     synchronous_mode,
 };
 
@@ -179,15 +179,15 @@ impl KvStore {
     pub fn list_keys(
         &self,
         cursor: Option<u64>,
-        stop: Option<confinement::StopCheck>,
+        stop: Option<statement_bounds::StopCheck>,
     ) -> Result<KeyPage, StoreError> {
         let offset = cursor.unwrap_or(0);
         let conn = self.conn();
         let watched = stop.is_some();
-        confinement::watch(&conn, stop);
+        statement_bounds::watch(&conn, stop);
         let page = Self::page(&conn, offset);
         if watched {
-            confinement::watch(&conn, None);
+            statement_bounds::watch(&conn, None);
         }
         page
     }
@@ -248,7 +248,7 @@ impl KvStore {
         keys: &[String],
         max_result_bytes: usize,
     ) -> Result<Vec<Option<Entry>>, StoreError> {
-        let mut budget = confinement::ResultBudget::new(max_result_bytes);
+        let mut budget = statement_bounds::ResultBudget::new(max_result_bytes);
         keys.iter()
             .map(|k| {
                 let entry = self.get(k)?.map(|v| (k.clone(), v));

@@ -5,7 +5,7 @@
 //! reaches a store's methods, whichever node it came from, so a call runs
 //! the same checks and limits wherever it runs.
 
-use crate::confinement::StopCheck;
+use crate::statement_bounds::StopCheck;
 use crate::{Entry, KeyPage, KvStore, StoreError};
 
 /// One key-value call.

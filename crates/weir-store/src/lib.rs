@@ -27,6 +27,7 @@ pub mod kv;
 pub mod kv_op;
 pub mod replica;
 pub mod sql;
+pub mod statement_bounds;
 pub mod timers;
 pub mod turn_transaction;
 
@@ -68,7 +69,7 @@ pub enum StoreError {
         cause: std::io::Error,
     },
     #[error(transparent)]
-    ResultTooLarge(#[from] confinement::ResultTooLarge),
+    ResultTooLarge(#[from] statement_bounds::ResultTooLarge),
     #[error(transparent)]
     Replica(#[from] replica::ReplicaError),
     /// Cluster mode: the call could not be run where the store is owned;

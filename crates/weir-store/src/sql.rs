@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex};
 use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
 use rusqlite::{Connection, ToSql};
 
-use crate::confinement::{self, Confinement, ResultBudget, StopCheck};
+use crate::confinement::{self, Confinement};
+use crate::statement_bounds::{self, ResultBudget, StopCheck};
 use crate::{Durability, StoreError};
 
 /// Largest string or blob a guest's SQL may build or store (SQLite's
@@ -123,7 +124,7 @@ pub struct SqlDatabase {
 pub(crate) enum GuestSqlError {
     Refused(String),
     Stopped,
-    TooLarge(confinement::ResultTooLarge),
+    TooLarge(statement_bounds::ResultTooLarge),
     Sqlite(rusqlite::Error),
 }
 
@@ -274,9 +275,9 @@ impl SqlDatabase {
             ));
         }
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        confinement::watch(&conn, Some(stop.clone()));
+        statement_bounds::watch(&conn, Some(stop.clone()));
         let ran = self.run_in_transaction(&mut conn, statements, &stop, max_result_bytes);
-        confinement::watch(&conn, None);
+        statement_bounds::watch(&conn, None);
         ran
     }
 
