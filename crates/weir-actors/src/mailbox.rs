@@ -43,18 +43,6 @@ pub(crate) struct QueuedCall {
 }
 
 impl ActorHost {
-    /// Runs a call to an actor and returns its response (or Weir's error).
-    pub async fn call_actor(
-        self: &Arc<Self>,
-        request: http::Request<Bytes>,
-    ) -> http::Response<Bytes> {
-        let address = match ActorAddress::from_host(&request_host(&request)) {
-            Ok(address) => address,
-            Err(_) => return error_response(ActorErrorCode::AddressInvalid),
-        };
-        self.call_address(address, request).await
-    }
-
     /// Runs a call to the actor at `address`, here or, in cluster mode, on
     /// the node that owns it.
     pub async fn call_address(
@@ -340,21 +328,23 @@ impl InternalRouter for ActorHost {
         mut request: http::Request<Bytes>,
         caller: Option<weir_runtime::extension::Caller>,
     ) -> std::pin::Pin<Box<dyn Future<Output = http::Response<Bytes>> + Send>> {
+        let refuse = |code: TurnError| Box::pin(std::future::ready(error_response(code))) as _;
+        let Ok(address) = ActorAddress::from_host(&request_host(&request)) else {
+            return refuse(ActorErrorCode::AddressInvalid.into());
+        };
         // An actor calling: the call carries the actors that wait on it,
         // and one back into them is refused before it waits on itself.
-        let calling = caller
+        if let Some(identity) = caller
             .as_ref()
-            .and_then(|c| c.downcast_ref::<crate::bindings::ActorIdentity>());
-        if let Some(identity) = calling
-            && let Ok(address) = ActorAddress::from_host(&request_host(&request))
+            .and_then(|c| c.downcast_ref::<crate::bindings::ActorIdentity>())
         {
             match crate::call_chain::CallChain::through(identity, &address) {
                 Ok(chain) => {
                     request.extensions_mut().insert(chain);
                 }
-                Err(code) => return Box::pin(std::future::ready(error_response(code))),
+                Err(code) => return refuse(code.into()),
             }
         }
-        Box::pin(async move { self.call_actor(request).await })
+        Box::pin(async move { self.call_address(address, request).await })
     }
 }

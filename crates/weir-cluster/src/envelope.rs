@@ -322,6 +322,30 @@ mod tests {
             decode_request(Bytes::from_static(&[9])).unwrap_err(),
             Malformed("an unknown target")
         );
+        // A chain longer than any node makes is refused both ways.
+        let long: Vec<(String, String)> = (0..=MAX_CALL_DEPTH)
+            .map(|i| ("c".to_string(), format!("n{i}")))
+            .collect();
+        let too_long = Target::Actor {
+            app: "a".into(),
+            class: "c".into(),
+            name: "n".into(),
+            chain: long,
+        };
+        assert_eq!(
+            encode_request(&too_long, &request).unwrap_err(),
+            Malformed("a call chain too long")
+        );
+        let mut forged = BytesMut::new();
+        forged.put_u8(ACTOR);
+        for part in ["a", "c", "n"] {
+            put_str16(&mut forged, part.as_bytes()).unwrap();
+        }
+        forged.put_u16(MAX_CALL_DEPTH as u16 + 1);
+        assert_eq!(
+            decode_request(forged.freeze()).unwrap_err(),
+            Malformed("a call chain too long")
+        );
         // A "not run" answer with anything after it is not one.
         assert!(decode_answer(Bytes::from_static(&[NOT_RUN, 0])).is_err());
         let mut many = BytesMut::new();

@@ -265,10 +265,15 @@ struct RunCall {
 impl RunCall {
     /// What the host holds of the call while the run lasts.
     fn host_bytes(&self) -> u64 {
-        let args: usize = self.args.iter().map(String::len).sum();
-        let env: usize = self.env.iter().map(|(k, v)| k.len() + v.len()).sum();
-        (self.stdin.len() + args + env) as u64
+        (self.stdin.len() + text_bytes(&self.args, &self.env)) as u64
     }
+}
+
+/// The bytes of arguments and of (name, value) pairs a guest hands the
+/// host for a program.
+pub(crate) fn text_bytes(args: &[String], pairs: &[(String, String)]) -> usize {
+    args.iter().map(String::len).sum::<usize>()
+        + pairs.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
 }
 
 impl ProgramsHost {

@@ -12,7 +12,7 @@ use weir_runtime::scope::EventScope;
 
 use crate::fenced_work::{self, LaunchSpec, OnCrash};
 use crate::host::generated::weir::process::{processes, types};
-use crate::host::{ProgramsHost, operation, parse_digest};
+use crate::host::{ProgramsHost, operation, parse_digest, text_bytes};
 use crate::lifetime::{self, Console, ConsoleError, Stream};
 use crate::limits::MAX_SPAWN_SPEC_BYTES;
 use crate::loader::ProgramLoadError;
@@ -478,10 +478,5 @@ fn console_error(e: ConsoleError) -> types::Error {
 
 /// What a spawn asks the host to journal and hold for the process's life.
 fn spec_bytes(spec: &processes::SpawnSpec) -> usize {
-    let pairs =
-        |list: &[(String, String)]| list.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
-    spec.args.iter().map(String::len).sum::<usize>()
-        + pairs(&spec.env)
-        + pairs(&spec.secret_env)
-        + spec.start_args.len()
+    text_bytes(&spec.args, &spec.env) + text_bytes(&[], &spec.secret_env) + spec.start_args.len()
 }

@@ -381,14 +381,7 @@ async fn what_runs_hold_in_the_host_is_held_out_of_the_guest_memory_budget() {
     // fails otherwise, and the ones that fit run.
     assert!(outcomes.contains(&"ran"), "a run that fits runs");
     // Every hold was given back: a run fits again.
-    let after = programs::call(
-        &weir,
-        "POST",
-        &format!("/r/run0/run/{digest}?arg=cat"),
-        b"fits",
-    )
-    .await;
-    assert_eq!(after.json()["stdout"], "fits", "{}", after.text());
+    assert_a_small_run_fits(&weir, &digest, "run0").await;
 
     // One run whose hold alone is over the budget (a 24 MiB environment
     // and up to 140 MiB of output): refused at once, before it loads,
@@ -410,12 +403,12 @@ async fn what_runs_hold_in_the_host_is_held_out_of_the_guest_memory_budget() {
         big.status,
         big.text()
     );
-    let small = programs::call(
-        &weir,
-        "POST",
-        &format!("/r/two/run/{digest}?arg=cat"),
-        b"fits",
-    )
-    .await;
-    assert_eq!(small.json()["stdout"], "fits", "{}", small.text());
+    assert_a_small_run_fits(&weir, &digest, "two").await;
+}
+
+/// A run of `cat` with four bytes of stdin, by actor `name`, answers them.
+async fn assert_a_small_run_fits(weir: &Weir, digest: &str, name: &str) {
+    let path = format!("/r/{name}/run/{digest}?arg=cat");
+    let ran = programs::call(weir, "POST", &path, b"fits").await;
+    assert_eq!(ran.json()["stdout"], "fits", "{}", ran.text());
 }
