@@ -82,7 +82,9 @@ fn to_guest_error(e: GateError) -> types::Error {
     match e {
         ActorStoreError::EntryTooLarge { .. } => types::Error::EntryTooLarge(e.to_string()),
         ActorStoreError::Refused(m) => types::Error::Refused(m),
-        ActorStoreError::TooLarge(_) => types::Error::Refused(e.to_string()),
+        ActorStoreError::TooLarge(_) | ActorStoreError::OverMemory(_) => {
+            types::Error::Refused(e.to_string())
+        }
         ActorStoreError::Stopped => types::Error::Failed(e.to_string()),
         ActorStoreError::Store(s) => types::Error::Failed(s.to_string()),
         ActorStoreError::Replica(_) | ActorStoreError::Untaken => {

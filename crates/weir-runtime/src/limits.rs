@@ -212,6 +212,10 @@ limit_table! {
             default: DEFAULT_MAX_SQL_MEMORY_BYTES, range: 64 << 20, 1 << 40, unit: Bytes,
             meaning: "memory SQLite holds for the whole process: page caches, and the sorts, temporary tables and recursive queues of running statements (never spilled to temporary files); past a quarter of it caches are freed first, past it the allocating statement fails out of memory",
         },
+        max_sql_statement_memory_bytes: u64 = "max_sql_statement_memory_bytes" {
+            default: weir_store::statement_memory::DEFAULT_STATEMENT_BYTES, range: 1 << 20, 1 << 40, unit: Bytes,
+            meaning: "memory one guest statement may make SQLite hold while it runs (its sorts, temporary tables, recursive queues and the pages it reads); past it that statement alone fails out of memory, naming this limit. sql_threads of them must fit in half of max_sql_memory_bytes",
+        },
         compile_memory_limit_bytes: u64 = "compile_memory_limit_bytes" {
             default: DEFAULT_COMPILE_MEMORY_LIMIT_BYTES, range: MIN_COMPILE_MEMORY_LIMIT_BYTES, 1 << 40, unit: Bytes,
             meaning: "resident memory of the process that compiles a component (a deploy, a start, an image push); past it the process is killed and the component refused",
@@ -260,7 +264,31 @@ impl Limits {
         }
         physical_memory().map_or(DEFAULT_TOTAL_GUEST_MEMORY_FALLBACK, |m| m / 2)
     }
+
+    /// Refuses statement bounds that could together take SQLite's heap:
+    /// `sql_threads` statements at their bound must fit in
+    /// [`SQL_HEAP_SHARE_OF_STATEMENTS`] of `max_sql_memory_bytes`, so that
+    /// running statements alone never make another fail out of memory.
+    pub fn check_sql_memory(&self) -> Result<(), String> {
+        let statements =
+            (self.sql_threads as u64).saturating_mul(self.max_sql_statement_memory_bytes);
+        let share = self.max_sql_memory_bytes / SQL_HEAP_SHARE_OF_STATEMENTS;
+        if statements > share {
+            return Err(format!(
+                "sql_threads ({}) statements of max_sql_statement_memory_bytes ({} bytes) could hold \
+                 {statements} bytes at once, more than 1/{SQL_HEAP_SHARE_OF_STATEMENTS} of \
+                 max_sql_memory_bytes ({} bytes): lower one of the first two or raise the third",
+                self.sql_threads, self.max_sql_statement_memory_bytes, self.max_sql_memory_bytes
+            ));
+        }
+        Ok(())
+    }
 }
+
+/// Running guest statements may hold at most this part of SQLite's heap
+/// bound (`max_sql_memory_bytes`) together: the rest is for page caches
+/// and the host's own statements (commits, timers, key-value calls).
+pub const SQL_HEAP_SHARE_OF_STATEMENTS: u64 = 2;
 
 /// The guest memory budget when the machine's memory cannot be read.
 pub const DEFAULT_TOTAL_GUEST_MEMORY_FALLBACK: u64 = 4 << 30;

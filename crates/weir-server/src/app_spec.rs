@@ -27,6 +27,7 @@ pub const SERVER_WIDE_LIMITS: &[&str] = &[
     "sql_threads",
     // SQLite's heap is one for the process.
     "max_sql_memory_bytes",
+    "max_sql_statement_memory_bytes",
     // One code cache, compiled for every app by the same process kind.
     "compile_memory_limit_bytes",
     // One share of the workers for every app's long computations.

@@ -281,10 +281,21 @@ impl Server {
         let lane_capacity = lanes * VERSIONS_AT_ONCE;
         let budget = MemoryBudget::new(server_limits.total_guest_memory());
         let pool = Arc::new(SqlPool::new(server_limits.sql_threads)?);
-        weir_store::statement_bounds::bound_sqlite_heap(
+        server_limits
+            .check_sql_memory()
+            .map_err(ServerError::Config)?;
+        let statements_bounded = weir_store::statement_bounds::bound_sqlite_heap(
             server_limits.max_sql_memory_bytes / SQLITE_SOFT_HEAP_DIVISOR,
             server_limits.max_sql_memory_bytes,
+            server_limits.max_sql_statement_memory_bytes,
         );
+        if !statements_bounded {
+            // SQLite was in use in this process before the server was
+            // built (an embedding program's own connection).
+            tracing::warn!(
+                "SQLite was in use before the server started: guest statements are bounded only by max_sql_memory_bytes, not max_sql_statement_memory_bytes"
+            );
+        }
         let code_dir = config.data_dir.join(CODE_DIR);
         let code_cache = CodeCache::new(
             &code_dir,

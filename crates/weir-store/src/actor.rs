@@ -34,6 +34,7 @@ pub use crate::replica::ReplicaStart;
 use crate::replica::{Capture, Checksum, LogEntry, ReplicaError};
 use crate::sql::{GuestSqlError, MAX_SQL_VALUE_BYTES, StatementResult, Value};
 use crate::statement_bounds::{self, ResultBudget, ResultTooLarge, StopCheck};
+use crate::statement_memory::StatementOverMemory;
 use crate::{Durability, StoreError};
 
 /// Largest entry, key and value together: large values belong in SQL tables
@@ -97,6 +98,8 @@ pub enum ActorStoreError {
     /// Says its cause in its own words (so it hands on no source).
     #[error("refused: {0}")]
     TooLarge(ResultTooLarge),
+    #[error("refused: {0}")]
+    OverMemory(StatementOverMemory),
     #[error("interrupted: the turn's deadline passed")]
     Stopped,
     #[error(transparent)]
@@ -140,6 +143,7 @@ fn guest_error(e: GuestSqlError) -> ActorStoreError {
         GuestSqlError::Refused(why) => ActorStoreError::Refused(why),
         GuestSqlError::Stopped => ActorStoreError::Stopped,
         GuestSqlError::TooLarge(e) => ActorStoreError::TooLarge(e),
+        GuestSqlError::OverMemory(e) => ActorStoreError::OverMemory(e),
         GuestSqlError::Sqlite(e) => e.into(),
     }
 }

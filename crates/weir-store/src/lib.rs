@@ -28,6 +28,7 @@ pub mod kv_op;
 pub mod replica;
 pub mod sql;
 pub mod statement_bounds;
+pub mod statement_memory;
 pub mod timers;
 pub mod turn_transaction;
 
@@ -181,6 +182,7 @@ pub(crate) fn connect_with(
     durability: Durability,
     tuning: Tuning,
 ) -> Result<Connection, StoreError> {
+    statement_memory::install();
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_millis(BUSY_TIMEOUT_MS))?;
     // Both must come before the first WAL access: the WAL index then lives

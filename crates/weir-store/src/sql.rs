@@ -23,6 +23,7 @@ use rusqlite::{Connection, ToSql};
 
 use crate::confinement::{self, Confinement};
 use crate::statement_bounds::{self, ResultBudget, StopCheck};
+use crate::statement_memory::{Armed, StatementOverMemory};
 use crate::{Durability, StoreError};
 
 /// Largest string or blob a guest's SQL may build or store (SQLite's
@@ -120,11 +121,13 @@ pub struct SqlDatabase {
 }
 
 /// Why a guest's statement failed: refused by the confinement, stopped by
-/// its stop check, over the result bound, or SQLite's own error.
+/// its stop check, over the result bound or the memory bound, or SQLite's
+/// own error.
 pub(crate) enum GuestSqlError {
     Refused(String),
     Stopped,
     TooLarge(statement_bounds::ResultTooLarge),
+    OverMemory(StatementOverMemory),
     Sqlite(rusqlite::Error),
 }
 
@@ -138,10 +141,18 @@ pub(crate) fn run_guest_statement(
     budget: &mut ResultBudget,
     cached: bool,
 ) -> Result<StatementResult, GuestSqlError> {
+    // From its preparing to its last row, on this thread.
+    let armed = Armed::arm();
     let classify = |e: rusqlite::Error| match confinement.refusal(&e) {
         Some(why) => GuestSqlError::Refused(why),
         None if matches!(&e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::OperationInterrupted) => {
             GuestSqlError::Stopped
+        }
+        None if matches!(&e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::OutOfMemory) => {
+            match armed.over() {
+                Some(over) => GuestSqlError::OverMemory(over),
+                None => GuestSqlError::Sqlite(e),
+            }
         }
         None => GuestSqlError::Sqlite(e),
     };
@@ -316,6 +327,10 @@ impl SqlDatabase {
             .map_err(|e| match e {
                 GuestSqlError::Refused(message) => BatchError::Refused { index, message },
                 GuestSqlError::TooLarge(e) => BatchError::Refused {
+                    index,
+                    message: e.to_string(),
+                },
+                GuestSqlError::OverMemory(e) => BatchError::Refused {
                     index,
                     message: e.to_string(),
                 },

@@ -11,7 +11,8 @@
 //! - SQLite's own heap — page caches, and the sorts and temporary tables
 //!   of running statements, which never spill to files
 //!   ([`crate::confinement::harden`]) — is bounded for the whole process
-//!   ([`bound_sqlite_heap`]).
+//!   ([`bound_sqlite_heap`]), and what one statement makes it hold, per
+//!   statement ([`crate::statement_memory`]).
 
 use std::sync::Arc;
 
@@ -33,8 +34,12 @@ pub type StopCheck = Arc<dyn Fn() -> bool + Send + Sync>;
 /// Bounds the memory SQLite itself may hold, for the whole process: past
 /// the soft limit it frees cache before allocating, past the hard limit an
 /// allocation fails (the statement gets `SQLITE_NOMEM`) instead of the
-/// process growing. Idempotent; the last call wins.
-pub fn bound_sqlite_heap(soft_bytes: u64, hard_bytes: u64) {
+/// process growing. Idempotent; the last call wins. Bounds each guest
+/// statement too ([`crate::statement_memory`]) when SQLite was not in use
+/// before: true when it does.
+pub fn bound_sqlite_heap(soft_bytes: u64, hard_bytes: u64, statement_bytes: u64) -> bool {
+    let bounded = crate::statement_memory::install();
+    crate::statement_memory::bound_statements(statement_bytes);
     let soft = i64::try_from(soft_bytes).unwrap_or(i64::MAX);
     let hard = i64::try_from(hard_bytes).unwrap_or(i64::MAX);
     // SAFETY: both functions only set process-wide limits inside SQLite
@@ -43,6 +48,7 @@ pub fn bound_sqlite_heap(soft_bytes: u64, hard_bytes: u64) {
         ffi::sqlite3_soft_heap_limit64(soft);
         ffi::sqlite3_hard_heap_limit64(hard);
     }
+    bounded
 }
 
 /// Installs (or, with `None`, removes) the stop check of the statements

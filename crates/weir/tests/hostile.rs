@@ -5,13 +5,13 @@
 //! re-arm forever — against a real `weir serve`. The transport's doors are
 //! in `hostile_clients.rs`, how much disk a guest can fill in
 //! `hostile_storage.rs`, its reach into the host's memory (stack, handles,
-//! the budget, tables, runs) in `hostile_memory.rs`, into the compiler in
+//! the budget, tables, runs) in `hostile_memory.rs`, into SQLite's heap and
+//! temporary files in `hostile_sql_memory.rs`, into the compiler in
 //! `hostile_compiler.rs`, calls back into an actor's own chain in
 //! `actor_calls.rs`. Each test names what must hold.
 
 mod common;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -513,91 +513,5 @@ async fn alarms_that_rearm_forever_take_turns_within_max_concurrent_alarms() {
     assert!(
         status["alarms"].as_u64().unwrap() >= STORMS as u64,
         "{status}"
-    );
-}
-
-/// Bytes of the files under `dir` that process `pid` holds open (SQLite
-/// unlinks its temporary files as it opens them: only the open handles
-/// show them).
-fn open_file_bytes_under(pid: u32, dir: &Path) -> u64 {
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return 0;
-    };
-    fds.filter_map(|fd| {
-        let fd = fd.ok()?.path();
-        let target = std::fs::read_link(&fd).ok()?;
-        target
-            .starts_with(dir)
-            .then(|| std::fs::metadata(&fd).map(|m| m.len()).unwrap_or(0))
-    })
-    .sum()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sort_without_end_writes_no_temporary_file_and_stops_at_the_sql_memory_bound() {
-    // A statement that sorts rows it never stops making, run by a worker
-    // after its headers (under the session's deadline, two minutes here)
-    // and by an actor: SQLite held such rows in temporary files, which
-    // nothing bounded but the disk (2 GB in 20 s from one statement).
-    const SORT: &str = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) \
-                        SELECT x FROM c ORDER BY randomblob(1000)";
-    let dir = data_dir("temp-sort");
-    let temp = weir_scratch::dir("temp-sort-tmpdir");
-    std::fs::create_dir_all(&temp).unwrap();
-    let weir = start_with_env(
-        &dir,
-        &[
-            "--limit",
-            "max_sql_memory_bytes=268435456",
-            "--limit",
-            "session_limit_ms=120000",
-            "--limit",
-            "event_limit_ms=120000",
-        ],
-        &[("SQLITE_TMPDIR", temp.to_str().unwrap())],
-    );
-    assert_eq!(weir.get("/p/bystander/incr").await.text(), "1");
-    let pid = weir.pid();
-    reset_peak(pid);
-    let before = proc_kib(pid, "VmHWM:");
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watcher = {
-        let (done, temp) = (done.clone(), temp.clone());
-        std::thread::spawn(move || {
-            let mut peak = 0;
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                peak = peak.max(open_file_bytes_under(pid, &temp));
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            peak
-        })
-    };
-    let worker = post_json(
-        &weir,
-        "/sql?after_headers=1",
-        json!({ "db": "app", "statements": [SORT] }),
-    )
-    .await;
-    let actor = exec(&weir, "sorter", &[SORT]).await;
-    done.store(true, std::sync::atomic::Ordering::Relaxed);
-    let temp_peak = watcher.join().unwrap();
-    // Each ended at the memory bound, named, long before its deadline.
-    assert_eq!(worker.status, 200, "{:?}", worker.body);
-    let error = worker.json()["error"].as_str().unwrap().to_string();
-    assert!(error.contains("out of memory"), "{error}");
-    let error = actor[0]["error"].as_str().unwrap_or_default();
-    assert!(error.contains("out of memory"), "{actor:?}");
-    // Not a byte in the temporary directory, and the server grew by at
-    // most the bound.
-    assert_eq!(temp_peak, 0, "temporary files held {temp_peak} bytes");
-    let grown = proc_kib(pid, "VmHWM:").saturating_sub(before);
-    println!("two endless sorts: the server grew by {} MiB", grown / 1024);
-    assert!(grown < (256 + 128) * 1024, "grew by {} MiB", grown / 1024);
-    // The heap was given back: SQL and actors answer, the sorter too.
-    assert_eq!(sql(&weir, &["SELECT 1"]).await["rows"][0], json!([[1]]));
-    assert_eq!(weir.get("/p/bystander/incr").await.text(), "2");
-    assert_eq!(
-        exec(&weir, "sorter", &["SELECT 2"]).await[0]["rows"],
-        json!([[2]])
     );
 }

@@ -178,6 +178,7 @@ pub fn settle(path: &Path, page_size: u32) -> Result<Option<(Checksum, u32)>, Re
     if !path.exists() {
         return Ok(None);
     }
+    crate::statement_memory::install();
     let checkpointed = (|| -> rusqlite::Result<()> {
         let conn = rusqlite::Connection::open_with_flags(
             path,
