@@ -18,7 +18,11 @@
 //!   redirect response itself;
 //! - a request to an internal domain ([`crate::extension::InternalRouter`])
 //!   never reaches the network: it is answered in-process, and is an
-//!   operation of the caller's scope like any other;
+//!   operation of the caller's scope like any other. A request to a
+//!   reserved internal domain ([`OutboundRules::reserve`]) that no router
+//!   of the caller's serves (a program's call to an actor, a worker-only
+//!   app's) is denied, whatever the patterns allow: it is never looked up
+//!   or sent;
 //! - nothing leaves a generation that has an output gate (no request, no
 //!   internal call) before the gate lets it
 //!   ([`crate::extension::OutputGate`]).
@@ -166,6 +170,9 @@ pub struct OutboundRules {
     /// This machine's interface addresses, for own addresses bound to an
     /// unspecified IP (`0.0.0.0`, `::`).
     local_ips: Vec<IpAddr>,
+    /// Domains of Weir's internal routers (`.name.internal`): never the
+    /// network's.
+    reserved: Vec<&'static str>,
 }
 
 impl OutboundRules {
@@ -174,7 +181,22 @@ impl OutboundRules {
             patterns,
             own: Vec::new(),
             local_ips: Vec::new(),
+            reserved: Vec::new(),
         }
+    }
+
+    /// Denies every request to hosts under these domain suffixes (each
+    /// starting with `.`) that no internal router answers.
+    pub fn reserve(&mut self, suffixes: &[&'static str]) {
+        self.reserved = suffixes.to_vec();
+    }
+
+    /// True when `host` is under a reserved domain (or is one).
+    fn is_reserved(&self, host: &str) -> bool {
+        let host = host.trim_end_matches('.');
+        self.reserved
+            .iter()
+            .any(|suffix| host.ends_with(suffix) || Some(host) == suffix.strip_prefix('.'))
     }
 
     /// Refuses every request to these addresses (Weir's own listeners).
@@ -209,7 +231,7 @@ impl OutboundRules {
         let Some(port) = uri.port_u16().or_else(|| default_port(&scheme)) else {
             return false;
         };
-        self.patterns.iter().any(|p| p.allows(&scheme, &host, port))
+        !self.is_reserved(&host) && self.patterns.iter().any(|p| p.allows(&scheme, &host, port))
     }
 }
 
@@ -538,6 +560,24 @@ mod tests {
         assert!(!r.allows(&uri("https://evil.example.com/x")), "host");
         assert!(r.allows(&uri("http://127.0.0.1:4567/")));
         assert!(!r.allows(&uri("http://127.0.0.2:4567/")));
+    }
+
+    #[test]
+    fn reserved_domains_are_never_the_networks_whatever_the_patterns() {
+        let mut r = rules(&["http://*:*", "http://a.b.actor.internal"]);
+        assert!(r.allows(&uri("http://a.b.actor.internal/")));
+        r.reserve(&[".actor.internal"]);
+        for denied in [
+            "http://a.b.actor.internal/",
+            "http://A.B.Actor.Internal/",
+            "http://a.b.actor.internal./",
+            "http://a.b.actor.internal:8080/",
+            "http://actor.internal/",
+        ] {
+            assert!(!r.allows(&uri(denied)), "{denied}");
+        }
+        assert!(r.allows(&uri("http://metadata.internal/")));
+        assert!(r.allows(&uri("http://factor.internal/")));
     }
 
     #[test]

@@ -27,6 +27,12 @@ use weir_runtime::guest_log::GuestLog;
 use weir_runtime::memory_budget::MemoryBudget;
 use weir_runtime::metrics::Metrics;
 use weir_runtime::outbound::OutboundRules;
+
+/// The domains of Weir's internal routers: actors and processes.
+pub const INTERNAL_DOMAINS: &[&str] = &[
+    weir_actors::address::ACTOR_HOST_SUFFIX,
+    weir_programs::process_router::PROCESS_HOST_SUFFIX,
+];
 use weir_runtime::receipt::ReceiptSink;
 use weir_runtime::sql_pool::SqlPool;
 use weir_runtime::{AppCode, LoadError, Stores, WeirEngine};
@@ -78,6 +84,9 @@ impl Shared {
     pub fn outbound(&self, rules: &OutboundRules) -> OutboundRules {
         let mut rules = rules.clone();
         rules.deny_own(self.own.clone());
+        // Where no router of the caller's answers them (a program, a
+        // worker-only app), internal addresses are denied, never looked up.
+        rules.reserve(INTERNAL_DOMAINS);
         rules
     }
 

@@ -157,6 +157,52 @@ async fn only_the_owner_reaches_its_process() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_reaches_no_actor_and_not_weir_itself_so_it_cannot_close_a_cycle() {
+    // The owner's turn waits on its process; a process that could call
+    // the owner back (or any actor, or Weir's own listener) would hold
+    // that turn until its deadline. Even with the patterns allowing
+    // loopback and the owner's actor address, nothing it sends arrives.
+    let data = weir_scratch::dir("processes-no-reach");
+    let o = Owners::start_with(
+        data,
+        &[],
+        &[
+            "--allow-outbound",
+            "http://127.0.0.1:*",
+            "--allow-outbound",
+            "http://owner.runner.actor.internal",
+        ],
+    )
+    .await;
+    let (pid, _) = o.spawn("owner", "").await;
+    let own = o.weir.addr.to_string();
+    for (authority, path) in [
+        ("owner.runner.actor.internal", "list"),
+        ("other.runner.actor.internal", "list"),
+        (own.as_str(), "r/owner/list"),
+        (own.as_str(), "hello"),
+    ] {
+        let started = Instant::now();
+        let answer = o
+            .call(
+                "GET",
+                &format!("/r/owner/proc/{pid}/call?authority={authority}&path={path}"),
+                b"",
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        let said = answer.text();
+        assert!(
+            said.starts_with("refused ") && said.contains("HttpRequestDenied"),
+            "{authority}/{path}: {said}"
+        );
+        println!("{authority}/{path}: {said} in {:?}", started.elapsed());
+    }
+    // The owner's turns went on.
+    assert_eq!(o.call("GET", "/r/owner/list", b"").await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_is_idempotent_and_an_ended_process_is_loud() {
     let o = Owners::start("kill", &[]).await;
     let (pid, _) = o.spawn("owner", "").await;

@@ -9,6 +9,7 @@
 //! | `GET /files/<name>` | the file, or 404 with the error |
 //! | `GET /escape` | tries to leave `/data` (`..`, absolute paths, a symlink out, the host's files): one line per try |
 //! | `POST /fill?how=H&n=N` | tries to fill `/data`: `write` appends N chunks of 1 MiB to `big`, `files` makes N empty files, `dirs` N directories, `sparse` sets `sparse`'s length to N MiB, `rewrite` writes `big`'s first N MiB over again in place, `churn` runs N rounds of every way to grow and shrink files (positional and stream writes over and past the end, appends, a rename over a file, a hard link, a file made through a dangling link, sizes set down and up, a file unlinked while open), each round leaving nothing, `clear` removes everything; answers `{done, error}`: how many steps worked and the first error's kind |
+//! | `/call?authority=A&path=P` | GETs `http://A/P` (P without its leading `/`): `ok STATUS BODY`, or `refused ERROR` |
 //! | `/spin` | never answers |
 //! | `/trap` | traps |
 //! | `/grow` | allocates 1 MiB after 1 MiB until refused |
@@ -174,6 +175,29 @@ impl wasi::exports::http::incoming_handler::Guest for Resident {
                     None => "null".to_string(),
                 });
                 respond(out, 200, &[("content-type", b"application/json")], body.as_bytes());
+            }
+            "/call" => {
+                let arg = |name: &str| {
+                    query
+                        .split('&')
+                        .find_map(|p| p.strip_prefix(name)?.strip_prefix('='))
+                        .unwrap_or_default()
+                        .to_string()
+                };
+                let said = match weir_guest::http::send(
+                    "GET",
+                    &arg("authority"),
+                    &format!("/{}", arg("path")),
+                    b"",
+                ) {
+                    Ok(reply) => format!(
+                        "ok {} {}",
+                        reply.status,
+                        String::from_utf8_lossy(&reply.body)
+                    ),
+                    Err(e) => format!("refused {e}"),
+                };
+                respond(out, 200, &[], said.as_bytes());
             }
             "/spin" => loop {
                 std::hint::black_box(0u64);

@@ -17,6 +17,11 @@ use super::{Resp, Weir, exit_within, guest, send_to, weir_command};
 /// `weir serve runner.wasm --actor runner=runner.wasm --actor-route
 /// runner=/r` on `data`, with `limits` (`NAME=VALUE`).
 pub fn serve_runner(data: &Path, limits: &[&str]) -> Weir {
+    serve_runner_with(data, limits, &[])
+}
+
+/// [`serve_runner`] with more arguments for `weir serve`.
+pub fn serve_runner_with(data: &Path, limits: &[&str], extra: &[&str]) -> Weir {
     let runner = guest("runner");
     let actor = format!("runner={}", runner.display());
     let mut args = vec![
@@ -30,6 +35,7 @@ pub fn serve_runner(data: &Path, limits: &[&str]) -> Weir {
     for limit in limits {
         args.extend(["--limit", limit]);
     }
+    args.extend_from_slice(extra);
     Weir::start(&runner, &args)
 }
 
@@ -198,7 +204,12 @@ impl Owners {
 
     /// A server on `data` as it is (a restart keeps what is there).
     pub async fn start_in(data: std::path::PathBuf, limits: &[&str]) -> Owners {
-        let weir = serve_runner(&data, limits);
+        Self::start_with(data, limits, &[]).await
+    }
+
+    /// [`Owners::start_in`] with more arguments for `weir serve`.
+    pub async fn start_with(data: std::path::PathBuf, limits: &[&str], extra: &[&str]) -> Owners {
+        let weir = serve_runner_with(&data, limits, extra);
         let resident = push_image(&weir, &guest("resident")).await;
         let cmdprobe = push_image(&weir, &guest("cmdprobe")).await;
         Owners {
