@@ -13,9 +13,11 @@
 //! that allocates meanwhile fails `out of memory` too.
 //!
 //! How: Weir wraps SQLite's allocator ([`install`], before SQLite's first
-//! use in the process) and counts, per thread, the bytes SQLite holds. A
-//! statement runs on one thread from its first step to its last, so the
-//! count's growth while it runs is what it made SQLite hold: its sorts,
+//! use in the process) and, on a thread while a guest statement runs
+//! there, counts what SQLite allocates and frees (everywhere else the
+//! wrapper only passes calls on). A statement runs on one thread from its
+//! first step to its last, so the count's growth is what it made SQLite
+//! hold: its sorts,
 //! ephemeral tables, recursive queues and in-memory temporary files
 //! ([`crate::confinement::harden`] keeps them all in memory), and the
 //! pages it read into the connection's cache (bounded on their own).
@@ -63,14 +65,18 @@ struct Methods {
     size: unsafe extern "C" fn(*mut c_void) -> c_int,
 }
 
+/// The ceiling of a thread that runs no guest statement.
+const UNARMED: i64 = i64::MAX;
+
 thread_local! {
-    /// Bytes SQLite holds that were allocated on this thread, less those
-    /// freed on it (memory freed on another thread than its own makes
-    /// this drift; only its growth inside one statement is used).
+    /// Bytes SQLite allocated on this thread while statements ran, less
+    /// those it freed meanwhile: only its growth inside one statement is
+    /// used (memory freed there that was allocated before counts as
+    /// given back).
     static HELD: Cell<i64> = const { Cell::new(0) };
     /// While a guest statement runs on this thread: the count it may not
     /// pass. `i64::MAX` otherwise.
-    static CEILING: Cell<i64> = const { Cell::new(i64::MAX) };
+    static CEILING: Cell<i64> = const { Cell::new(UNARMED) };
     /// Set when an allocation was refused at the ceiling, so the
     /// statement's `out of memory` can be told from the process's.
     static REFUSED: Cell<bool> = const { Cell::new(false) };
@@ -187,6 +193,13 @@ fn inner() -> &'static Methods {
     }
 }
 
+/// True while a guest statement runs on this thread: only then is
+/// anything counted (a statement's bound is on the growth of the count
+/// while it runs, so what happens between statements never matters).
+fn armed() -> bool {
+    CEILING.get() != UNARMED
+}
+
 /// True when `more` bytes would take this thread past its ceiling; notes
 /// the refusal.
 fn refuse(more: i64) -> bool {
@@ -203,10 +216,14 @@ fn size_of(p: *mut c_void) -> i64 {
 }
 
 unsafe extern "C" fn counted_malloc(n: c_int) -> *mut c_void {
+    if !armed() {
+        // SAFETY: the inner allocator's own contract, unchanged.
+        return unsafe { (inner().malloc)(n) };
+    }
     if refuse(i64::from(n)) {
         return std::ptr::null_mut();
     }
-    // SAFETY: the inner allocator's own contract, unchanged.
+    // SAFETY: as above.
     let p = unsafe { (inner().malloc)(n) };
     if !p.is_null() {
         HELD.set(HELD.get() + size_of(p));
@@ -215,7 +232,7 @@ unsafe extern "C" fn counted_malloc(n: c_int) -> *mut c_void {
 }
 
 unsafe extern "C" fn counted_free(p: *mut c_void) {
-    if !p.is_null() {
+    if !p.is_null() && armed() {
         HELD.set(HELD.get() - size_of(p));
     }
     // SAFETY: as above.
@@ -223,6 +240,10 @@ unsafe extern "C" fn counted_free(p: *mut c_void) {
 }
 
 unsafe extern "C" fn counted_realloc(p: *mut c_void, n: c_int) -> *mut c_void {
+    if !armed() {
+        // SAFETY: as above.
+        return unsafe { (inner().realloc)(p, n) };
+    }
     let old = if p.is_null() { 0 } else { size_of(p) };
     if refuse(i64::from(n) - old) {
         return std::ptr::null_mut();
