@@ -47,7 +47,7 @@
 //! [`compute_share`] on [`epoch_ticker`]; [`engine`] on both and
 //! [`memory_budget`]; [`metrics`] on
 //! [`outcome`] and [`memory_budget`]; [`receipt`] on [`metrics`]; [`guest_state`] on the host
-//! interfaces ([`outbound`], [`keyvalue`], [`sql`]); [`code`] on
+//! interfaces ([`outbound`], under [`outbound_rules`]; [`keyvalue`], [`sql`]); [`code`] on
 //! [`guest_state`] and [`compiled_code`]; [`generation`] on [`code`];
 //! [`lane`] on [`generation`]; [`admission`] on [`lane`]; [`retirement`]
 //! on nothing; [`app`] on all of those; [`invocation`] runs a call on a [`guest_state`]'s store, and
@@ -79,6 +79,7 @@ pub mod limits;
 pub mod memory_budget;
 pub mod metrics;
 pub mod outbound;
+pub mod outbound_rules;
 pub mod outcome;
 pub mod pacemaker;
 pub mod receipt;

@@ -22,6 +22,7 @@ pub mod confinement;
 pub mod data_dir;
 pub mod disk_use;
 pub mod entries;
+mod guest_statement;
 pub mod journal;
 pub mod kv;
 pub mod kv_op;

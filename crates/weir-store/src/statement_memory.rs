@@ -1,8 +1,8 @@
 //! Statement memory: what one guest statement may make SQLite allocate.
 //!
-//! Invariant owned here: while a guest's statement runs
-//! ([`crate::sql::run_guest_statement`]), what SQLite allocates on its
-//! thread beyond what it frees is bounded by
+//! Invariant owned here: while a guest's statement runs (every one runs
+//! in one place, the crate's `guest_statement` module), what SQLite
+//! allocates on its thread beyond what it frees is bounded by
 //! `max_sql_statement_memory_bytes`. An allocation past the bound fails,
 //! so that statement alone ends `out of memory`, named
 //! ([`StatementOverMemory`]); every other connection goes on allocating.
