@@ -36,8 +36,28 @@ use crate::envelope::{self, Answer, Target};
 use crate::error_code::ClusterErrorCode;
 use crate::stores::StorePlacement;
 
+/// The version of the envelope ([`crate::envelope`]) this build speaks,
+/// in the path calls are posted to: a change of the envelope's format is a
+/// new version. Version 1 carried no call chain; 2 carries it.
+pub const CALL_VERSION: u32 = 2;
+
 /// The path calls between nodes are posted to.
-pub const CALL_PATH: &str = "/weir/cluster/v1/call";
+pub const CALL_PATH: &str = "/weir/cluster/v2/call";
+
+/// The paths of every version: `CALL_PREFIX` + `v<N>` + `CALL_SUFFIX`.
+const CALL_PREFIX: &str = "/weir/cluster/";
+const CALL_SUFFIX: &str = "/call";
+
+/// The version a call path names, if it is one.
+fn call_version(path: &str) -> Option<&str> {
+    path.strip_prefix(CALL_PREFIX)?
+        .strip_suffix(CALL_SUFFIX)?
+        .strip_prefix('v')
+        .filter(|v| !v.is_empty() && v.len() <= 9 && v.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// What a refusing node's words are read of, at most: one line.
+const REFUSAL_BYTES: usize = 1024;
 
 /// The header that carries the shared secret.
 pub const SECRET_HEADER: &str = "x-weir-cluster-secret";
@@ -174,8 +194,21 @@ async fn handle(
     if !secret.admits(offered) {
         return plain(StatusCode::UNAUTHORIZED, "the cluster secret is required\n");
     }
-    if request.method() != http::Method::POST || request.uri().path() != CALL_PATH {
+    if request.method() != http::Method::POST {
         return plain(StatusCode::NOT_FOUND, "not a cluster call\n");
+    }
+    match call_version(request.uri().path()) {
+        Some(v) if v == CALL_VERSION.to_string() => {}
+        Some(v) => {
+            let why = format!(
+                "a call of version {v} from a node of another Weir build; this node speaks version {CALL_VERSION}: every node of a cluster must run the same build"
+            );
+            tracing::warn!("{why}");
+            let mut response = Response::new(Full::new(Bytes::from(why + "\n")));
+            *response.status_mut() = StatusCode::BAD_REQUEST;
+            return response;
+        }
+        None => return plain(StatusCode::NOT_FOUND, "not a cluster call\n"),
     }
     let body = match Limited::new(request.into_body(), MAX_ENVELOPE_BYTES)
         .collect()
@@ -301,8 +334,15 @@ impl Forwarder {
             Err(_) => return failed("no answer in time", true),
         };
         if response.status() != StatusCode::OK {
-            // Refused before it ran (a wrong secret, a malformed call).
-            return failed(&format!("refused with {}", response.status()), false);
+            // Refused before it ran (a wrong secret, a malformed call, a
+            // node of another build): its own words, briefly.
+            let status = response.status();
+            let said = Limited::new(response.into_body(), REFUSAL_BYTES)
+                .collect()
+                .await
+                .map(|b| String::from_utf8_lossy(&b.to_bytes()).trim().to_string())
+                .unwrap_or_default();
+            return failed(&format!("refused with {status}: {said}"), false);
         }
         let body = match Limited::new(response.into_body(), MAX_ENVELOPE_BYTES)
             .collect()
@@ -327,6 +367,22 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn call_paths_name_their_version() {
+        assert_eq!(call_version(CALL_PATH), Some("2"));
+        assert_eq!(call_version("/weir/cluster/v1/call"), Some("1"));
+        for other in [
+            "/weir/cluster/v/call",
+            "/weir/cluster/vx/call",
+            "/weir/cluster/v1/call/",
+            "/weir/cluster/call",
+            "/weir/cluster/v1234567890/call",
+            "/",
+        ] {
+            assert_eq!(call_version(other), None, "{other}");
+        }
+    }
 
     #[test]
     fn only_the_secret_itself_is_admitted() {

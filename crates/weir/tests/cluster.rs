@@ -194,7 +194,7 @@ async fn the_internal_listener_refuses_strangers_and_guests_cannot_reach_it() {
         .unwrap();
     // No secret, a wrong one: refused before anything is read or run.
     for secret in [None, Some("not-the-secret-at-all-0000")] {
-        let mut req = Request::post("/weir/cluster/v1/call").header("host", internal.to_string());
+        let mut req = Request::post("/weir/cluster/v2/call").header("host", internal.to_string());
         if let Some(s) = secret {
             req = req.header("x-weir-cluster-secret", s);
         }
@@ -206,10 +206,28 @@ async fn the_internal_listener_refuses_strangers_and_guests_cannot_reach_it() {
         .unwrap();
         assert_eq!(r.status, 401);
     }
-    // The secret with a malformed envelope: 400, nothing runs.
+    // A call of the envelope version before this build's (a node of an
+    // older build, as in a rolling upgrade): 400, named, nothing read.
     let r = try_send_to(
         internal,
         Request::post("/weir/cluster/v1/call")
+            .header("host", internal.to_string())
+            .header("x-weir-cluster-secret", common::cluster::SECRET)
+            .body(Full::new(Bytes::from_static(b"\x01\x00")))
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.text(),
+        "a call of version 1 from a node of another Weir build; this node speaks version 2: \
+         every node of a cluster must run the same build\n"
+    );
+    // The secret with a malformed envelope: 400, nothing runs.
+    let r = try_send_to(
+        internal,
+        Request::post("/weir/cluster/v2/call")
             .header("host", internal.to_string())
             .header("x-weir-cluster-secret", common::cluster::SECRET)
             .body(Full::new(Bytes::from_static(b"\x01\x00")))
@@ -232,7 +250,7 @@ async fn the_internal_listener_refuses_strangers_and_guests_cannot_reach_it() {
     let internal = status["cluster"]["address"].as_str().unwrap().to_string();
     let port = internal.rsplit_once(':').unwrap().1;
     for url in [
-        format!("http://{internal}/weir/cluster/v1/call"),
+        format!("http://{internal}/weir/cluster/v2/call"),
         format!("http://localhost:{port}/"),
         format!("http://0.0.0.0:{port}/"),
     ] {
