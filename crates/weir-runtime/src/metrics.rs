@@ -60,6 +60,9 @@ pub struct Metrics {
     budget: std::sync::OnceLock<std::sync::Arc<crate::memory_budget::MemoryBudget>>,
     /// Refusals already added to `guest_memory_refusals`.
     refusals_seen: AtomicU64,
+    sql_over_memory: Counter,
+    /// Statements already added to `sql_over_memory`.
+    sql_over_memory_seen: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -121,7 +124,15 @@ impl Metrics {
             "Memory growths refused because they did not fit in the budget",
             guest_memory_refusals.clone(),
         );
+        let sql_over_memory = Counter::default();
+        registry.register(
+            "sql_statements_over_memory",
+            "Guest SQL statements stopped at max_sql_statement_memory_bytes, in every app",
+            sql_over_memory.clone(),
+        );
         Metrics {
+            sql_over_memory,
+            sql_over_memory_seen: AtomicU64::new(0),
             guest_memory,
             guest_memory_budget,
             guest_memory_refusals,
@@ -214,6 +225,9 @@ impl Metrics {
             self.guest_memory_refusals
                 .inc_by(refusals.saturating_sub(seen));
         }
+        let over = weir_store::statement_memory::statements_over_memory();
+        let seen = self.sql_over_memory_seen.swap(over, Ordering::Relaxed);
+        self.sql_over_memory.inc_by(over.saturating_sub(seen));
         let mut out = String::new();
         // Writing into a String cannot fail.
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());

@@ -25,7 +25,7 @@
 use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use rusqlite::ffi;
 
@@ -45,6 +45,9 @@ pub const DEFAULT_STATEMENT_BYTES: u64 = 128 << 20;
 pub struct StatementOverMemory {
     pub limit: u64,
 }
+
+/// Statements stopped at their bound, in this process.
+static OVER_MEMORY: AtomicU64 = AtomicU64::new(0);
 
 /// The bound of each guest statement, in bytes.
 static STATEMENT_BYTES: AtomicI64 = AtomicI64::new(DEFAULT_STATEMENT_BYTES as i64);
@@ -143,6 +146,11 @@ pub fn bound_statements(bytes: u64) {
     STATEMENT_BYTES.store(i64::try_from(bytes).unwrap_or(i64::MAX), Ordering::Relaxed);
 }
 
+/// Guest statements that failed at their bound since the process began.
+pub fn statements_over_memory() -> u64 {
+    OVER_MEMORY.load(Ordering::Relaxed)
+}
+
 /// The bound of every guest statement, in bytes.
 pub fn statement_bytes() -> u64 {
     STATEMENT_BYTES.load(Ordering::Relaxed).max(0) as u64
@@ -170,10 +178,14 @@ impl Armed {
     }
 
     /// The bound, named, when an allocation was refused at it since
-    /// [`Armed::arm`]: what the statement's `out of memory` means.
+    /// [`Armed::arm`]: what the statement's `out of memory` means. Counted
+    /// ([`statements_over_memory`]) each time it is told.
     pub fn over(&self) -> Option<StatementOverMemory> {
-        REFUSED.get().then(|| StatementOverMemory {
-            limit: statement_bytes(),
+        REFUSED.get().then(|| {
+            OVER_MEMORY.fetch_add(1, Ordering::Relaxed);
+            StatementOverMemory {
+                limit: statement_bytes(),
+            }
         })
     }
 }

@@ -120,6 +120,12 @@ async fn a_sort_without_end_writes_no_temporary_file_and_stops_at_its_statement_
     let grown = proc_kib(pid, "VmHWM:").saturating_sub(before);
     println!("two endless sorts: the server grew by {} MiB", grown / 1024);
     assert!(grown < (2 * 32 + 32) * 1024, "grew by {} MiB", grown / 1024);
+    // Each was counted where operators look.
+    let metrics = weir.admin_get("/metrics").await.text();
+    assert!(
+        metrics.contains("weir_sql_statements_over_memory_total 2\n"),
+        "{metrics}"
+    );
     // The heap was given back: SQL and actors answer, the sorter too.
     assert_eq!(sql(&weir, &["SELECT 1"]).await["rows"][0], json!([[1]]));
     assert_eq!(weir.get("/p/bystander/incr").await.text(), "2");
