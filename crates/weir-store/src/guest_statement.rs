@@ -92,7 +92,7 @@ pub(crate) fn run_guest_statement(
             GuestSqlError::Stopped
         }
         None if matches!(&e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::OutOfMemory) => {
-            match armed.over() {
+            match armed.blame() {
                 Some(over) => GuestSqlError::OverMemory(over),
                 None => GuestSqlError::Sqlite(e),
             }

@@ -104,6 +104,9 @@ pub fn install() -> bool {
         // into `default`; it and MALLOC fail with SQLITE_MISUSE, changing
         // nothing, once SQLite is initialized.
         let got = unsafe { ffi::sqlite3_config(ffi::SQLITE_CONFIG_GETMALLOC, &raw mut default) };
+        if got != ffi::SQLITE_OK {
+            return false;
+        }
         let (Some(malloc), Some(free), Some(realloc), Some(size)) = (
             default.xMalloc,
             default.xFree,
@@ -112,9 +115,6 @@ pub fn install() -> bool {
         ) else {
             return false;
         };
-        if got != ffi::SQLITE_OK {
-            return false;
-        }
         // The wrapper finds SQLite's methods here from its first call on.
         INNER.get_or_init(|| Methods {
             malloc,
@@ -177,15 +177,17 @@ impl Armed {
         }
     }
 
-    /// The bound, named, when an allocation was refused at it since
-    /// [`Armed::arm`]: what the statement's `out of memory` means. Counted
-    /// ([`statements_over_memory`]) each time it is told.
-    pub fn over(&self) -> Option<StatementOverMemory> {
-        REFUSED.get().then(|| {
-            OVER_MEMORY.fetch_add(1, Ordering::Relaxed);
-            StatementOverMemory {
-                limit: statement_bytes(),
-            }
+    /// What the statement's `out of memory` means: its bound, named (and
+    /// counted, [`statements_over_memory`]), when an allocation was
+    /// refused at it since [`Armed::arm`]; `None` when the process's heap
+    /// ran out instead.
+    pub fn blame(&self) -> Option<StatementOverMemory> {
+        if !REFUSED.get() {
+            return None;
+        }
+        OVER_MEMORY.fetch_add(1, Ordering::Relaxed);
+        Some(StatementOverMemory {
+            limit: statement_bytes(),
         })
     }
 }

@@ -206,18 +206,20 @@ async fn the_internal_listener_refuses_strangers_and_guests_cannot_reach_it() {
         .unwrap();
         assert_eq!(r.status, 401);
     }
+    // A truncated envelope, with the secret, posted to `path`.
+    let truncated = |path: &'static str| {
+        try_send_to(
+            internal,
+            Request::post(path)
+                .header("host", internal.to_string())
+                .header("x-weir-cluster-secret", common::cluster::SECRET)
+                .body(Full::new(Bytes::from_static(b"\x01\x00")))
+                .unwrap(),
+        )
+    };
     // A call of the envelope version before this build's (a node of an
     // older build, as in a rolling upgrade): 400, named, nothing read.
-    let r = try_send_to(
-        internal,
-        Request::post("/weir/cluster/v1/call")
-            .header("host", internal.to_string())
-            .header("x-weir-cluster-secret", common::cluster::SECRET)
-            .body(Full::new(Bytes::from_static(b"\x01\x00")))
-            .unwrap(),
-    )
-    .await
-    .unwrap();
+    let r = truncated("/weir/cluster/v1/call").await.unwrap();
     assert_eq!(r.status, 400);
     assert_eq!(
         r.text(),
@@ -225,16 +227,7 @@ async fn the_internal_listener_refuses_strangers_and_guests_cannot_reach_it() {
          every node of a cluster must run the same build\n"
     );
     // The secret with a malformed envelope: 400, nothing runs.
-    let r = try_send_to(
-        internal,
-        Request::post("/weir/cluster/v2/call")
-            .header("host", internal.to_string())
-            .header("x-weir-cluster-secret", common::cluster::SECRET)
-            .body(Full::new(Bytes::from_static(b"\x01\x00")))
-            .unwrap(),
-    )
-    .await
-    .unwrap();
+    let r = truncated("/weir/cluster/v2/call").await.unwrap();
     assert_eq!(r.status, 400);
     drop(n1);
     // A guest allowed every loopback port still cannot reach the node's
