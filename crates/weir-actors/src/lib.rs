@@ -23,7 +23,8 @@
 //! - [`placement`]: where calls run and where commits become durable, for
 //!   a layer that keeps actors beyond this process (cluster mode);
 //! - [`os_limits`]: how many actors the process's limits leave room for;
-//! - [`operators`]: what `/actors` shows and does;
+//! - [`operators`]: what `/actors` shows and does, and
+//!   [`operator_calls`]: an operator's call run where the actor runs;
 //! - [`receipts`]: one receipt per turn;
 //! - [`limits`], [`error_code`], [`metrics`]: what actors add to the
 //!   runtime's limits, errors and metrics.
@@ -41,6 +42,7 @@ pub mod host;
 pub mod limits;
 pub mod mailbox;
 pub mod metrics;
+pub mod operator_calls;
 pub mod operators;
 pub mod os_limits;
 pub mod placement;
@@ -59,6 +61,7 @@ pub use holdings::Holdings;
 pub use host::{ActorClass, ActorHost};
 pub use limits::ActorLimits;
 pub use metrics::ActorMetrics;
+pub use operator_calls::{Failure, OperatorAnswer, OperatorCall};
 pub use operators::AdminError;
 pub use placement::{Durable, Forwarded, Location, Placement, Refusal};
 pub use storage_room::StorageRoom;

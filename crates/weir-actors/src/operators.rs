@@ -5,17 +5,23 @@
 //! Invariant owned here: an operator reads and deletes between turns. An
 //! inspection or a deletion claims the actor like a caller and waits for
 //! its turn, so it sees exactly what is committed and never interleaves
-//! with a turn.
+//! with a turn. In cluster mode it does so on the node that owns the
+//! actor ([`crate::operator_calls`]): an inspection reads only what is
+//! durable, and a deletion removes the actor's history from the cluster's
+//! database before its local copy.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use weir_store::actor::ActorDb;
 
 use crate::address::{ActorAddress, AddressError};
 use crate::directory::Unreadable;
+use crate::error_code::TurnError;
 use crate::host::ActorHost;
+use crate::operator_calls::{Failure, OperatorAnswer, OperatorCall};
+use crate::turn::{TurnReport, open_storage};
 
 /// Most entries an inspection dumps; a larger actor is paged with `start`.
 pub const MAX_INSPECT_ENTRIES: u32 = 1_000;
@@ -34,10 +40,54 @@ pub enum AdminError {
     /// What does not run in cluster mode yet, named.
     #[error("{0} is not supported in cluster mode")]
     Clustered(&'static str),
+    /// Refused with a code of its own: by the actor's placement (its
+    /// owner could not be reached, the cluster's database did not
+    /// answer), or by the node that owns the actor.
+    #[error("{}", .0.message)]
+    Refused(Failure),
+}
+
+impl AdminError {
+    /// The HTTP status operators are answered with.
+    pub fn status(&self) -> u16 {
+        match self {
+            AdminError::UnknownClass(_) | AdminError::NotFound(_) => 404,
+            AdminError::Address(_) => 400,
+            AdminError::Storage(_) => 500,
+            AdminError::Clustered(_) => 501,
+            AdminError::Refused(failure) => failure.status,
+        }
+    }
+
+    /// The stable code operators are answered with.
+    pub fn code(&self) -> &str {
+        match self {
+            AdminError::UnknownClass(_) => "actor_class_unknown",
+            AdminError::NotFound(_) => "actor_not_found",
+            AdminError::Address(_) => "actor_address_invalid",
+            AdminError::Storage(_) => "storage_failed",
+            AdminError::Clustered(_) => "not_in_cluster_mode",
+            AdminError::Refused(failure) => &failure.code,
+        }
+    }
+}
+
+impl From<TurnError> for AdminError {
+    fn from(code: TurnError) -> Self {
+        use weir_runtime::WeirError;
+        AdminError::Refused(Failure {
+            status: code.status(),
+            code: code.as_str().to_string(),
+            message: format!(
+                "the actor's storage could not be reached: {}",
+                code.as_str()
+            ),
+        })
+    }
 }
 
 /// One actor as operators see it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct ActorSummary {
     pub class: String,
     pub name: String,
@@ -52,7 +102,7 @@ pub struct ActorSummary {
 }
 
 /// One actor in detail.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct ActorDetail {
     #[serde(flatten)]
     pub summary: ActorSummary,
@@ -64,7 +114,7 @@ pub struct ActorDetail {
     pub keys: Option<Vec<EntryView>>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct TimerView {
     pub reason: String,
     pub at_ms: i64,
@@ -72,7 +122,7 @@ pub struct TimerView {
 }
 
 /// An entry: its value as UTF-8 text when it is, else as hex.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct EntryView {
     pub key: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -208,7 +258,8 @@ impl ActorHost {
     /// One actor in detail; with `keys`, its entries from `start` on.
     /// It waits for the actor's turn like any caller and reads between
     /// turns — through the actor's own connection when it is live, else by
-    /// opening its database — so it sees exactly what is committed.
+    /// opening its database — so it sees exactly what is committed (in
+    /// cluster mode, on its owner, what is durable).
     pub async fn inspect(
         &self,
         class: &str,
@@ -216,27 +267,66 @@ impl ActorHost {
         keys: bool,
         start: Option<String>,
     ) -> Result<ActorDetail, AdminError> {
-        let class = self.class(class)?.clone();
+        let class = self.class(class)?;
         let actor = ActorAddress::new(&class.name, name)?;
-        if self.placement.is_some() {
-            // A local copy may be behind its owner's: only the owner could
-            // say what is committed.
-            return Err(AdminError::Clustered("inspecting an actor"));
+        match self
+            .operate(actor, OperatorCall::Inspect { keys, start })
+            .await?
+        {
+            OperatorAnswer::Detail(detail) => Ok(*detail),
+            other => Err(other.unexpected()),
         }
-        if !self.directory.exists(&actor) {
-            return Err(AdminError::NotFound(actor));
+    }
+
+    /// [`ActorHost::inspect`] on the node the actor's turns run on.
+    pub(crate) async fn inspect_here(
+        &self,
+        actor: &ActorAddress,
+        keys: bool,
+        start: Option<String>,
+    ) -> Result<ActorDetail, AdminError> {
+        let class = self.class(&actor.class)?;
+        if self.placement.is_none() && !self.directory.exists(actor) {
+            return Err(AdminError::NotFound(actor.clone()));
         }
-        let claim = self.claim_always(&actor, &class);
-        let live = claim.cell.live.lock().await;
+        let claim = self.claim_always(actor, &class);
+        let mut live = claim.cell.live.lock().await;
         let is_live = live.generation.is_some();
+        if let Some(placement) = &self.placement {
+            if live.gate.as_ref().is_some_and(|g| g.broken().is_some()) {
+                // Nothing of it here is trusted: opened anew below.
+                live.reset();
+            }
+            // An actor that never committed has no history to show (a
+            // call's claim made its row).
+            if live.gate.is_none() && !placement.has_history(actor) {
+                return Err(AdminError::NotFound(actor.clone()));
+            }
+            if live.gate.is_none() {
+                let mut report = TurnReport::default();
+                let ctx = self.context(&claim.cell, &class);
+                match open_storage(&ctx, &mut report).await {
+                    Ok(gate) => live.gate = Some(gate),
+                    Err(why) => {
+                        return Err(report
+                            .error
+                            .map_or(AdminError::Storage(why), AdminError::from));
+                    }
+                }
+            }
+            // What the turns before committed, once it is durable.
+            if let Some(settled) = live.gate.as_ref().and_then(|g| g.settled()) {
+                settled.await.map_err(AdminError::from)?;
+            }
+        }
         let detail = match &live.gate {
-            Some(gate) => gate.with_db(|db| self.read_detail(&actor, db, keys, start)),
+            Some(gate) => gate.with_db(|db| self.read_detail(actor, db, keys, start)),
             None => {
                 let db = self
                     .directory
-                    .open(&actor)
+                    .open(actor)
                     .map_err(|e| AdminError::Storage(e.to_string()))?;
-                self.read_detail(&actor, &db, keys, start)
+                self.read_detail(actor, &db, keys, start)
             }
         };
         drop(live);
@@ -309,19 +399,25 @@ impl ActorHost {
     /// Deletes an actor: waits for its turn, has the layers above let go
     /// of what they keep in its name (its processes and storage slots,
     /// see [`crate::holdings`]), drops it from memory, removes its
-    /// database and its timers. True if it existed.
+    /// database and its timers — in cluster mode on its owner, its
+    /// history in the cluster's database first. True if it existed.
     pub async fn delete(&self, class: &str, name: &str) -> Result<bool, AdminError> {
-        let class = self.class(class)?.clone();
+        let class = self.class(class)?;
         let actor = ActorAddress::new(&class.name, name)?;
-        if self.placement.is_some() {
-            // Its history lives in the cluster's database, not here.
-            return Err(AdminError::Clustered("deleting an actor"));
+        match self.operate(actor, OperatorCall::Delete).await? {
+            OperatorAnswer::Deleted(existed) => Ok(existed),
+            other => Err(other.unexpected()),
         }
-        let claim = self.claim_always(&actor, &class);
+    }
+
+    /// [`ActorHost::delete`] on the node the actor's turns run on.
+    pub(crate) async fn delete_here(&self, actor: &ActorAddress) -> Result<bool, AdminError> {
+        let class = self.class(&actor.class)?;
+        let claim = self.claim_always(actor, &class);
         let mut live = claim.cell.live.lock().await;
         if let Some(holdings) = self.holdings.get() {
             holdings
-                .let_go(&actor)
+                .let_go(actor)
                 .await
                 .map_err(|why| AdminError::Storage(format!("{actor}: {why}")))?;
         }
@@ -329,16 +425,28 @@ impl ActorHost {
         // then the room counts it down when that closes.
         let gate = live.gate.take();
         live.reset();
+        // In cluster mode its history goes first (its commits in flight
+        // settled, so none lands after): a local copy left behind by a
+        // failure is only a cache, checked again before it is used.
+        let forgotten = match &self.placement {
+            Some(placement) => {
+                if let Some(settled) = gate.as_ref().and_then(|g| g.settled()) {
+                    let _ = settled.await;
+                }
+                Some(placement.forget(actor).await.map_err(AdminError::from)?)
+            }
+            None => None,
+        };
         let still_open = gate.is_some_and(|g| Arc::into_inner(g).is_none());
-        self.timers.set(&actor, None);
+        self.timers.set(actor, None);
         let deleted = if still_open {
-            self.directory.delete_open(&actor)
+            self.directory.delete_open(actor)
         } else {
-            self.directory.delete(&actor)
+            self.directory.delete(actor)
         };
         let existed = deleted.map_err(|e| AdminError::Storage(e.to_string()))?;
         drop(live);
         drop(claim);
-        Ok(existed)
+        Ok(forgotten.unwrap_or(existed))
     }
 }

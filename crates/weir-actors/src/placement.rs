@@ -6,9 +6,12 @@
 //!
 //! Invariants the actor host keeps for a placement:
 //! - a call runs here only after [`Placement::locate`] said so; a call
-//!   located elsewhere is handed to [`Placement::forward`] whole; it is
-//!   handed on again (once, after a fresh `locate`) only when it did not
-//!   run where it was sent ([`Forwarded::NotRun`]);
+//!   located elsewhere is handed to [`Placement::forward`] whole (an
+//!   operator's to [`Placement::forward_operator`]); it is handed on again
+//!   (once, after a fresh `locate`) only when it did not run where it was
+//!   sent ([`Forwarded::NotRun`]);
+//! - an actor's history is deleted ([`Placement::forget`]) only where it
+//!   runs, between its turns, once its commits settled;
 //! - an actor's database is opened only through [`Placement::open`], and
 //!   every commit made on it is handed to its [`Durable`] in commit order;
 //! - nothing a turn produced leaves the actor (its response, an outbound
@@ -27,6 +30,7 @@ use weir_store::replica::LogEntry;
 
 use crate::address::ActorAddress;
 use crate::error_code::TurnError;
+use crate::operator_calls::OperatorCall;
 
 /// A future a placement hands back.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -83,6 +87,24 @@ pub trait Placement: Send + Sync + 'static {
         actor: ActorAddress,
         request: http::Request<Bytes>,
     ) -> BoxFuture<'static, Forwarded>;
+
+    /// Hands an operator's call about `actor` to the node at `node`; its
+    /// answer is an [`crate::OperatorAnswer`].
+    fn forward_operator(
+        &self,
+        node: Arc<str>,
+        actor: ActorAddress,
+        call: OperatorCall,
+    ) -> BoxFuture<'static, Forwarded>;
+
+    /// Whether `actor`, which runs here, has committed anything durable
+    /// (an actor no turn ever ran on has no history, whatever made it
+    /// known).
+    fn has_history(&self, actor: &ActorAddress) -> bool;
+
+    /// Deletes the durable history of `actor`, which runs here: true if it
+    /// had any. Its next call starts a new actor.
+    fn forget<'a>(&'a self, actor: &'a ActorAddress) -> BoxFuture<'a, Result<bool, TurnError>>;
 
     /// Opens the actor's database at `path` for its turns here, its local
     /// copy made current first, with the durable half of its commits.

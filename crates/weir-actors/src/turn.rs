@@ -127,6 +127,62 @@ impl TurnReport {
     }
 }
 
+/// Opens the actor's storage (through its placement in cluster mode, its
+/// local copy made current first): what a wake and an operator's
+/// inspection of a hibernated actor start with. A refusal names its code
+/// in `report`.
+pub(crate) async fn open_storage(
+    ctx: &TurnContext<'_>,
+    report: &mut TurnReport,
+) -> Result<Arc<TurnGate>, String> {
+    let refused = |report: &mut TurnReport, e: OpenError, what: &str| {
+        match e {
+            OpenError::TooMany { .. } => report.error = Some(ActorErrorCode::TooMany.into()),
+            OpenError::NoRoom { .. } => report.error = Some(ActorErrorCode::StorageFull.into()),
+            OpenError::Store(_) => {}
+        }
+        format!("{what}: {e}")
+    };
+    // What the room counts for the actor while it is closed: its
+    // files, as they are before anything opens them.
+    let files = ctx.directory.files_bytes(ctx.address);
+    let (mut db, durable) = match ctx.placement {
+        None => match ctx.directory.open(ctx.address) {
+            Ok(db) => (db, None),
+            Err(e) => return Err(refused(report, e, "cannot open the actor's database")),
+        },
+        Some(placement) => {
+            let (path, new) = match ctx.directory.prepare(ctx.address) {
+                Ok(prepared) => prepared,
+                Err(e) => return Err(refused(report, e, "cannot make the actor's place")),
+            };
+            match placement.open(ctx.address, &path).await {
+                Ok((db, durable)) => (db, Some(durable)),
+                Err(code) => {
+                    if new {
+                        ctx.directory.not_made(&path);
+                    }
+                    report.error = Some(code);
+                    return Err(format!(
+                        "cannot open the actor's storage here: {}",
+                        weir_runtime::WeirError::as_str(code)
+                    ));
+                }
+            }
+        }
+    };
+    db.set_max_result_bytes(ctx.code.limits.max_sql_result_bytes);
+    let room = RoomShare::open(
+        ctx.directory.room().clone(),
+        ctx.directory.path(ctx.address),
+        &mut db,
+        files,
+        ctx.code.limits.max_database_bytes,
+    )
+    .map_err(|e| format!("cannot bound the actor's storage: {e}"))?;
+    Ok(TurnGate::open(db, room, durable))
+}
+
 /// Makes sure the actor has an open database and a live generation.
 pub(crate) async fn wake(
     ctx: &TurnContext<'_>,
@@ -140,52 +196,7 @@ pub(crate) async fn wake(
         live.reset();
     }
     if live.gate.is_none() {
-        let refused = |report: &mut TurnReport, e: OpenError, what: &str| {
-            match e {
-                OpenError::TooMany { .. } => report.error = Some(ActorErrorCode::TooMany.into()),
-                OpenError::NoRoom { .. } => report.error = Some(ActorErrorCode::StorageFull.into()),
-                OpenError::Store(_) => {}
-            }
-            format!("{what}: {e}")
-        };
-        // What the room counts for the actor while it is closed: its
-        // files, as they are before anything opens them.
-        let files = ctx.directory.files_bytes(ctx.address);
-        let (mut db, durable) = match ctx.placement {
-            None => match ctx.directory.open(ctx.address) {
-                Ok(db) => (db, None),
-                Err(e) => return Err(refused(report, e, "cannot open the actor's database")),
-            },
-            Some(placement) => {
-                let (path, new) = match ctx.directory.prepare(ctx.address) {
-                    Ok(prepared) => prepared,
-                    Err(e) => return Err(refused(report, e, "cannot make the actor's place")),
-                };
-                match placement.open(ctx.address, &path).await {
-                    Ok((db, durable)) => (db, Some(durable)),
-                    Err(code) => {
-                        if new {
-                            ctx.directory.not_made(&path);
-                        }
-                        report.error = Some(code);
-                        return Err(format!(
-                            "cannot open the actor's storage here: {}",
-                            weir_runtime::WeirError::as_str(code)
-                        ));
-                    }
-                }
-            }
-        };
-        db.set_max_result_bytes(ctx.code.limits.max_sql_result_bytes);
-        let room = RoomShare::open(
-            ctx.directory.room().clone(),
-            ctx.directory.path(ctx.address),
-            &mut db,
-            files,
-            ctx.code.limits.max_database_bytes,
-        )
-        .map_err(|e| format!("cannot bound the actor's storage: {e}"))?;
-        live.gate = Some(TurnGate::open(db, room, durable));
+        live.gate = Some(open_storage(ctx, report).await?);
     }
     if live.generation.is_some() {
         if live.install == ctx.install {

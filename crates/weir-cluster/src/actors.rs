@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use weir_actors::call_chain::CallChain;
 use weir_actors::placement::{BoxFuture, Durable, Opened};
-use weir_actors::{ActorAddress, Forwarded, Location, Placement, Refusal, TurnError};
+use weir_actors::{ActorAddress, Forwarded, Location, OperatorCall, Placement, Refusal, TurnError};
 use weir_store::Durability;
 use weir_store::actor::{ActorDb, PAGE_BYTES};
 use weir_store::replica::LogEntry;
@@ -114,6 +114,39 @@ impl Placement for ActorPlacement {
             chain,
         };
         Box::pin(async move { forwarder.call(&node, &target, request).await })
+    }
+
+    fn forward_operator(
+        &self,
+        node: Arc<str>,
+        actor: ActorAddress,
+        call: OperatorCall,
+    ) -> BoxFuture<'static, Forwarded> {
+        let forwarder = self.forwarder.clone();
+        let target = Target::Operator {
+            app: self.app.clone(),
+            class: actor.class,
+            name: actor.name,
+            call,
+        };
+        let request = http::Request::new(Bytes::new());
+        Box::pin(async move { forwarder.call(&node, &target, request).await })
+    }
+
+    fn has_history(&self, actor: &ActorAddress) -> bool {
+        self.ownership
+            .owned(&actor_key(&self.app, actor))
+            .is_some_and(|owned| owned.state.head > 0)
+    }
+
+    fn forget<'a>(&'a self, actor: &'a ActorAddress) -> BoxFuture<'a, Result<bool, TurnError>> {
+        Box::pin(async move {
+            let key = actor_key(&self.app, actor);
+            let forgotten = self.ownership.forget(&key).await;
+            self.records.forget(&key);
+            tracing::info!(key, ok = forgotten.is_ok(), "deleted an actor's history");
+            Ok(forgotten?)
+        })
     }
 
     fn open<'a>(

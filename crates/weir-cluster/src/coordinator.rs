@@ -12,7 +12,10 @@
 //! - a commit is accepted only from the owning session, at the object's
 //!   current epoch and head, while that session's lease is live; it
 //!   appends its log entries and moves the head in one step, or does
-//!   nothing.
+//!   nothing;
+//! - an object is deleted only by its owning session, at its current
+//!   epoch, while that session's lease is live, and whole: its row, log
+//!   and snapshots go in one step, or nothing does.
 //!
 //! A second implementation (the deterministic simulation's, in the tests)
 //! keeps the same rules in memory, so the node-side protocol code that runs
@@ -106,6 +109,19 @@ pub enum Claimed {
     LeaseLost,
 }
 
+/// How a deletion ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deleted {
+    /// Deleted; its row was at this head.
+    Deleted { head: u64 },
+    /// No object has the fence's id (an earlier deletion whose answer
+    /// was lost took it): nothing is left to delete.
+    Gone,
+    /// The object is there and the fence no longer holds it (another
+    /// owner, another epoch, or a lapsed lease): nothing was deleted.
+    Fenced,
+}
+
 /// How a lease renewal ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Renewal {
@@ -197,6 +213,12 @@ pub trait Coordinator: Send + Sync + 'static {
     /// Stores a snapshot at `head` and drops the log and snapshots it
     /// makes redundant; `false` when the fence no longer holds.
     async fn snapshot(&self, fence: Fence, head: u64, ltx: &[u8]) -> Result<bool, CoordError>;
+
+    /// Deletes the object the fence names — its row, its log and its
+    /// snapshots, in one step — where the fence still holds. A later
+    /// claim of its key makes a new row, with a new id, that no fence of
+    /// the old one matches.
+    async fn delete(&self, fence: Fence) -> Result<Deleted, CoordError>;
 
     /// The history of object `id` up to `head`.
     async fn history(&self, id: i64, head: u64) -> Result<History, CoordError>;

@@ -11,6 +11,7 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use weir_actors::OperatorCall;
 use weir_actors::call_chain::MAX_CALL_DEPTH;
 
 /// Headers one envelope carries at most: far more than any request's head
@@ -33,11 +34,23 @@ pub enum Target {
     Kv { app: String, store: String },
     /// A SQL batch for database `database` of `app`.
     Sql { app: String, database: String },
+    /// An operator's call about actor `name` of `class` of `app` (the
+    /// request is empty; the answer is a `weir_actors::OperatorAnswer`).
+    Operator {
+        app: String,
+        class: String,
+        name: String,
+        call: OperatorCall,
+    },
 }
 
 const ACTOR: u8 = 1;
 const KV: u8 = 2;
 const SQL: u8 = 3;
+const OPERATOR: u8 = 4;
+const INSPECT: u8 = 1;
+const INSPECT_FROM: u8 = 2;
+const DELETE: u8 = 3;
 const ANSWERED: u8 = 0;
 const NOT_RUN: u8 = 1;
 
@@ -117,6 +130,30 @@ fn get_headers(buf: &mut Bytes) -> Result<HeaderMap, Malformed> {
     Ok(headers)
 }
 
+fn get_operator_call(buf: &mut Bytes) -> Result<OperatorCall, Malformed> {
+    let keys = |buf: &mut Bytes| match get_u8(buf)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(Malformed("an inspection's keys flag")),
+    };
+    Ok(match get_u8(buf)? {
+        INSPECT => OperatorCall::Inspect {
+            keys: keys(buf)?,
+            start: None,
+        },
+        INSPECT_FROM => OperatorCall::Inspect {
+            keys: keys(buf)?,
+            start: Some({
+                let len = get_u32(buf)? as usize;
+                String::from_utf8(take(buf, len)?.to_vec())
+                    .map_err(|_| Malformed("a key is not UTF-8"))?
+            }),
+        },
+        DELETE => OperatorCall::Delete,
+        _ => return Err(Malformed("an unknown operator's call")),
+    })
+}
+
 /// Encodes a call to `target`.
 pub fn encode_request(target: &Target, request: &http::Request<Bytes>) -> Result<Bytes, Malformed> {
     let body = request.body();
@@ -151,6 +188,32 @@ pub fn encode_request(target: &Target, request: &http::Request<Bytes>) -> Result
             put_str16(&mut out, app.as_bytes())?;
             put_str16(&mut out, database.as_bytes())?;
         }
+        Target::Operator {
+            app,
+            class,
+            name,
+            call,
+        } => {
+            out.put_u8(OPERATOR);
+            put_str16(&mut out, app.as_bytes())?;
+            put_str16(&mut out, class.as_bytes())?;
+            put_str16(&mut out, name.as_bytes())?;
+            match call {
+                OperatorCall::Inspect { keys, start: None } => {
+                    out.put_u8(INSPECT);
+                    out.put_u8(u8::from(*keys));
+                }
+                OperatorCall::Inspect {
+                    keys,
+                    start: Some(start),
+                } => {
+                    out.put_u8(INSPECT_FROM);
+                    out.put_u8(u8::from(*keys));
+                    put_bytes32(&mut out, start.as_bytes())?;
+                }
+                OperatorCall::Delete => out.put_u8(DELETE),
+            }
+        }
     }
     put_str16(&mut out, request.method().as_str().as_bytes())?;
     put_bytes32(&mut out, request.uri().to_string().as_bytes())?;
@@ -183,6 +246,12 @@ pub fn decode_request(mut buf: Bytes) -> Result<(Target, http::Request<Bytes>), 
         SQL => Target::Sql {
             app: get_string(&mut buf)?,
             database: get_string(&mut buf)?,
+        },
+        OPERATOR => Target::Operator {
+            app: get_string(&mut buf)?,
+            class: get_string(&mut buf)?,
+            name: get_string(&mut buf)?,
+            call: get_operator_call(&mut buf)?,
         },
         _ => return Err(Malformed("an unknown target")),
     };
@@ -300,6 +369,53 @@ mod tests {
             decode_answer(encode_answer(&Answer::NotRun).unwrap()),
             Ok(Answer::NotRun)
         ));
+    }
+
+    #[test]
+    fn operators_calls_survive_the_trip_and_unknown_ones_are_refused() {
+        let request = http::Request::new(Bytes::new());
+        for call in [
+            OperatorCall::Delete,
+            OperatorCall::Inspect {
+                keys: false,
+                start: None,
+            },
+            OperatorCall::Inspect {
+                keys: true,
+                start: Some("k\u{e9}y/2".into()),
+            },
+        ] {
+            let target = Target::Operator {
+                app: "shop".into(),
+                class: "cart".into(),
+                name: "n".into(),
+                call,
+            };
+            let whole = encode_request(&target, &request).unwrap();
+            let (back, _) = decode_request(whole.clone()).unwrap();
+            assert_eq!(back, target);
+            // The request is empty: every cut is inside the head.
+            for cut in 0..whole.len() {
+                assert!(decode_request(whole.slice(..cut)).is_err(), "cut at {cut}");
+            }
+        }
+        let mut forged = BytesMut::new();
+        forged.put_u8(OPERATOR);
+        for part in ["a", "c", "n"] {
+            put_str16(&mut forged, part.as_bytes()).unwrap();
+        }
+        let mut unknown = forged.clone();
+        unknown.put_u8(9);
+        assert_eq!(
+            decode_request(unknown.freeze()).unwrap_err(),
+            Malformed("an unknown operator's call")
+        );
+        forged.put_u8(INSPECT);
+        forged.put_u8(2);
+        assert_eq!(
+            decode_request(forged.freeze()).unwrap_err(),
+            Malformed("an inspection's keys flag")
+        );
     }
 
     #[test]

@@ -38,11 +38,13 @@ use crate::stores::StorePlacement;
 
 /// The version of the envelope ([`crate::envelope`]) this build speaks,
 /// in the path calls are posted to: a change of the envelope's format is a
-/// new version. Version 1 carried no call chain; 2 carries it.
-pub const CALL_VERSION: u32 = 2;
+/// new version. Version 1 carried no call chain; 2 carries it; 3 adds
+/// operators' calls (an actor's inspection and deletion, run by its
+/// owner).
+pub const CALL_VERSION: u32 = 3;
 
 /// The path calls between nodes are posted to.
-pub const CALL_PATH: &str = "/weir/cluster/v2/call";
+pub const CALL_PATH: &str = "/weir/cluster/v3/call";
 
 /// The paths of every version: `CALL_PREFIX` + `v<N>` + `CALL_SUFFIX`.
 const CALL_PREFIX: &str = "/weir/cluster/";
@@ -168,6 +170,23 @@ impl Served {
                 };
                 match stores.forwarded_sql(&database, request.into_body()).await {
                     Some(body) => Answer::Answered(Response::new(body)),
+                    None => Answer::NotRun,
+                }
+            }
+            Target::Operator {
+                app,
+                class,
+                name,
+                call,
+            } => {
+                let Some(host) = self.actors.get().and_then(|a| a.get(&app)) else {
+                    return Answer::NotRun;
+                };
+                let Ok(address) = ActorAddress::new(&class, &name) else {
+                    return Answer::NotRun;
+                };
+                match host.operate_forwarded(address, call).await {
+                    Some(response) => Answer::Answered(response),
                     None => Answer::NotRun,
                 }
             }
@@ -373,6 +392,7 @@ mod tests {
             Some(CALL_VERSION.to_string().as_str())
         );
         assert_eq!(call_version("/weir/cluster/v1/call"), Some("1"));
+        assert_eq!(call_version("/weir/cluster/v2/call"), Some("2"));
         for other in [
             "/weir/cluster/v/call",
             "/weir/cluster/vx/call",

@@ -21,7 +21,9 @@ use std::sync::{Arc, Mutex};
 use sha2::{Digest, Sha256};
 
 use crate::committer::Committer;
-use crate::coordinator::{Claimed, CoordError, Coordinator, Fence, NodeInfo, ObjectState, Owner};
+use crate::coordinator::{
+    Claimed, CoordError, Coordinator, Deleted, Fence, NodeInfo, ObjectState, Owner,
+};
 use crate::counters::{Counters, add};
 use crate::error_code::ClusterErrorCode;
 use crate::lease::{Held, Lease};
@@ -258,6 +260,26 @@ impl Ownership {
             owned.state.head = head;
             owned.state.checksum = checksum;
             owned.state.log_bytes = log_bytes;
+        }
+    }
+
+    /// Deletes `key`'s history at the coordinator, while this node owns
+    /// it: true if it had any (a head past 0). After it the node owns
+    /// nothing of that key, and a later claim makes a new object.
+    pub async fn forget(&self, key: &str) -> Result<bool, ClusterErrorCode> {
+        let owned = self.owned(key).ok_or(ClusterErrorCode::OwnershipLost)?;
+        let deleted = self
+            .coordinator
+            .delete(owned.fence())
+            .await
+            .map_err(unavailable)?;
+        self.lost(key);
+        match deleted {
+            Deleted::Deleted { head } => Ok(head > 0),
+            // Deleted by an earlier try whose answer was lost.
+            Deleted::Gone => Ok(false),
+            // Another node owns it now, or this node's lease lapsed.
+            Deleted::Fenced => Err(ClusterErrorCode::OwnershipLost),
         }
     }
 

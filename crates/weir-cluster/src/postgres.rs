@@ -17,8 +17,8 @@ use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
 use crate::coordinator::{
-    Claimed, CoordError, Coordinator, DueObject, Fence, History, NodeInfo, ObjectState, Owner,
-    Registration, Renewal, SessionId, ShipBatch,
+    Claimed, CoordError, Coordinator, Deleted, DueObject, Fence, History, NodeInfo, ObjectState,
+    Owner, Registration, Renewal, SessionId, ShipBatch,
 };
 
 /// Connections one node keeps to PostgreSQL at most: every actor shipping
@@ -553,6 +553,51 @@ impl Coordinator for Postgres {
                 });
             }
             Ok(stored)
+        })
+        .await
+    }
+
+    async fn delete(&self, fence: Fence) -> Result<Deleted, CoordError> {
+        timed(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(classify)?;
+            // The row first: its lock waits for any commit or snapshot that
+            // holds it, so the statements after it see what they wrote,
+            // and any that comes later finds no row and writes nothing.
+            let head = tx
+                .query_opt(
+                    &format!(
+                        "DELETE FROM weir_objects o
+                         WHERE o.id = $1 AND o.owner = $2 AND o.epoch = $3 AND {LIVE}
+                         RETURNING o.head"
+                    ),
+                    &[&fence.object, &fence.session, &fence.epoch],
+                )
+                .await
+                .map_err(classify)?
+                .map(|row| row.get::<_, i64>(0) as u64);
+            let Some(head) = head else {
+                let there = tx
+                    .query_opt("SELECT 1 FROM weir_objects WHERE id = $1", &[&fence.object])
+                    .await
+                    .map_err(classify)?;
+                return Ok(if there.is_some() {
+                    Deleted::Fenced
+                } else {
+                    Deleted::Gone
+                });
+            };
+            tx.execute("DELETE FROM weir_log WHERE object = $1", &[&fence.object])
+                .await
+                .map_err(classify)?;
+            tx.execute(
+                "DELETE FROM weir_snapshots WHERE object = $1",
+                &[&fence.object],
+            )
+            .await
+            .map_err(classify)?;
+            tx.commit().await.map_err(classify)?;
+            Ok(Deleted::Deleted { head })
         })
         .await
     }

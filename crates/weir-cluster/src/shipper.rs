@@ -148,6 +148,11 @@ impl Records {
             r.broken = true;
         }
     }
+
+    /// `key`'s history was deleted: nothing is known of a local copy.
+    pub fn forget(&self, key: &str) {
+        self.lock().remove(key);
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]

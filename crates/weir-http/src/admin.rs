@@ -295,14 +295,8 @@ pub(crate) fn error(status: StatusCode, code: &str, message: &str) -> Response<S
 }
 
 fn admin_error(e: AdminError) -> Response<ServeBody> {
-    let (status, code) = match &e {
-        AdminError::UnknownClass(_) => (StatusCode::NOT_FOUND, "actor_class_unknown"),
-        AdminError::NotFound(_) => (StatusCode::NOT_FOUND, "actor_not_found"),
-        AdminError::Address(_) => (StatusCode::BAD_REQUEST, "actor_address_invalid"),
-        AdminError::Storage(_) => (StatusCode::INTERNAL_SERVER_ERROR, "storage_failed"),
-        AdminError::Clustered(_) => (StatusCode::NOT_IMPLEMENTED, "not_in_cluster_mode"),
-    };
-    error(status, code, &e.to_string())
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    error(status, e.code(), &e.to_string())
 }
 
 pub(crate) fn query<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {

@@ -194,7 +194,7 @@ async fn the_internal_listener_refuses_strangers_and_guests_cannot_reach_it() {
         .unwrap();
     // No secret, a wrong one: refused before anything is read or run.
     for secret in [None, Some("not-the-secret-at-all-0000")] {
-        let mut req = Request::post("/weir/cluster/v2/call").header("host", internal.to_string());
+        let mut req = Request::post("/weir/cluster/v3/call").header("host", internal.to_string());
         if let Some(s) = secret {
             req = req.header("x-weir-cluster-secret", s);
         }
@@ -219,15 +219,15 @@ async fn the_internal_listener_refuses_strangers_and_guests_cannot_reach_it() {
     };
     // A call of the envelope version before this build's (a node of an
     // older build, as in a rolling upgrade): 400, named, nothing read.
-    let r = truncated("/weir/cluster/v1/call").await.unwrap();
+    let r = truncated("/weir/cluster/v2/call").await.unwrap();
     assert_eq!(r.status, 400);
     assert_eq!(
         r.text(),
-        "a call of version 1 from a node of another Weir build; this node speaks version 2: \
+        "a call of version 2 from a node of another Weir build; this node speaks version 3: \
          every node of a cluster must run the same build\n"
     );
     // The secret with a malformed envelope: 400, nothing runs.
-    let r = truncated("/weir/cluster/v2/call").await.unwrap();
+    let r = truncated("/weir/cluster/v3/call").await.unwrap();
     assert_eq!(r.status, 400);
     drop(n1);
     // A guest allowed every loopback port still cannot reach the node's
@@ -243,7 +243,7 @@ async fn the_internal_listener_refuses_strangers_and_guests_cannot_reach_it() {
     let internal = status["cluster"]["address"].as_str().unwrap().to_string();
     let port = internal.rsplit_once(':').unwrap().1;
     for url in [
-        format!("http://{internal}/weir/cluster/v2/call"),
+        format!("http://{internal}/weir/cluster/v3/call"),
         format!("http://localhost:{port}/"),
         format!("http://0.0.0.0:{port}/"),
     ] {
@@ -251,6 +251,141 @@ async fn the_internal_listener_refuses_strangers_and_guests_cannot_reach_it() {
         assert_eq!(r.status, 502, "{url}");
         assert_eq!(r.text(), "ErrorCode::HttpRequestDenied", "{url}");
     }
+}
+
+/// Waits until `sql` (a count) answers more than zero, for at most 30 s.
+fn until_counted(pg: &Postgres, sql: &str) -> u64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let n: u64 = pg.psql("weir", sql).parse().unwrap();
+        if n > 0 || std::time::Instant::now() > deadline {
+            return n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_inspects_and_deletes_an_actor_through_any_node_and_its_history_leaves_the_database()
+ {
+    let mut pg = Postgres::start();
+    let nodes: Vec<Weir> = ["n1", "n2"]
+        .iter()
+        .map(|n| node(&pg, n, &node_dir("operators", n), &[]))
+        .collect();
+    // A history: three increments, and enough bytes written twice over
+    // that a snapshot is taken (its log passes 1 MiB and the database).
+    for i in 1..=3u64 {
+        assert_eq!(incr(&nodes[0], "gone").await.text(), i.to_string());
+    }
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..8 {
+        let body: String = (0..600 << 10)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                char::from(b"0123456789abcdef"[(seed & 15) as usize])
+            })
+            .collect();
+        let r = nodes[1]
+            .send(
+                Request::post(format!("/probe/gone/put?key=big{}", i % 4))
+                    .body(Full::new(Bytes::from(body)))
+                    .unwrap(),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+    }
+    let key = actor_key("gone");
+    let id = pg.psql(
+        "weir",
+        &format!("SELECT id FROM weir_objects WHERE key = '{key}'"),
+    );
+    let snapshots = format!("SELECT count(*) FROM weir_snapshots WHERE object = {id}");
+    let logged = format!("SELECT count(*) FROM weir_log WHERE object = {id}");
+    assert!(until_counted(&pg, &snapshots) > 0, "a snapshot was taken");
+    assert!(until_counted(&pg, &logged) > 0, "a log after it");
+    let owner = pg.owner(&key).expect("an owner");
+    let (owns, other) = if owner == "n1" {
+        (&nodes[0], &nodes[1])
+    } else {
+        (&nodes[1], &nodes[0])
+    };
+    // Inspected through either node: its owner reads what is durable.
+    for n in [owns, other] {
+        let r = n.admin_get("/actors/probe/gone?keys=1").await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        let detail = r.json();
+        assert_eq!(detail["name"], "gone");
+        assert_eq!(detail["entries"], 5, "{detail}");
+        let keys: Vec<&str> = detail["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["key"].as_str().unwrap())
+            .collect();
+        assert_eq!(keys, ["big0", "big1", "big2", "big3", "n"]);
+        assert_eq!(detail["keys"][4]["text"], "3");
+        // From a key on, as a page.
+        let r = n.admin_get("/actors/probe/gone?keys=1&start=big3").await;
+        assert_eq!(r.json()["keys"].as_array().unwrap().len(), 2);
+    }
+    // An actor no call ever reached is not found, through either node.
+    for n in [owns, other] {
+        let r = n.admin_get("/actors/probe/never").await;
+        assert_eq!(r.status, 404, "{:?}", r.body);
+        assert_eq!(r.json()["error"], "actor_not_found");
+    }
+    // Deleted through the node that does not own it: the owner deletes
+    // its row, log and snapshots, and its local copy.
+    let r = other.admin_send("DELETE", "/actors/probe/gone").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.json()["deleted"], true);
+    let rows = format!("SELECT count(*) FROM weir_objects WHERE key = '{key}'");
+    assert_eq!(pg.psql("weir", &rows), "0");
+    assert_eq!(pg.psql("weir", &snapshots), "0");
+    assert_eq!(pg.psql("weir", &logged), "0");
+    let listed = owns.admin_get("/actors/probe").await.json();
+    assert_eq!(
+        listed["actors"],
+        json!([]),
+        "the owner's local copy is gone"
+    );
+    for n in [owns, other] {
+        let r = n.admin_get("/actors/probe/gone").await;
+        assert_eq!(r.status, 404, "{:?}", r.body);
+    }
+    // Called again, it is a new actor.
+    assert_eq!(incr(other, "gone").await.text(), "1");
+    // Deleting an actor no call reached says so, and leaves no row.
+    let r = owns.admin_send("DELETE", "/actors/probe/never").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.json()["deleted"], false);
+    assert_eq!(
+        pg.psql(
+            "weir",
+            &format!(
+                "SELECT count(*) FROM weir_objects WHERE key = '{}'",
+                actor_key("never")
+            )
+        ),
+        "0"
+    );
+    // With the database down a deletion is refused by name, and deletes
+    // nothing: the actor goes on where it was once the database returns.
+    for i in 1..=2u64 {
+        assert_eq!(incr(&nodes[0], "kept").await.text(), i.to_string());
+    }
+    pg.stop("INT");
+    for n in &nodes {
+        let r = n.admin_send("DELETE", "/actors/probe/kept").await;
+        assert_eq!(r.status, 503, "{:?}", r.body);
+        assert_eq!(r.json()["error"], "storage_unavailable");
+    }
+    pg.run();
+    let r = until_ok(&nodes[1], "POST", "/probe/kept/incr", "").await;
+    assert_eq!(r.text(), "3");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -271,10 +406,6 @@ async fn what_does_not_run_in_cluster_mode_is_refused_by_name() {
         .await;
     assert_eq!(r.status, 501);
     assert_eq!(r.json()["error"], "cluster_unsupported");
-    // Inspecting an actor: only its owner knows what is committed.
-    let r = n1.admin_send("GET", "/actors/probe/a").await;
-    assert_eq!(r.status, 501, "{:?}", r.body);
-    assert_eq!(r.json()["error"], "not_in_cluster_mode");
     // A database bound past what one PostgreSQL value holds (a snapshot
     // is one): refused at start, naming the limit and the most allowed.
     let (url, dir, app) = (pg.url(), node_dir("refused", "n2"), guest("gateway"));

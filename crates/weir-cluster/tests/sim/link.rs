@@ -11,8 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 use weir_cluster::coordinator::{
-    Claimed, CoordError, Coordinator, DueObject, Fence, History, Owner, Registration, Renewal,
-    SessionId, ShipBatch,
+    Claimed, CoordError, Coordinator, Deleted, DueObject, Fence, History, Owner, Registration,
+    Renewal, SessionId, ShipBatch,
 };
 
 use super::model::Model;
@@ -195,6 +195,10 @@ impl Coordinator for Link {
     async fn snapshot(&self, fence: Fence, head: u64, ltx: &[u8]) -> Result<bool, CoordError> {
         let bytes = ltx.to_vec();
         self.call(move |m| m.snapshot(fence, head, &bytes)).await
+    }
+
+    async fn delete(&self, fence: Fence) -> Result<Deleted, CoordError> {
+        self.call(move |m| m.delete(fence)).await
     }
 
     async fn history(&self, id: i64, head: u64) -> Result<History, CoordError> {

@@ -9,8 +9,8 @@ use std::sync::Mutex;
 use super::object::unframe;
 use tokio::time::Instant;
 use weir_cluster::coordinator::{
-    Claimed, DueObject, Entry, Fence, History, NodeInfo, ObjectState, Owner, Registration, Renewal,
-    SessionId,
+    Claimed, Deleted, DueObject, Entry, Fence, History, NodeInfo, ObjectState, Owner, Registration,
+    Renewal, SessionId,
 };
 
 /// The Unix time the simulation's clock starts at, in ms.
@@ -303,6 +303,28 @@ impl Model {
         row.alarm_at = alarm;
         row.log_bytes += bytes;
         true
+    }
+
+    /// Deletes the object the fence names, whole, while the fence holds
+    /// (as PostgreSQL's does): the head its row had.
+    pub fn delete(&self, fence: Fence) -> Deleted {
+        let mut s = self.lock();
+        let live = Model::live(&s, fence.session);
+        let Some((key, row)) = s
+            .rows
+            .iter()
+            .find(|(_, r)| r.id == fence.object)
+            .map(|(k, r)| (k.clone(), *r))
+        else {
+            return Deleted::Gone;
+        };
+        if row.owner != Some(fence.session) || row.epoch != fence.epoch || !live {
+            return Deleted::Fenced;
+        }
+        s.rows.remove(&key);
+        s.log.remove(&fence.object);
+        s.snapshots.remove(&fence.object);
+        Deleted::Deleted { head: row.head }
     }
 
     /// Stores a snapshot at `head` while the fence holds and the row is
