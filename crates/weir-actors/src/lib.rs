@@ -63,5 +63,5 @@ pub use limits::ActorLimits;
 pub use metrics::ActorMetrics;
 pub use operator_calls::{Failure, OperatorAnswer, OperatorCall};
 pub use operators::AdminError;
-pub use placement::{Durable, Forwarded, Location, Placement, Refusal};
+pub use placement::{Durable, Forwarded, Known, Location, Placement, Refusal};
 pub use storage_room::StorageRoom;

@@ -96,9 +96,14 @@ pub struct ActorSummary {
     /// Callers queued for a turn that still want it (a caller that left
     /// stays queued, but is skipped when its turn comes).
     pub waiting: usize,
+    /// What its database takes on this server's disk (in cluster mode,
+    /// its local copy here: 0 where this node holds none).
     pub storage_bytes: u64,
     /// Earliest timer, ms since the Unix epoch.
     pub next_timer_ms: Option<i64>,
+    /// Cluster mode: the node that owns it now, if one does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// One actor in detail.
@@ -229,11 +234,14 @@ impl ActorHost {
             next_timer_ms: self.timers.get(actor),
             class: actor.class.clone(),
             name: actor.name.clone(),
+            owner: None,
         }
     }
 
-    /// The actors of a class (every class when `None`), live or hibernated.
-    pub fn list(&self, class: Option<&str>) -> Result<Vec<ActorSummary>, AdminError> {
+    /// The actors of a class (every class when `None`), live or hibernated:
+    /// those with a database here, or, in cluster mode, those with history
+    /// in the cluster's database, wherever they run.
+    pub async fn list(&self, class: Option<&str>) -> Result<Vec<ActorSummary>, AdminError> {
         let mut classes: Vec<&String> = match class {
             Some(name) => {
                 self.class(name)?;
@@ -244,12 +252,24 @@ impl ActorHost {
         classes.sort();
         let mut out = Vec::new();
         for class in classes {
-            for actor in self
-                .directory
-                .list(class)
-                .map_err(|e| AdminError::Storage(e.to_string()))?
-            {
-                out.push(self.summary(&actor));
+            let Some(placement) = &self.placement else {
+                for actor in self
+                    .directory
+                    .list(class)
+                    .map_err(|e| AdminError::Storage(e.to_string()))?
+                {
+                    out.push(self.summary(&actor));
+                }
+                continue;
+            };
+            for known in placement.list(class).await? {
+                let Ok(actor) = ActorAddress::new(class, &known.name) else {
+                    continue;
+                };
+                let mut summary = self.summary(&actor);
+                summary.next_timer_ms = known.next_timer_ms;
+                summary.owner = known.owner;
+                out.push(summary);
             }
         }
         Ok(out)

@@ -54,6 +54,16 @@ pub enum Location {
     Elsewhere(Arc<str>),
 }
 
+/// An actor a placement keeps beyond this process, as operators list it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Known {
+    pub name: String,
+    /// Its earliest timer, ms since the Unix epoch.
+    pub next_timer_ms: Option<i64>,
+    /// The node that owns it now, if one does.
+    pub owner: Option<String>,
+}
+
 /// How a call handed to another node ended.
 #[derive(Debug)]
 pub enum Forwarded {
@@ -96,6 +106,10 @@ pub trait Placement: Send + Sync + 'static {
         actor: ActorAddress,
         call: OperatorCall,
     ) -> BoxFuture<'static, Forwarded>;
+
+    /// The actors of `class` with durable history, wherever they run, in
+    /// name order.
+    fn list<'a>(&'a self, class: &'a str) -> BoxFuture<'a, Result<Vec<Known>, TurnError>>;
 
     /// Whether `actor`, which runs here, has committed anything durable
     /// (an actor no turn ever ran on has no history, whatever made it

@@ -12,7 +12,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use weir_actors::call_chain::CallChain;
 use weir_actors::placement::{BoxFuture, Durable, Opened};
-use weir_actors::{ActorAddress, Forwarded, Location, OperatorCall, Placement, Refusal, TurnError};
+use weir_actors::{
+    ActorAddress, Forwarded, Known, Location, OperatorCall, Placement, Refusal, TurnError,
+};
 use weir_store::Durability;
 use weir_store::actor::{ActorDb, PAGE_BYTES};
 use weir_store::replica::LogEntry;
@@ -131,6 +133,31 @@ impl Placement for ActorPlacement {
         };
         let request = http::Request::new(Bytes::new());
         Box::pin(async move { forwarder.call(&node, &target, request).await })
+    }
+
+    fn list<'a>(&'a self, class: &'a str) -> BoxFuture<'a, Result<Vec<Known>, TurnError>> {
+        Box::pin(async move {
+            let prefix = format!("actor/{}/{class}/", self.app);
+            let listed = self
+                .ownership
+                .coordinator()
+                .list(&prefix)
+                .await
+                .map_err(|e| {
+                    tracing::warn!(error = %e, "cannot list actors");
+                    TurnError::from(ClusterErrorCode::StorageUnavailable)
+                })?;
+            Ok(listed
+                .into_iter()
+                .filter_map(|l| {
+                    Some(Known {
+                        name: l.key.strip_prefix(&prefix)?.to_string(),
+                        next_timer_ms: l.alarm_at,
+                        owner: l.owner,
+                    })
+                })
+                .collect())
+        })
     }
 
     fn has_history(&self, actor: &ActorAddress) -> bool {

@@ -109,6 +109,16 @@ pub enum Claimed {
     LeaseLost,
 }
 
+/// An object with history, as an operator's listing shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    pub key: String,
+    /// Its next alarm, ms since the Unix epoch.
+    pub alarm_at: Option<i64>,
+    /// The name of the live node that owns it now, if one does.
+    pub owner: Option<String>,
+}
+
 /// How a deletion ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Deleted {
@@ -219,6 +229,10 @@ pub trait Coordinator: Send + Sync + 'static {
     /// claim of its key makes a new row, with a new id, that no fence of
     /// the old one matches.
     async fn delete(&self, fence: Fence) -> Result<Deleted, CoordError>;
+
+    /// The objects whose key starts with `prefix` and that have history
+    /// (a head past 0), in key order.
+    async fn list(&self, prefix: &str) -> Result<Vec<Listed>, CoordError>;
 
     /// The history of object `id` up to `head`.
     async fn history(&self, id: i64, head: u64) -> Result<History, CoordError>;

@@ -17,8 +17,8 @@ use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
 use crate::coordinator::{
-    Claimed, CoordError, Coordinator, Deleted, DueObject, Fence, History, NodeInfo, ObjectState,
-    Owner, Registration, Renewal, SessionId, ShipBatch,
+    Claimed, CoordError, Coordinator, Deleted, DueObject, Fence, History, Listed, NodeInfo,
+    ObjectState, Owner, Registration, Renewal, SessionId, ShipBatch,
 };
 
 /// Connections one node keeps to PostgreSQL at most: every actor shipping
@@ -598,6 +598,32 @@ impl Coordinator for Postgres {
             .map_err(classify)?;
             tx.commit().await.map_err(classify)?;
             Ok(Deleted::Deleted { head })
+        })
+        .await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Listed>, CoordError> {
+        timed(async {
+            let client = self.client().await?;
+            // `left(…) = $1`, not `LIKE`: a prefix's `_` and `%` are its own.
+            let rows = client
+                .query(
+                    "SELECT o.key, o.alarm_at, n.name FROM weir_objects o
+                     LEFT JOIN weir_nodes n ON n.session = o.owner AND n.expires_at > now()
+                     WHERE left(o.key, length($1)) = $1 AND o.head > 0
+                     ORDER BY o.key",
+                    &[&prefix],
+                )
+                .await
+                .map_err(classify)?;
+            Ok(rows
+                .iter()
+                .map(|row| Listed {
+                    key: row.get(0),
+                    alarm_at: row.get(1),
+                    owner: row.get(2),
+                })
+                .collect())
         })
         .await
     }

@@ -316,11 +316,11 @@ async fn actors_route(
 ) -> Response<ServeBody> {
     let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
     match (req.method(), parts.as_slice()) {
-        (&Method::GET, []) => match host.list(None) {
+        (&Method::GET, []) => match host.list(None).await {
             Ok(actors) => json_response(&json!({ "status": host.status(), "actors": actors })),
             Err(e) => admin_error(e),
         },
-        (&Method::GET, [class]) => match host.list(Some(class)) {
+        (&Method::GET, [class]) => match host.list(Some(class)).await {
             Ok(actors) => json_response(&json!({ "actors": actors })),
             Err(e) => admin_error(e),
         },

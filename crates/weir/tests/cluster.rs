@@ -6,7 +6,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::cluster::{Postgres, actor_key, node, node_dir, node_with_app, until_ok};
+use common::cluster::{Postgres, actor_key, node, node_dir, node_path, node_with_app, until_ok};
 use common::{Weir, guest, try_send_to};
 use http::Request;
 use http_body_util::Full;
@@ -253,6 +253,16 @@ async fn the_internal_listener_refuses_strangers_and_guests_cannot_reach_it() {
     }
 }
 
+/// Whether a file named `name` is anywhere under `dir`.
+fn holds_file(dir: &std::path::Path, name: &str) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            let path = e.path();
+            e.file_name() == name || (path.is_dir() && holds_file(&path, name))
+        })
+    })
+}
+
 /// Waits until `sql` (a count) answers more than zero, for at most 30 s.
 fn until_counted(pg: &Postgres, sql: &str) -> u64 {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -337,6 +347,17 @@ async fn an_operator_inspects_and_deletes_an_actor_through_any_node_and_its_hist
         assert_eq!(r.status, 404, "{:?}", r.body);
         assert_eq!(r.json()["error"], "actor_not_found");
     }
+    // Listed through either node from the cluster's database, with its
+    // owner; a name only looked up (no history) is not an actor.
+    for n in [owns, other] {
+        let listed = n.admin_get("/actors/probe").await.json();
+        let actors = listed["actors"].as_array().unwrap();
+        assert_eq!(actors.len(), 1, "{listed}");
+        assert_eq!(actors[0]["name"], "gone");
+        assert_eq!(actors[0]["owner"], owner.as_str());
+    }
+    let owner_dir = node_path("operators", &owner);
+    assert!(holds_file(&owner_dir, "gone.sqlite3"), "the owner's copy");
     // Deleted through the node that does not own it: the owner deletes
     // its row, log and snapshots, and its local copy.
     let r = other.admin_send("DELETE", "/actors/probe/gone").await;
@@ -346,15 +367,12 @@ async fn an_operator_inspects_and_deletes_an_actor_through_any_node_and_its_hist
     assert_eq!(pg.psql("weir", &rows), "0");
     assert_eq!(pg.psql("weir", &snapshots), "0");
     assert_eq!(pg.psql("weir", &logged), "0");
-    let listed = owns.admin_get("/actors/probe").await.json();
-    assert_eq!(
-        listed["actors"],
-        json!([]),
-        "the owner's local copy is gone"
-    );
+    assert!(!holds_file(&owner_dir, "gone.sqlite3"), "the owner's copy");
     for n in [owns, other] {
         let r = n.admin_get("/actors/probe/gone").await;
         assert_eq!(r.status, 404, "{:?}", r.body);
+        let listed = n.admin_get("/actors/probe").await.json();
+        assert_eq!(listed["actors"], json!([]));
     }
     // Called again, it is a new actor.
     assert_eq!(incr(other, "gone").await.text(), "1");

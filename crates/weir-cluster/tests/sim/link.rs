@@ -11,8 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 use weir_cluster::coordinator::{
-    Claimed, CoordError, Coordinator, Deleted, DueObject, Fence, History, Owner, Registration,
-    Renewal, SessionId, ShipBatch,
+    Claimed, CoordError, Coordinator, Deleted, DueObject, Fence, History, Listed, Owner,
+    Registration, Renewal, SessionId, ShipBatch,
 };
 
 use super::model::Model;
@@ -199,6 +199,11 @@ impl Coordinator for Link {
 
     async fn delete(&self, fence: Fence) -> Result<Deleted, CoordError> {
         self.call(move |m| m.delete(fence)).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Listed>, CoordError> {
+        let prefix = prefix.to_string();
+        self.call(move |m| m.list(&prefix)).await
     }
 
     async fn history(&self, id: i64, head: u64) -> Result<History, CoordError> {

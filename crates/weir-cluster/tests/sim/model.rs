@@ -9,8 +9,8 @@ use std::sync::Mutex;
 use super::object::unframe;
 use tokio::time::Instant;
 use weir_cluster::coordinator::{
-    Claimed, Deleted, DueObject, Entry, Fence, History, NodeInfo, ObjectState, Owner, Registration,
-    Renewal, SessionId,
+    Claimed, Deleted, DueObject, Entry, Fence, History, Listed, NodeInfo, ObjectState, Owner,
+    Registration, Renewal, SessionId,
 };
 
 /// The Unix time the simulation's clock starts at, in ms.
@@ -177,6 +177,23 @@ impl Model {
             },
             _ => Owner::Nobody,
         }
+    }
+
+    /// The objects with history under `prefix` (as PostgreSQL's list).
+    pub fn list(&self, prefix: &str) -> Vec<Listed> {
+        let s = self.lock();
+        s.rows
+            .iter()
+            .filter(|(key, row)| key.starts_with(prefix) && row.head > 0)
+            .map(|(key, row)| Listed {
+                key: key.clone(),
+                alarm_at: row.alarm_at,
+                owner: row
+                    .owner
+                    .filter(|o| Model::live(&s, *o))
+                    .map(|o| s.nodes[&o].name.clone()),
+            })
+            .collect()
     }
 
     pub fn lookup(&self, key: &str, session: SessionId) -> Owner {
