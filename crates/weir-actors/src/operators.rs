@@ -79,7 +79,7 @@ impl From<TurnError> for AdminError {
             status: code.status(),
             code: code.as_str().to_string(),
             message: format!(
-                "the actor's storage could not be reached: {}",
+                "the actor's owner or its storage could not be reached: {}",
                 code.as_str()
             ),
         })
@@ -311,7 +311,6 @@ impl ActorHost {
         }
         let claim = self.claim_always(actor, &class);
         let mut live = claim.cell.live.lock().await;
-        let is_live = live.generation.is_some();
         if let Some(placement) = &self.placement {
             if live.gate.as_ref().is_some_and(|g| g.broken().is_some()) {
                 // Nothing of it here is trusted: opened anew below.
@@ -339,6 +338,7 @@ impl ActorHost {
                 settled.await.map_err(AdminError::from)?;
             }
         }
+        let is_live = live.generation.is_some();
         let detail = match &live.gate {
             Some(gate) => gate.with_db(|db| self.read_detail(actor, db, keys, start)),
             None => {
