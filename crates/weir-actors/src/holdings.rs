@@ -1,6 +1,6 @@
 //! Holdings: what a layer above keeps in an actor's name outside its
-//! database — its resident processes and their storage slots — and lets
-//! go of when an operator deletes the actor.
+//! database — its resident processes and their storage slots, the
+//! sockets it holds — and lets go of when an operator deletes the actor.
 //!
 //! Invariant owned here: nothing kept in an actor's name outlives the
 //! actor's deletion. `DELETE /actors/CLASS/NAME` holds the actor (no turn
@@ -8,7 +8,8 @@
 //! then removes its database; if a layer cannot let go, the deletion
 //! fails with the cause and the database stays, so an operator can try
 //! again. A new actor of the same name therefore finds nothing of the old
-//! one: no process, no slot file, no bytes counted in the app's room.
+//! one: no process, no slot file, no bytes counted in the app's room, no
+//! socket (nor its tags or attachment).
 
 use crate::address::ActorAddress;
 use crate::placement::BoxFuture;

@@ -155,7 +155,7 @@ pub struct ActorHost {
     pub(crate) placement: Option<Arc<dyn Placement>>,
     /// What the layers above keep in actors' names, let go of when an
     /// actor is deleted ([`ActorHost::keep_holdings`]).
-    pub(crate) holdings: std::sync::OnceLock<Arc<dyn crate::holdings::Holdings>>,
+    pub(crate) holdings: std::sync::Mutex<Vec<Arc<dyn crate::holdings::Holdings>>>,
 }
 
 impl ActorHost {
@@ -188,7 +188,7 @@ impl ActorHost {
             unreadable: Vec::new(),
             journaled: Vec::new(),
             placement,
-            holdings: std::sync::OnceLock::new(),
+            holdings: std::sync::Mutex::new(Vec::new()),
         };
         let mut journaled = Vec::new();
         let mut unreadable = Vec::new();
@@ -235,11 +235,22 @@ impl ActorHost {
         Ok(Arc::new(host))
     }
 
-    /// Binds the layer that keeps processes and slots in actors' names:
-    /// an actor's deletion has it let go of them first (once; later
-    /// calls change nothing).
+    /// Binds a layer that keeps something in actors' names (processes and
+    /// slots, sockets): an actor's deletion has each let go of what it
+    /// keeps first, in the order they were bound.
     pub fn keep_holdings(&self, holdings: Arc<dyn crate::holdings::Holdings>) {
-        let _ = self.holdings.set(holdings);
+        self.holdings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(holdings);
+    }
+
+    /// The layers bound with [`ActorHost::keep_holdings`].
+    pub(crate) fn holdings(&self) -> Vec<Arc<dyn crate::holdings::Holdings>> {
+        self.holdings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Actors whose launch journal had rows when this host started.

@@ -435,7 +435,7 @@ impl ActorHost {
         let class = self.class(&actor.class)?;
         let claim = self.claim_always(actor, &class);
         let mut live = claim.cell.live.lock().await;
-        if let Some(holdings) = self.holdings.get() {
+        for holdings in self.holdings() {
             holdings
                 .let_go(actor)
                 .await

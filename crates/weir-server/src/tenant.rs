@@ -312,8 +312,10 @@ impl Tenant {
                     cause: source,
                 })?;
             actor_sockets.connect(&host);
-            // Deleting an actor ends its processes and removes its slots.
+            // Deleting an actor ends its processes, removes its slots and
+            // closes its sockets.
             host.keep_holdings(programs.clone());
+            host.keep_holdings(actor_sockets.clone());
             let router: Arc<dyn InternalRouter> = host.clone();
             stores.routes.connect(&[router, process_router.clone()]);
             // What the durable storage slots hold counts in the room

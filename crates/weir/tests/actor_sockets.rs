@@ -281,6 +281,60 @@ async fn a_replacement_key_closes_the_older_socket_and_a_refused_newcomer_evicts
 }
 
 #[tokio::test]
+async fn deleting_an_actor_closes_its_sockets_and_a_namesake_finds_none_of_them() {
+    let weir = start(&[]);
+    let mut ada = join(&weir, "gone", "ada").await;
+    let mut bob = join(&weir, "gone", "bob").await;
+    say(&mut ada, "before").await;
+    assert_eq!(next_of(&mut bob, "message").await["text"], "before");
+    let r = weir.admin_send("DELETE", "/actors/room/gone").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.json()["deleted"], true);
+    // Both sockets are closed by Weir, saying why.
+    for ws in [&mut ada, &mut bob] {
+        let closed = loop {
+            let frame = tokio::time::timeout(Duration::from_secs(30), ws.next())
+                .await
+                .expect("closed within 30 s");
+            match frame {
+                Some(Ok(Message::Close(frame))) => break frame.unwrap(),
+                Some(Ok(_)) => continue,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(u16::from(closed.code), 1001);
+        assert_eq!(closed.reason.as_str(), "the actor was deleted");
+        // The client answers the close, and the connection ends: Weir's
+        // end of each socket is over.
+        let end = tokio::time::timeout(Duration::from_secs(30), async {
+            while ws.next().await.is_some() {}
+        });
+        end.await.expect("the connection ended within 30 s");
+    }
+    // A newcomer finds an empty room: no history, nobody else present
+    // (the old sockets' tags and attachments went with their actor).
+    let mut cy = join(&weir, "gone", "cy").await;
+    let first = loop {
+        match tokio::time::timeout(Duration::from_secs(30), cy.next()).await {
+            Ok(Some(Ok(Message::Text(t)))) => break serde_json::from_str::<Value>(&t).unwrap(),
+            Ok(Some(Ok(_))) => continue,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(first["type"], "presence", "{first}");
+    assert_eq!(first["users"], serde_json::json!(["cy"]));
+    // The old sockets' ends ran no turn: the namesake's only turns are
+    // cy's.
+    tokio::time::sleep(common::SETTLE).await;
+    let ends = weir
+        .actor_receipts()
+        .iter()
+        .filter(|r| r["name"] == "gone" && r["reason"] == "weir:websocket/handler@0.1.0#on-close")
+        .count();
+    assert_eq!(ends, 0);
+}
+
+#[tokio::test]
 async fn an_actor_can_name_only_its_own_sockets() {
     let weir = start(&[]);
     let mut a = join(&weir, "a", "ada").await;

@@ -15,24 +15,29 @@
 //! - an accept that is refused (a limit, a bad tag) closes nothing; one
 //!   with a replacement key closes the older socket of that key with 1000
 //!   only once the new one is accepted;
+//! - a deleted actor's sockets are its own to the end: its deletion
+//!   closes them (1001, "the actor was deleted") before its database goes,
+//!   and neither their last messages nor their ends are delivered to a
+//!   new actor of the same name, which finds none of them;
 //! - at most `max_sockets_per_actor` sockets per actor, at most
 //!   [`MAX_TAGS`] tags of [`MAX_TAG_BYTES`], an attachment of at most
 //!   [`MAX_ATTACHMENT_BYTES`], an auto-response of at most
 //!   `MAX_AUTO_RESPONSE_BYTES` each way.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use wasmtime::StoreContextMut;
 use wasmtime::component::Linker;
 use weir_actors::bindings::ActorSeat;
-use weir_actors::{ActorAddress, ActorHost};
+use weir_actors::placement::BoxFuture;
+use weir_actors::{ActorAddress, ActorHost, Holdings};
 use weir_runtime::guest_state::GenerationState;
 
 use super::socket::{
-    self, CLOSE_NORMAL, Close, Incoming, MAX_AUTO_RESPONSE_BYTES, SocketError, SocketReceiver,
-    SocketSender,
+    self, CLOSE_GOING_AWAY, CLOSE_NORMAL, Close, Incoming, MAX_AUTO_RESPONSE_BYTES, SocketError,
+    SocketReceiver, SocketSender,
 };
 use super::wire::Wire;
 use super::worker::{
@@ -47,6 +52,9 @@ pub const MAX_TAG_BYTES: usize = 256;
 /// hibernates).
 pub const MAX_ATTACHMENT_BYTES: usize = 16 * 1024;
 
+/// Why a deleted actor's sockets were closed (with 1001, going away).
+pub const DELETED_REASON: &str = "the actor was deleted";
+
 /// The interface actor classes export to receive their sockets' turns.
 pub const HANDLER_INTERFACE: &str = "weir:websocket/handler@0.1.0";
 const ACTOR_INTERFACE: &str = "weir:websocket/actor@0.1.0";
@@ -58,6 +66,8 @@ struct Held {
     key: Option<String>,
     attachment: Mutex<Option<Vec<u8>>>,
     auto_at: Arc<AtomicU64>,
+    /// Set when its actor is deleted: nothing of it reaches an actor again.
+    orphaned: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
@@ -214,6 +224,7 @@ impl ActorSockets {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let auto_at = Arc::new(AtomicU64::new(0));
+        let orphaned = Arc::new(AtomicBool::new(false));
         let replaced = {
             let mut actors = self.actors();
             let set = actors.entry(actor.clone()).or_default();
@@ -235,6 +246,7 @@ impl ActorSockets {
                     key,
                     attachment: Mutex::new(None),
                     auto_at,
+                    orphaned: orphaned.clone(),
                 }),
             );
             replaced
@@ -268,8 +280,22 @@ impl ActorSockets {
             }
             .run(),
         );
-        tokio::spawn(deliver(self.clone(), actor, id, guest.receiver));
+        tokio::spawn(deliver(self.clone(), actor, id, orphaned, guest.receiver));
         Ok(Ok(id))
+    }
+}
+
+/// A deleted actor's sockets: closed, and forgotten before its namesake
+/// could name them.
+impl Holdings for ActorSockets {
+    fn let_go<'a>(&'a self, actor: &'a ActorAddress) -> BoxFuture<'a, Result<(), String>> {
+        let set = self.actors().remove(actor);
+        for held in set.into_iter().flat_map(|set| set.sockets.into_values()) {
+            held.orphaned.store(true, Ordering::Release);
+            held.sender
+                .close_with(Close::new(CLOSE_GOING_AWAY, DELETED_REASON));
+        }
+        Box::pin(std::future::ready(Ok(())))
     }
 }
 
@@ -279,6 +305,7 @@ async fn deliver(
     sockets: Arc<ActorSockets>,
     actor: ActorAddress,
     id: u64,
+    orphaned: Arc<AtomicBool>,
     mut from: SocketReceiver,
 ) {
     loop {
@@ -299,6 +326,11 @@ async fn deliver(
         let Ok(mut held) = Box::pin(host.exclusive(&actor.class, &actor.name)).await else {
             return;
         };
+        // Its actor was deleted (perhaps while this waited for its turn):
+        // a new actor of that name is not this socket's.
+        if orphaned.load(Ordering::Acquire) {
+            return;
+        }
         // Boxed: a turn's future is large, and this task lives as long as
         // its socket, mostly idle; only the turn running now pays for it.
         let ended = match incoming {
