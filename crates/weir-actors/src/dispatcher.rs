@@ -8,7 +8,9 @@
 //! to be tried after `WAKE_RETRY_MS`; at most `max_concurrent_alarms`
 //! deliveries run at once, and due actors past it wait in the index,
 //! earliest deadline first, so alarms that re-arm themselves for "now"
-//! take turns with each other instead of crowding out requests.
+//! take turns with each other instead of crowding out requests; a
+//! delivery whose actor was deleted while it waited for its turn ends
+//! without waking anything.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,6 +24,15 @@ use crate::timers::{MAX_DISPATCH_SLEEP_MS, WAKE_RETRY_MS, now_ms};
 use crate::turn::{AlarmOutcome, alarm_turns};
 
 impl ActorHost {
+    /// Whether a hibernated actor still has storage to wake: its database
+    /// here, or its history where its placement keeps it.
+    fn still_exists(&self, address: &ActorAddress) -> bool {
+        match &self.placement {
+            None => self.directory.exists(address),
+            Some(placement) => placement.has_history(address),
+        }
+    }
+
     /// Delivers the due timers of one actor.
     async fn deliver(self: Arc<Self>, address: ActorAddress) {
         let Ok(class) = self.class(&address.class) else {
@@ -41,6 +52,11 @@ impl ActorHost {
         let claim = self.claim_always(&address, &class);
         let cell = claim.cell.clone();
         let mut live = cell.live.lock().await;
+        if live.gate.is_none() && !self.still_exists(&address) {
+            // Deleted while this waited for its turn: its timers went with
+            // it, and waking it would make a new actor of its name.
+            return;
+        }
         let class = cell.class.load_full();
         let started = Instant::now();
         let host = self.clone();

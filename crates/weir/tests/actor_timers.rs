@@ -216,3 +216,50 @@ async fn timers_survive_sigkill() {
     );
     assert_eq!(alarm_log(&weir, "killed").await.len(), 1, "and its storage");
 }
+
+#[tokio::test]
+async fn an_alarm_due_while_its_actor_is_deleted_does_not_bring_it_back() {
+    let dir = data_dir("deleted-alarm");
+    let weir = start(&dir, &[]);
+    let r = post(
+        &weir,
+        "/probe/brief/schedule?reason=late&in_ms=300",
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    // A turn holds the actor past the alarm's deadline; the deletion
+    // queues behind it first, then the alarm's delivery, due meanwhile.
+    let sleeping = {
+        let weir_addr = weir.addr;
+        tokio::spawn(async move {
+            common::send_to(
+                weir_addr,
+                http::Request::post("/probe/brief/sleep?ms=700")
+                    .header("host", weir_addr.to_string())
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .unwrap(),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = weir.admin_send("DELETE", "/actors/probe/brief").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.json()["deleted"], true);
+    assert_eq!(sleeping.await.unwrap().status, 200);
+    // The delivery that waited found its actor gone: no alarm ran, and
+    // nothing of that name exists again.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        weir.actor_receipts()
+            .iter()
+            .all(|r| !(r["name"] == "brief" && r["turn"] == "alarm")),
+        "{:#?}",
+        weir.actor_receipts()
+    );
+    let r = weir.admin_get("/actors/probe/brief").await;
+    assert_eq!(r.status, 404, "{:?}", r.body);
+    let listed = weir.admin_get("/actors/probe").await.json();
+    assert_eq!(listed["actors"], serde_json::json!([]));
+}
