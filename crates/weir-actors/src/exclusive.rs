@@ -10,7 +10,9 @@
 //!   turn opens it again (when the hold ends, or before a turn runs for
 //!   the holder through [`ActorHost::call_export`]);
 //! - a turn run for the holder is a turn like any other: it commits, it
-//!   fails, it leaves a receipt.
+//!   fails, it leaves a receipt;
+//! - a holder's storage is the actor's existing database, never a new
+//!   one: a holder that waited while its actor was deleted finds nothing.
 
 use std::time::Instant;
 
@@ -40,7 +42,8 @@ pub struct Exclusive {
 
 impl Exclusive {
     /// Runs `f` on the actor's database. Each statement commits on its own
-    /// unless `f` groups them with `ActorDb::transaction`.
+    /// unless `f` groups them with `ActorDb::transaction`. An actor with no
+    /// database (deleted) is `NotFound`: a holder never makes one.
     pub fn storage<T>(
         &mut self,
         f: impl FnOnce(&mut ActorDb) -> Result<T, ActorStoreError>,
@@ -56,6 +59,12 @@ impl Exclusive {
             ));
         }
         if self.db.is_none() {
+            if !self.directory.exists(&self.actor) {
+                // Deleted (perhaps while the holder waited): what the
+                // holder kept in its name went with it, and opening it
+                // would make a new actor of its name.
+                return Err(AdminError::NotFound(self.actor.clone()));
+            }
             self.files = self.directory.files_bytes(&self.actor);
             let opened = self.directory.open(&self.actor);
             self.db = Some(opened.map_err(|e| AdminError::Storage(e.to_string()))?);

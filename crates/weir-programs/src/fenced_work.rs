@@ -126,7 +126,11 @@ impl Fence {
                 Ok(mut held) => held.storage(|db| db.journal_delete(pid)).map(drop),
                 Err(e) => Err(e),
             };
-            if let Err(e) = deleted {
+            // An owner deleted meanwhile took the row with it.
+            if let Err(e) = deleted.or_else(|e| match e {
+                weir_actors::AdminError::NotFound(_) => Ok(()),
+                e => Err(e),
+            }) {
                 tracing::warn!(%owner, pid, error = %e, "cannot delete an ended process's journal row");
             }
         });

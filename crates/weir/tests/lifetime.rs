@@ -445,3 +445,42 @@ async fn commands_that_compute_forever_run_on_the_program_threads_not_the_reques
         assert_eq!(exited.json()["killed"], true);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_ends_while_its_owner_is_deleted_does_not_bring_the_owner_back() {
+    let o = Owner::start("deleted-owner", &[]).await;
+    let pid = o.spawn("arg=hold").await;
+    // A turn of the owner waits for the process's end; the owner's
+    // deletion queues behind it; then an operator kills the process, whose
+    // end (the journal row's removal) queues behind the deletion.
+    let wait_path = format!("/r/o/wait/{pid}?timeout=800");
+    let waited = o.call("POST", &wait_path, b"");
+    let script = async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let deleting = o.weir.admin_send("DELETE", "/actors/runner/o");
+        let kill_path = format!("/processes/runner/o/{pid}");
+        let kill = async {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            o.weir.admin_send("DELETE", &kill_path).await
+        };
+        tokio::join!(deleting, kill)
+    };
+    let (waited, (deleted, killed)) = tokio::join!(waited, script);
+    assert_eq!(waited.status, 200, "{}", waited.text());
+    assert_eq!(
+        waited.json()["exited"]["exit_code"],
+        137,
+        "{}",
+        waited.text()
+    );
+    assert_eq!(killed.status, 200, "{}", killed.text());
+    assert_eq!(deleted.status, 200, "{}", deleted.text());
+    assert_eq!(deleted.json()["deleted"], true);
+    // The ended process's bookkeeping found its owner gone, and made no
+    // new one of that name.
+    tokio::time::sleep(common::SETTLE).await;
+    let r = o.weir.admin_get("/actors/runner/o").await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    let listed = o.weir.admin_get("/actors/runner").await.json();
+    assert_eq!(listed["actors"], serde_json::json!([]), "{listed}");
+}
