@@ -26,6 +26,11 @@ pub enum OperatorCall {
     Inspect { keys: bool, start: Option<String> },
     /// Its deletion.
     Delete,
+    /// After its deletion on its owner: the removal of a local copy that
+    /// another node kept from an earlier ownership. It runs on the node
+    /// asked, which does not own the actor (one that does keeps its copy:
+    /// it is a new actor's).
+    DropCopy,
 }
 
 /// A refusal as it travels: the status and code the operator is answered
@@ -44,6 +49,8 @@ pub enum OperatorAnswer {
     Detail(Box<ActorDetail>),
     /// True if the actor existed.
     Deleted(bool),
+    /// True if a copy was removed.
+    Dropped(bool),
     Failed(Failure),
 }
 
@@ -148,6 +155,11 @@ impl ActorHost {
         actor: ActorAddress,
         call: OperatorCall,
     ) -> Option<http::Response<Bytes>> {
+        if call == OperatorCall::DropCopy {
+            // Runs where it is asked, and never claims the actor.
+            let dropped = self.drop_copy(&actor).await.map(OperatorAnswer::Dropped);
+            return Some(OperatorAnswer::of(dropped).into_response());
+        }
         if let Some(placement) = &self.placement {
             match placement.locate(&actor, false, true).await {
                 Ok(Location::Here) => {}
@@ -170,6 +182,7 @@ impl ActorHost {
                 OperatorAnswer::Detail(Box::new(self.inspect_here(actor, keys, start).await?))
             }
             OperatorCall::Delete => OperatorAnswer::Deleted(self.delete_here(actor).await?),
+            OperatorCall::DropCopy => OperatorAnswer::Dropped(self.drop_copy(actor).await?),
         })
     }
 }

@@ -441,8 +441,6 @@ impl ActorHost {
                 .await
                 .map_err(|why| AdminError::Storage(format!("{actor}: {why}")))?;
         }
-        // Its database closes here unless something still holds its gate;
-        // then the room counts it down when that closes.
         let gate = live.gate.take();
         live.reset();
         // In cluster mode its history goes first (its commits in flight
@@ -457,6 +455,22 @@ impl ActorHost {
             }
             None => None,
         };
+        let existed = self.remove_local(actor, gate)?;
+        drop(live);
+        drop(claim);
+        Ok(forgotten.unwrap_or(existed))
+    }
+
+    /// Removes an actor's database here and its timers, once it is out of
+    /// memory (`gate`: the connection it had open, if any). True if it had
+    /// a database.
+    fn remove_local(
+        &self,
+        actor: &ActorAddress,
+        gate: Option<Arc<crate::gate::TurnGate>>,
+    ) -> Result<bool, AdminError> {
+        // Its database closes here unless something still holds its gate;
+        // then the room counts it down when that closes.
         let still_open = gate.is_some_and(|g| Arc::into_inner(g).is_none());
         self.timers.set(actor, None);
         let deleted = if still_open {
@@ -464,9 +478,58 @@ impl ActorHost {
         } else {
             self.directory.delete(actor)
         };
-        let existed = deleted.map_err(|e| AdminError::Storage(e.to_string()))?;
-        drop(live);
-        drop(claim);
-        Ok(forgotten.unwrap_or(existed))
+        deleted.map_err(|e| AdminError::Storage(e.to_string()))
+    }
+
+    /// Cluster mode: removes this node's local copy of an actor it does
+    /// not own, kept from an earlier ownership (asked by the owner that
+    /// deleted the actor, or found at start with no history behind it).
+    /// True if there was one. A node that owns the actor keeps its copy:
+    /// it is a new actor's.
+    pub(crate) async fn drop_copy(&self, actor: &ActorAddress) -> Result<bool, AdminError> {
+        let Some(placement) = &self.placement else {
+            return Ok(false);
+        };
+        let class = self.class(&actor.class)?;
+        let claim = self.claim_always(actor, &class);
+        let mut live = claim.cell.live.lock().await;
+        if placement.owns(actor) {
+            return Ok(false);
+        }
+        let gate = live.gate.take();
+        live.reset();
+        let dropped = self.remove_local(actor, gate)?;
+        placement.copy_dropped(actor);
+        Ok(dropped)
+    }
+
+    /// Cluster mode: removes the local copies this node holds of actors
+    /// with no history in the cluster's database (deleted while this node
+    /// was away) and that it does not own. How many it removed.
+    pub async fn drop_stale_copies(&self) -> Result<usize, AdminError> {
+        let Some(placement) = &self.placement else {
+            return Ok(0);
+        };
+        let mut classes: Vec<&String> = self.classes.keys().collect();
+        classes.sort();
+        let mut dropped = 0;
+        for class in classes {
+            let known: std::collections::HashSet<String> = placement
+                .list(class)
+                .await?
+                .into_iter()
+                .map(|k| k.name)
+                .collect();
+            let local = self
+                .directory
+                .list(class)
+                .map_err(|e| AdminError::Storage(e.to_string()))?;
+            for actor in local {
+                if !known.contains(&actor.name) && self.drop_copy(&actor).await? {
+                    dropped += 1;
+                }
+            }
+        }
+        Ok(dropped)
     }
 }

@@ -117,8 +117,16 @@ pub trait Placement: Send + Sync + 'static {
     fn has_history(&self, actor: &ActorAddress) -> bool;
 
     /// Deletes the durable history of `actor`, which runs here: true if it
-    /// had any. Its next call starts a new actor.
+    /// had any. Its next call starts a new actor. Other nodes are asked to
+    /// drop the copies they kept ([`OperatorCall::DropCopy`]).
     fn forget<'a>(&'a self, actor: &'a ActorAddress) -> BoxFuture<'a, Result<bool, TurnError>>;
+
+    /// Whether this node owns `actor` now.
+    fn owns(&self, actor: &ActorAddress) -> bool;
+
+    /// This node's local copy of `actor`, which it does not own, was
+    /// removed: what it knew of that copy goes too.
+    fn copy_dropped(&self, actor: &ActorAddress);
 
     /// Opens the actor's database at `path` for its turns here, its local
     /// copy made current first, with the durable half of its commits.

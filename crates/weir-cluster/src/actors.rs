@@ -8,6 +8,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use weir_actors::call_chain::CallChain;
@@ -76,6 +77,49 @@ impl Durable for ActorDurable {
 
     fn snapshot(&self, head: u64, ltx: Vec<u8>) {
         self.0.snapshot(head, ltx);
+    }
+}
+
+/// How long the other nodes are given, together, to drop their copies of
+/// a deleted actor before its deletion is answered: a node that takes
+/// longer (or is away) drops its copy when it next starts.
+pub const DROP_COPIES_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl ActorPlacement {
+    /// Asks every other live node to drop the copy it may have kept of a
+    /// deleted actor from an earlier ownership, and waits for their
+    /// answers, at most [`DROP_COPIES_TIMEOUT`].
+    async fn drop_copies_elsewhere(&self, actor: &ActorAddress) {
+        let me = self.ownership.lease().held().map(|h| h.session);
+        let mut asked = tokio::task::JoinSet::new();
+        for node in self.ownership.lease().nodes() {
+            if Some(node.session) == me {
+                continue;
+            }
+            let forwarder = self.forwarder.clone();
+            let target = Target::Operator {
+                app: self.app.clone(),
+                class: actor.class.clone(),
+                name: actor.name.clone(),
+                call: OperatorCall::DropCopy,
+            };
+            asked.spawn(async move {
+                let request = http::Request::new(Bytes::new());
+                let answer = forwarder.call(&node.address, &target, request).await;
+                (node.name, matches!(answer, Forwarded::Answered(_)))
+            });
+        }
+        let answered = tokio::time::timeout(DROP_COPIES_TIMEOUT, async {
+            while let Some(joined) = asked.join_next().await {
+                if let Ok((node, false)) = joined {
+                    tracing::warn!(actor = %actor, node, "a node did not drop its copy of a deleted actor; it drops it when it starts again");
+                }
+            }
+        })
+        .await;
+        if answered.is_err() {
+            tracing::warn!(actor = %actor, "nodes that did not answer in time drop their copies of a deleted actor when they start again");
+        }
     }
 }
 
@@ -172,8 +216,18 @@ impl Placement for ActorPlacement {
             let forgotten = self.ownership.forget(&key).await;
             self.records.forget(&key);
             tracing::info!(key, ok = forgotten.is_ok(), "deleted an actor's history");
-            Ok(forgotten?)
+            let existed = forgotten?;
+            self.drop_copies_elsewhere(actor).await;
+            Ok(existed)
         })
+    }
+
+    fn owns(&self, actor: &ActorAddress) -> bool {
+        self.ownership.owned(&actor_key(&self.app, actor)).is_some()
+    }
+
+    fn copy_dropped(&self, actor: &ActorAddress) {
+        self.records.forget(&actor_key(&self.app, actor));
     }
 
     fn open<'a>(

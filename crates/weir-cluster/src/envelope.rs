@@ -51,6 +51,7 @@ const OPERATOR: u8 = 4;
 const INSPECT: u8 = 1;
 const INSPECT_FROM: u8 = 2;
 const DELETE: u8 = 3;
+const DROP_COPY: u8 = 4;
 const ANSWERED: u8 = 0;
 const NOT_RUN: u8 = 1;
 
@@ -150,6 +151,7 @@ fn get_operator_call(buf: &mut Bytes) -> Result<OperatorCall, Malformed> {
             }),
         },
         DELETE => OperatorCall::Delete,
+        DROP_COPY => OperatorCall::DropCopy,
         _ => return Err(Malformed("an unknown operator's call")),
     })
 }
@@ -212,6 +214,7 @@ pub fn encode_request(target: &Target, request: &http::Request<Bytes>) -> Result
                     put_bytes32(&mut out, start.as_bytes())?;
                 }
                 OperatorCall::Delete => out.put_u8(DELETE),
+                OperatorCall::DropCopy => out.put_u8(DROP_COPY),
             }
         }
     }
@@ -376,6 +379,7 @@ mod tests {
         let request = http::Request::new(Bytes::new());
         for call in [
             OperatorCall::Delete,
+            OperatorCall::DropCopy,
             OperatorCall::Inspect {
                 keys: false,
                 start: None,

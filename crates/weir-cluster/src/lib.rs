@@ -223,6 +223,21 @@ impl Cluster {
         stores: HashMap<String, Arc<stores::StorePlacement>>,
     ) {
         self.served.connect(actors.clone(), stores);
+        // Copies of actors deleted while this node was away.
+        for (app, host) in &actors {
+            let (app, host) = (app.clone(), host.clone());
+            tokio::spawn(async move {
+                match host.drop_stale_copies().await {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        tracing::info!(app, dropped = n, "dropped local copies of deleted actors")
+                    }
+                    Err(e) => {
+                        tracing::warn!(app, error = %e, "cannot look for local copies of deleted actors; they stay until the next start")
+                    }
+                }
+            });
+        }
         let sweeper = tokio::spawn(alarms::sweep(
             self.ownership.clone(),
             actors,

@@ -305,3 +305,60 @@ async fn the_coordinators_deletion_is_fenced_and_whole() {
     };
     assert_eq!(coord.delete(lapsed).await.unwrap(), Deleted::Fenced);
 }
+
+/// Waits until `node_dir` no longer holds `file`, for at most 30 s.
+async fn until_gone(node_dir: &std::path::Path, file: &str) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while holds_file(node_dir, file) {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_kept_from_an_earlier_ownership_go_with_a_deleted_actor() {
+    let pg = Postgres::start();
+    let (dir1, dir2) = (node_dir("copies", "n1"), node_dir("copies", "n2"));
+    // n1 alone makes two actors, then dies; n2 takes them over.
+    let n1 = node(&pg, "n1", &dir1, &[]);
+    for name in ["moved", "away"] {
+        for i in 1..=2u64 {
+            assert_eq!(incr(&n1, name).await.text(), i.to_string());
+        }
+    }
+    drop(n1);
+    let n2 = node(&pg, "n2", &dir2, &[]);
+    for name in ["moved", "away"] {
+        let r = until_ok(&n2, "POST", &format!("/probe/{name}/incr"), "").await;
+        assert_eq!(r.text(), "3");
+        assert_eq!(pg.owner(&actor_key(name)).as_deref(), Some("n2"));
+    }
+    // n1 comes back with its copies, which still have history: kept.
+    let n1 = node(&pg, "n1", &dir1, &[]);
+    tokio::time::sleep(common::SETTLE).await;
+    for name in ["moved", "away"] {
+        assert!(holds_file(&dir1, &format!("{name}.sqlite3")), "{name}");
+    }
+    // Deleted through n1: the owner (n2) deletes it, and n1 drops the
+    // copy it kept before the deletion is answered.
+    let r = n1.admin_send("DELETE", "/actors/probe/moved").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.json()["deleted"], true);
+    assert!(!holds_file(&dir2, "moved.sqlite3"), "the owner's copy");
+    assert!(!holds_file(&dir1, "moved.sqlite3"), "n1's old copy");
+    assert!(holds_file(&dir1, "away.sqlite3"), "another actor's copy");
+    // Deleted while n1 is away: n1 drops its copy when it starts again.
+    drop(n1);
+    let r = n2.admin_send("DELETE", "/actors/probe/away").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.json()["deleted"], true);
+    assert!(holds_file(&dir1, "away.sqlite3"), "n1 was away");
+    let n1 = node(&pg, "n1", &dir1, &[]);
+    assert!(until_gone(&dir1, "away.sqlite3").await, "dropped at start");
+    // What was deleted starts anew, through either node.
+    assert_eq!(incr(&n2, "moved").await.text(), "1");
+    assert_eq!(incr(&n1, "away").await.text(), "1");
+}
