@@ -6,20 +6,11 @@
 mod common;
 
 use bytes::Bytes;
-use common::cluster::{Postgres, actor_key, node, node_dir, node_with_app, until_ok};
+use common::cluster::{Postgres, actor_key, incr, node, node_dir, node_with_app, until_ok};
 use common::{Weir, guest, try_send_to};
 use http::Request;
 use http_body_util::Full;
 use serde_json::json;
-
-async fn incr(node: &Weir, actor: &str) -> common::Resp {
-    node.send(
-        Request::post(format!("/probe/{actor}/incr"))
-            .body(Full::new(Bytes::new()))
-            .unwrap(),
-    )
-    .await
-}
 
 /// The receipts of turns of `actor` a node's log holds.
 fn turns_of(node: &Weir, actor: &str) -> usize {

@@ -7,19 +7,10 @@ mod common;
 
 use bytes::Bytes;
 use common::Weir;
-use common::cluster::{Postgres, actor_key, node, node_dir, node_path, until_ok};
+use common::cluster::{Postgres, actor_key, incr, node, node_dir, node_path, until_ok};
 use http::Request;
 use http_body_util::Full;
 use serde_json::json;
-
-async fn incr(node: &Weir, actor: &str) -> common::Resp {
-    node.send(
-        Request::post(format!("/probe/{actor}/incr"))
-            .body(Full::new(Bytes::new()))
-            .unwrap(),
-    )
-    .await
-}
 
 /// Whether a file named `name` is anywhere under `dir`.
 fn holds_file(dir: &std::path::Path, name: &str) -> bool {

@@ -307,6 +307,16 @@ pub fn node_with_app(pg: &Postgres, name: &str, dir: &Path, app: &Path, extra: &
     Weir::start_with_env(&args, &[("WEIR_CLUSTER_SECRET", SECRET)])
 }
 
+/// Increments the `probe` actor `actor`'s counter through `node`.
+pub async fn incr(node: &Weir, actor: &str) -> Resp {
+    node.send(
+        Request::post(format!("/probe/{actor}/incr"))
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await
+}
+
 /// Sends until the answer is 200 (a node may still be failing over),
 /// for at most 30 s; the last answer.
 pub async fn until_ok(node: &Weir, method: &str, path: &str, body: &str) -> Resp {
