@@ -6,8 +6,8 @@
 //! Invariants owned here: every statement a node sends is bounded by
 //! [`CALL_TIMEOUT`] (a hung database is an unavailable one, never a hung
 //! node); a connection error, a timeout and a server that is shutting down
-//! are all [`CoordError::Unavailable`]; the schema is created once, under
-//! an advisory lock, whichever nodes start together.
+//! are all [`CoordError::Unavailable`]. The tables and their creation are
+//! [`schema`]'s.
 
 use std::time::Duration;
 
@@ -15,6 +15,8 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
+
+mod schema;
 
 use crate::coordinator::{
     Claimed, CoordError, Coordinator, Deleted, DueObject, Fence, History, Listed, NodeInfo,
@@ -32,47 +34,6 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a new connection may take to open.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The advisory lock that serializes schema creation between nodes.
-const SCHEMA_LOCK: i64 = 0x7765_6972; // "weir"
-
-/// The version of [`SCHEMA`], kept in `weir_schema`.
-const SCHEMA_VERSION: i32 = 1;
-
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS weir_schema (version INT NOT NULL);
-CREATE TABLE IF NOT EXISTS weir_nodes (
-    session BIGSERIAL PRIMARY KEY,
-    name TEXT NOT NULL,
-    address TEXT NOT NULL,
-    started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-    expires_at TIMESTAMPTZ NOT NULL
-);
-CREATE INDEX IF NOT EXISTS weir_nodes_name ON weir_nodes (name);
-CREATE TABLE IF NOT EXISTS weir_objects (
-    id BIGSERIAL PRIMARY KEY,
-    key TEXT NOT NULL UNIQUE,
-    owner BIGINT,
-    epoch BIGINT NOT NULL,
-    head BIGINT NOT NULL,
-    checksum BIGINT NOT NULL,
-    log_bytes BIGINT NOT NULL DEFAULT 0,
-    alarm_at BIGINT
-);
-CREATE INDEX IF NOT EXISTS weir_objects_alarm ON weir_objects (alarm_at) WHERE alarm_at IS NOT NULL;
-CREATE TABLE IF NOT EXISTS weir_log (
-    object BIGINT NOT NULL,
-    head BIGINT NOT NULL,
-    ltx BYTEA NOT NULL,
-    PRIMARY KEY (object, head)
-);
-CREATE TABLE IF NOT EXISTS weir_snapshots (
-    object BIGINT NOT NULL,
-    head BIGINT NOT NULL,
-    ltx BYTEA NOT NULL,
-    PRIMARY KEY (object, head)
-);
-";
 
 /// `session`'s lease is live, by PostgreSQL's clock.
 const LIVE: &str =
@@ -174,40 +135,6 @@ impl Postgres {
 
     async fn client(&self) -> Result<deadpool_postgres::Object, CoordError> {
         self.pool.get().await.map_err(unavailable)
-    }
-
-    async fn migrate(&self) -> Result<(), CoordError> {
-        timed(async {
-            let mut client = self.client().await?;
-            let tx = client.transaction().await.map_err(classify)?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
-                .await
-                .map_err(classify)?;
-            tx.batch_execute(SCHEMA).await.map_err(classify)?;
-            let version: Option<i32> = tx
-                .query_opt("SELECT version FROM weir_schema", &[])
-                .await
-                .map_err(classify)?
-                .map(|r| r.get(0));
-            match version {
-                None => {
-                    tx.execute(
-                        "INSERT INTO weir_schema (version) VALUES ($1)",
-                        &[&SCHEMA_VERSION],
-                    )
-                    .await
-                    .map_err(classify)?;
-                }
-                Some(v) if v > SCHEMA_VERSION => {
-                    return Err(CoordError::Refused(format!(
-                        "the cluster database has schema version {v}; this build knows {SCHEMA_VERSION}"
-                    )));
-                }
-                Some(_) => {}
-            }
-            tx.commit().await.map_err(classify)
-        })
-        .await
     }
 
     async fn nodes(client: &deadpool_postgres::Object) -> Result<Vec<NodeInfo>, CoordError> {
