@@ -7,7 +7,7 @@
 //! [`CALL_TIMEOUT`] (a hung database is an unavailable one, never a hung
 //! node); a connection error, a timeout and a server that is shutting down
 //! are all [`CoordError::Unavailable`]. The tables and their creation are
-//! [`schema`]'s.
+//! `schema`'s.
 
 use std::time::Duration;
 
