@@ -4,11 +4,13 @@
 //! actor, which alone knows what is committed and alone may delete its
 //! history; they find it and reach it as a call to the actor does.
 //!
-//! Invariant owned here: an operator's call runs where the actor's turns
-//! run, between two of them, or nowhere. A node that does not own the
-//! actor answers "not run" without running anything, and the call is
-//! handed on once more after a fresh look at who owns it, as an actor
-//! call is; a call that may have run is never handed on again.
+//! Invariant owned here: an inspection or a deletion runs where the
+//! actor's turns run, between two of them, or nowhere. A node that does
+//! not own the actor answers "not run" without running anything, and the
+//! call is handed on once more after a fresh look at who owns it, as an
+//! actor call is; a call that may have run is never handed on again. The
+//! one call that runs elsewhere, a copy's removal after a deletion, runs
+//! only on a node that does not own the actor, and never claims it.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};

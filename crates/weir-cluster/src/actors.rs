@@ -96,18 +96,12 @@ impl ActorPlacement {
             if Some(node.session) == me {
                 continue;
             }
-            let forwarder = self.forwarder.clone();
-            let target = Target::Operator {
-                app: self.app.clone(),
-                class: actor.class.clone(),
-                name: actor.name.clone(),
-                call: OperatorCall::DropCopy,
-            };
-            asked.spawn(async move {
-                let request = http::Request::new(Bytes::new());
-                let answer = forwarder.call(&node.address, &target, request).await;
-                (node.name, matches!(answer, Forwarded::Answered(_)))
-            });
+            let call = self.forward_operator(
+                Arc::from(node.address.as_str()),
+                actor.clone(),
+                OperatorCall::DropCopy,
+            );
+            asked.spawn(async move { (node.name, matches!(call.await, Forwarded::Answered(_))) });
         }
         let answered = tokio::time::timeout(DROP_COPIES_TIMEOUT, async {
             while let Some(joined) = asked.join_next().await {
