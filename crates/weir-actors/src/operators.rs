@@ -26,6 +26,10 @@ use crate::turn::{TurnReport, open_storage};
 /// Most entries an inspection dumps; a larger actor is paged with `start`.
 pub const MAX_INSPECT_ENTRIES: u32 = 1_000;
 
+/// Local copies looked up in one question to the placement when a node
+/// looks for copies of deleted actors: one statement's worth of keys.
+pub const STALE_COPIES_BATCH: usize = 1_000;
+
 /// Why an operator's request about an actor failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
@@ -514,19 +518,19 @@ impl ActorHost {
         classes.sort();
         let mut dropped = 0;
         for class in classes {
-            let known: std::collections::HashSet<String> = placement
-                .list(class)
-                .await?
-                .into_iter()
-                .map(|k| k.name)
-                .collect();
             let local = self
                 .directory
                 .list(class)
                 .map_err(|e| AdminError::Storage(e.to_string()))?;
-            for actor in local {
-                if !known.contains(&actor.name) && self.drop_copy(&actor).await? {
-                    dropped += 1;
+            // Asked about this node's copies only, a batch at a time, not
+            // about every actor of the cluster.
+            for batch in local.chunks(STALE_COPIES_BATCH) {
+                let known: std::collections::HashSet<String> =
+                    placement.with_history(batch).await?.into_iter().collect();
+                for actor in batch {
+                    if !known.contains(&actor.name) && self.drop_copy(actor).await? {
+                        dropped += 1;
+                    }
                 }
             }
         }

@@ -111,6 +111,12 @@ pub trait Placement: Send + Sync + 'static {
     /// name order.
     fn list<'a>(&'a self, class: &'a str) -> BoxFuture<'a, Result<Vec<Known>, TurnError>>;
 
+    /// Those of `actors` (of one class) with durable history, by name.
+    fn with_history<'a>(
+        &'a self,
+        actors: &'a [ActorAddress],
+    ) -> BoxFuture<'a, Result<Vec<String>, TurnError>>;
+
     /// Whether `actor`, which runs here, has committed anything durable
     /// (an actor no turn ever ran on has no history, whatever made it
     /// known).

@@ -198,6 +198,28 @@ impl Placement for ActorPlacement {
         })
     }
 
+    fn with_history<'a>(
+        &'a self,
+        actors: &'a [ActorAddress],
+    ) -> BoxFuture<'a, Result<Vec<String>, TurnError>> {
+        Box::pin(async move {
+            let keys: Vec<String> = actors.iter().map(|a| actor_key(&self.app, a)).collect();
+            let found = self
+                .ownership
+                .coordinator()
+                .with_history(&keys)
+                .await
+                .map_err(|e| {
+                    tracing::warn!(error = %e, "cannot look actors up");
+                    TurnError::from(ClusterErrorCode::StorageUnavailable)
+                })?;
+            Ok(found
+                .iter()
+                .filter_map(|key| parse_actor_key(key).map(|(_, _, name)| name.to_string()))
+                .collect())
+        })
+    }
+
     fn has_history(&self, actor: &ActorAddress) -> bool {
         self.ownership
             .owned(&actor_key(&self.app, actor))

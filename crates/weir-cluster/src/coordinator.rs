@@ -234,6 +234,9 @@ pub trait Coordinator: Send + Sync + 'static {
     /// (a head past 0), in key order.
     async fn list(&self, prefix: &str) -> Result<Vec<Listed>, CoordError>;
 
+    /// Those of `keys` whose objects have history (a head past 0).
+    async fn with_history(&self, keys: &[String]) -> Result<Vec<String>, CoordError>;
+
     /// The history of object `id` up to `head`.
     async fn history(&self, id: i64, head: u64) -> Result<History, CoordError>;
 

@@ -555,6 +555,21 @@ impl Coordinator for Postgres {
         .await
     }
 
+    async fn with_history(&self, keys: &[String]) -> Result<Vec<String>, CoordError> {
+        timed(async {
+            let client = self.client().await?;
+            let rows = client
+                .query(
+                    "SELECT key FROM weir_objects WHERE key = ANY($1) AND head > 0",
+                    &[&keys],
+                )
+                .await
+                .map_err(classify)?;
+            Ok(rows.iter().map(|row| row.get(0)).collect())
+        })
+        .await
+    }
+
     async fn history(&self, id: i64, head: u64) -> Result<History, CoordError> {
         timed(async {
             let mut client = self.client().await?;

@@ -238,6 +238,10 @@ async fn the_coordinators_deletion_is_fenced_and_whole() {
         )
         .await
     );
+    let asked: Vec<String> = ["x_y/1", "xzy/1", "none"].map(String::from).into();
+    let mut found = coord.with_history(&asked).await.unwrap();
+    found.sort();
+    assert_eq!(found, ["x_y/1", "xzy/1"]);
     let listed = coord.list("x_y/").await.unwrap();
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].key, "x_y/1");
@@ -272,6 +276,7 @@ async fn the_coordinators_deletion_is_fenced_and_whole() {
     assert_eq!(rows_of("weir_log"), "0");
     assert_eq!(rows_of("weir_snapshots"), "0");
     assert!(coord.list("x_y/").await.unwrap().is_empty());
+    assert_eq!(coord.with_history(&asked).await.unwrap(), ["xzy/1"]);
     // A retry (its first answer lost) finds it gone.
     assert_eq!(coord.delete(fence).await.unwrap(), Deleted::Gone);
     // The deleted object's fence writes nothing more.
@@ -281,6 +286,11 @@ async fn the_coordinators_deletion_is_fenced_and_whole() {
     assert_eq!(rows_of("weir_snapshots"), "0");
     // The key's next claim is a new object, with nothing of the old.
     let again = claim("x_y/1", b).await;
+    assert_eq!(
+        coord.with_history(&asked).await.unwrap(),
+        ["xzy/1"],
+        "a claim alone is no history"
+    );
     assert_ne!(again.id, state.id);
     assert_eq!((again.epoch, again.head), (1, 0));
     let history = coord.history(again.id, 0).await.unwrap();

@@ -206,6 +206,11 @@ impl Coordinator for Link {
         self.call(move |m| m.list(&prefix)).await
     }
 
+    async fn with_history(&self, keys: &[String]) -> Result<Vec<String>, CoordError> {
+        let keys = keys.to_vec();
+        self.call(move |m| m.with_history(&keys)).await
+    }
+
     async fn history(&self, id: i64, head: u64) -> Result<History, CoordError> {
         self.call(move |m| m.history(id, head)).await
     }

@@ -196,6 +196,15 @@ impl Model {
             .collect()
     }
 
+    /// Those of `keys` with history (as PostgreSQL's).
+    pub fn with_history(&self, keys: &[String]) -> Vec<String> {
+        let s = self.lock();
+        keys.iter()
+            .filter(|k| s.rows.get(*k).is_some_and(|row| row.head > 0))
+            .cloned()
+            .collect()
+    }
+
     pub fn lookup(&self, key: &str, session: SessionId) -> Owner {
         Model::lookup_locked(&self.lock(), key, session)
     }
