@@ -24,15 +24,6 @@ use crate::timers::{MAX_DISPATCH_SLEEP_MS, WAKE_RETRY_MS, now_ms};
 use crate::turn::{AlarmOutcome, alarm_turns};
 
 impl ActorHost {
-    /// Whether a hibernated actor still has storage to wake: its database
-    /// here, or its history where its placement keeps it.
-    fn still_exists(&self, address: &ActorAddress) -> bool {
-        match &self.placement {
-            None => self.directory.exists(address),
-            Some(placement) => placement.has_history(address),
-        }
-    }
-
     /// Delivers the due timers of one actor.
     async fn deliver(self: Arc<Self>, address: ActorAddress) {
         let Ok(class) = self.class(&address.class) else {
@@ -52,7 +43,7 @@ impl ActorHost {
         let claim = self.claim_always(&address, &class);
         let cell = claim.cell.clone();
         let mut live = cell.live.lock().await;
-        if live.gate.is_none() && !self.still_exists(&address) {
+        if live.gate.is_none() && !self.has_storage(&address) {
             // Deleted while this waited for its turn: its timers went with
             // it, and waking it would make a new actor of its name.
             return;

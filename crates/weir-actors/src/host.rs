@@ -253,6 +253,18 @@ impl ActorHost {
             .clone()
     }
 
+    /// Whether an actor that is not open has storage to open: its database
+    /// here, or, in cluster mode, committed history where its placement
+    /// keeps it (a call's claim alone makes none). What an alarm's
+    /// delivery and an inspection check before they open an actor, so
+    /// neither makes one.
+    pub(crate) fn has_storage(&self, actor: &ActorAddress) -> bool {
+        match &self.placement {
+            None => self.directory.exists(actor),
+            Some(placement) => placement.has_history(actor),
+        }
+    }
+
     /// Actors whose launch journal had rows when this host started.
     pub fn journaled(&self) -> &[ActorAddress] {
         &self.journaled

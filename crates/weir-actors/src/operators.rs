@@ -310,21 +310,16 @@ impl ActorHost {
         start: Option<String>,
     ) -> Result<ActorDetail, AdminError> {
         let class = self.class(&actor.class)?;
-        if self.placement.is_none() && !self.directory.exists(actor) {
-            return Err(AdminError::NotFound(actor.clone()));
-        }
         let claim = self.claim_always(actor, &class);
         let mut live = claim.cell.live.lock().await;
-        if let Some(placement) = &self.placement {
-            if live.gate.as_ref().is_some_and(|g| g.broken().is_some()) {
-                // Nothing of it here is trusted: opened anew below.
-                live.reset();
-            }
-            // An actor that never committed has no history to show (a
-            // call's claim made its row).
-            if live.gate.is_none() && !placement.has_history(actor) {
-                return Err(AdminError::NotFound(actor.clone()));
-            }
+        if self.placement.is_some() && live.gate.as_ref().is_some_and(|g| g.broken().is_some()) {
+            // Nothing of it here is trusted: opened anew below.
+            live.reset();
+        }
+        if live.gate.is_none() && !self.has_storage(actor) {
+            return Err(AdminError::NotFound(actor.clone()));
+        }
+        if self.placement.is_some() {
             if live.gate.is_none() {
                 let mut report = TurnReport::default();
                 let ctx = self.context(&claim.cell, &class);

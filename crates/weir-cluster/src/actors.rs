@@ -23,7 +23,7 @@ use weir_store::replica::LogEntry;
 use crate::envelope::Target;
 use crate::error_code::ClusterErrorCode;
 use crate::internal::Forwarder;
-use crate::ownership::{Located, Ownership};
+use crate::ownership::{Located, Ownership, unavailable};
 use crate::replicas::Replicas;
 use crate::shipper::{Records, Shipper};
 
@@ -181,10 +181,7 @@ impl Placement for ActorPlacement {
                 .coordinator()
                 .list(&prefix)
                 .await
-                .map_err(|e| {
-                    tracing::warn!(error = %e, "cannot list actors");
-                    TurnError::from(ClusterErrorCode::StorageUnavailable)
-                })?;
+                .map_err(|e| TurnError::from(unavailable(e)))?;
             Ok(listed
                 .into_iter()
                 .filter_map(|l| {
@@ -209,10 +206,7 @@ impl Placement for ActorPlacement {
                 .coordinator()
                 .with_history(&keys)
                 .await
-                .map_err(|e| {
-                    tracing::warn!(error = %e, "cannot look actors up");
-                    TurnError::from(ClusterErrorCode::StorageUnavailable)
-                })?;
+                .map_err(|e| TurnError::from(unavailable(e)))?;
             Ok(found
                 .iter()
                 .filter_map(|key| parse_actor_key(key).map(|(_, _, name)| name.to_string()))

@@ -84,7 +84,8 @@ pub fn preferred<'a>(nodes: &'a [NodeInfo], key: &str) -> Option<&'a NodeInfo> {
     })
 }
 
-fn unavailable(e: CoordError) -> ClusterErrorCode {
+/// A coordinator that did not answer, as the error callers are given.
+pub(crate) fn unavailable(e: CoordError) -> ClusterErrorCode {
     tracing::warn!(error = %e, "the cluster database did not answer");
     ClusterErrorCode::StorageUnavailable
 }
