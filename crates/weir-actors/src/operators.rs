@@ -83,7 +83,7 @@ impl From<TurnError> for AdminError {
             status: code.status(),
             code: code.as_str().to_string(),
             message: format!(
-                "the actor's owner or its storage could not be reached: {}",
+                "the actor's owner or its storage could not take the call: {} (the nodes' logs say why)",
                 code.as_str()
             ),
         })

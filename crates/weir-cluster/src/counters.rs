@@ -35,6 +35,9 @@ pub struct Counters {
     /// Calls that did not run where they were sent (not the owner, or the
     /// owner unreachable before they left).
     pub not_run: AtomicU64,
+    /// Calls handed to a node of the previous build, as the older version
+    /// of the envelope it speaks (while a cluster is being upgraded).
+    pub sent_older: AtomicU64,
 }
 
 /// The counters as `/status` shows them.
@@ -51,6 +54,7 @@ pub struct CounterValues {
     pub forwarded: u64,
     pub served: u64,
     pub not_run: u64,
+    pub sent_older: u64,
 }
 
 /// Adds `n` to a counter.
@@ -73,6 +77,7 @@ impl Counters {
             forwarded: v(&self.forwarded),
             served: v(&self.served),
             not_run: v(&self.not_run),
+            sent_older: v(&self.sent_older),
         }
     }
 }

@@ -44,6 +44,17 @@ pub enum Target {
     },
 }
 
+impl Target {
+    /// The oldest call version ([`crate::call_versions`]) that carries
+    /// this target.
+    pub fn since(&self) -> u32 {
+        match self {
+            Target::Actor { .. } | Target::Kv { .. } | Target::Sql { .. } => 2,
+            Target::Operator { .. } => 3,
+        }
+    }
+}
+
 const ACTOR: u8 = 1;
 const KV: u8 = 2;
 const SQL: u8 = 3;
@@ -226,7 +237,10 @@ pub fn encode_request(target: &Target, request: &http::Request<Bytes>) -> Result
 }
 
 /// Decodes a call.
-pub fn decode_request(mut buf: Bytes) -> Result<(Target, http::Request<Bytes>), Malformed> {
+pub fn decode_request(
+    mut buf: Bytes,
+    version: u32,
+) -> Result<(Target, http::Request<Bytes>), Malformed> {
     let target = match get_u8(&mut buf)? {
         ACTOR => Target::Actor {
             app: get_string(&mut buf)?,
@@ -258,6 +272,9 @@ pub fn decode_request(mut buf: Bytes) -> Result<(Target, http::Request<Bytes>), 
         },
         _ => return Err(Malformed("an unknown target")),
     };
+    if target.since() > version {
+        return Err(Malformed("a target its call's version does not carry"));
+    }
     let method = Method::from_bytes(&get_str16(&mut buf)?).map_err(|_| Malformed("a method"))?;
     let len = get_u32(&mut buf)? as usize;
     let uri = Uri::from_maybe_shared(take(&mut buf, len)?).map_err(|_| Malformed("a URI"))?;
@@ -321,6 +338,7 @@ pub fn decode_answer(mut buf: Bytes) -> Result<Answer, Malformed> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::call_versions::{CALL_VERSION, OLDEST_CALL_VERSION};
 
     #[test]
     fn a_request_and_its_answer_survive_the_trip_whole() {
@@ -343,7 +361,8 @@ mod tests {
             name: "n".into(),
             chain: vec![("room".into(), "a".into()), ("cart".into(), "m".into())],
         };
-        let (t, back) = decode_request(encode_request(&target, &request).unwrap()).unwrap();
+        let (t, back) =
+            decode_request(encode_request(&target, &request).unwrap(), CALL_VERSION).unwrap();
         assert_eq!(t, target);
         assert_eq!(back.method(), request.method());
         assert_eq!(back.uri(), request.uri());
@@ -396,11 +415,19 @@ mod tests {
                 call,
             };
             let whole = encode_request(&target, &request).unwrap();
-            let (back, _) = decode_request(whole.clone()).unwrap();
+            let (back, _) = decode_request(whole.clone(), CALL_VERSION).unwrap();
             assert_eq!(back, target);
+            // Version 2 carries no operators' calls.
+            assert_eq!(
+                decode_request(whole.clone(), 2).unwrap_err(),
+                Malformed("a target its call's version does not carry")
+            );
             // The request is empty: every cut is inside the head.
             for cut in 0..whole.len() {
-                assert!(decode_request(whole.slice(..cut)).is_err(), "cut at {cut}");
+                assert!(
+                    decode_request(whole.slice(..cut), CALL_VERSION).is_err(),
+                    "cut at {cut}"
+                );
             }
         }
         let mut forged = BytesMut::new();
@@ -411,13 +438,13 @@ mod tests {
         let mut unknown = forged.clone();
         unknown.put_u8(9);
         assert_eq!(
-            decode_request(unknown.freeze()).unwrap_err(),
+            decode_request(unknown.freeze(), CALL_VERSION).unwrap_err(),
             Malformed("an unknown operator's call")
         );
         forged.put_u8(INSPECT);
         forged.put_u8(2);
         assert_eq!(
-            decode_request(forged.freeze()).unwrap_err(),
+            decode_request(forged.freeze(), CALL_VERSION).unwrap_err(),
             Malformed("an inspection's keys flag")
         );
     }
@@ -432,14 +459,24 @@ mod tests {
             chain: vec![("c".into(), "x".into())],
         };
         let whole = encode_request(&target, &request).unwrap();
+        // The oldest version served reads an actor's call as this one does.
+        assert_eq!(
+            decode_request(whole.clone(), OLDEST_CALL_VERSION)
+                .unwrap()
+                .0,
+            target
+        );
         // Every cut inside the head is refused (a cut in the body is just
         // a shorter body, which the outer transport's length guards).
         let head = whole.len() - 1;
         for cut in 0..head {
-            assert!(decode_request(whole.slice(..cut)).is_err(), "cut at {cut}");
+            assert!(
+                decode_request(whole.slice(..cut), CALL_VERSION).is_err(),
+                "cut at {cut}"
+            );
         }
         assert_eq!(
-            decode_request(Bytes::from_static(&[9])).unwrap_err(),
+            decode_request(Bytes::from_static(&[9]), CALL_VERSION).unwrap_err(),
             Malformed("an unknown target")
         );
         // A chain longer than any node makes is refused both ways.
@@ -463,7 +500,7 @@ mod tests {
         }
         forged.put_u16(MAX_CALL_DEPTH as u16 + 1);
         assert_eq!(
-            decode_request(forged.freeze()).unwrap_err(),
+            decode_request(forged.freeze(), CALL_VERSION).unwrap_err(),
             Malformed("a call chain too long")
         );
         // A "not run" answer with anything after it is not one.

@@ -21,7 +21,8 @@ pub enum ClusterErrorCode {
     /// not answer a call that may have run there; it is never resent.
     OwnerUnreachable,
     /// 501: what does not run in cluster mode yet (resident processes,
-    /// actors' WebSockets), named in the log.
+    /// actors' WebSockets), or what the owner's older build cannot take
+    /// (an operator's call), named in the log.
     Unsupported,
 }
 

@@ -31,32 +31,11 @@ use tokio::sync::{Semaphore, watch};
 use weir_actors::call_chain::CallChain;
 use weir_actors::{ActorAddress, ActorHost, Forwarded};
 
+use crate::call_versions::{self, Spoken, VERSIONS_HEADER};
 use crate::counters::{Counters, add};
 use crate::envelope::{self, Answer, Target};
 use crate::error_code::ClusterErrorCode;
 use crate::stores::StorePlacement;
-
-/// The version of the envelope ([`crate::envelope`]) this build speaks,
-/// in the path calls are posted to: a change of the envelope's format is a
-/// new version. Version 1 carried no call chain; 2 carries it; 3 adds
-/// operators' calls (an actor's inspection and deletion, run by its
-/// owner).
-pub const CALL_VERSION: u32 = 3;
-
-/// The path calls between nodes are posted to.
-pub const CALL_PATH: &str = "/weir/cluster/v3/call";
-
-/// The paths of every version: `CALL_PREFIX` + `v<N>` + `CALL_SUFFIX`.
-const CALL_PREFIX: &str = "/weir/cluster/";
-const CALL_SUFFIX: &str = "/call";
-
-/// The version a call path names, if it is one.
-fn call_version(path: &str) -> Option<&str> {
-    path.strip_prefix(CALL_PREFIX)?
-        .strip_suffix(CALL_SUFFIX)?
-        .strip_prefix('v')
-        .filter(|v| !v.is_empty() && v.len() <= 9 && v.bytes().all(|b| b.is_ascii_digit()))
-}
 
 /// What a refusing node's words are read of, at most: one line.
 const REFUSAL_BYTES: usize = 1024;
@@ -216,17 +195,18 @@ async fn handle(
     if request.method() != http::Method::POST {
         return plain(StatusCode::NOT_FOUND, "not a cluster call\n");
     }
-    let path = request.uri().path();
-    if path != CALL_PATH {
-        let Some(v) = call_version(path) else {
-            return plain(StatusCode::NOT_FOUND, "not a cluster call\n");
-        };
-        let why = format!(
-            "a call of version {v} from a node of another Weir build; this node speaks version {CALL_VERSION}: every node of a cluster must run the same build"
-        );
+    let Some(offered) = call_versions::call_version(request.uri().path()) else {
+        return plain(StatusCode::NOT_FOUND, "not a cluster call\n");
+    };
+    let Some(version) = call_versions::served(offered) else {
+        let (versions, why) = call_versions::refusal(offered);
         tracing::warn!("{why}");
-        return plain(StatusCode::BAD_REQUEST, why + "\n");
-    }
+        let mut refused = plain(StatusCode::BAD_REQUEST, why + "\n");
+        if let Ok(value) = http::HeaderValue::from_str(&versions) {
+            refused.headers_mut().insert(VERSIONS_HEADER, value);
+        }
+        return refused;
+    };
     let body = match Limited::new(request.into_body(), MAX_ENVELOPE_BYTES)
         .collect()
         .await
@@ -234,7 +214,7 @@ async fn handle(
         Ok(body) => body.to_bytes(),
         Err(_) => return plain(StatusCode::PAYLOAD_TOO_LARGE, "envelope too large\n"),
     };
-    let (target, call) = match envelope::decode_request(body) {
+    let (target, call) = match envelope::decode_request(body, version) {
         Ok(decoded) => decoded,
         Err(e) => {
             tracing::warn!(error = %e, "a malformed call from another node");
@@ -305,6 +285,8 @@ pub struct Forwarder {
     client: Client<HttpConnector, Full<Bytes>>,
     secret: Arc<str>,
     counters: Arc<Counters>,
+    /// The nodes found to speak an older version than this build.
+    spoken: Arc<Spoken>,
 }
 
 impl Forwarder {
@@ -316,10 +298,12 @@ impl Forwarder {
             client: Client::builder(TokioExecutor::new()).build(connector),
             secret: Arc::from(secret),
             counters,
+            spoken: Arc::default(),
         }
     }
 
-    /// Hands a call to `target` to the node at `node`.
+    /// Hands a call to `target` to the node at `node`, as the newest
+    /// version of the envelope both nodes speak that carries it.
     pub async fn call(&self, node: &str, target: &Target, request: Request<Bytes>) -> Forwarded {
         add(&self.counters.forwarded, 1);
         let failed = |why: &str, sent: bool| {
@@ -335,31 +319,71 @@ impl Forwarder {
             Ok(body) => body,
             Err(e) => return failed(&e.to_string(), false),
         };
-        let uri = format!("http://{node}{CALL_PATH}");
-        let Ok(call) = Request::post(uri)
+        let needed = target.since();
+        let mut version = self.spoken.to(node, needed);
+        let response = loop {
+            let Ok(call) = Request::post(format!(
+                "http://{node}{}",
+                call_versions::call_path(version)
+            ))
             .header(SECRET_HEADER, self.secret.as_ref())
-            .body(Full::new(body))
-        else {
-            return failed("an unusable node address", false);
-        };
-        let response = match tokio::time::timeout(FORWARD_TIMEOUT, self.client.request(call)).await
-        {
-            Ok(Ok(response)) => response,
-            // No connection was made: the call never left.
-            Ok(Err(e)) if e.is_connect() => return failed(&e.to_string(), false),
-            Ok(Err(e)) => return failed(&e.to_string(), true),
-            Err(_) => return failed("no answer in time", true),
-        };
-        if response.status() != StatusCode::OK {
+            .body(Full::new(body.clone())) else {
+                return failed("an unusable node address", false);
+            };
+            let response =
+                match tokio::time::timeout(FORWARD_TIMEOUT, self.client.request(call)).await {
+                    Ok(Ok(response)) => response,
+                    // No connection was made: the call never left.
+                    Ok(Err(e)) if e.is_connect() => return failed(&e.to_string(), false),
+                    Ok(Err(e)) => return failed(&e.to_string(), true),
+                    Err(_) => return failed("no answer in time", true),
+                };
+            if response.status() == StatusCode::OK {
+                break response;
+            }
             // Refused before it ran (a wrong secret, a malformed call, a
             // node of another build): its own words, briefly.
             let status = response.status();
-            let said = Limited::new(response.into_body(), REFUSAL_BYTES)
+            let (head, body) = response.into_parts();
+            let said = Limited::new(body, REFUSAL_BYTES)
                 .collect()
                 .await
                 .map(|b| String::from_utf8_lossy(&b.to_bytes()).trim().to_string())
                 .unwrap_or_default();
-            return failed(&format!("refused with {status}: {said}"), false);
+            let agreed = (status == StatusCode::BAD_REQUEST)
+                .then(|| call_versions::spoken_by(&head.headers, &said))
+                .flatten()
+                .and_then(call_versions::agreed);
+            match agreed {
+                // A node of another build that speaks a version this one
+                // does too: the call did not run, it goes again as that.
+                Some(v) if v != version && v >= needed => {
+                    tracing::info!(
+                        node,
+                        version = v,
+                        "a node of another Weir build: calls to it are sent as the version it speaks"
+                    );
+                    self.spoken.found(node, v);
+                    version = v;
+                }
+                Some(v) if v < needed => {
+                    tracing::warn!(
+                        node,
+                        version = v,
+                        needed,
+                        "a node of an older Weir build cannot take this call (its version does not carry it); it can once it is upgraded"
+                    );
+                    return Forwarded::Failed(ClusterErrorCode::Unsupported.into());
+                }
+                _ => return failed(&format!("refused with {status}: {said}"), false),
+            }
+        };
+        if version < call_versions::CALL_VERSION {
+            add(&self.counters.sent_older, 1);
+        } else if needed > call_versions::OLDEST_CALL_VERSION {
+            // Taken as this build's version, which the node was perhaps
+            // once found not to speak: it has been upgraded since.
+            self.spoken.found(node, version);
         }
         let body = match Limited::new(response.into_body(), MAX_ENVELOPE_BYTES)
             .collect()
@@ -384,26 +408,6 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn call_paths_name_their_version() {
-        assert_eq!(
-            call_version(CALL_PATH),
-            Some(CALL_VERSION.to_string().as_str())
-        );
-        assert_eq!(call_version("/weir/cluster/v1/call"), Some("1"));
-        assert_eq!(call_version("/weir/cluster/v2/call"), Some("2"));
-        for other in [
-            "/weir/cluster/v/call",
-            "/weir/cluster/vx/call",
-            "/weir/cluster/v1/call/",
-            "/weir/cluster/call",
-            "/weir/cluster/v1234567890/call",
-            "/",
-        ] {
-            assert_eq!(call_version(other), None, "{other}");
-        }
-    }
 
     #[test]
     fn only_the_secret_itself_is_admitted() {

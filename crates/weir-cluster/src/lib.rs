@@ -23,6 +23,7 @@
 
 pub mod actors;
 pub mod alarms;
+pub mod call_versions;
 pub mod committer;
 pub mod config;
 pub mod coordinator;

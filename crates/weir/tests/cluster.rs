@@ -208,14 +208,14 @@ async fn the_internal_listener_refuses_strangers_and_guests_cannot_reach_it() {
                 .unwrap(),
         )
     };
-    // A call of the envelope version before this build's (a node of an
-    // older build, as in a rolling upgrade): 400, named, nothing read.
-    let r = truncated("/weir/cluster/v2/call").await.unwrap();
+    // A call of an envelope version this build no longer speaks (a node
+    // two builds older): 400, named, nothing read.
+    let r = truncated("/weir/cluster/v1/call").await.unwrap();
     assert_eq!(r.status, 400);
     assert_eq!(
         r.text(),
-        "a call of version 2 from a node of another Weir build; this node speaks version 3: \
-         every node of a cluster must run the same build\n"
+        "a call of version 1 from a node of another Weir build; this node speaks versions 2 \
+         to 3: nodes of a cluster must be at most one version apart\n"
     );
     // The secret with a malformed envelope: 400, nothing runs.
     let r = truncated("/weir/cluster/v3/call").await.unwrap();

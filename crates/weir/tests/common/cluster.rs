@@ -69,7 +69,8 @@ fn unprivileged() -> Option<&'static str> {
     })
 }
 
-fn free_port() -> u16 {
+/// A port nothing listens on now.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -288,6 +289,18 @@ pub fn node(pg: &Postgres, name: &str, dir: &Path, extra: &[&str]) -> Weir {
 
 /// Starts node `name` serving `app`, with `extra` arguments.
 pub fn node_with_app(pg: &Postgres, name: &str, dir: &Path, app: &Path, extra: &[&str]) -> Weir {
+    node_listening(pg, name, dir, app, "127.0.0.1:0", extra)
+}
+
+/// Starts node `name` serving `app`, its internal listener on `listen`.
+pub fn node_listening(
+    pg: &Postgres,
+    name: &str,
+    dir: &Path,
+    app: &Path,
+    listen: &str,
+    extra: &[&str],
+) -> Weir {
     let url = pg.url();
     let lease = format!("cluster_lease_ms={LEASE_MS}");
     let mut args = vec![
@@ -299,7 +312,7 @@ pub fn node_with_app(pg: &Postgres, name: &str, dir: &Path, app: &Path, extra: &
         "--node",
         name,
         "--cluster-listen",
-        "127.0.0.1:0",
+        listen,
         "--limit",
         &lease,
     ];
