@@ -267,15 +267,16 @@ impl Ownership {
     /// Deletes `key`'s history at the coordinator, while this node owns
     /// it: true if it had any (a head past 0). After it the node owns
     /// nothing of that key, and a later claim makes a new object.
+    ///
+    /// The node forgets its claim even when the coordinator's answer did
+    /// not come: the object may be gone, and a claim kept on it would let
+    /// a later deletion through this node name the gone object (answered
+    /// "gone") while another node's new object of the same key lives on.
     pub async fn forget(&self, key: &str) -> Result<bool, ClusterErrorCode> {
         let owned = self.owned(key).ok_or(ClusterErrorCode::OwnershipLost)?;
-        let deleted = self
-            .coordinator
-            .delete(owned.fence())
-            .await
-            .map_err(unavailable)?;
+        let deleted = self.coordinator.delete(owned.fence()).await;
         self.lost(key);
-        match deleted {
+        match deleted.map_err(unavailable)? {
             Deleted::Deleted { head } => Ok(head > 0),
             // Deleted by an earlier try whose answer was lost.
             Deleted::Gone => Ok(false),
