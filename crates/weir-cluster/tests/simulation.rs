@@ -14,7 +14,10 @@
 //! - no acknowledged write lost (every acknowledged write is in its
 //!   object's log, exactly once);
 //! - every due alarm delivered (each object's alarm, set by its first
-//!   write, is delivered at least once after the faults end).
+//!   write, is delivered at least once after the faults end);
+//! - a deletion is fenced and whole: an acknowledged write is gone only
+//!   if a deletion accepted after it was sent took it, and no write
+//!   acknowledged before an acknowledged deletion was sent outlives it.
 
 mod sim;
 
@@ -51,6 +54,19 @@ const WRITE_EVERY_MS: u64 = 60;
 const ALARM_AFTER_MS: i64 = 2_500;
 /// One write in this many asks for a snapshot of its object at its head.
 const SNAPSHOT_ONE_IN: u64 = 6;
+/// One client call in this many deletes its object instead of writing
+/// (an operator's deletion, run by the owner as a call is).
+const DELETE_ONE_IN: u64 = 25;
+
+/// A write acknowledged: its id, when it was sent, when acknowledged.
+type AckedWrite = (u64, Instant, Instant);
+
+/// What a client asks of an object.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Write(u64),
+    Delete,
+}
 
 /// An object open on a node.
 struct Open {
@@ -86,8 +102,11 @@ struct Cluster {
     model: Arc<Model>,
     faults: Arc<Faults>,
     nodes: Mutex<Vec<Arc<Node>>>,
-    /// Client writes acknowledged, by object.
-    acked: Mutex<BTreeMap<String, Vec<u64>>>,
+    /// Client writes acknowledged, by object: each one's id, when it was
+    /// sent and when it was acknowledged.
+    acked: Mutex<BTreeMap<String, Vec<AckedWrite>>>,
+    /// Deletions acknowledged: each one's object and when it was sent.
+    deleted: Mutex<Vec<(String, Instant)>>,
 }
 
 impl Cluster {
@@ -181,8 +200,9 @@ impl Cluster {
         }
     }
 
-    /// Runs a write on the node that owns it, handed on at most twice.
-    async fn write(self: &Arc<Self>, entry: usize, key: &str, id: u64) -> Reply {
+    /// Runs a client's call on the node that owns its object, handed on
+    /// at most twice.
+    async fn call(self: &Arc<Self>, entry: usize, key: &str, op: Op) -> Reply {
         let first = self.node(entry);
         if first.dead.load(Ordering::Relaxed) {
             return Reply::NotRun;
@@ -190,9 +210,7 @@ impl Cluster {
         let mut last = Reply::NotRun;
         for attempt in 0..2 {
             match first.ownership.locate(key, attempt > 0, false).await {
-                Ok(Located::Here(owned)) => {
-                    return self.local(&first, key, owned, Write::Client(id)).await;
-                }
+                Ok(Located::Here(owned)) => return self.run(&first, key, owned, op).await,
                 Ok(Located::Elsewhere(address)) => {
                     let (lost_on_the_way, lost_coming_back) = {
                         let mut rng = self.faults.rng();
@@ -207,7 +225,7 @@ impl Cluster {
                         last = Reply::NotRun;
                         continue;
                     }
-                    let reply = self.forwarded(&owner, key, id).await;
+                    let reply = self.forwarded(&owner, key, op).await;
                     if reply == Reply::NotRun {
                         last = reply;
                         continue;
@@ -224,13 +242,50 @@ impl Cluster {
         last
     }
 
-    async fn forwarded(self: &Arc<Self>, node: &Arc<Node>, key: &str, id: u64) -> Reply {
+    async fn forwarded(self: &Arc<Self>, node: &Arc<Node>, key: &str, op: Op) -> Reply {
         if node.dead.load(Ordering::Relaxed) {
             return Reply::NotRun;
         }
         match node.ownership.locate(key, false, true).await {
-            Ok(Located::Here(owned)) => self.local(node, key, owned, Write::Client(id)).await,
+            Ok(Located::Here(owned)) => self.run(node, key, owned, op).await,
             Ok(Located::Elsewhere(_)) => Reply::NotRun,
+            Err(_) => Reply::Failed,
+        }
+    }
+
+    /// Runs a client's call here, on the owner.
+    async fn run(self: &Arc<Self>, node: &Arc<Node>, key: &str, owned: Owned, op: Op) -> Reply {
+        match op {
+            Op::Write(id) => self.local(node, key, owned, Write::Client(id)).await,
+            Op::Delete => self.delete(node, key).await,
+        }
+    }
+
+    /// Deletes an object on its owner as an operator's deletion does:
+    /// between two writes (its lock held throughout), once its commits
+    /// settled; this node's copy goes with its history.
+    async fn delete(self: &Arc<Self>, node: &Arc<Node>, key: &str) -> Reply {
+        let object = node
+            .objects
+            .lock()
+            .unwrap()
+            .entry(key.to_string())
+            .or_default()
+            .clone();
+        let mut guard = object.lock().await;
+        if node.dead.load(Ordering::Relaxed) {
+            return Reply::Failed;
+        }
+        if let Some(open) = guard.as_ref()
+            && open.shipper.settled().await.is_err()
+        {
+            return Reply::Failed;
+        }
+        let forgotten = node.ownership.forget(key).await;
+        node.records.forget(key);
+        *guard = None;
+        match forgotten {
+            Ok(_) => Reply::Acked,
             Err(_) => Reply::Failed,
         }
     }
@@ -342,6 +397,7 @@ async fn schedule(seed: u64, fenced: bool) -> Result<String, String> {
         faults: faults.clone(),
         nodes: Mutex::new(Vec::new()),
         acked: Mutex::new(BTreeMap::new()),
+        deleted: Mutex::new(Vec::new()),
     });
     for i in 0..NODES {
         let node = cluster.start(i).await;
@@ -395,36 +451,49 @@ async fn schedule(seed: u64, fenced: bool) -> Result<String, String> {
         tokio::spawn(async move {
             let mut calls = Vec::new();
             while Instant::now() - begin < FAULTS_FOR + Duration::from_millis(2000) {
-                let (wait, entry, object) = {
+                let (wait, entry, object, delete) = {
                     let mut rng = cluster.faults.rng();
                     (
                         Duration::from_millis(rng.below(2 * WRITE_EVERY_MS)),
                         rng.below(NODES as u64) as usize,
                         rng.below(OBJECTS as u64),
+                        rng.chance(DELETE_ONE_IN),
                     )
                 };
                 tokio::time::sleep(wait).await;
-                let id = next_id.fetch_add(1, Ordering::Relaxed);
+                let op = if delete {
+                    Op::Delete
+                } else {
+                    Op::Write(next_id.fetch_add(1, Ordering::Relaxed))
+                };
                 let cluster = cluster.clone();
                 calls.push(tokio::spawn(async move {
                     let key = format!("actor/sim/o/{object}");
-                    let reply = cluster.write(entry, &key, id).await;
+                    let sent = Instant::now();
+                    let reply = cluster.call(entry, &key, op).await;
                     if reply == Reply::Acked {
-                        cluster
-                            .acked
-                            .lock()
-                            .unwrap()
-                            .entry(key)
-                            .or_default()
-                            .push(id);
+                        match op {
+                            Op::Write(id) => {
+                                cluster.acked.lock().unwrap().entry(key).or_default().push((
+                                    id,
+                                    sent,
+                                    Instant::now(),
+                                ))
+                            }
+                            Op::Delete => cluster.deleted.lock().unwrap().push((key, sent)),
+                        }
                     }
-                    reply
+                    (op, reply)
                 }));
             }
             let mut replies = BTreeMap::new();
             for call in calls {
-                if let Ok(reply) = call.await {
-                    *replies.entry(format!("{reply:?}")).or_insert(0u64) += 1;
+                if let Ok((op, reply)) = call.await {
+                    let what = match op {
+                        Op::Write(_) => "write",
+                        Op::Delete => "delete",
+                    };
+                    *replies.entry(format!("{what} {reply:?}")).or_insert(0u64) += 1;
                 }
             }
             replies
@@ -448,23 +517,61 @@ async fn schedule(seed: u64, fenced: bool) -> Result<String, String> {
     // The checks.
     let mut wrong = cluster.model.check_logs();
     let logs = cluster.model.logs();
-    let acked = cluster.acked.lock().unwrap().clone();
-    let mut acked_total = 0;
-    for (key, ids) in &acked {
-        let log = logs.get(key).cloned().unwrap_or_default();
-        let written: Vec<u64> = log
-            .iter()
+    let erased = cluster.model.erased();
+    let written = |log: &[Vec<u8>]| -> Vec<u64> {
+        log.iter()
             .filter(|e| e[0] == b'w')
             .map(|e| u64::from_be_bytes(e[1..9].try_into().unwrap()))
+            .collect()
+    };
+    let acked = cluster.acked.lock().unwrap().clone();
+    let mut acked_total = 0;
+    let mut finals: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+    let keys: BTreeSet<&String> = logs
+        .keys()
+        .chain(erased.keys())
+        .chain(acked.keys())
+        .collect();
+    for key in keys {
+        // Each write once, in the object's log or in one deleted before it.
+        let kept = written(logs.get(key).map_or(&[][..], |l| &l[..]));
+        let lives: Vec<(Instant, Vec<u64>)> = erased
+            .get(key)
+            .map(|e| e.iter().map(|(at, log)| (*at, written(log))).collect())
+            .unwrap_or_default();
+        let every: Vec<u64> = kept
+            .iter()
+            .chain(lives.iter().flat_map(|(_, ids)| ids))
+            .copied()
             .collect();
-        let distinct: BTreeSet<u64> = written.iter().copied().collect();
-        if distinct.len() != written.len() {
-            wrong.push(format!("{key}: a write is in the log twice"));
+        if every.iter().copied().collect::<BTreeSet<_>>().len() != every.len() {
+            wrong.push(format!("{key}: a write is in the logs twice"));
         }
-        for id in ids {
+        let kept: BTreeSet<u64> = kept.into_iter().collect();
+        for (id, sent, _) in acked.get(key).map_or(&[][..], |a| &a[..]) {
             acked_total += 1;
-            if !distinct.contains(id) {
-                wrong.push(format!("{key}: acknowledged write {id} is lost"));
+            if kept.contains(id) {
+                continue;
+            }
+            match lives.iter().find(|(_, ids)| ids.contains(id)) {
+                Some((at, _)) if at >= sent => {}
+                Some(_) => wrong.push(format!(
+                    "{key}: acknowledged write {id} is in a log deleted before it was sent"
+                )),
+                None => wrong.push(format!("{key}: acknowledged write {id} is lost")),
+            }
+        }
+        finals.insert(key.clone(), kept);
+    }
+    // An acknowledged deletion took every write acknowledged before it
+    // was sent.
+    for (key, sent) in cluster.deleted.lock().unwrap().iter() {
+        for (id, _, acked_at) in acked.get(key).map_or(&[][..], |a| &a[..]) {
+            if acked_at < sent && finals.get(key).is_some_and(|k| k.contains(id)) {
+                wrong.push(format!(
+                    "{key}: write {id}, acknowledged before a deletion that was acknowledged, \
+                     outlived it"
+                ));
             }
         }
     }
@@ -482,12 +589,12 @@ async fn schedule(seed: u64, fenced: bool) -> Result<String, String> {
     for i in 0..NODES {
         cluster.crash(i);
     }
-    let (takeovers, refused, runs, snapshots) = cluster.model.counts();
+    let (takeovers, refused, runs, snapshots, deletions) = cluster.model.counts();
     if wrong.is_empty() {
         Ok(format!(
             "{acked_total} acknowledged, {delivered} alarms delivered, {takeovers} takeovers, \
              {refused} commits refused by the fence, {runs} entries of several writes, \
-             {snapshots} snapshots, replies {replies:?}"
+             {snapshots} snapshots, {deletions} deletions, replies {replies:?}"
         ))
     } else {
         Err(wrong.join("\n"))
@@ -547,13 +654,13 @@ fn the_protocol_keeps_its_invariants_over_ten_thousand_seeded_schedules() {
     // the seeds are shared out over the machine's cores; the totals are
     // sums, and a failure names the lowest failing seed whatever the order.
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-    let outcomes: Vec<Result<[u64; 5], (u64, String)>> = std::thread::scope(|scope| {
+    let outcomes: Vec<Result<[u64; 6], (u64, String)>> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|t| scope.spawn(move || schedules_from(t, threads, schedules)))
             .collect();
         workers.into_iter().map(|w| w.join().unwrap()).collect()
     });
-    let mut totals = [0u64; 5];
+    let mut totals = [0u64; 6];
     let mut failed: Option<(u64, String)> = None;
     for outcome in outcomes {
         match outcome {
@@ -568,13 +675,14 @@ fn the_protocol_keeps_its_invariants_over_ten_thousand_seeded_schedules() {
     if let Some((seed, wrong)) = failed {
         panic!("seed {seed} (replay with WEIR_SIM_SEED={seed}):\n{wrong}");
     }
-    let [acked, takeovers, refused, runs, snapshots] = totals;
+    let [acked, takeovers, refused, runs, snapshots, deletions] = totals;
     println!(
         "{schedules} schedules: {acked} acknowledged writes, {takeovers} takeovers, \
-         {refused} commits refused by the fence, {runs} entries of several writes, {snapshots} snapshots; \
-         every invariant held, in {:?}",
+         {refused} commits refused by the fence, {runs} entries of several writes, {snapshots} snapshots, \
+         {deletions} deletions; every invariant held, in {:?}",
         started.elapsed()
     );
+    assert!(deletions > 0, "objects were deleted under the faults");
     assert!(
         takeovers > schedules,
         "the faults moved objects between nodes"
@@ -587,9 +695,9 @@ fn the_protocol_keeps_its_invariants_over_ten_thousand_seeded_schedules() {
 }
 
 /// Runs every `step`th seed below `schedules` from `first`; the sums of
-/// their summaries (acknowledged, takeovers, refused, runs, snapshots), or
-/// the first seed that broke an invariant and what it broke.
-fn schedules_from(first: u64, step: u64, schedules: u64) -> Result<[u64; 5], (u64, String)> {
+/// their summaries (acknowledged, takeovers, refused, runs, snapshots,
+/// deletions), or the first seed that broke an invariant and what it broke.
+fn schedules_from(first: u64, step: u64, schedules: u64) -> Result<[u64; 6], (u64, String)> {
     let number = |summary: &str, i: usize| {
         summary
             .split(", ")
@@ -598,10 +706,10 @@ fn schedules_from(first: u64, step: u64, schedules: u64) -> Result<[u64; 5], (u6
             .and_then(|n| n.parse::<u64>().ok())
             .unwrap_or(0)
     };
-    let mut sums = [0u64; 5];
+    let mut sums = [0u64; 6];
     for seed in (first..schedules).step_by(step as usize) {
         let summary = run(seed).map_err(|wrong| (seed, wrong))?;
-        for (sum, i) in sums.iter_mut().zip([0, 2, 3, 4, 5]) {
+        for (sum, i) in sums.iter_mut().zip([0, 2, 3, 4, 5, 6]) {
             *sum += number(&summary, i);
         }
     }

@@ -55,7 +55,15 @@ struct State {
     snapshots: BTreeMap<i64, (u64, Vec<u8>)>,
     /// Snapshots stored.
     stored: u64,
+    /// Deleted objects' logs, by key: when each was deleted, and its
+    /// entries (the checks tell a write a deletion took from a lost one).
+    erased: BTreeMap<String, Vec<Erased>>,
+    /// Deletions accepted.
+    deletions: u64,
 }
+
+/// A deleted object's log: when it was deleted, and its entries.
+pub type Erased = (Instant, Vec<Vec<u8>>);
 
 /// The model.
 pub struct Model {
@@ -76,10 +84,10 @@ impl Model {
     }
 
     /// Takeovers, refused commits, entries that carried more than one
-    /// write, and stored snapshots, so far.
-    pub fn counts(&self) -> (u64, u64, u64, u64) {
+    /// write, stored snapshots and accepted deletions, so far.
+    pub fn counts(&self) -> (u64, u64, u64, u64, u64) {
         let s = self.lock();
-        (s.takeovers, s.refused, s.runs, s.stored)
+        (s.takeovers, s.refused, s.runs, s.stored, s.deletions)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -332,7 +340,8 @@ impl Model {
     }
 
     /// Deletes the object the fence names, whole, while the fence holds
-    /// (as PostgreSQL's does): the head its row had.
+    /// (as PostgreSQL's does): the head its row had. Its log is kept aside
+    /// for the checks.
     pub fn delete(&self, fence: Fence) -> Deleted {
         let mut s = self.lock();
         let live = Model::live(&s, fence.session);
@@ -344,13 +353,31 @@ impl Model {
         else {
             return Deleted::Gone;
         };
-        if row.owner != Some(fence.session) || row.epoch != fence.epoch || !live {
+        let holds = row.owner == Some(fence.session) && row.epoch == fence.epoch && live;
+        if self.fenced && !holds {
             return Deleted::Fenced;
         }
+        if fence.epoch < row.epoch {
+            let v = format!(
+                "object {}: a deletion of epoch {} was accepted after epoch {} was claimed",
+                fence.object, fence.epoch, row.epoch
+            );
+            s.violations.push(v);
+        }
         s.rows.remove(&key);
-        s.log.remove(&fence.object);
+        let log = s.log.remove(&fence.object).unwrap_or_default();
         s.snapshots.remove(&fence.object);
+        s.erased
+            .entry(key)
+            .or_default()
+            .push((Instant::now(), log.into_iter().map(|(_, e)| e).collect()));
+        s.deletions += 1;
         Deleted::Deleted { head: row.head }
+    }
+
+    /// Deleted objects' logs by key: when each went, and its entries.
+    pub fn erased(&self) -> BTreeMap<String, Vec<Erased>> {
+        self.lock().erased.clone()
     }
 
     /// Stores a snapshot at `head` while the fence holds and the row is
