@@ -28,6 +28,10 @@ pub const CALL_VERSION: u32 = 3;
 /// upgraded node by node. Version 1 is not: its envelope differs.
 pub const OLDEST_CALL_VERSION: u32 = 2;
 
+/// What `weir --version` says of the calls between nodes, for an
+/// operator to tell which builds can serve one cluster together.
+pub const VERSIONS_SPOKEN: &str = "cluster calls: versions 2 to 3";
+
 /// The header of a refusal that names the versions the refusing node
 /// speaks, as `OLDEST-NEWEST`. Nodes of version 2 name only theirs, in
 /// words ([`OLD_REFUSAL`]).
@@ -164,6 +168,10 @@ mod tests {
         assert_eq!(served("3"), Some(3));
         assert_eq!(served("4"), None);
         assert_eq!(served("000000003"), Some(3));
+        assert_eq!(
+            VERSIONS_SPOKEN,
+            format!("cluster calls: versions {OLDEST_CALL_VERSION} to {CALL_VERSION}")
+        );
     }
 
     #[test]

@@ -99,6 +99,9 @@ pub struct ClusterStatus {
     pub lease_held: bool,
     pub lease_ms: u64,
     pub nodes: Vec<String>,
+    /// The versions of calls between nodes this node speaks, oldest and
+    /// newest ([`call_versions`]).
+    pub call_versions: [u32; 2],
     /// What this node shipped, claimed, rebuilt and handed on so far.
     pub counters: counters::CounterValues,
 }
@@ -272,6 +275,10 @@ impl Cluster {
             lease_held: held.is_some(),
             lease_ms: self.config.lease.as_millis() as u64,
             nodes: self.lease.nodes().into_iter().map(|n| n.name).collect(),
+            call_versions: [
+                call_versions::OLDEST_CALL_VERSION,
+                call_versions::CALL_VERSION,
+            ],
             counters: self.ownership.counters().values(),
         }
     }

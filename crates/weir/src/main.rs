@@ -46,10 +46,20 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Exit code for a usage or configuration error, as clap uses.
 pub(crate) const EXIT_USAGE: u8 = 2;
 
+/// `weir --version`: the build, and the versions of calls between cluster
+/// nodes it speaks (a cluster upgrades node by node between builds that
+/// share one). A literal, checked against `call_versions` by the CLI's
+/// tests.
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (cluster calls: versions 2 to 3)"
+);
+
 #[derive(Parser)]
 #[command(
     name = "weir",
     version,
+    long_version = LONG_VERSION,
     about = "A self-hosted runtime for Wasm programs that serve events"
 )]
 struct Cli {

@@ -580,3 +580,17 @@ async fn a_start_that_fails_names_its_cause_once() {
     assert!(os.contains("(os error"), "{said}");
     assert_eq!(said.matches(os).count(), 1, "{said}");
 }
+
+#[test]
+fn the_version_names_the_cluster_call_versions_it_speaks() {
+    let out = common::weir_command().arg("--version").output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!(
+            "weir {} ({})",
+            env!("CARGO_PKG_VERSION"),
+            weir_cluster::call_versions::VERSIONS_SPOKEN
+        )
+    );
+}
