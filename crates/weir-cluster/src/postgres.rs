@@ -7,7 +7,7 @@
 //! [`CALL_TIMEOUT`] (a hung database is an unavailable one, never a hung
 //! node); a connection error, a timeout and a server that is shutting down
 //! are all [`CoordError::Unavailable`]. The tables and their creation are
-//! `schema`'s.
+//! `schema`'s; the operators' steps (deletion, listing) `operators`'.
 
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
+mod operators;
 mod schema;
 
 use crate::coordinator::{
@@ -485,89 +486,15 @@ impl Coordinator for Postgres {
     }
 
     async fn delete(&self, fence: Fence) -> Result<Deleted, CoordError> {
-        timed(async {
-            let mut client = self.client().await?;
-            let tx = client.transaction().await.map_err(classify)?;
-            // The row first: its lock waits for any commit or snapshot that
-            // holds it, so the statements after it see what they wrote,
-            // and any that comes later finds no row and writes nothing.
-            let head = tx
-                .query_opt(
-                    &format!(
-                        "DELETE FROM weir_objects o
-                         WHERE o.id = $1 AND o.owner = $2 AND o.epoch = $3 AND {LIVE}
-                         RETURNING o.head"
-                    ),
-                    &[&fence.object, &fence.session, &fence.epoch],
-                )
-                .await
-                .map_err(classify)?
-                .map(|row| row.get::<_, i64>(0) as u64);
-            let Some(head) = head else {
-                let there = tx
-                    .query_opt("SELECT 1 FROM weir_objects WHERE id = $1", &[&fence.object])
-                    .await
-                    .map_err(classify)?;
-                return Ok(if there.is_some() {
-                    Deleted::Fenced
-                } else {
-                    Deleted::Gone
-                });
-            };
-            tx.execute("DELETE FROM weir_log WHERE object = $1", &[&fence.object])
-                .await
-                .map_err(classify)?;
-            tx.execute(
-                "DELETE FROM weir_snapshots WHERE object = $1",
-                &[&fence.object],
-            )
-            .await
-            .map_err(classify)?;
-            tx.commit().await.map_err(classify)?;
-            Ok(Deleted::Deleted { head })
-        })
-        .await
+        self.delete_object(fence).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Listed>, CoordError> {
-        timed(async {
-            let client = self.client().await?;
-            // `left(…) = $1`, not `LIKE`: a prefix's `_` and `%` are its own.
-            let rows = client
-                .query(
-                    "SELECT o.key, o.alarm_at, n.name FROM weir_objects o
-                     LEFT JOIN weir_nodes n ON n.session = o.owner AND n.expires_at > now()
-                     WHERE left(o.key, length($1)) = $1 AND o.head > 0
-                     ORDER BY o.key",
-                    &[&prefix],
-                )
-                .await
-                .map_err(classify)?;
-            Ok(rows
-                .iter()
-                .map(|row| Listed {
-                    key: row.get(0),
-                    alarm_at: row.get(1),
-                    owner: row.get(2),
-                })
-                .collect())
-        })
-        .await
+        self.list_objects(prefix).await
     }
 
     async fn with_history(&self, keys: &[String]) -> Result<Vec<String>, CoordError> {
-        timed(async {
-            let client = self.client().await?;
-            let rows = client
-                .query(
-                    "SELECT key FROM weir_objects WHERE key = ANY($1) AND head > 0",
-                    &[&keys],
-                )
-                .await
-                .map_err(classify)?;
-            Ok(rows.iter().map(|row| row.get(0)).collect())
-        })
-        .await
+        self.keys_with_history(keys).await
     }
 
     async fn history(&self, id: i64, head: u64) -> Result<History, CoordError> {

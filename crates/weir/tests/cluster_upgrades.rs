@@ -118,7 +118,10 @@ async fn a_node_serves_calls_of_the_previous_version_and_refuses_others_naming_i
     let pg = Postgres::start();
     let n1 = node(&pg, "n1", &node_dir("versions", "n1"), &[]);
     let status = n1.admin_get("/status").await.json();
-    assert_eq!(status["cluster"]["call_versions"], serde_json::json!([2, 3]));
+    assert_eq!(
+        status["cluster"]["call_versions"],
+        serde_json::json!([2, 3])
+    );
     let internal: SocketAddr = status["cluster"]["address"]
         .as_str()
         .unwrap()
