@@ -363,3 +363,59 @@ async fn copies_kept_from_an_earlier_ownership_go_with_a_deleted_actor() {
     assert_eq!(incr(&n2, "moved").await.text(), "1");
     assert_eq!(incr(&n1, "away").await.text(), "1");
 }
+
+/// An operator's call whose owner died: refused by name while the dead
+/// node's lease still holds (nothing deleted), then run by the node that
+/// takes the actor over, from the history in PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_call_to_a_dead_owner_is_refused_by_name_then_runs_on_the_next_owner() {
+    let pg = Postgres::start();
+    // A lease long enough that the refusal comes while it holds.
+    let lease = ["--limit", "cluster_lease_ms=5000"];
+    let n1 = node(&pg, "n1", &node_dir("dead-owner", "n1"), &lease);
+    let mut n2 = node(&pg, "n2", &node_dir("dead-owner", "n2"), &lease);
+    // An actor n2 owns, with a history (asked through n2, which knew n1
+    // when it started; n1 learns of n2 at its next renewal).
+    let mut owned = None;
+    for i in 0..32 {
+        let name = format!("doomed{i}");
+        assert_eq!(incr(&n2, &name).await.text(), "1");
+        if pg.owner(&actor_key(&name)).as_deref() == Some("n2") {
+            owned = Some(name);
+            break;
+        }
+    }
+    let doomed = owned.expect("an actor of n2's among 32 names");
+    assert_eq!(incr(&n1, &doomed).await.text(), "2");
+    n2.signal("KILL");
+    n2.wait_exit(std::time::Duration::from_secs(10))
+        .expect("killed");
+    let path = format!("/actors/probe/{doomed}");
+    let rows = format!(
+        "SELECT count(*) FROM weir_objects WHERE key = '{}'",
+        actor_key(&doomed)
+    );
+    for (method, what) in [("GET", "inspection"), ("DELETE", "deletion")] {
+        let r = n1.admin_send(method, &path).await;
+        assert_eq!(r.status, 502, "{what}: {:?}", r.body);
+        assert_eq!(r.json()["error"], "owner_unreachable", "{what}");
+    }
+    assert_eq!(pg.psql("weir", &rows), "1", "nothing deleted");
+    // Once the lease lapses n1 takes the actor over: it inspects what
+    // was durable, and deletes it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let detail = loop {
+        let r = n1.admin_get(&format!("{path}?keys=1")).await;
+        if r.status == 200 || std::time::Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(detail.status, 200, "{:?}", detail.body);
+    assert_eq!(detail.json()["keys"][0]["text"], "2");
+    let r = n1.admin_send("DELETE", &path).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.json()["deleted"], true);
+    assert_eq!(pg.psql("weir", &rows), "0");
+    assert_eq!(incr(&n1, &doomed).await.text(), "1", "a new actor");
+}
