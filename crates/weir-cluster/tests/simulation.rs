@@ -88,6 +88,18 @@ struct Node {
     due: Mutex<BTreeSet<String>>,
 }
 
+impl Node {
+    /// The slot of `key`'s copy here (empty until it is opened).
+    fn object(&self, key: &str) -> Arc<tokio::sync::Mutex<Option<Open>>> {
+        self.objects
+            .lock()
+            .unwrap()
+            .entry(key.to_string())
+            .or_default()
+            .clone()
+    }
+}
+
 /// What a call to a node ended as.
 #[derive(Debug, PartialEq, Eq)]
 enum Reply {
@@ -265,13 +277,7 @@ impl Cluster {
     /// between two writes (its lock held throughout), once its commits
     /// settled; this node's copy goes with its history.
     async fn delete(self: &Arc<Self>, node: &Arc<Node>, key: &str) -> Reply {
-        let object = node
-            .objects
-            .lock()
-            .unwrap()
-            .entry(key.to_string())
-            .or_default()
-            .clone();
+        let object = node.object(key);
         let mut guard = object.lock().await;
         if node.dead.load(Ordering::Relaxed) {
             return Reply::Failed;
@@ -299,13 +305,7 @@ impl Cluster {
         owned: Owned,
         write: Write,
     ) -> Reply {
-        let object = node
-            .objects
-            .lock()
-            .unwrap()
-            .entry(key.to_string())
-            .or_default()
-            .clone();
+        let object = node.object(key);
         let mut guard = object.lock().await;
         if node.dead.load(Ordering::Relaxed) {
             return Reply::Failed;
