@@ -37,6 +37,10 @@ use crate::envelope::{self, Answer, Target};
 use crate::error_code::ClusterErrorCode;
 use crate::stores::StorePlacement;
 
+/// How many times a call is sent at most, each as another version: once
+/// as the version expected, once more as the one a refusal named.
+const VERSION_TRIES: u32 = 2;
+
 /// What a refusing node's words are read of, at most: one line.
 const REFUSAL_BYTES: usize = 1024;
 
@@ -321,7 +325,9 @@ impl Forwarder {
         };
         let needed = target.since();
         let mut version = self.spoken.to(node, needed);
+        let mut tries = 0;
         let response = loop {
+            tries += 1;
             let Ok(call) = Request::post(format!(
                 "http://{node}{}",
                 call_versions::call_path(version)
@@ -356,8 +362,9 @@ impl Forwarder {
                 .and_then(call_versions::agreed);
             match agreed {
                 // A node of another build that speaks a version this one
-                // does too: the call did not run, it goes again as that.
-                Some(v) if v != version && v >= needed => {
+                // does too: the call did not run, it goes again as that
+                // (once: a node that refuses that too is refused).
+                Some(v) if v != version && v >= needed && tries < VERSION_TRIES => {
                     tracing::info!(
                         node,
                         version = v,

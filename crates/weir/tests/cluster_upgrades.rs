@@ -31,12 +31,14 @@ const VERSION_2_REFUSAL: &str = "a call of version 3 from a node of another Weir
 /// refuses a call of any version but 2 as a version 2 node does (400, its
 /// words, no versions header) and passes a call of version 2 through.
 /// Once `upgraded`, it passes every call through, as the node's new build
-/// would take it.
+/// would take it. While `confused`, it refuses version 2 too, naming 3 (a
+/// node that cannot make up its mind, or two behind one address).
 struct OlderDoor {
     addr: SocketAddr,
     refused: Arc<AtomicUsize>,
     passed: Arc<AtomicUsize>,
     upgraded: Arc<AtomicBool>,
+    confused: Arc<AtomicBool>,
 }
 
 impl OlderDoor {
@@ -47,21 +49,31 @@ impl OlderDoor {
             refused: Arc::default(),
             passed: Arc::default(),
             upgraded: Arc::default(),
+            confused: Arc::default(),
         };
         let (refused, passed) = (door.refused.clone(), door.passed.clone());
-        let upgraded = door.upgraded.clone();
+        let (upgraded, confused) = (door.upgraded.clone(), door.confused.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
                 let (refused, passed) = (refused.clone(), passed.clone());
-                let upgraded = upgraded.clone();
+                let (upgraded, confused) = (upgraded.clone(), confused.clone());
                 let service =
                     hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
                         let (refused, passed) = (refused.clone(), passed.clone());
                         let upgraded = upgraded.load(Ordering::SeqCst);
+                        let confused = confused.load(Ordering::SeqCst);
                         async move {
+                            if confused && request.uri().path() == "/weir/cluster/v2/call" {
+                                refused.fetch_add(1, Ordering::SeqCst);
+                                let mut r = Response::new(Full::new(Bytes::from("speaks 3\n")));
+                                *r.status_mut() = http::StatusCode::BAD_REQUEST;
+                                r.headers_mut()
+                                    .insert("x-weir-cluster-versions", "3-3".parse().unwrap());
+                                return Ok::<_, std::convert::Infallible>(r);
+                            }
                             if !upgraded && request.uri().path() != "/weir/cluster/v2/call" {
                                 refused.fetch_add(1, Ordering::SeqCst);
                                 let mut r =
@@ -258,13 +270,28 @@ async fn a_node_of_the_previous_build_is_sent_the_version_it_speaks_and_no_call_
     assert_eq!(incr_at(&n1, &kept).await, "6", "the actor was not deleted");
     assert_eq!(incr_at(&n2, &kept).await, "7");
     assert_eq!(door.passed.load(Ordering::SeqCst), 5);
+    // A node that refuses every version, each time naming the other: each
+    // of the call's two attempts (the second after a fresh lookup) tries
+    // two versions, then the client is answered 502, and nothing ran.
+    door.confused.store(true, Ordering::SeqCst);
+    let r = incr(&n1, &kept).await;
+    assert_eq!(r.status, 502, "{:?}", r.body);
+    assert_eq!(r.json()["error"], "owner_unreachable");
+    assert_eq!(door.refused.load(Ordering::SeqCst), 3 + 4);
+    door.confused.store(false, Ordering::SeqCst);
+    assert_eq!(
+        incr_at(&n1, &kept).await,
+        "8",
+        "the refused call did not run"
+    );
+    assert_eq!(door.passed.load(Ordering::SeqCst), 6);
     // n2 upgraded: the next operator's call is taken as this build's
     // version, and from then on every call goes as that.
     door.upgraded.store(true, Ordering::SeqCst);
     let r = n1.admin_get(&format!("/actors/probe/{kept}")).await;
     assert_eq!(r.status, 200, "{:?}", r.body);
-    assert_eq!(incr_at(&n1, &kept).await, "8");
-    assert_eq!(door.passed.load(Ordering::SeqCst), 7);
+    assert_eq!(incr_at(&n1, &kept).await, "9");
+    assert_eq!(door.passed.load(Ordering::SeqCst), 8);
     let counters = n1.admin_get("/status").await.json()["cluster"]["counters"].clone();
-    assert_eq!(counters["sent_older"], 5, "{counters}");
+    assert_eq!(counters["sent_older"], 6, "{counters}");
 }
