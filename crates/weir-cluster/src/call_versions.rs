@@ -34,7 +34,7 @@ pub const VERSIONS_SPOKEN: &str = "cluster calls: versions 2 to 3";
 
 /// The header of a refusal that names the versions the refusing node
 /// speaks, as `OLDEST-NEWEST`. Nodes of version 2 name only theirs, in
-/// words ([`OLD_REFUSAL`]).
+/// words.
 pub const VERSIONS_HEADER: &str = "x-weir-cluster-versions";
 
 /// What a node of version 2 says when it refuses a call of another

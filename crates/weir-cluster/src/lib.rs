@@ -18,7 +18,9 @@
 //! - [`replicas`]: local copies made current before they open;
 //! - [`actors`]: the actor placement; [`alarms`]: alarms of actors whose
 //!   owner died;
-//! - [`internal`] and [`envelope`]: calls between nodes;
+//! - [`internal`] and [`envelope`]: calls between nodes, and
+//!   [`call_versions`]: which versions of them nodes of two builds agree
+//!   on while a cluster is upgraded;
 //! - [`config`], [`error_code`]: settings and the errors cluster mode adds.
 
 pub mod actors;

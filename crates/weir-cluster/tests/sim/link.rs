@@ -15,8 +15,8 @@ use weir_cluster::coordinator::{
     Registration, Renewal, SessionId, ShipBatch,
 };
 
+use super::cluster::TTL;
 use super::model::Model;
-use crate::TTL;
 
 /// A call the link has not answered in this long counts as unavailable
 /// (production bounds every statement the same way).
