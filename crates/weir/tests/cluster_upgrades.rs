@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use bytes::Bytes;
+use common::apps::deploy;
 use common::cluster::{
     Postgres, SECRET, actor_key, free_port, incr, node, node_dir, node_listening,
 };
@@ -294,4 +295,81 @@ async fn a_node_of_the_previous_build_is_sent_the_version_it_speaks_and_no_call_
     assert_eq!(door.passed.load(Ordering::SeqCst), 8);
     let counters = n1.admin_get("/status").await.json()["cluster"]["counters"].clone();
     assert_eq!(counters["sent_older"], 6, "{counters}");
+}
+
+/// The name of an actor `owner` owns, found by calling names through
+/// `through` until one's owner is `owner`.
+async fn actor_of(pg: &Postgres, through: &common::Weir, owner: &str, prefix: &str) -> String {
+    for i in 0..32 {
+        let name = format!("{prefix}{i}");
+        let r = incr(through, &name).await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        if pg.owner(&actor_key(&name)).as_deref() == Some(owner) {
+            return name;
+        }
+    }
+    panic!("no actor of {owner}'s among 32 names");
+}
+
+/// What build of the probe class answered a call to `actor` through `node`.
+async fn build_of(node: &common::Weir, actor: &str) -> String {
+    let r = node.get(&format!("/probe/{actor}/whoami")).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    r.json()["build"].as_str().unwrap().to_string()
+}
+
+/// A class deploy rolled over a cluster node by node: no call fails or is
+/// lost, and until every node has the new code an actor runs the code of
+/// the node that owns it, whichever node the call came through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_deploy_rolled_over_a_cluster_drops_no_call_and_actors_run_their_owners_code() {
+    let pg = Postgres::start();
+    let n1 = Arc::new(node(&pg, "n1", &node_dir("rolled", "n1"), &[]));
+    let n2 = Arc::new(node(&pg, "n2", &node_dir("rolled", "n2"), &[]));
+    let on1 = actor_of(&pg, &n2, "n1", "one").await;
+    let on2 = actor_of(&pg, &n2, "n2", "two").await;
+    // Calls through both nodes in turn, to an actor of each, all along.
+    let stop = Arc::new(AtomicBool::new(false));
+    let callers: Vec<_> = [on1.clone(), on2.clone()]
+        .into_iter()
+        .map(|actor| {
+            let (stop, nodes) = (stop.clone(), [n1.clone(), n2.clone()]);
+            tokio::spawn(async move {
+                let mut acked = Vec::new();
+                for i in 0usize.. {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let r = incr(&nodes[i % 2], &actor).await;
+                    assert_eq!(r.status, 200, "{actor}: {:?}", r.body);
+                    acked.push(r.text().parse::<u64>().unwrap());
+                }
+                (actor, acked)
+            })
+        })
+        .collect();
+    let next = std::fs::read(guest("actor_probe_next")).unwrap();
+    let r = deploy(&n1, "gateway", &next, "?class=probe&label=probe-2").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Half rolled: each actor runs its owner's code, through either node.
+    for node in [&n1, &n2] {
+        assert_eq!(build_of(node, &on1).await, "actor-probe-next");
+        assert_eq!(build_of(node, &on2).await, "actor-probe");
+    }
+    let r = deploy(&n2, "gateway", &next, "?class=probe&label=probe-2").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    for node in [&n1, &n2] {
+        for actor in [&on1, &on2] {
+            assert_eq!(build_of(node, actor).await, "actor-probe-next");
+        }
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    for caller in callers {
+        let (actor, acked) = caller.await.unwrap();
+        // Each was written once before this loop (by `actor_of`).
+        let n = acked.len() as u64;
+        assert!(n > 10, "{actor}: calls ran through both deploys");
+        assert_eq!(acked, (2..=n + 1).collect::<Vec<_>>(), "{actor}");
+    }
 }
