@@ -1,7 +1,8 @@
-//! A cluster upgraded one node at a time, from outside: nodes one build
-//! apart serve each other's calls, each sent as the newest version of the
-//! envelope both speak, and what the older one cannot carry (an
-//! operator's call) is refused by name rather than lost or misread.
+//! A cluster upgraded one node at a time, from outside. Weir itself:
+//! nodes one build apart serve each other's calls, each sent as the newest
+//! version of the envelope both speak, and what the older one cannot carry
+//! (an operator's call) is refused by name rather than lost or misread.
+//! An app's code: a deploy rolled node by node drops no call.
 
 mod common;
 
