@@ -27,7 +27,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::Semaphore;
 use weir_actors::call_chain::CallChain;
 use weir_actors::{ActorAddress, ActorHost, Forwarded};
 
@@ -35,6 +35,7 @@ use crate::call_versions::{self, Spoken, VERSIONS_HEADER};
 use crate::counters::{Counters, add};
 use crate::envelope::{self, Answer, Target};
 use crate::error_code::ClusterErrorCode;
+use crate::leaving::Leaving;
 use crate::stores::StorePlacement;
 
 /// How many times a call is sent at most, each as another version: once
@@ -90,6 +91,8 @@ pub struct Served {
     actors: OnceLock<HashMap<String, Arc<ActorHost>>>,
     stores: OnceLock<HashMap<String, Arc<StorePlacement>>>,
     counters: Arc<Counters>,
+    /// Whether calls still run here, as this node leaves the cluster.
+    pub leaving: Leaving,
 }
 
 impl Served {
@@ -98,6 +101,7 @@ impl Served {
             actors: OnceLock::new(),
             stores: OnceLock::new(),
             counters,
+            leaving: Leaving::default(),
         }
     }
 
@@ -225,7 +229,15 @@ async fn handle(
             return plain(StatusCode::BAD_REQUEST, "malformed envelope\n");
         }
     };
-    let answer = served.call(target, call).await;
+    let answer = match served.leaving.admit().await {
+        Some(running) => {
+            let answer = served.call(target, call).await;
+            drop(running);
+            answer
+        }
+        // This node is leaving: the sender takes the call over.
+        None => Answer::NotRun,
+    };
     match answer {
         Answer::Answered(_) => add(&served.counters.served, 1),
         Answer::NotRun => add(&served.counters.not_run, 1),
@@ -239,13 +251,9 @@ async fn handle(
     }
 }
 
-/// Serves the internal listener until `stop` turns true.
-pub async fn serve(
-    listener: TcpListener,
-    secret: Secret,
-    served: Arc<Served>,
-    mut stop: watch::Receiver<bool>,
-) {
+/// Serves the internal listener until this node has left the cluster
+/// ([`Leaving::closed`]).
+pub async fn serve(listener: TcpListener, secret: Secret, served: Arc<Served>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let permit = tokio::select! {
@@ -253,7 +261,7 @@ pub async fn serve(
                 Ok(permit) => permit,
                 Err(_) => return,
             },
-            _ = crate::lease::stopped(&mut stop) => return,
+            _ = served.leaving.closed() => return,
         };
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -264,7 +272,7 @@ pub async fn serve(
                     continue;
                 }
             },
-            _ = crate::lease::stopped(&mut stop) => return,
+            _ = served.leaving.closed() => return,
         };
         let _ = stream.set_nodelay(true);
         let secret = secret.clone();

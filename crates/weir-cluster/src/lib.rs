@@ -11,7 +11,8 @@
 //!
 //! - [`coordinator`]: the protocol's atomic steps, and [`postgres`] their
 //!   implementation;
-//! - [`lease`]: the node's session and its own judgement of it;
+//! - [`lease`]: the node's session and its own judgement of it, and
+//!   [`leaving`]: its objects handed over when it stops;
 //! - [`ownership`]: who owns what, claims and placement;
 //! - [`shipper`]: commits made durable through the fence, in order, and
 //!   [`committer`]: several objects' commits in one statement;
@@ -34,6 +35,7 @@ pub mod envelope;
 pub mod error_code;
 pub mod internal;
 pub mod lease;
+pub mod leaving;
 pub mod limits;
 pub mod ownership;
 pub mod postgres;
@@ -90,6 +92,8 @@ pub struct Cluster {
     served: Arc<Served>,
     stop: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// The internal listener, which closes last.
+    listening: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// What `/status` shows of the cluster.
@@ -157,7 +161,6 @@ impl Cluster {
             listener,
             Secret::new(&config.secret),
             served.clone(),
-            stopped,
         ));
         Ok(Arc::new(Cluster {
             forwarder: Forwarder::new(&config.secret, ownership.counters().clone()),
@@ -173,7 +176,8 @@ impl Cluster {
             records,
             served,
             stop,
-            tasks: Mutex::new(vec![keeper, listening]),
+            tasks: Mutex::new(vec![keeper]),
+            listening: Mutex::new(Some(listening)),
         }))
     }
 
@@ -255,15 +259,29 @@ impl Cluster {
             .push(sweeper);
     }
 
-    /// Leaves the cluster: stops serving other nodes, and releases this
-    /// node's lease and everything it owns, so other nodes take its
-    /// objects over at once instead of after the lease.
+    /// Leaves the cluster: stops running other nodes' calls (those
+    /// running finish), releases this node's lease and everything it
+    /// owns, so other nodes take its objects over at once instead of after
+    /// the lease, and only then closes the internal listener, once the
+    /// calls that arrived meanwhile were answered "not run"
+    /// ([`leaving`]).
     pub async fn stop(&self) {
+        self.served.leaving.leave().await;
         self.stop.send_replace(true);
         let tasks: Vec<JoinHandle<()>> =
             std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
         for task in tasks {
             let _ = task.await;
+        }
+        self.served.leaving.released().await;
+        self.served.leaving.close();
+        let listening = self
+            .listening
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(listening) = listening {
+            let _ = listening.await;
         }
     }
 

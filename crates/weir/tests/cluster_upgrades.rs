@@ -374,3 +374,56 @@ async fn a_class_deploy_rolled_over_a_cluster_drops_no_call_and_actors_run_their
         assert_eq!(acked, (2..=n + 1).collect::<Vec<_>>(), "{actor}");
     }
 }
+
+/// A node stopped gracefully (SIGTERM, as for an upgrade) and started
+/// again on its data directory under a stream of writes through the other
+/// node to an actor it owns: no call fails, none is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_gracefully_under_writes_fails_no_call_through_the_other() {
+    let pg = Postgres::start();
+    let n1 = Arc::new(node(&pg, "n1", &node_dir("restarted", "n1"), &[]));
+    let mut n2 = node(&pg, "n2", &node_dir("restarted", "n2"), &[]);
+    let actor = actor_of(&pg, &n2, "n2", "moved").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let caller = {
+        let (stop, n1, actor) = (stop.clone(), n1.clone(), actor.clone());
+        tokio::spawn(async move {
+            let mut answers = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let r = incr(&n1, &actor).await;
+                answers.push((r.status.as_u16(), r.text()));
+            }
+            answers
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    n2.signal("TERM");
+    assert!(
+        n2.wait_exit(std::time::Duration::from_secs(30))
+            .is_some_and(|s| s.success()),
+        "a graceful stop"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let n2 = node(
+        &pg,
+        "n2",
+        &common::cluster::node_path("restarted", "n2"),
+        &[],
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let answers = caller.await.unwrap();
+    let failed: Vec<_> = answers.iter().filter(|(s, _)| *s != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {:?}",
+        failed.len(),
+        answers.len(),
+        &failed[..failed.len().min(5)]
+    );
+    let acked: Vec<u64> = answers.iter().map(|(_, t)| t.parse().unwrap()).collect();
+    let n = acked.len() as u64;
+    assert!(n > 10, "calls ran through the restart");
+    assert_eq!(acked, (2..=n + 1).collect::<Vec<_>>());
+    assert_eq!(incr_at(&n2, &actor).await, (n + 2).to_string());
+}
