@@ -6,8 +6,10 @@
 //!   without it is refused (401) before its body is read, and the
 //!   comparison takes the same time whatever the guess;
 //! - a call is run only if this node owns its target now (claiming it if
-//!   nobody does); otherwise the answer says it did not run, and nothing
-//!   ran;
+//!   nobody does) and is not leaving the cluster ([`crate::leaving`]);
+//!   otherwise the answer says it did not run, and nothing ran;
+//! - a call is posted as the newest envelope version both nodes speak that
+//!   carries it, tried as at most two versions ([`crate::call_versions`]);
 //! - a call that was sent and got no answer (the connection broke, the
 //!   node did not answer in time) is reported as possibly run, never
 //!   retried; only a call that never left (no connection) may be.
