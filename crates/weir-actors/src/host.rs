@@ -462,10 +462,9 @@ impl ActorHost {
         Ok(())
     }
 
-    /// Why `feature` cannot be used under this host's placement, if it
-    /// cannot (cluster mode refuses what does not run there yet).
-    pub fn unsupported(&self, feature: &str) -> Option<crate::placement::Refusal> {
-        self.placement.as_ref().and_then(|p| p.unsupported(feature))
+    /// Where this host's actors are placed, in cluster mode.
+    pub fn placement(&self) -> Option<&Arc<dyn Placement>> {
+        self.placement.as_ref()
     }
 
     /// Actors in memory now.

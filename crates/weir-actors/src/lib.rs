@@ -21,7 +21,8 @@
 //! - [`dispatcher`]: due timers delivered as alarm turns;
 //! - [`residency`]: hibernation and eviction;
 //! - [`placement`]: where calls run and where commits become durable, for
-//!   a layer that keeps actors beyond this process (cluster mode);
+//!   a layer that keeps actors beyond this process (cluster mode), and
+//!   [`socket_relay`]: an actor's WebSocket reached through another node;
 //! - [`os_limits`]: how many actors the process's limits leave room for;
 //! - [`operators`]: what `/actors` shows and does, and
 //!   [`operator_calls`]: an operator's call run where the actor runs;
@@ -48,6 +49,7 @@ pub mod os_limits;
 pub mod placement;
 pub mod receipts;
 pub mod residency;
+pub mod socket_relay;
 pub mod storage_room;
 pub mod timers;
 pub mod turn;
@@ -64,4 +66,5 @@ pub use metrics::ActorMetrics;
 pub use operator_calls::{Failure, OperatorAnswer, OperatorCall};
 pub use operators::AdminError;
 pub use placement::{Durable, Forwarded, Known, Location, Placement, Refusal};
+pub use socket_relay::{Relayed, SocketDoor};
 pub use storage_room::StorageRoom;

@@ -18,7 +18,10 @@
 //!   request) before [`Durable::settled`] says the commits before it are
 //!   durable;
 //! - a [`Durable`] that is broken is never used again: the actor is reset
-//!   (instance and database dropped) and opened anew before its next turn.
+//!   (instance and database dropped) and opened anew before its next turn;
+//! - an actor's WebSocket is held only by the node that owns the actor,
+//!   and only for that ownership ([`Placement::tenure`]); a client that
+//!   reached another node is relayed there ([`Placement::relay_socket`]).
 
 use std::path::Path;
 use std::pin::Pin;
@@ -31,6 +34,7 @@ use weir_store::replica::LogEntry;
 use crate::address::ActorAddress;
 use crate::error_code::TurnError;
 use crate::operator_calls::OperatorCall;
+use crate::socket_relay::Relayed;
 
 /// A future a placement hands back.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -142,11 +146,21 @@ pub trait Placement: Send + Sync + 'static {
         path: &'a Path,
     ) -> BoxFuture<'a, Result<Opened, TurnError>>;
 
-    /// Refuses what does not run under this placement yet (an actor's
-    /// WebSockets), naming it; `None` when everything runs.
-    fn unsupported(&self, _feature: &str) -> Option<Refusal> {
-        None
-    }
+    /// Relays an upgrade to `actor` (its `path` inside the actor, the
+    /// client's `head`) to the node at `node`, where it runs as a turn of
+    /// the actor ([`crate::SocketDoor`]).
+    fn relay_socket(
+        &self,
+        node: Arc<str>,
+        actor: ActorAddress,
+        path: String,
+        head: http::Request<()>,
+    ) -> BoxFuture<'static, Relayed>;
+
+    /// Resolves when this node's hold on `actor`, as of now, ends (at once
+    /// if it does not own it): the sockets it accepted then close, so that
+    /// the node that owns it next holds all of them.
+    fn tenure(&self, actor: &ActorAddress) -> BoxFuture<'static, ()>;
 }
 
 /// The durable half of one open actor database: where its commits go.

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use weir_actors::call_chain::CallChain;
 use weir_actors::placement::{BoxFuture, Durable, Opened};
 use weir_actors::{
-    ActorAddress, Forwarded, Known, Location, OperatorCall, Placement, Refusal, TurnError,
+    ActorAddress, Forwarded, Known, Location, OperatorCall, Placement, Relayed, TurnError,
 };
 use weir_store::Durability;
 use weir_store::actor::{ActorDb, PAGE_BYTES};
@@ -261,9 +261,24 @@ impl Placement for ActorPlacement {
         })
     }
 
-    fn unsupported(&self, feature: &str) -> Option<Refusal> {
-        tracing::info!(feature, "refused: not supported in cluster mode");
-        Some(ClusterErrorCode::Unsupported.refusal())
+    fn relay_socket(
+        &self,
+        node: Arc<str>,
+        actor: ActorAddress,
+        path: String,
+        head: http::Request<()>,
+    ) -> BoxFuture<'static, Relayed> {
+        let forwarder = self.forwarder.clone();
+        let app = self.app.clone();
+        Box::pin(async move {
+            forwarder
+                .relay_socket(&node, &app, &actor, &path, head)
+                .await
+        })
+    }
+
+    fn tenure(&self, actor: &ActorAddress) -> BoxFuture<'static, ()> {
+        Box::pin(self.ownership.tenure(&actor_key(&self.app, actor)))
     }
 }
 

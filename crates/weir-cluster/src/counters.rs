@@ -38,6 +38,10 @@ pub struct Counters {
     /// Calls handed to a node of the previous build, as the older version
     /// of the envelope it speaks (while a cluster is being upgraded).
     pub sent_older: AtomicU64,
+    /// Actors' WebSockets this node relayed to their owners.
+    pub sockets_relayed: AtomicU64,
+    /// Sockets other nodes relayed here, taken by the actors they named.
+    pub sockets_taken: AtomicU64,
 }
 
 /// The counters as `/status` shows them.
@@ -55,6 +59,8 @@ pub struct CounterValues {
     pub served: u64,
     pub not_run: u64,
     pub sent_older: u64,
+    pub sockets_relayed: u64,
+    pub sockets_taken: u64,
 }
 
 /// Adds `n` to a counter.
@@ -78,6 +84,8 @@ impl Counters {
             served: v(&self.served),
             not_run: v(&self.not_run),
             sent_older: v(&self.sent_older),
+            sockets_relayed: v(&self.sockets_relayed),
+            sockets_taken: v(&self.sockets_taken),
         }
     }
 }

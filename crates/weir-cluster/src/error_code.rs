@@ -20,9 +20,9 @@ pub enum ClusterErrorCode {
     /// 502: the node that owns the object could not be reached, or did
     /// not answer a call that may have run there; it is never resent.
     OwnerUnreachable,
-    /// 501: what does not run in cluster mode yet (resident processes,
-    /// actors' WebSockets), or what the owner's older build cannot take
-    /// (an operator's call), named in the log.
+    /// 501: what does not run in cluster mode yet (resident processes),
+    /// or what the owner's older build cannot take (an operator's call, a
+    /// relayed WebSocket), named in the log.
     Unsupported,
 }
 

@@ -10,6 +10,8 @@
 //!   otherwise the answer says it did not run, and nothing ran;
 //! - a call is posted as the newest envelope version both nodes speak that
 //!   carries it, tried as at most two versions ([`crate::call_versions`]);
+//!   an actor's WebSocket is relayed on a connection of its own
+//!   ([`crate::socket_relay`]);
 //! - a call that was sent and got no answer (the connection broke, the
 //!   node did not answer in time) is reported as possibly run, never
 //!   retried; only a call that never left (no connection) may be.
@@ -31,13 +33,14 @@ use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use weir_actors::call_chain::CallChain;
-use weir_actors::{ActorAddress, ActorHost, Forwarded};
+use weir_actors::{ActorAddress, ActorHost, Forwarded, SocketDoor};
 
 use crate::call_versions::{self, Spoken, VERSIONS_HEADER};
 use crate::counters::{Counters, add};
 use crate::envelope::{self, Answer, Target};
 use crate::error_code::ClusterErrorCode;
 use crate::leaving::Leaving;
+use crate::socket_relay;
 use crate::stores::StorePlacement;
 
 /// How many times a call is sent at most, each as another version: once
@@ -92,7 +95,9 @@ impl Secret {
 pub struct Served {
     actors: OnceLock<HashMap<String, Arc<ActorHost>>>,
     stores: OnceLock<HashMap<String, Arc<StorePlacement>>>,
-    counters: Arc<Counters>,
+    /// Where each app's actors take the sockets other nodes relay here.
+    doors: OnceLock<HashMap<String, Arc<dyn SocketDoor>>>,
+    pub(crate) counters: Arc<Counters>,
     /// Whether calls still run here, as this node leaves the cluster.
     pub leaving: Leaving,
 }
@@ -102,6 +107,7 @@ impl Served {
         Served {
             actors: OnceLock::new(),
             stores: OnceLock::new(),
+            doors: OnceLock::new(),
             counters,
             leaving: Leaving::default(),
         }
@@ -113,9 +119,16 @@ impl Served {
         &self,
         actors: HashMap<String, Arc<ActorHost>>,
         stores: HashMap<String, Arc<StorePlacement>>,
+        doors: HashMap<String, Arc<dyn SocketDoor>>,
     ) {
         let _ = self.actors.set(actors);
         let _ = self.stores.set(stores);
+        let _ = self.doors.set(doors);
+    }
+
+    /// Where `app`'s actors take relayed sockets.
+    pub(crate) fn door(&self, app: &str) -> Option<&Arc<dyn SocketDoor>> {
+        self.doors.get().and_then(|d| d.get(app))
     }
 
     fn stores_of(&self, app: &str) -> Option<&Arc<StorePlacement>> {
@@ -202,6 +215,9 @@ async fn handle(
     if !secret.admits(offered) {
         return plain(StatusCode::UNAUTHORIZED, "the cluster secret is required\n");
     }
+    if request.method() == http::Method::GET && request.uri().path() == socket_relay::SOCKET_PATH {
+        return socket_relay::take(request, served).await;
+    }
     if request.method() != http::Method::POST {
         return plain(StatusCode::NOT_FOUND, "not a cluster call\n");
     }
@@ -285,8 +301,11 @@ pub async fn serve(listener: TcpListener, secret: Secret, served: Arc<Served>) {
                 let served = served.clone();
                 async move { Ok::<_, Infallible>(handle(request, &secret, &served).await) }
             });
+            // With upgrades: a relayed socket takes its connection over
+            // (and gives its place among the connections back).
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades()
                 .await;
             drop(permit);
         });
@@ -297,8 +316,8 @@ pub async fn serve(listener: TcpListener, secret: Secret, served: Arc<Served>) {
 #[derive(Clone)]
 pub struct Forwarder {
     client: Client<HttpConnector, Full<Bytes>>,
-    secret: Arc<str>,
-    counters: Arc<Counters>,
+    pub(crate) secret: Arc<str>,
+    pub(crate) counters: Arc<Counters>,
     /// The nodes found to speak an older version than this build.
     spoken: Arc<Spoken>,
 }

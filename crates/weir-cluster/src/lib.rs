@@ -21,7 +21,8 @@
 //!   owner died;
 //! - [`internal`] and [`envelope`]: calls between nodes, and
 //!   [`call_versions`]: which versions of them nodes of two builds agree
-//!   on while a cluster is upgraded;
+//!   on while a cluster is upgraded; [`socket_relay`]: actors' WebSockets
+//!   relayed to the node that owns them;
 //! - [`config`], [`error_code`]: settings and the errors cluster mode adds.
 
 pub mod actors;
@@ -41,6 +42,7 @@ pub mod ownership;
 pub mod postgres;
 pub mod replicas;
 pub mod shipper;
+pub mod socket_relay;
 pub mod store_wire;
 pub mod stores;
 
@@ -225,14 +227,16 @@ impl Cluster {
         )
     }
 
-    /// Serves the apps' actors, stores and databases to the other nodes,
+    /// Serves the apps' actors, stores and databases (and the sockets
+    /// relayed to their actors, through `doors`) to the other nodes,
     /// and starts claiming the due alarms of actors whose owner died.
     pub fn serve(
         &self,
         actors: HashMap<String, Arc<ActorHost>>,
         stores: HashMap<String, Arc<stores::StorePlacement>>,
+        doors: HashMap<String, Arc<dyn weir_actors::SocketDoor>>,
     ) {
-        self.served.connect(actors.clone(), stores);
+        self.served.connect(actors.clone(), stores, doors);
         // Copies of actors deleted while this node was away.
         for (app, host) in &actors {
             let (app, host) = (app.clone(), host.clone());

@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
+use tokio::sync::watch;
 
 use crate::committer::Committer;
 use crate::coordinator::{
@@ -67,6 +68,10 @@ pub struct Ownership {
     lease: Arc<Lease>,
     owned: Mutex<HashMap<String, Owned>>,
     elsewhere: Mutex<HashMap<String, Arc<str>>>,
+    /// Bumped whenever an object is lost or deleted here, so that what
+    /// lives only as long as an object's ownership ([`Ownership::tenure`])
+    /// looks again.
+    losses: watch::Sender<u64>,
 }
 
 /// The node that rendezvous hashing picks for `key` among `nodes`.
@@ -102,6 +107,7 @@ impl Ownership {
             lease,
             owned: Mutex::new(HashMap::new()),
             elsewhere: Mutex::new(HashMap::new()),
+            losses: watch::Sender::new(0),
         }
     }
 
@@ -288,5 +294,42 @@ impl Ownership {
     /// `key` is not this node's any more (a fenced commit told so).
     pub fn lost(&self, key: &str) {
         self.owned_map().remove(key);
+        self.losses.send_modify(|n| *n += 1);
+    }
+
+    /// Resolves when this node's hold on `key`, as of now, ends: its
+    /// session ends, or the object is lost or deleted here (at once if the
+    /// node does not own it now). A lease that merely could not be renewed
+    /// in time does not end it: if the renewal then succeeds, nobody else
+    /// could have claimed the object meanwhile, and the hold goes on.
+    pub fn tenure(self: &Arc<Self>, key: &str) -> impl Future<Output = ()> + Send + 'static {
+        let now = self.owned(key);
+        let this = self.clone();
+        let key = key.to_string();
+        async move {
+            let Some(owned) = now else { return };
+            let mut losses = this.losses.subscribe();
+            let lease = this.lease.clone();
+            let session = async move { lease.changed_since(owned.held.generation).await };
+            let mut session = std::pin::pin!(session);
+            loop {
+                if !this.still_holds(&key, &owned) {
+                    return;
+                }
+                tokio::select! {
+                    () = &mut session => return,
+                    changed = losses.changed() => if changed.is_err() { return },
+                }
+            }
+        }
+    }
+
+    /// True while `key` is held under the claim `owned` was made of.
+    fn still_holds(&self, key: &str, owned: &Owned) -> bool {
+        self.lease.generation() == owned.held.generation
+            && self
+                .owned_map()
+                .get(key)
+                .is_some_and(|o| o.held == owned.held && o.state.epoch == owned.state.epoch)
     }
 }

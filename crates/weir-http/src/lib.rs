@@ -5,6 +5,7 @@
 //! Everything about bytes on the wire lives here; what runs the guest
 //! lives in `weir-runtime`.
 
+pub mod actor_route;
 pub mod admin;
 pub mod admin_apps;
 pub mod admin_images;

@@ -27,14 +27,13 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use weir_actors::{ActorAddress, ActorErrorCode, ActorHost};
 use weir_runtime::error_code::error_response;
 use weir_runtime::event::{self, Dispatch, Reply};
-use weir_runtime::extension::{EventOffer, Takeover};
+use weir_runtime::extension::EventOffer;
 use weir_runtime::invocation::declared_length;
 use weir_runtime::outcome::Outcome;
 use weir_runtime::receipt::Receipt;
-use weir_runtime::{App, ErrorCode, Limits};
+use weir_runtime::{ErrorCode, Limits};
 
 use crate::head::head_bytes;
 use crate::request_body::{BodyError, BodyPace, read_body};
@@ -42,7 +41,7 @@ use crate::response_body::{Finished, ServeBody, SessionBody, finished_body};
 use crate::routing::{Router, RoutingErrorCode};
 use crate::shutdown::Stops;
 use crate::websocket::SocketHub;
-use crate::websocket::upgrade::{offer_upgrade, refuse_socket, socket_refusal};
+use crate::websocket::upgrade::{offer_upgrade, refuse_socket};
 use crate::websocket::worker::Handoff;
 
 /// Header count accepted by the HTTP parser. hyper reserves this many slots
@@ -88,7 +87,7 @@ pub struct ActorRoute {
 impl ActorRoute {
     /// The actor name and the path (with query) the actor sees, when the
     /// request path is under this route.
-    fn matches(&self, path_and_query: &str) -> Option<(String, String)> {
+    pub(crate) fn matches(&self, path_and_query: &str) -> Option<(String, String)> {
         let rest = path_and_query.strip_prefix(self.prefix.as_str())?;
         let rest = rest.strip_prefix('/')?;
         let (path, query) = match rest.split_once('?') {
@@ -282,7 +281,7 @@ fn refuse(receipt: &Receipt, outcome: Outcome, code: ErrorCode) -> Response<Serv
 /// true when the response to `method` with this head carries no body —
 /// HEAD, 204, 205, 304 — after fixing its framing headers (204 never says
 /// a length; 205 says 0, RFC 9110 §15.3.6).
-fn bodyless(method: &Method, parts: &mut http::response::Parts) -> bool {
+pub(crate) fn bodyless(method: &Method, parts: &mut http::response::Parts) -> bool {
     let status = parts.status;
     let none = method == Method::HEAD
         || status == StatusCode::NO_CONTENT
@@ -301,7 +300,7 @@ fn bodyless(method: &Method, parts: &mut http::response::Parts) -> bool {
 /// The limits a request breaks before admission (invariant 1): its head
 /// over `max_request_head_bytes`, or a declared body over
 /// `max_request_body_bytes`.
-fn over_head_limits<B>(req: &Request<B>, limits: &Limits) -> Option<ErrorCode> {
+pub(crate) fn over_head_limits<B>(req: &Request<B>, limits: &Limits) -> Option<ErrorCode> {
     if head_bytes(req) > limits.max_request_head_bytes {
         return Some(ErrorCode::RequestHeaderFieldsTooLarge);
     }
@@ -313,7 +312,7 @@ fn over_head_limits<B>(req: &Request<B>, limits: &Limits) -> Option<ErrorCode> {
 
 /// Reads a request body under the app's body limit and read timeout
 /// (invariant 3).
-async fn read_request_body(body: Incoming, limits: &Limits) -> Result<Bytes, BodyError> {
+pub(crate) async fn read_request_body(body: Incoming, limits: &Limits) -> Result<Bytes, BodyError> {
     read_body(
         body,
         limits.max_request_body_bytes,
@@ -324,69 +323,6 @@ async fn read_request_body(body: Incoming, limits: &Limits) -> Result<Bytes, Bod
         },
     )
     .await
-}
-
-/// A request on an actor route: the transport limits, then one turn of
-/// the actor; the actor's receipt records it.
-async fn handle_actor_route(
-    app: &App,
-    host: &Arc<ActorHost>,
-    route: &ActorRoute,
-    name: String,
-    actor_path: String,
-    req: Request<Incoming>,
-    options: &ServeOptions,
-) -> Response<ServeBody> {
-    let limits = &app.code.limits;
-    if let Some(code) = over_head_limits(&req, limits) {
-        return error_response(code);
-    }
-    let Ok(address) = ActorAddress::new(&route.class, &name) else {
-        return error_response(ActorErrorCode::AddressInvalid);
-    };
-    // Sockets an actor owns are held by the node it runs on; a cluster
-    // cannot hand them over yet, and says so.
-    if req.headers().contains_key(header::UPGRADE)
-        && let Some(refusal) = host.unsupported("actor WebSockets")
-    {
-        return error_response(weir_actors::TurnError::from(refusal));
-    }
-    let mut req = req;
-    let offer = match offer_upgrade(app, options.sockets.as_ref(), &mut req) {
-        Ok(offer) => offer,
-        Err((_, code, _)) => return socket_refusal(code),
-    };
-    let (mut parts, body) = req.into_parts();
-    if let Some(offer) = offer {
-        parts.extensions.insert(EventOffer(Arc::new(offer)));
-    }
-    let bytes = match read_request_body(body, limits).await {
-        Ok(bytes) => bytes,
-        Err(e) => return error_response(e.code()),
-    };
-    let method = parts.method.clone();
-    parts.uri = match http::Uri::builder()
-        .scheme("http")
-        .authority(address.to_string())
-        .path_and_query(actor_path)
-        .build()
-    {
-        Ok(uri) => uri,
-        Err(_) => return error_response(ErrorCode::BadRequest),
-    };
-    parts.headers.insert(
-        header::HOST,
-        HeaderValue::from_str(&address.to_string()).expect("actor addresses are valid hosts"),
-    );
-    let response = host
-        .call_address(address, Request::from_parts(parts, bytes))
-        .await;
-    let (mut parts, body) = response.into_parts();
-    // An accepted socket (101) or a bodyless answer.
-    if parts.extensions.get::<Takeover>().is_some() || bodyless(&method, &mut parts) {
-        return Response::from_parts(parts, ServeBody::empty());
-    }
-    Response::from_parts(parts, ServeBody::full(body))
 }
 
 async fn handle(
@@ -408,11 +344,10 @@ async fn handle(
                 // Boxed: inline, the actor's future would make every
                 // worker request's future (moved at least once per
                 // request) as large as the two together.
-                return Box::pin(handle_actor_route(
+                return Box::pin(crate::actor_route::handle(
                     &served.app,
                     host,
-                    route,
-                    name,
+                    (&route.class, &name),
                     actor_path,
                     req,
                     options,

@@ -36,6 +36,7 @@ use tokio::net::TcpListener;
 use weir_actors::{ActorHost, ActorMetrics};
 use weir_cluster::{Cluster, ClusterConfig};
 use weir_http::websocket::SocketHub;
+use weir_http::websocket::relay::RelayDoor;
 use weir_http::{AdminState, ServeOptions, Tenant as AdminTenant};
 use weir_programs::ImageStore;
 use weir_programs::image_store::IMAGES_DIR;
@@ -364,7 +365,23 @@ impl Server {
         let apps = Apps::start(shared, &config.apps).await?;
         let tenants = apps.tenants().await;
         let actors: Vec<Arc<ActorHost>> = tenants.iter().filter_map(|t| t.actors.clone()).collect();
+        let options = ServeOptions {
+            receipt_headers: config.receipt_headers,
+            sockets: Some(sockets),
+            limits: config.limits.runtime.clone(),
+        };
         if let Some(cluster) = &cluster {
+            // Sockets relayed to an app's actors are served as on its
+            // actor routes.
+            let doors = tenants
+                .iter()
+                .filter(|t| t.actors.is_some())
+                .map(|t| {
+                    let door: Arc<dyn weir_actors::SocketDoor> =
+                        RelayDoor::new(apps.router().clone(), &t.name, options.clone());
+                    (t.name.clone(), door)
+                })
+                .collect();
             cluster.serve(
                 tenants
                     .iter()
@@ -374,6 +391,7 @@ impl Server {
                     .iter()
                     .filter_map(|t| Some((t.name.clone(), t.store_placement.clone()?)))
                     .collect(),
+                doors,
             );
         }
         let reclaimers: Arc<dyn Reclaim> = Arc::new(Reclaimers(actors.clone()));
@@ -436,11 +454,6 @@ impl Server {
             });
             (listener, state)
         });
-        let options = ServeOptions {
-            receipt_headers: config.receipt_headers,
-            sockets: Some(sockets),
-            limits: config.limits.runtime.clone(),
-        };
         Ok(Server {
             listener,
             admin,

@@ -76,6 +76,15 @@ impl OlderDoor {
                                     .insert("x-weir-cluster-versions", "3-3".parse().unwrap());
                                 return Ok::<_, std::convert::Infallible>(r);
                             }
+                            // A relayed socket's upgrade: not a cluster call
+                            // to a build without relays.
+                            if !upgraded && request.method() == http::Method::GET {
+                                refused.fetch_add(1, Ordering::SeqCst);
+                                let mut r =
+                                    Response::new(Full::new(Bytes::from("not a cluster call\n")));
+                                *r.status_mut() = http::StatusCode::NOT_FOUND;
+                                return Ok::<_, std::convert::Infallible>(r);
+                            }
                             if !upgraded && request.uri().path() != "/weir/cluster/v2/call" {
                                 refused.fetch_add(1, Ordering::SeqCst);
                                 let mut r =
@@ -268,6 +277,22 @@ async fn a_node_of_the_previous_build_is_sent_the_version_it_speaks_and_no_call_
     assert_eq!(r.status, 501, "{:?}", r.body);
     assert_eq!(r.json()["error"], "cluster_unsupported");
     assert_eq!(door.refused.load(Ordering::SeqCst), 3);
+    // An actor's WebSocket, which a build without socket relays cannot
+    // take: refused by name, before any guest sees it.
+    let r = n1
+        .send(
+            Request::get(format!("/direct/{kept}/echo"))
+                .header("connection", "upgrade")
+                .header("upgrade", "websocket")
+                .header("sec-websocket-version", "13")
+                .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(r.status, 501, "{:?}", r.body);
+    assert_eq!(r.json()["error"], "cluster_unsupported");
+    assert_eq!(door.refused.load(Ordering::SeqCst), 4);
     assert_eq!(door.passed.load(Ordering::SeqCst), 4);
     assert_eq!(incr_at(&n1, &kept).await, "6", "the actor was not deleted");
     assert_eq!(incr_at(&n2, &kept).await, "7");
@@ -279,7 +304,7 @@ async fn a_node_of_the_previous_build_is_sent_the_version_it_speaks_and_no_call_
     let r = incr(&n1, &kept).await;
     assert_eq!(r.status, 502, "{:?}", r.body);
     assert_eq!(r.json()["error"], "owner_unreachable");
-    assert_eq!(door.refused.load(Ordering::SeqCst), 3 + 4);
+    assert_eq!(door.refused.load(Ordering::SeqCst), 4 + 4);
     door.confused.store(false, Ordering::SeqCst);
     assert_eq!(
         incr_at(&n1, &kept).await,

@@ -15,6 +15,9 @@
 //! - an accept that is refused (a limit, a bad tag) closes nothing; one
 //!   with a replacement key closes the older socket of that key with 1000
 //!   only once the new one is accepted;
+//! - in cluster mode a socket lives only as long as its node's hold on
+//!   the actor: it is closed with 1012 when that ends, so that the actor's
+//!   next owner holds all of the sockets its clients reach it by;
 //! - a deleted actor's sockets are its own to the end: its deletion
 //!   closes them (1001, "the actor was deleted") before its database goes,
 //!   and neither their last messages nor their ends are delivered to a
@@ -35,9 +38,10 @@ use weir_actors::placement::BoxFuture;
 use weir_actors::{ActorAddress, ActorHost, Holdings};
 use weir_runtime::guest_state::GenerationState;
 
+use super::hub::ClosedBy;
 use super::socket::{
-    self, CLOSE_GOING_AWAY, CLOSE_NORMAL, Close, Incoming, MAX_AUTO_RESPONSE_BYTES, SocketError,
-    SocketReceiver, SocketSender,
+    self, CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_SERVICE_RESTART, Close, Incoming,
+    MAX_AUTO_RESPONSE_BYTES, SocketError, SocketReceiver, SocketSender,
 };
 use super::wire::Wire;
 use super::worker::{
@@ -54,6 +58,11 @@ pub const MAX_ATTACHMENT_BYTES: usize = 16 * 1024;
 
 /// Why a deleted actor's sockets were closed (with 1001, going away).
 pub const DELETED_REASON: &str = "the actor was deleted";
+
+/// Why an actor's sockets were closed when its node stopped owning it
+/// (with 1012, service restart: a client that connects again reaches the
+/// actor's new owner).
+pub const MOVED_REASON: &str = "the actor moved to another node";
 
 /// The interface actor classes export to receive their sockets' turns.
 pub const HANDLER_INTERFACE: &str = "weir:websocket/handler@0.1.0";
@@ -261,8 +270,9 @@ impl ActorSockets {
                 permit,
                 upgrade,
                 end: wire,
-                // An actor's socket outlives the turn that accepted it.
-                ending: Box::pin(std::future::pending()),
+                // An actor's socket outlives the turn that accepted it,
+                // but not its node's hold on the actor.
+                ending: self.tenure(&actor),
                 app: self.label(&actor.class).into(),
                 version: self
                     .host
@@ -282,6 +292,28 @@ impl ActorSockets {
         );
         tokio::spawn(deliver(self.clone(), actor, id, orphaned, guest.receiver));
         Ok(Ok(id))
+    }
+}
+
+impl ActorSockets {
+    /// Resolves, with the close it ends a socket with, when this node's
+    /// hold on `actor` ends (in cluster mode; never on one machine).
+    fn tenure(&self, actor: &ActorAddress) -> super::wire::Ending {
+        let tenure = self
+            .host
+            .get()
+            .and_then(Weak::upgrade)
+            .and_then(|host| host.placement().map(|p| p.tenure(actor)));
+        match tenure {
+            Some(tenure) => Box::pin(async move {
+                tenure.await;
+                (
+                    Close::new(CLOSE_SERVICE_RESTART, MOVED_REASON),
+                    ClosedBy::Weir,
+                )
+            }),
+            None => Box::pin(std::future::pending()),
+        }
     }
 }
 

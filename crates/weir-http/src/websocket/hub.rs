@@ -163,6 +163,12 @@ impl SocketHub {
         self.shutdown.send_replace(true);
     }
 
+    /// Resolves once the server shuts down.
+    pub(crate) async fn shutting_down(&self) {
+        let mut shutdown = self.shutdown.subscribe();
+        let _ = shutdown.wait_for(|down| *down).await;
+    }
+
     /// Returns once every socket has ended (each gives its place back when
     /// its close handshake is done or given up on).
     pub async fn all_closed(&self) {

@@ -10,7 +10,8 @@
 //! - [`hub`]: the server's sockets together (capacity, shutdown, receipts);
 //! - [`worker`]: the host interface of workers' sockets;
 //! - [`actor`]: sockets actors own, held across hibernation, delivered
-//!   as turns;
+//!   as turns, and [`relay`]: in cluster mode, held by the actor's owner
+//!   whichever node the client reached;
 //! - [`limits`], [`error_code`]: the sockets' limits and error codes.
 
 pub mod actor;
@@ -18,6 +19,7 @@ pub mod error_code;
 pub mod handshake;
 pub mod hub;
 pub mod limits;
+pub mod relay;
 pub mod socket;
 pub mod upgrade;
 pub mod wire;

@@ -71,8 +71,8 @@ pub(crate) fn refuse_socket(
 }
 
 /// Weir's answer to an upgrade it refuses.
-pub(crate) fn socket_refusal(code: SocketErrorCode) -> Response<ServeBody> {
-    let mut response: Response<ServeBody> = error_response(code);
+pub(crate) fn socket_refusal<B: From<bytes::Bytes>>(code: SocketErrorCode) -> Response<B> {
+    let mut response: Response<B> = error_response(code);
     if code == SocketErrorCode::InvalidUpgrade {
         response.headers_mut().insert(
             header::SEC_WEBSOCKET_VERSION,

@@ -1,0 +1,288 @@
+//! Socket relays between nodes: an actor's WebSocket whose client reached
+//! a node that does not own the actor goes to the owner over a connection
+//! of its own to the owner's internal listener, and runs there as a turn
+//! of the actor; the node the client reached then only carries bytes.
+//!
+//! Invariants owned here:
+//! - a relayed upgrade carries the cluster's secret (refused 401 without
+//!   it, before anything runs) and names its actor in Weir's own headers;
+//!   none of the client's `x-weir-cluster-*` headers travel with it;
+//! - the owner runs it as a turn of the actor there or not at all
+//!   (answered "not run": the sender may locate the actor again, once);
+//! - a node of a build without socket relays answers their path as not a
+//!   cluster call (404): the client is answered 501 `cluster_unsupported`;
+//! - a socket takes a connection of its own, never one of the pooled
+//!   connections calls share, so an open socket never holds a call up.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use weir_actors::{ActorAddress, Relayed, TurnError};
+
+use crate::counters::add;
+use crate::error_code::ClusterErrorCode;
+use crate::internal::{
+    CONNECT_TIMEOUT, FORWARD_TIMEOUT, Forwarder, MAX_ENVELOPE_BYTES, SECRET_HEADER, Served,
+};
+
+/// Where a node takes relayed upgrades. Versioned on its own: a build
+/// that changes what a relay carries takes a new path, and a node that
+/// does not serve it answers 404.
+pub const SOCKET_PATH: &str = "/weir/cluster/socket/v1";
+
+/// The app whose actor a relayed upgrade is for.
+pub const APP_HEADER: &str = "x-weir-cluster-app";
+/// The actor's class.
+pub const CLASS_HEADER: &str = "x-weir-cluster-class";
+/// The actor's name.
+pub const NAME_HEADER: &str = "x-weir-cluster-name";
+/// The upgrade's path inside the actor.
+pub const PATH_HEADER: &str = "x-weir-cluster-path";
+/// On the owner's answer: `answered` (the actor's answer, or a limit's)
+/// or `not-run`. An answer without it is the listener's own refusal.
+pub const ANSWER_HEADER: &str = "x-weir-cluster-socket";
+
+const ANSWERED: &str = "answered";
+const NOT_RUN: &str = "not-run";
+
+/// The prefix of the headers only nodes send each other.
+const CLUSTER_HEADER_PREFIX: &str = "x-weir-cluster-";
+
+/// The head of an upgrade relayed to the node at `node`: the client's
+/// headers but Weir's own and `host`, then the actor's names and the
+/// secret.
+fn relayed_head(
+    node: &str,
+    secret: &str,
+    app: &str,
+    actor: &ActorAddress,
+    path: &str,
+    client: &HeaderMap,
+) -> Result<Request<Full<Bytes>>, http::Error> {
+    let mut request = Request::get(format!("http://{node}{SOCKET_PATH}"));
+    let headers = request.headers_mut().expect("a fresh builder");
+    for (name, value) in client {
+        if name == header::HOST || name.as_str().starts_with(CLUSTER_HEADER_PREFIX) {
+            continue;
+        }
+        headers.append(name.clone(), value.clone());
+    }
+    request
+        .header(header::HOST, node)
+        .header(SECRET_HEADER, secret)
+        .header(APP_HEADER, app)
+        .header(CLASS_HEADER, actor.class.as_str())
+        .header(NAME_HEADER, actor.name.as_str())
+        .header(PATH_HEADER, path)
+        .body(Full::new(Bytes::new()))
+}
+
+/// The actor and path a relayed upgrade names, if it names them well.
+fn named(headers: &HeaderMap) -> Option<(String, ActorAddress, String)> {
+    let text = |name: &str| headers.get(name)?.to_str().ok();
+    let app = text(APP_HEADER)?;
+    let actor = ActorAddress::new(text(CLASS_HEADER)?, text(NAME_HEADER)?).ok()?;
+    let path = text(PATH_HEADER).filter(|p| p.starts_with('/'))?;
+    Some((app.to_string(), actor, path.to_string()))
+}
+
+fn marked(mut response: Response<Full<Bytes>>, how: &'static str) -> Response<Full<Bytes>> {
+    response
+        .headers_mut()
+        .insert(ANSWER_HEADER, HeaderValue::from_static(how));
+    response
+}
+
+/// Takes an upgrade another node relayed here (its secret already
+/// checked): runs it as a turn of the actor it names, if this node owns
+/// the actor and is not leaving; otherwise answers "not run".
+pub(crate) async fn take(request: Request<Incoming>, served: &Served) -> Response<Full<Bytes>> {
+    let plain = |status: StatusCode, body: &'static str| {
+        let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+        *response.status_mut() = status;
+        response
+    };
+    let Some((app, actor, path)) = named(request.headers()) else {
+        return plain(
+            StatusCode::BAD_REQUEST,
+            "a relayed upgrade names no actor\n",
+        );
+    };
+    if !request.headers().contains_key(header::UPGRADE) {
+        return plain(
+            StatusCode::BAD_REQUEST,
+            "a relayed upgrade must ask for one\n",
+        );
+    }
+    let Some(door) = served.door(&app) else {
+        return marked(plain(StatusCode::CONFLICT, "not run\n"), NOT_RUN);
+    };
+    // Admitted like a call (a leaving node runs nothing new); once the
+    // actor accepted it, the socket is the hub's, closed at its shutdown.
+    let Some(running) = served.leaving.admit().await else {
+        add(&served.counters.not_run, 1);
+        return marked(plain(StatusCode::CONFLICT, "not run\n"), NOT_RUN);
+    };
+    let answer = door.open(actor, path, request).await;
+    drop(running);
+    match answer {
+        Some(response) => {
+            add(&served.counters.sockets_taken, 1);
+            let (head, body) = response.into_parts();
+            marked(Response::from_parts(head, Full::new(body)), ANSWERED)
+        }
+        None => {
+            add(&served.counters.not_run, 1);
+            marked(plain(StatusCode::CONFLICT, "not run\n"), NOT_RUN)
+        }
+    }
+}
+
+impl Forwarder {
+    /// Relays the upgrade `head` to `actor` of `app` (its `path` inside
+    /// the actor) to the node at `node`, on a connection of its own.
+    pub async fn relay_socket(
+        &self,
+        node: &str,
+        app: &str,
+        actor: &ActorAddress,
+        path: &str,
+        head: Request<()>,
+    ) -> Relayed {
+        let refused = |why: &str, sent: bool| {
+            tracing::warn!(node, actor = %actor, why, sent, "a socket relayed to another node failed");
+            let code = TurnError::from(ClusterErrorCode::OwnerUnreachable);
+            if sent {
+                Relayed::Failed(code)
+            } else {
+                Relayed::NotRun(code)
+            }
+        };
+        let request = match relayed_head(node, &self.secret, app, actor, path, head.headers()) {
+            Ok(request) => request,
+            Err(e) => return refused(&e.to_string(), false),
+        };
+        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(node)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => return refused(&e.to_string(), false),
+            Err(_) => return refused("no connection in time", false),
+        };
+        let _ = stream.set_nodelay(true);
+        let (mut sender, connection) =
+            match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
+                Ok(pair) => pair,
+                Err(e) => return refused(&e.to_string(), false),
+            };
+        tokio::spawn(async move {
+            let _ = connection.with_upgrades().await;
+        });
+        let mut response =
+            match tokio::time::timeout(FORWARD_TIMEOUT, sender.send_request(request)).await {
+                Ok(Ok(response)) => response,
+                Ok(Err(e)) => return refused(&e.to_string(), true),
+                Err(_) => return refused("no answer in time", true),
+            };
+        let how = response
+            .headers()
+            .get(ANSWER_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        match (response.status(), how.as_deref()) {
+            (StatusCode::SWITCHING_PROTOCOLS, Some(ANSWERED)) => {
+                let upgrade = hyper::upgrade::on(&mut response);
+                let (mut head, _) = response.into_parts();
+                head.headers.remove(ANSWER_HEADER);
+                match upgrade.await {
+                    Ok(upgraded) => {
+                        add(&self.counters.sockets_relayed, 1);
+                        Relayed::Opened(
+                            Response::from_parts(head, ()),
+                            Box::new(TokioIo::new(upgraded)),
+                        )
+                    }
+                    Err(e) => refused(&e.to_string(), true),
+                }
+            }
+            (_, Some(NOT_RUN)) => {
+                add(&self.counters.not_run, 1);
+                Relayed::NotRun(ClusterErrorCode::OwnerUnreachable.into())
+            }
+            (_, Some(ANSWERED)) => {
+                let (mut head, body) = response.into_parts();
+                head.headers.remove(ANSWER_HEADER);
+                match Limited::new(body, MAX_ENVELOPE_BYTES).collect().await {
+                    Ok(body) => Relayed::Answered(Response::from_parts(head, body.to_bytes())),
+                    Err(e) => refused(&e.to_string(), true),
+                }
+            }
+            (StatusCode::NOT_FOUND, None) => {
+                tracing::warn!(
+                    node,
+                    actor = %actor,
+                    "the owner runs a Weir build without socket relays; its actors' sockets are reached through it alone until it is upgraded"
+                );
+                Relayed::Failed(ClusterErrorCode::Unsupported.into())
+            }
+            (status, _) => refused(&format!("refused with {status}"), false),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relayed_head_keeps_the_clients_headers_but_weirs_own_and_names_its_actor() {
+        let mut client = HeaderMap::new();
+        client.insert(header::HOST, HeaderValue::from_static("chat.example"));
+        client.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        client.insert("sec-websocket-key", HeaderValue::from_static("k"));
+        client.append("cookie", HeaderValue::from_static("a=1"));
+        client.append("cookie", HeaderValue::from_static("b=2"));
+        client.insert(SECRET_HEADER, HeaderValue::from_static("a guess"));
+        client.insert(APP_HEADER, HeaderValue::from_static("other-app"));
+        let actor = ActorAddress::new("room", "lobby").unwrap();
+        let request = relayed_head(
+            "10.0.0.2:7001",
+            "the secret",
+            "chat",
+            &actor,
+            "/?user=ann",
+            &client,
+        )
+        .unwrap();
+        let h = request.headers();
+        assert_eq!(request.uri().path(), SOCKET_PATH);
+        assert_eq!(h[header::HOST], "10.0.0.2:7001");
+        assert_eq!(h.get_all(header::HOST).iter().count(), 1);
+        assert_eq!(h[SECRET_HEADER], "the secret");
+        assert_eq!(h.get_all(SECRET_HEADER).iter().count(), 1);
+        assert_eq!(h[APP_HEADER], "chat");
+        assert_eq!(h.get_all(APP_HEADER).iter().count(), 1);
+        assert_eq!(h[header::UPGRADE], "websocket");
+        assert_eq!(h.get_all("cookie").iter().count(), 2);
+        assert_eq!(
+            named(h),
+            Some(("chat".to_string(), actor, "/?user=ann".to_string()))
+        );
+    }
+
+    #[test]
+    fn an_upgrade_naming_no_valid_actor_or_path_is_not_taken() {
+        let mut h = HeaderMap::new();
+        h.insert(APP_HEADER, HeaderValue::from_static("chat"));
+        h.insert(CLASS_HEADER, HeaderValue::from_static("room"));
+        h.insert(NAME_HEADER, HeaderValue::from_static("lobby"));
+        assert_eq!(named(&h), None, "no path");
+        h.insert(PATH_HEADER, HeaderValue::from_static("relative"));
+        assert_eq!(named(&h), None, "a path not starting with /");
+        h.insert(PATH_HEADER, HeaderValue::from_static("/"));
+        assert!(named(&h).is_some());
+        h.insert(NAME_HEADER, HeaderValue::from_static("a/b"));
+        assert_eq!(named(&h), None, "a name the actor address refuses");
+    }
+}

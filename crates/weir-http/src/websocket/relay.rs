@@ -1,0 +1,247 @@
+//! An actor's WebSocket in cluster mode: held by the node that owns the
+//! actor, whichever node its client reached. An upgrade that reached
+//! another node is relayed to the owner, where it is a turn of the actor
+//! like any other ([`RelayDoor`]); the node the client reached then
+//! carries the socket's bytes both ways and nothing else.
+//!
+//! Invariants owned here:
+//! - the upgrade is checked, and given its place among this node's
+//!   `max_sockets`, before it is located or relayed: a relayed socket
+//!   holds a place on both nodes, and is refused on either alike;
+//! - it runs on the owner or nowhere: located here, it runs only if this
+//!   node still owns the actor when its turn starts; relayed, only if the
+//!   owner does; after a "not run", it is located afresh once more;
+//! - the owner's turn never sees the headers nodes send each other (the
+//!   cluster's secret among them);
+//! - once one direction of a relayed socket ends, the other is given
+//!   [`RELAY_LINGER`] (the close handshake) and then dropped; at this
+//!   node's shutdown both are dropped, and the client sees its connection
+//!   end (the owner's socket ends as a lost connection).
+
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use weir_actors::placement::BoxFuture;
+use weir_actors::socket_relay::RelayIo;
+use weir_actors::{ActorAddress, ActorHost, Location, Placement, Relayed, SocketDoor, TurnError};
+use weir_runtime::ErrorCode;
+use weir_runtime::error_code::error_response;
+
+use super::SocketErrorCode;
+use super::upgrade::{offer_upgrade, socket_refusal};
+use super::wire::CLOSE_HANDSHAKE_TIMEOUT;
+use super::worker::UpgradeOffer;
+use crate::actor_route::{Reach, served, turn, with_offer};
+use crate::response_body::ServeBody;
+use crate::routing::Router;
+use crate::server::{ServeOptions, over_head_limits, read_request_body};
+
+/// How long the other direction of a relayed socket may go on once one
+/// ended: as long as either end waits for the other's close frame.
+pub const RELAY_LINGER: Duration = CLOSE_HANDSHAKE_TIMEOUT;
+
+/// Bytes read at once in each direction of a relayed socket: small, as an
+/// owned socket's read buffer is, since most sockets are idle; a larger
+/// message takes more reads.
+pub const RELAY_BUFFER_BYTES: usize = 4096;
+
+/// The prefix of the headers only nodes send each other.
+const CLUSTER_HEADER_PREFIX: &str = "x-weir-cluster-";
+
+/// An upgrade to `address` that its actor may accept, on a node of a
+/// cluster: run here if this node owns the actor, relayed to the owner
+/// otherwise.
+pub(crate) async fn socket(
+    host: &Arc<ActorHost>,
+    placement: &Arc<dyn Placement>,
+    address: ActorAddress,
+    actor_path: String,
+    parts: http::request::Parts,
+    bytes: Bytes,
+    offer: UpgradeOffer,
+) -> Response<ServeBody> {
+    let method = parts.method.clone();
+    let head = head_of(&parts);
+    let offer = Arc::new(offer);
+    let mut parts = Some(parts);
+    let mut last = TurnError::from(ErrorCode::HostUnavailable);
+    for attempt in 0..2 {
+        match placement.locate(&address, attempt > 0, false).await {
+            Ok(Location::Here) => {
+                let own = parts.take().unwrap_or_else(|| head_of_request(&head));
+                let own = with_offer(own, Some(offer.clone()));
+                let ran = turn(
+                    host,
+                    address.clone(),
+                    actor_path.clone(),
+                    own,
+                    bytes.clone(),
+                    Reach::HereOnly,
+                )
+                .await;
+                match ran {
+                    Some(response) => return served(&method, response),
+                    // Not this node's any more: located afresh.
+                    None => last = ErrorCode::HostUnavailable.into(),
+                }
+            }
+            Ok(Location::Elsewhere(node)) => {
+                let relayed = placement
+                    .relay_socket(node, address.clone(), actor_path.clone(), copy(&head))
+                    .await;
+                match relayed {
+                    Relayed::Opened(response, owner) => return carry(&offer, response, owner),
+                    Relayed::Answered(response) => return served(&method, response),
+                    Relayed::NotRun(code) => last = code,
+                    Relayed::Failed(code) => return error_response(code),
+                }
+            }
+            Err(code) => return error_response(code),
+        }
+    }
+    error_response(last)
+}
+
+/// A request's method, target and headers, to send again.
+fn head_of(parts: &http::request::Parts) -> Request<()> {
+    let mut head = Request::new(());
+    *head.method_mut() = parts.method.clone();
+    *head.uri_mut() = parts.uri.clone();
+    *head.headers_mut() = parts.headers.clone();
+    head
+}
+
+fn copy(head: &Request<()>) -> Request<()> {
+    let mut copy = Request::new(());
+    *copy.method_mut() = head.method().clone();
+    *copy.uri_mut() = head.uri().clone();
+    *copy.headers_mut() = head.headers().clone();
+    copy
+}
+
+fn head_of_request(head: &Request<()>) -> http::request::Parts {
+    copy(head).into_parts().0
+}
+
+/// Answers the client with the owner's 101 and carries the socket's bytes
+/// between the two from then on, holding its place among `max_sockets`.
+fn carry(
+    offer: &UpgradeOffer,
+    response: Response<()>,
+    owner: Box<dyn RelayIo>,
+) -> Response<ServeBody> {
+    let Some((client, permit)) = offer.take() else {
+        return error_response(ErrorCode::HostUnavailable);
+    };
+    let hub = offer.hub.clone();
+    tokio::spawn(async move {
+        let _permit = permit;
+        let client = match client.await {
+            Ok(upgraded) => TokioIo::new(upgraded),
+            Err(e) => {
+                tracing::debug!(error = %e, "a relayed socket's client left before its upgrade");
+                return;
+            }
+        };
+        tokio::select! {
+            () = splice(client, owner) => {}
+            () = hub.shutting_down() => {}
+        }
+    });
+    let (head, ()) = response.into_parts();
+    Response::from_parts(head, ServeBody::empty())
+}
+
+/// Copies bytes both ways until one direction ends, then gives the other
+/// [`RELAY_LINGER`] to end too.
+async fn splice(client: impl AsyncRead + AsyncWrite + Send, owner: Box<dyn RelayIo>) {
+    let (from_client, mut to_client) = tokio::io::split(client);
+    let (from_owner, mut to_owner) = tokio::io::split(owner);
+    let mut up = pin!(async move {
+        let mut from = BufReader::with_capacity(RELAY_BUFFER_BYTES, from_client);
+        let _ = tokio::io::copy_buf(&mut from, &mut to_owner).await;
+        let _ = to_owner.shutdown().await;
+    });
+    let mut down = pin!(async move {
+        let mut from = BufReader::with_capacity(RELAY_BUFFER_BYTES, from_owner);
+        let _ = tokio::io::copy_buf(&mut from, &mut to_client).await;
+        let _ = to_client.shutdown().await;
+    });
+    tokio::select! {
+        () = &mut up => { let _ = tokio::time::timeout(RELAY_LINGER, down).await; }
+        () = &mut down => { let _ = tokio::time::timeout(RELAY_LINGER, up).await; }
+    }
+}
+
+/// Where one app's actors take the sockets other nodes relay to them: the
+/// actor route's path, run here or not at all.
+pub struct RelayDoor {
+    router: Arc<Router>,
+    app: Arc<str>,
+    options: ServeOptions,
+}
+
+impl RelayDoor {
+    /// The door of `app`, served by `router` (looked up at each upgrade,
+    /// so a deploy's new version takes the next one) with `options`.
+    pub fn new(router: Arc<Router>, app: &str, options: ServeOptions) -> Arc<RelayDoor> {
+        Arc::new(RelayDoor {
+            router,
+            app: Arc::from(app),
+            options,
+        })
+    }
+}
+
+impl SocketDoor for RelayDoor {
+    fn open(
+        &self,
+        actor: ActorAddress,
+        path: String,
+        mut request: Request<Incoming>,
+    ) -> BoxFuture<'static, Option<Response<Bytes>>> {
+        let served = self
+            .router
+            .table()
+            .apps()
+            .into_iter()
+            .find(|s| s.name == self.app);
+        let sockets = self.options.sockets.clone();
+        Box::pin(async move {
+            let served = served?;
+            let host = served.actors.clone()?;
+            let app = &served.app;
+            // What nodes tell each other is not the actor's to read.
+            let theirs: Vec<_> = request
+                .headers()
+                .keys()
+                .filter(|name| name.as_str().starts_with(CLUSTER_HEADER_PREFIX))
+                .cloned()
+                .collect();
+            for name in theirs {
+                request.headers_mut().remove(name);
+            }
+            if let Some(code) = over_head_limits(&request, &app.code.limits) {
+                return Some(error_response(code));
+            }
+            let offer = match offer_upgrade(app, sockets.as_ref(), &mut request) {
+                Ok(Some(offer)) => offer,
+                Ok(None) => return Some(socket_refusal(SocketErrorCode::InvalidUpgrade)),
+                Err((_, code, _)) => return Some(socket_refusal(code)),
+            };
+            let (parts, body) = request.into_parts();
+            let bytes = match read_request_body(body, &app.code.limits).await {
+                Ok(bytes) => bytes,
+                Err(e) => return Some(error_response(e.code())),
+            };
+            let parts = with_offer(parts, Some(Arc::new(offer)));
+            turn(&host, actor, path, parts, bytes, Reach::HereOnly).await
+        })
+    }
+}

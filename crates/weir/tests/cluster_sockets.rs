@@ -1,0 +1,398 @@
+//! Actors' WebSockets in cluster mode, from outside: real nodes on a real
+//! PostgreSQL, real WebSocket clients of the chat example. A socket is
+//! held by the actor's owner whichever node its client reached (relayed
+//! from the others); it ends when the owner dies, stops or loses the
+//! actor, and a client that connects again finds the room's history.
+//! The relay's door does not open to a guess, and what nodes tell each
+//! other never reaches a guest.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::Weir;
+use common::cluster::{Postgres, SECRET, node, node_dir, node_with_app};
+use common::websocket::{Client, close_of};
+use futures::{SinkExt, StreamExt};
+use http::Request;
+use http_body_util::Full;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::Message;
+
+/// Node `name` serving the chat example: its page, the `room` class at
+/// `/rooms`.
+fn chat_node(pg: &Postgres, name: &str, dir: &Path, extra: &[&str]) -> Weir {
+    let room = format!("room={}", common::guest("chat_room").display());
+    let mut args = vec!["--actor", &room, "--actor-route", "room=/rooms"];
+    args.extend_from_slice(extra);
+    node_with_app(pg, name, dir, &common::guest("chat"), &args)
+}
+
+fn room_key(room: &str) -> String {
+    format!("actor/chat/room/{room}")
+}
+
+/// Joins `room` as `user` through `node`, trying again for at most 30 s
+/// while the cluster fails over (an upgrade refused with 502 or 503).
+async fn join(node: &Weir, room: &str, user: &str) -> Client {
+    let url = format!("ws://{}/rooms/{room}/?user={user}", node.addr);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match tokio_tungstenite::connect_async(&url).await {
+            Ok((ws, response)) => {
+                assert_eq!(response.status(), 101);
+                return ws;
+            }
+            Err(e) => {
+                assert!(Instant::now() < deadline, "{user} could not join: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// The next JSON event the client gets for which `wanted` holds (others
+/// are skipped), within 30 s.
+async fn next_where(ws: &mut Client, what: &str, wanted: impl Fn(&Value) -> bool) -> Value {
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(30), ws.next())
+            .await
+            .unwrap_or_else(|_| panic!("no {what} within 30 s"));
+        match frame {
+            Some(Ok(Message::Text(t))) => {
+                let v: Value = serde_json::from_str(&t).unwrap();
+                if wanted(&v) {
+                    return v;
+                }
+            }
+            Some(Ok(_)) => {}
+            other => panic!("waiting for {what}: {other:?}"),
+        }
+    }
+}
+
+async fn presence_of(ws: &mut Client, users: &[&str]) {
+    let want = serde_json::json!(users);
+    next_where(ws, &format!("presence {users:?}"), |v| {
+        v["type"] == "presence" && v["users"] == want
+    })
+    .await;
+}
+
+async fn message_of(ws: &mut Client, user: &str, text: &str) {
+    next_where(ws, &format!("{user}: {text}"), |v| {
+        v["type"] == "message" && v["user"] == user && v["text"] == text
+    })
+    .await;
+}
+
+/// The messages a client that joins `room` through `node` is given first,
+/// `n` of them.
+async fn history(node: &Weir, room: &str, n: usize) -> Vec<(String, String)> {
+    let mut ws = join(node, room, "reader").await;
+    let mut said = Vec::new();
+    while said.len() < n {
+        let v = next_where(&mut ws, "history", |v| v["type"] == "message").await;
+        said.push((
+            v["user"].as_str().unwrap().to_string(),
+            v["text"].as_str().unwrap().to_string(),
+        ));
+    }
+    let _ = ws.close(None).await;
+    said
+}
+
+async fn counters(node: &Weir) -> Value {
+    node.admin_get("/status").await.json()["cluster"]["counters"].clone()
+}
+
+/// Which of `nodes` (by name) owns the room now.
+fn owner_of<'a>(pg: &Postgres, room: &str, nodes: &'a [(&str, Weir)]) -> (usize, &'a Weir) {
+    let owner = pg.owner(&room_key(room)).expect("the room has an owner");
+    let i = nodes.iter().position(|(n, _)| *n == owner).unwrap();
+    (i, &nodes[i].1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rooms_sockets_through_either_node_are_held_by_its_owner_and_end_with_it() {
+    let pg = Postgres::start();
+    let nodes = [
+        ("n1", chat_node(&pg, "n1", &node_dir("sockets", "n1"), &[])),
+        ("n2", chat_node(&pg, "n2", &node_dir("sockets", "n2"), &[])),
+    ];
+    // Ann through n1, Bob through n2: one room, whichever node owns it.
+    let mut ann = join(&nodes[0].1, "lobby", "ann").await;
+    let mut bob = join(&nodes[1].1, "lobby", "bob").await;
+    presence_of(&mut ann, &["ann", "bob"]).await;
+    presence_of(&mut bob, &["ann", "bob"]).await;
+    say(&mut ann, "hello").await;
+    message_of(&mut bob, "ann", "hello").await;
+    say(&mut bob, "hi").await;
+    message_of(&mut ann, "bob", "hi").await;
+    // One socket was relayed by the node that does not own the room and
+    // taken by the one that does.
+    let (owner_at, owner) = owner_of(&pg, "lobby", &nodes);
+    let other = &nodes[1 - owner_at].1;
+    assert_eq!(counters(other).await["sockets_relayed"], 1);
+    assert_eq!(counters(owner).await["sockets_taken"], 1);
+    assert_eq!(counters(owner).await["sockets_relayed"], 0);
+    let (mut direct, mut relayed) = if owner_at == 0 {
+        (ann, bob)
+    } else {
+        (bob, ann)
+    };
+    // The owner killed: both clients see their connection end without a
+    // close frame, the relayed one too.
+    owner.signal("KILL");
+    assert!(close_of(&mut direct).await.is_err());
+    let ended = close_of(&mut relayed).await;
+    assert!(
+        ended.is_err(),
+        "a relayed socket of a killed owner: {ended:?}"
+    );
+    // Through the survivor, once it took the room over: its history whole.
+    assert_eq!(
+        history(other, "lobby", 2).await,
+        said(&[("ann", "hello"), ("bob", "hi")])
+    );
+}
+
+fn said(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(u, t)| (u.to_string(), t.to_string()))
+        .collect()
+}
+
+async fn say(ws: &mut Client, text: &str) {
+    ws.send(Message::text(text)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_owner_closes_its_rooms_sockets_going_away_and_the_other_takes_the_room_over() {
+    let pg = Postgres::start();
+    let nodes = [
+        (
+            "n1",
+            chat_node(&pg, "n1", &node_dir("sockets-stop", "n1"), &[]),
+        ),
+        (
+            "n2",
+            chat_node(&pg, "n2", &node_dir("sockets-stop", "n2"), &[]),
+        ),
+    ];
+    let mut ann = join(&nodes[0].1, "hall", "ann").await;
+    let mut bob = join(&nodes[1].1, "hall", "bob").await;
+    presence_of(&mut ann, &["ann", "bob"]).await;
+    say(&mut ann, "before").await;
+    message_of(&mut bob, "ann", "before").await;
+    let (owner_at, owner) = owner_of(&pg, "hall", &nodes);
+    let other = &nodes[1 - owner_at].1;
+    // Both sockets close as the owner's do at a graceful stop, the
+    // relayed one with the owner's own close frame.
+    owner.signal("TERM");
+    let going_away = (1001, "the server is shutting down".to_string());
+    assert_eq!(close_of(&mut ann).await, Ok(going_away.clone()));
+    assert_eq!(close_of(&mut bob).await, Ok(going_away));
+    // The room goes on through the other node, history whole.
+    let mut ann = join(other, "hall", "ann").await;
+    say(&mut ann, "after").await;
+    message_of(&mut ann, "ann", "after").await;
+    assert_eq!(
+        history(other, "hall", 2).await,
+        said(&[("ann", "before"), ("ann", "after")])
+    );
+    assert_eq!(
+        pg.owner(&room_key("hall")),
+        Some(nodes[1 - owner_at].0.to_string())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_hold_on_a_room_ended_closes_its_sockets_so_they_reach_the_next_owner() {
+    let mut pg = Postgres::start();
+    let n1 = chat_node(&pg, "n1", &node_dir("sockets-tenure", "n1"), &[]);
+    let mut ann = join(&n1, "den", "ann").await;
+    presence_of(&mut ann, &["ann"]).await;
+    say(&mut ann, "kept").await;
+    message_of(&mut ann, "ann", "kept").await;
+    // The database away for three leases: the node's session ends when it
+    // returns (anyone may have claimed the room meanwhile), and the room's
+    // socket is closed with it, naming why.
+    pg.stop("INT");
+    tokio::time::sleep(Duration::from_millis(3 * common::cluster::LEASE_MS)).await;
+    pg.run();
+    assert_eq!(
+        close_of(&mut ann).await,
+        Ok((1012, "the actor moved to another node".to_string()))
+    );
+    assert_eq!(history(&n1, "den", 1).await, said(&[("ann", "kept")]));
+}
+
+/// An upgrade request to `path`, as a browser sends it, with `extra`
+/// headers.
+fn upgrade(path: &str, extra: &[(&str, &str)]) -> Request<Full<Bytes>> {
+    let mut request = Request::get(path)
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==");
+    for (name, value) in extra {
+        request = request.header(*name, *value);
+    }
+    request.body(Full::new(Bytes::new())).unwrap()
+}
+
+/// The status line and body of a raw `GET` of the relay's door at
+/// `internal`, with `headers`.
+async fn knock(internal: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(internal).await.unwrap();
+    let mut head = format!("GET /weir/cluster/socket/v1 HTTP/1.1\r\nhost: {internal}\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("connection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut answer))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    let status = answer[9..12].parse().unwrap();
+    let body = answer.split_once("\r\n\r\n").unwrap().1.to_string();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relays_door_opens_to_no_guess_and_what_nodes_tell_each_other_reaches_no_guest() {
+    let pg = Postgres::start();
+    let n1 = node(&pg, "n1", &node_dir("sockets-door", "n1"), &[]);
+    let n2 = node(&pg, "n2", &node_dir("sockets-door", "n2"), &[]);
+    let internal = n2.admin_get("/status").await.json()["cluster"]["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let actor = [
+        ("x-weir-cluster-app", "gateway"),
+        ("x-weir-cluster-class", "probe"),
+        ("x-weir-cluster-name", "door"),
+        ("x-weir-cluster-path", "/echo"),
+        ("upgrade", "websocket"),
+    ];
+    // Without the secret, or with a guess: refused before anything runs.
+    assert_eq!(knock(&internal, &actor).await.0, 401);
+    let guessed: Vec<_> = actor
+        .iter()
+        .copied()
+        .chain([("x-weir-cluster-secret", "a guess")])
+        .collect();
+    assert_eq!(knock(&internal, &guessed).await.0, 401);
+    // With it, naming no actor, or not asking for an upgrade: refused.
+    let secret = ("x-weir-cluster-secret", SECRET);
+    assert_eq!(
+        knock(&internal, &[secret]).await,
+        (400, "a relayed upgrade names no actor\n".to_string())
+    );
+    assert_eq!(
+        knock(&internal, &[secret, actor[0], actor[1], actor[2], actor[3]]).await,
+        (400, "a relayed upgrade must ask for one\n".to_string())
+    );
+    assert_eq!(
+        pg.owner(&common::cluster::actor_key("door")),
+        None,
+        "nothing ran, nothing was claimed"
+    );
+    // An actor n2 owns, reached through n1 with forged cluster headers:
+    // the actor does not accept the socket and answers with the request
+    // it saw, which carries none of them (nor the real secret).
+    let mut name = None;
+    for i in 0..32 {
+        let candidate = format!("echo{i}");
+        assert_eq!(common::cluster::incr(&n2, &candidate).await.status, 200);
+        if pg.owner(&common::cluster::actor_key(&candidate)).as_deref() == Some("n2") {
+            name = Some(candidate);
+            break;
+        }
+    }
+    let name = name.expect("an actor of n2's among 32 names");
+    let r = n1
+        .send(upgrade(
+            &format!("/direct/{name}/echo"),
+            &[
+                ("x-weir-cluster-secret", "a guess"),
+                ("x-weir-cluster-app", "another"),
+                ("x-weir-cluster-name", "another"),
+            ],
+        ))
+        .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let seen = r.json();
+    let names: Vec<String> = seen["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h[0].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        names.contains(&"sec-websocket-key".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        !names.iter().any(|n| n.starts_with("x-weir-cluster-")),
+        "{names:?}"
+    );
+    assert!(!r.text().contains(SECRET));
+    let relayed = counters(&n1).await;
+    assert_eq!(relayed["sockets_relayed"], 0, "answered, not opened");
+    assert_eq!(counters(&n2).await["sockets_taken"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relayed_socket_holds_its_place_among_max_sockets_on_the_node_it_reached() {
+    let pg = Postgres::start();
+    let n1 = chat_node(
+        &pg,
+        "n1",
+        &node_dir("sockets-places", "n1"),
+        &["--limit", "max_sockets=1"],
+    );
+    let n2 = chat_node(&pg, "n2", &node_dir("sockets-places", "n2"), &[]);
+    // A room n2 owns.
+    let mut room = None;
+    for i in 0..32 {
+        let candidate = format!("r{i}");
+        let mut ws = join(&n2, &candidate, "probe").await;
+        presence_of(&mut ws, &["probe"]).await;
+        let _ = ws.close(None).await;
+        if pg.owner(&room_key(&candidate)).as_deref() == Some("n2") {
+            room = Some(candidate);
+            break;
+        }
+    }
+    let room = room.expect("a room of n2's among 32 names");
+    let mut ann = join(&n1, &room, "ann").await;
+    presence_of(&mut ann, &["ann"]).await;
+    assert_eq!(counters(&n1).await["sockets_relayed"], 1);
+    // n1's one place is the relayed socket's: one more is refused there,
+    // before any actor sees it.
+    let r = n1
+        .send(upgrade(&format!("/rooms/{room}/?user=bob"), &[]))
+        .await;
+    assert_eq!(r.status, 503, "{:?}", r.body);
+    assert_eq!(r.json()["error"], "socket_capacity_exceeded");
+    // Once it ends, its place is given back.
+    ann.close(None).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let url = format!("ws://{}/rooms/{room}/?user=bob", n1.addr);
+        if let Ok((mut bob, _)) = tokio_tungstenite::connect_async(&url).await {
+            presence_of(&mut bob, &["bob"]).await;
+            break;
+        }
+        assert!(Instant::now() < deadline, "the place was not given back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
