@@ -16,6 +16,12 @@ Weir and workerd's Durable Objects, in one run on this machine.
   every acknowledged write (nothing acknowledged was lost, snapshots and
   restores included).
 
+With --sockets, only the WebSocket row runs: the chat example's room
+actor echoing over 100 sockets (bench/ws-echo's `ws-load`, as
+bench/websockets.py), on two nodes, with the sockets on the room's owner
+and through the other node (relayed to the owner), over --rounds rounds
+in alternating order; the medians and what the relay costs.
+
 With --baseline BIN, only the owner row runs, for this build and BIN in
 alternating order over --rounds rounds (each on fresh nodes and a fresh
 database), and the medians and their ratio are printed: an A/B of two
@@ -31,15 +37,18 @@ bench/actors.py; without it (or with --no-workerd) its row is skipped.
 
 Usage: python3 bench/cluster.py [--duration 8] [--connections 32] [--kills 50]
        python3 bench/cluster.py --baseline /path/to/weir [--rounds 6]
+       python3 bench/cluster.py --sockets [--rounds 6] [--duration 8]
 """
 
 import argparse
 import concurrent.futures
 import http.client
+import json
 import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -115,10 +124,13 @@ class Postgres:
 WEIR = ROOT / "target/release/weir"
 
 
-def start_weir(data, cluster=None, node=None, lease_ms=None, binary=WEIR):
+def start_weir(data, cluster=None, node=None, lease_ms=None, binary=WEIR, chat=False):
     port = free_port()
-    args = [str(binary), "serve", str(GUESTS / "gateway.wasm"),
-            "--actor", f"probe={GUESTS / 'actor_probe.wasm'}", "--actor-route", "probe=/direct",
+    if chat:
+        app = ["chat.wasm", "--actor", f"room={GUESTS / 'chat_room.wasm'}", "--actor-route", "room=/rooms"]
+    else:
+        app = ["gateway.wasm", "--actor", f"probe={GUESTS / 'actor_probe.wasm'}", "--actor-route", "probe=/direct"]
+    args = [str(binary), "serve", str(GUESTS / app[0]), *app[1:],
             "--listen", f"127.0.0.1:{port}", "--data-dir", str(data)]
     env = dict(os.environ)
     if cluster:
@@ -303,6 +315,47 @@ def ab(pg, tmp, baseline, rounds, d, c, t, hot):
           f"(per round {per_round})")
 
 
+def sockets_row(pg, tmp, rounds, duration, sockets=100, size=32):
+    """The room actor's echo over `sockets` sockets on its owner and
+    through the other node, `rounds` times in alternating order."""
+    load = ROOT / "target/release/ws-load"
+    nodes = []
+    try:
+        for n in ["n1", "n2"]:
+            nodes.append((n, *start_weir(tmp / f"ws-{n}", pg.url(), n, chat=True)))
+        for n, port, proc in nodes:
+            wait_ready(port, proc, path="/", timeout=120)
+        url = lambda port: f"ws://127.0.0.1:{port}/rooms/bench/echo"  # noqa: E731
+        subprocess.run([str(load), url(nodes[0][1]), "1", "1", str(size)], check=True, capture_output=True)
+        owner = pg.owner("actor/chat/room/bench")
+        ports = {"owner": next(p for n, p, _ in nodes if n == owner),
+                 "relayed": next(p for n, p, _ in nodes if n != owner)}
+        runs = {"owner": [], "relayed": []}
+        for r in range(rounds):
+            order = ["owner", "relayed"] if r % 2 == 0 else ["relayed", "owner"]
+            for where in order:
+                subprocess.run([str(load), url(ports[where]), str(sockets), "1", str(size)],
+                               check=True, capture_output=True)
+                out = subprocess.run([str(load), url(ports[where]), str(sockets), str(duration), str(size)],
+                                     check=True, capture_output=True, text=True).stdout
+                m = json.loads(out)
+                m = {"rate": m["per_s"], "p50_ms": m["p50_us"] / 1000, "p99_ms": m["p99_us"] / 1000,
+                     "errors": m["errors"]}
+                runs[where].append(m)
+                print(f"  round {r + 1} {where:8}: {m['rate']:9.0f} msg/s  p50 {m['p50_ms']:.2f} ms  "
+                      f"p99 {m['p99_ms']:.2f} ms")
+        med = {w: {k: statistics.median(m[k] for m in runs[w]) for k in ("rate", "p50_ms", "p99_ms")}
+               for w in runs}
+        for w in ("owner", "relayed"):
+            print(f"room echo, {sockets} sockets, {'on its owner' if w == 'owner' else 'through the other node'}: "
+                  f"{med[w]['rate']:.0f} msg/s, p50 {med[w]['p50_ms']:.2f} ms, p99 {med[w]['p99_ms']:.2f} ms")
+        print(f"relayed / owner: {med['relayed']['rate'] / med['owner']['rate']:.2f}x msg/s, "
+              f"p50 +{med['relayed']['p50_ms'] - med['owner']['p50_ms']:.2f} ms")
+    finally:
+        for _, _, proc in nodes:
+            kill(proc)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--duration", type=int, default=8)
@@ -312,9 +365,10 @@ def main():
     ap.add_argument("--no-workerd", action="store_true")
     ap.add_argument("--baseline", help="another weir binary: A/B of the owner row only")
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--sockets", action="store_true", help="only the WebSocket row")
     args = ap.parse_args()
 
-    subprocess.run(["cargo", "build", "--release", "-p", "weir"], cwd=ROOT, check=True)
+    subprocess.run(["cargo", "build", "--release", "-p", "weir", "-p", "ws-echo"], cwd=ROOT, check=True)
     subprocess.run(["cargo", "build", "--release", "--target", "wasm32-wasip2", "--manifest-path",
                     str(ROOT / "guests/Cargo.toml"), "--target-dir", str(ROOT / "guests/target")], check=True)
     tmp = Path(tempfile.mkdtemp(prefix="weir-cluster-bench-"))
@@ -323,6 +377,15 @@ def main():
     hot = str(WRK / "actor_post.lua")
     spread = str(WRK / "actor_spread.lua")
     results = {}
+
+    if args.sockets:
+        pg = Postgres(tmp)
+        try:
+            sockets_row(pg, tmp, args.rounds, d)
+        finally:
+            pg.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
 
     if args.baseline:
         pg = Postgres(tmp)

@@ -20,6 +20,10 @@ use crate::address::ActorAddress;
 use crate::error_code::TurnError;
 use crate::placement::BoxFuture;
 
+/// The prefix of the headers only nodes send each other: none of the
+/// client's travels, and none reaches the actor.
+pub const CLUSTER_HEADER_PREFIX: &str = "x-weir-cluster-";
+
 /// A relayed socket's connection to the actor's owner.
 pub trait RelayIo: AsyncRead + AsyncWrite + Send + Unpin {}
 

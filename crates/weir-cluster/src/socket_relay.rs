@@ -20,6 +20,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use weir_actors::socket_relay::CLUSTER_HEADER_PREFIX;
 use weir_actors::{ActorAddress, Relayed, TurnError};
 
 use crate::counters::add;
@@ -47,9 +48,6 @@ pub const ANSWER_HEADER: &str = "x-weir-cluster-socket";
 
 const ANSWERED: &str = "answered";
 const NOT_RUN: &str = "not-run";
-
-/// The prefix of the headers only nodes send each other.
-const CLUSTER_HEADER_PREFIX: &str = "x-weir-cluster-";
 
 /// The head of an upgrade relayed to the node at `node`: the client's
 /// headers but Weir's own and `host`, then the actor's names and the

@@ -212,6 +212,37 @@ async fn a_stopping_owner_closes_its_rooms_sockets_going_away_and_the_other_take
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relaying_node_that_stops_drops_its_sockets_and_the_owner_learns_they_ended() {
+    let pg = Postgres::start();
+    let nodes = [
+        (
+            "n1",
+            chat_node(&pg, "n1", &node_dir("sockets-relayer", "n1"), &[]),
+        ),
+        (
+            "n2",
+            chat_node(&pg, "n2", &node_dir("sockets-relayer", "n2"), &[]),
+        ),
+    ];
+    let mut ann = join(&nodes[0].1, "porch", "ann").await;
+    let mut bob = join(&nodes[1].1, "porch", "bob").await;
+    presence_of(&mut ann, &["ann", "bob"]).await;
+    presence_of(&mut bob, &["ann", "bob"]).await;
+    let (owner_at, _) = owner_of(&pg, "porch", &nodes);
+    let (mut direct, mut relayed) = if owner_at == 0 {
+        (ann, bob)
+    } else {
+        (bob, ann)
+    };
+    let stayed = if owner_at == 0 { "ann" } else { "bob" };
+    nodes[1 - owner_at].1.signal("TERM");
+    let ended = close_of(&mut relayed).await;
+    assert!(ended.is_err(), "dropped, not closed: {ended:?}");
+    // The owner saw that socket's connection end: the room says so.
+    presence_of(&mut direct, &[stayed]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_hold_on_a_room_ended_closes_its_sockets_so_they_reach_the_next_owner() {
     let mut pg = Postgres::start();
     let n1 = chat_node(&pg, "n1", &node_dir("sockets-tenure", "n1"), &[]);

@@ -28,7 +28,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use weir_actors::placement::BoxFuture;
-use weir_actors::socket_relay::RelayIo;
+use weir_actors::socket_relay::{CLUSTER_HEADER_PREFIX, RelayIo};
 use weir_actors::{ActorAddress, ActorHost, Location, Placement, Relayed, SocketDoor, TurnError};
 use weir_runtime::ErrorCode;
 use weir_runtime::error_code::error_response;
@@ -51,9 +51,6 @@ pub const RELAY_LINGER: Duration = CLOSE_HANDSHAKE_TIMEOUT;
 /// message takes more reads.
 pub const RELAY_BUFFER_BYTES: usize = 4096;
 
-/// The prefix of the headers only nodes send each other.
-const CLUSTER_HEADER_PREFIX: &str = "x-weir-cluster-";
-
 /// An upgrade to `address` that its actor may accept, on a node of a
 /// cluster: run here if this node owns the actor, relayed to the owner
 /// otherwise.
@@ -67,14 +64,14 @@ pub(crate) async fn socket(
     offer: UpgradeOffer,
 ) -> Response<ServeBody> {
     let method = parts.method.clone();
-    let head = head_of(&parts);
+    let head = head_of(&parts.method, &parts.uri, &parts.headers);
     let offer = Arc::new(offer);
     let mut parts = Some(parts);
     let mut last = TurnError::from(ErrorCode::HostUnavailable);
     for attempt in 0..2 {
         match placement.locate(&address, attempt > 0, false).await {
             Ok(Location::Here) => {
-                let own = parts.take().unwrap_or_else(|| head_of_request(&head));
+                let own = parts.take().unwrap_or_else(|| copy(&head).into_parts().0);
                 let own = with_offer(own, Some(offer.clone()));
                 let ran = turn(
                     host,
@@ -109,24 +106,16 @@ pub(crate) async fn socket(
 }
 
 /// A request's method, target and headers, to send again.
-fn head_of(parts: &http::request::Parts) -> Request<()> {
+fn head_of(method: &http::Method, uri: &http::Uri, headers: &http::HeaderMap) -> Request<()> {
     let mut head = Request::new(());
-    *head.method_mut() = parts.method.clone();
-    *head.uri_mut() = parts.uri.clone();
-    *head.headers_mut() = parts.headers.clone();
+    *head.method_mut() = method.clone();
+    *head.uri_mut() = uri.clone();
+    *head.headers_mut() = headers.clone();
     head
 }
 
 fn copy(head: &Request<()>) -> Request<()> {
-    let mut copy = Request::new(());
-    *copy.method_mut() = head.method().clone();
-    *copy.uri_mut() = head.uri().clone();
-    *copy.headers_mut() = head.headers().clone();
-    copy
-}
-
-fn head_of_request(head: &Request<()>) -> http::request::Parts {
-    copy(head).into_parts().0
+    head_of(head.method(), head.uri(), head.headers())
 }
 
 /// Answers the client with the owner's 101 and carries the socket's bytes
