@@ -315,7 +315,14 @@ def ab(pg, tmp, baseline, rounds, d, c, t, hot):
           f"(per round {per_round})")
 
 
-def sockets_row(pg, tmp, rounds, duration, sockets=100, size=32):
+def rss_kib(pid):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def sockets_row(pg, tmp, rounds, duration, sockets=100, size=32, idle_sockets=2000):
     """The room actor's echo over `sockets` sockets on its owner and
     through the other node, `rounds` times in alternating order."""
     load = ROOT / "target/release/ws-load"
@@ -351,6 +358,21 @@ def sockets_row(pg, tmp, rounds, duration, sockets=100, size=32):
                   f"{med[w]['rate']:.0f} msg/s, p50 {med[w]['p50_ms']:.2f} ms, p99 {med[w]['p99_ms']:.2f} ms")
         print(f"relayed / owner: {med['relayed']['rate'] / med['owner']['rate']:.2f}x msg/s, "
               f"p50 +{med['relayed']['p50_ms'] - med['owner']['p50_ms']:.2f} ms")
+        # Memory per idle socket held through the relaying node, on it
+        # and on the owner (whose room actor hibernates).
+        procs = {n: proc for n, _, proc in nodes}
+        relay_proc = procs[next(n for n in procs if n != owner)]
+        idle = url(ports["relayed"])
+        base = (rss_kib(relay_proc.pid), rss_kib(procs[owner].pid))
+        held = subprocess.Popen([str(load), idle, str(idle_sockets), "30", "0"], stdout=subprocess.PIPE, text=True)
+        assert json.loads(held.stdout.readline())["held"] == idle_sockets
+        time.sleep(5)
+        after = (rss_kib(relay_proc.pid), rss_kib(procs[owner].pid))
+        held.kill()
+        held.wait()
+        print(f"{idle_sockets} idle sockets through the relaying node: "
+              f"{(after[0] - base[0]) / idle_sockets:.1f} KiB each on it, "
+              f"{(after[1] - base[1]) / idle_sockets:.1f} KiB each on the owner")
     finally:
         for _, _, proc in nodes:
             kill(proc)

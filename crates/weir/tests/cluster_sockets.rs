@@ -109,54 +109,88 @@ async fn counters(node: &Weir) -> Value {
     node.admin_get("/status").await.json()["cluster"]["counters"].clone()
 }
 
-/// Which of `nodes` (by name) owns the room now.
-fn owner_of<'a>(pg: &Postgres, room: &str, nodes: &'a [(&str, Weir)]) -> (usize, &'a Weir) {
-    let owner = pg.owner(&room_key(room)).expect("the room has an owner");
-    let i = nodes.iter().position(|(n, _)| *n == owner).unwrap();
-    (i, &nodes[i].1)
+/// Two nodes of the chat example, and a room with a client through each:
+/// Ann through n1, Bob through n2, both seen in the room.
+struct Room {
+    pg: Postgres,
+    nodes: [(&'static str, Weir); 2],
+    name: &'static str,
+    /// The room's owner among `nodes`.
+    owner_at: usize,
+    /// The client of the owner, and the one relayed to it.
+    direct: Client,
+    relayed: Client,
+}
+
+impl Room {
+    async fn open(test: &str, name: &'static str) -> Room {
+        let pg = Postgres::start();
+        let nodes = [
+            ("n1", chat_node(&pg, "n1", &node_dir(test, "n1"), &[])),
+            ("n2", chat_node(&pg, "n2", &node_dir(test, "n2"), &[])),
+        ];
+        let mut ann = join(&nodes[0].1, name, "ann").await;
+        let mut bob = join(&nodes[1].1, name, "bob").await;
+        presence_of(&mut ann, &["ann", "bob"]).await;
+        presence_of(&mut bob, &["ann", "bob"]).await;
+        let owner = pg.owner(&room_key(name)).expect("the room has an owner");
+        let owner_at = nodes.iter().position(|(n, _)| *n == owner).unwrap();
+        let (direct, relayed) = if owner_at == 0 {
+            (ann, bob)
+        } else {
+            (bob, ann)
+        };
+        Room {
+            pg,
+            nodes,
+            name,
+            owner_at,
+            direct,
+            relayed,
+        }
+    }
+
+    fn owner(&self) -> &Weir {
+        &self.nodes[self.owner_at].1
+    }
+
+    fn other(&self) -> &Weir {
+        &self.nodes[1 - self.owner_at].1
+    }
+
+    /// Who joined through the owner.
+    fn direct_user(&self) -> &'static str {
+        ["ann", "bob"][self.owner_at]
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rooms_sockets_through_either_node_are_held_by_its_owner_and_end_with_it() {
-    let pg = Postgres::start();
-    let nodes = [
-        ("n1", chat_node(&pg, "n1", &node_dir("sockets", "n1"), &[])),
-        ("n2", chat_node(&pg, "n2", &node_dir("sockets", "n2"), &[])),
-    ];
-    // Ann through n1, Bob through n2: one room, whichever node owns it.
-    let mut ann = join(&nodes[0].1, "lobby", "ann").await;
-    let mut bob = join(&nodes[1].1, "lobby", "bob").await;
-    presence_of(&mut ann, &["ann", "bob"]).await;
-    presence_of(&mut bob, &["ann", "bob"]).await;
-    say(&mut ann, "hello").await;
-    message_of(&mut bob, "ann", "hello").await;
-    say(&mut bob, "hi").await;
-    message_of(&mut ann, "bob", "hi").await;
+    let mut room = Room::open("sockets", "lobby").await;
+    say(&mut room.direct, "hello").await;
+    let direct_user = room.direct_user();
+    message_of(&mut room.relayed, direct_user, "hello").await;
+    say(&mut room.relayed, "hi").await;
+    let relayed_user = ["ann", "bob"][1 - room.owner_at];
+    message_of(&mut room.direct, relayed_user, "hi").await;
     // One socket was relayed by the node that does not own the room and
     // taken by the one that does.
-    let (owner_at, owner) = owner_of(&pg, "lobby", &nodes);
-    let other = &nodes[1 - owner_at].1;
-    assert_eq!(counters(other).await["sockets_relayed"], 1);
-    assert_eq!(counters(owner).await["sockets_taken"], 1);
-    assert_eq!(counters(owner).await["sockets_relayed"], 0);
-    let (mut direct, mut relayed) = if owner_at == 0 {
-        (ann, bob)
-    } else {
-        (bob, ann)
-    };
+    assert_eq!(counters(room.other()).await["sockets_relayed"], 1);
+    assert_eq!(counters(room.owner()).await["sockets_taken"], 1);
+    assert_eq!(counters(room.owner()).await["sockets_relayed"], 0);
     // The owner killed: both clients see their connection end without a
     // close frame, the relayed one too.
-    owner.signal("KILL");
-    assert!(close_of(&mut direct).await.is_err());
-    let ended = close_of(&mut relayed).await;
+    room.owner().signal("KILL");
+    assert!(close_of(&mut room.direct).await.is_err());
+    let ended = close_of(&mut room.relayed).await;
     assert!(
         ended.is_err(),
         "a relayed socket of a killed owner: {ended:?}"
     );
     // Through the survivor, once it took the room over: its history whole.
     assert_eq!(
-        history(other, "lobby", 2).await,
-        said(&[("ann", "hello"), ("bob", "hi")])
+        history(room.other(), room.name, 2).await,
+        said(&[(direct_user, "hello"), (relayed_user, "hi")])
     );
 }
 
@@ -173,73 +207,39 @@ async fn say(ws: &mut Client, text: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_owner_closes_its_rooms_sockets_going_away_and_the_other_takes_the_room_over() {
-    let pg = Postgres::start();
-    let nodes = [
-        (
-            "n1",
-            chat_node(&pg, "n1", &node_dir("sockets-stop", "n1"), &[]),
-        ),
-        (
-            "n2",
-            chat_node(&pg, "n2", &node_dir("sockets-stop", "n2"), &[]),
-        ),
-    ];
-    let mut ann = join(&nodes[0].1, "hall", "ann").await;
-    let mut bob = join(&nodes[1].1, "hall", "bob").await;
-    presence_of(&mut ann, &["ann", "bob"]).await;
-    say(&mut ann, "before").await;
-    message_of(&mut bob, "ann", "before").await;
-    let (owner_at, owner) = owner_of(&pg, "hall", &nodes);
-    let other = &nodes[1 - owner_at].1;
+    let mut room = Room::open("sockets-stop", "hall").await;
+    say(&mut room.relayed, "before").await;
+    let relayed_user = ["ann", "bob"][1 - room.owner_at];
+    message_of(&mut room.direct, relayed_user, "before").await;
     // Both sockets close as the owner's do at a graceful stop, the
     // relayed one with the owner's own close frame.
-    owner.signal("TERM");
+    room.owner().signal("TERM");
     let going_away = (1001, "the server is shutting down".to_string());
-    assert_eq!(close_of(&mut ann).await, Ok(going_away.clone()));
-    assert_eq!(close_of(&mut bob).await, Ok(going_away));
+    assert_eq!(close_of(&mut room.direct).await, Ok(going_away.clone()));
+    assert_eq!(close_of(&mut room.relayed).await, Ok(going_away));
     // The room goes on through the other node, history whole.
-    let mut ann = join(other, "hall", "ann").await;
+    let mut ann = join(room.other(), room.name, "ann").await;
     say(&mut ann, "after").await;
     message_of(&mut ann, "ann", "after").await;
     assert_eq!(
-        history(other, "hall", 2).await,
-        said(&[("ann", "before"), ("ann", "after")])
+        history(room.other(), room.name, 2).await,
+        said(&[(relayed_user, "before"), ("ann", "after")])
     );
     assert_eq!(
-        pg.owner(&room_key("hall")),
-        Some(nodes[1 - owner_at].0.to_string())
+        room.pg.owner(&room_key(room.name)),
+        Some(room.nodes[1 - room.owner_at].0.to_string())
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relaying_node_that_stops_drops_its_sockets_and_the_owner_learns_they_ended() {
-    let pg = Postgres::start();
-    let nodes = [
-        (
-            "n1",
-            chat_node(&pg, "n1", &node_dir("sockets-relayer", "n1"), &[]),
-        ),
-        (
-            "n2",
-            chat_node(&pg, "n2", &node_dir("sockets-relayer", "n2"), &[]),
-        ),
-    ];
-    let mut ann = join(&nodes[0].1, "porch", "ann").await;
-    let mut bob = join(&nodes[1].1, "porch", "bob").await;
-    presence_of(&mut ann, &["ann", "bob"]).await;
-    presence_of(&mut bob, &["ann", "bob"]).await;
-    let (owner_at, _) = owner_of(&pg, "porch", &nodes);
-    let (mut direct, mut relayed) = if owner_at == 0 {
-        (ann, bob)
-    } else {
-        (bob, ann)
-    };
-    let stayed = if owner_at == 0 { "ann" } else { "bob" };
-    nodes[1 - owner_at].1.signal("TERM");
-    let ended = close_of(&mut relayed).await;
+    let mut room = Room::open("sockets-relayer", "porch").await;
+    room.other().signal("TERM");
+    let ended = close_of(&mut room.relayed).await;
     assert!(ended.is_err(), "dropped, not closed: {ended:?}");
     // The owner saw that socket's connection end: the room says so.
-    presence_of(&mut direct, &[stayed]).await;
+    let stayed = room.direct_user();
+    presence_of(&mut room.direct, &[stayed]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
