@@ -124,10 +124,15 @@ struct Room {
 
 impl Room {
     async fn open(test: &str, name: &'static str) -> Room {
+        Room::open_with(test, name, &[]).await
+    }
+
+    /// [`Room::open`] with more arguments for both nodes.
+    async fn open_with(test: &str, name: &'static str, extra: &[&str]) -> Room {
         let pg = Postgres::start();
         let nodes = [
-            ("n1", chat_node(&pg, "n1", &node_dir(test, "n1"), &[])),
-            ("n2", chat_node(&pg, "n2", &node_dir(test, "n2"), &[])),
+            ("n1", chat_node(&pg, "n1", &node_dir(test, "n1"), extra)),
+            ("n2", chat_node(&pg, "n2", &node_dir(test, "n2"), extra)),
         ];
         let mut ann = join(&nodes[0].1, name, "ann").await;
         let mut bob = join(&nodes[1].1, name, "bob").await;
@@ -240,6 +245,62 @@ async fn a_relaying_node_that_stops_drops_its_sockets_and_the_owner_learns_they_
     // The owner saw that socket's connection end: the room says so.
     let stayed = room.direct_user();
     presence_of(&mut room.direct, &[stayed]).await;
+}
+
+/// A counter of `node`'s `/metrics`, 0 when absent.
+async fn metric(node: &Weir, name: &str) -> u64 {
+    let text = node.admin_get("/metrics").await.text();
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+const WAKES: &str = r#"weir_actor_events_total{class="room",event="wake"}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hibernated_room_is_woken_on_its_owner_by_a_relayed_socket_and_pings_wake_it_not() {
+    let mut room =
+        Room::open_with("sockets-asleep", "attic", &["--limit", "actor_idle_ms=300"]).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while room.owner().admin_get("/actors").await.json()["status"]["live"] != 0 {
+        assert!(Instant::now() < deadline, "the room did not hibernate");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let woken = metric(room.owner(), WAKES).await;
+    assert!(woken >= 1, "the joins woke it");
+    // The actor's auto-response answers through the relay, waking nobody.
+    room.relayed.send(Message::text("ping")).await.unwrap();
+    text_of(&mut room.relayed, "pong").await;
+    assert_eq!(metric(room.owner(), WAKES).await, woken);
+    // A message wakes it, on its owner, from its durable copy.
+    say(&mut room.relayed, "up").await;
+    let relayed_user = ["ann", "bob"][1 - room.owner_at];
+    message_of(&mut room.direct, relayed_user, "up").await;
+    // Counted with the turn's receipt, just after its broadcast left.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(room.owner(), WAKES).await == woken {
+        assert!(Instant::now() < deadline, "the message woke no room");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(metric(room.owner(), WAKES).await, woken + 1);
+    assert_eq!(
+        metric(room.other(), WAKES).await,
+        0,
+        "never woken off its owner"
+    );
+}
+
+/// Waits for the text message `want` (others are skipped), within 30 s.
+async fn text_of(ws: &mut Client, want: &str) {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), ws.next()).await {
+            Ok(Some(Ok(Message::Text(t)))) if t.as_str() == want => return,
+            Ok(Some(Ok(_))) => {}
+            other => panic!("waiting for {want:?}: {other:?}"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
