@@ -1,7 +1,9 @@
 #!/bin/bash
 # Two Weir builds as one cluster, then the older node upgraded in place: a
 # check, by hand, that builds one call version apart serve each other's
-# calls (bench/RESULTS.md, "A cluster upgraded node by node").
+# calls (bench/RESULTS.md, "A cluster upgraded node by node"), and that an
+# actor's WebSocket upgrade through the new node to an actor the old node
+# owns is refused 501 by name, then relayed once the old node is upgraded.
 #
 #   bench/upgrade.sh OLD_WEIR [NEW_WEIR]
 #
@@ -43,6 +45,11 @@ calls() { # actor n: n calls through each node in turn
   done
   echo "(owner: $(owner $1))"
 }
+upgrade() { # actor: a WebSocket upgrade to it through b (the probe actor answers it, accepting none)
+  echo "upgrade to $1 through b (owner: $(owner $1)): $(curl -s -o /dev/null -w '%{http_code}' \
+    -H 'Connection: Upgrade' -H 'Upgrade: websocket' -H 'Sec-WebSocket-Version: 13' \
+    -H 'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==' 127.0.0.1:18082/direct/$1/echo)"
+}
 admin() { # node method path
   curl -s -w ' %{http_code}\n' -X "$2" -H "Authorization: Bearer $(cat $D/$1/admin-token)" "127.0.0.1:$([ $1 = a ] && echo 18091 || echo 18092)$3"
 }
@@ -57,6 +64,7 @@ sleep 3
 echo "== x and y, called through a (old) and b (new) in turn"
 calls x 3
 calls y 3
+upgrade x; upgrade y
 echo "== b's cluster status"; counters
 for actor in x y; do
   echo "== inspect and delete $actor through b"
@@ -68,6 +76,7 @@ kill -TERM $A; sleep 2
 A=$(start $NEW a 18081 18091 18101); sleep 3
 calls x 2
 calls y 2
+upgrade x; upgrade y
 for actor in x y; do
   echo "== inspect and delete $actor through b"
   admin b GET "/actors/probe/$actor"; admin b DELETE /actors/probe/$actor

@@ -110,6 +110,9 @@ pub struct ClusterStatus {
     /// The versions of calls between nodes this node speaks, oldest and
     /// newest ([`call_versions`]).
     pub call_versions: [u32; 2],
+    /// The version of socket relays this node takes
+    /// ([`socket_relay::SOCKET_RELAY_VERSION`]).
+    pub socket_relay_version: u32,
     /// What this node shipped, claimed, rebuilt and handed on so far.
     pub counters: counters::CounterValues,
 }
@@ -303,6 +306,7 @@ impl Cluster {
                 call_versions::OLDEST_CALL_VERSION,
                 call_versions::CALL_VERSION,
             ],
+            socket_relay_version: socket_relay::SOCKET_RELAY_VERSION,
             counters: self.ownership.counters().values(),
         }
     }

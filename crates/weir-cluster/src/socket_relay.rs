@@ -29,10 +29,16 @@ use crate::internal::{
     CONNECT_TIMEOUT, FORWARD_TIMEOUT, Forwarder, MAX_ENVELOPE_BYTES, SECRET_HEADER, Served,
 };
 
-/// Where a node takes relayed upgrades. Versioned on its own: a build
-/// that changes what a relay carries takes a new path, and a node that
-/// does not serve it answers 404.
+/// The version of socket relays this build speaks: a build that changes
+/// what a relay carries takes a new one (and a new [`SOCKET_PATH`]).
+pub const SOCKET_RELAY_VERSION: u32 = 1;
+
+/// Where a node takes relayed upgrades. Versioned on its own, apart from
+/// the calls' envelope: a node that does not serve it answers 404.
 pub const SOCKET_PATH: &str = "/weir/cluster/socket/v1";
+
+/// What `weir --version` says of socket relays.
+pub const RELAYS_SPOKEN: &str = "socket relays: version 1";
 
 /// The app whose actor a relayed upgrade is for.
 pub const APP_HEADER: &str = "x-weir-cluster-app";
@@ -266,6 +272,18 @@ mod tests {
         assert_eq!(
             named(h),
             Some(("chat".to_string(), actor, "/?user=ann".to_string()))
+        );
+    }
+
+    #[test]
+    fn the_path_and_the_words_name_the_relay_version() {
+        assert_eq!(
+            SOCKET_PATH,
+            format!("/weir/cluster/socket/v{SOCKET_RELAY_VERSION}")
+        );
+        assert_eq!(
+            RELAYS_SPOKEN,
+            format!("socket relays: version {SOCKET_RELAY_VERSION}")
         );
     }
 

@@ -46,13 +46,13 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Exit code for a usage or configuration error, as clap uses.
 pub(crate) const EXIT_USAGE: u8 = 2;
 
-/// `weir --version`: the build, and the versions of calls between cluster
-/// nodes it speaks (a cluster upgrades node by node between builds that
-/// share one). A literal, checked against `call_versions` by the CLI's
-/// tests.
+/// `weir --version`: the build, and the versions of calls and socket
+/// relays between cluster nodes it speaks (a cluster upgrades node by
+/// node between builds that share one). A literal, checked against
+/// `call_versions` and `socket_relay` by the CLI's tests.
 const LONG_VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
-    " (cluster calls: versions 2 to 3)"
+    " (cluster calls: versions 2 to 3; socket relays: version 1)"
 );
 
 #[derive(Parser)]

@@ -588,9 +588,10 @@ fn the_version_names_the_cluster_call_versions_it_speaks() {
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         format!(
-            "weir {} ({})",
+            "weir {} ({}; {})",
             env!("CARGO_PKG_VERSION"),
-            weir_cluster::call_versions::VERSIONS_SPOKEN
+            weir_cluster::call_versions::VERSIONS_SPOKEN,
+            weir_cluster::socket_relay::RELAYS_SPOKEN
         )
     );
 }

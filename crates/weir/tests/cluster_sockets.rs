@@ -363,10 +363,9 @@ async fn the_relays_door_opens_to_no_guess_and_what_nodes_tell_each_other_reache
     let pg = Postgres::start();
     let n1 = node(&pg, "n1", &node_dir("sockets-door", "n1"), &[]);
     let n2 = node(&pg, "n2", &node_dir("sockets-door", "n2"), &[]);
-    let internal = n2.admin_get("/status").await.json()["cluster"]["address"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let status = n2.admin_get("/status").await.json();
+    assert_eq!(status["cluster"]["socket_relay_version"], 1);
+    let internal = status["cluster"]["address"].as_str().unwrap().to_string();
     let actor = [
         ("x-weir-cluster-app", "gateway"),
         ("x-weir-cluster-class", "probe"),
