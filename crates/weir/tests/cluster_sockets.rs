@@ -192,6 +192,13 @@ async fn a_rooms_sockets_through_either_node_are_held_by_its_owner_and_end_with_
         ended.is_err(),
         "a relayed socket of a killed owner: {ended:?}"
     );
+    // The relaying node's receipt says the owner's end went first.
+    let receipt = room
+        .other()
+        .first_logged("weir::socket", |r| r["message"] == "socket relayed")
+        .await;
+    assert_eq!(receipt["actor"], "room/lobby", "{receipt}");
+    assert_eq!(receipt["ended_by"], "owner", "{receipt}");
     // Through the survivor, once it took the room over: its history whole.
     assert_eq!(
         history(room.other(), room.name, 2).await,
@@ -467,6 +474,8 @@ async fn a_relayed_socket_holds_its_place_among_max_sockets_on_the_node_it_reach
     let mut ann = join(&n1, &room, "ann").await;
     presence_of(&mut ann, &["ann"]).await;
     assert_eq!(counters(&n1).await["sockets_relayed"], 1);
+    let relayed_open = r#"weir_sockets_relayed_open{app="chat"}"#;
+    assert_eq!(metric(&n1, relayed_open).await, 1);
     // n1's one place is the relayed socket's: one more is refused there,
     // before any actor sees it.
     let r = n1
@@ -474,8 +483,14 @@ async fn a_relayed_socket_holds_its_place_among_max_sockets_on_the_node_it_reach
         .await;
     assert_eq!(r.status, 503, "{:?}", r.body);
     assert_eq!(r.json()["error"], "socket_capacity_exceeded");
-    // Once it ends, its place is given back.
-    ann.close(None).await.unwrap();
+    // Once it ends (its client gone without a close), its place is given
+    // back, and its receipt says the client's end went first.
+    drop(ann);
+    let receipt = n1
+        .first_logged("weir::socket", |r| r["message"] == "socket relayed")
+        .await;
+    assert_eq!(receipt["ended_by"], "client", "{receipt}");
+    assert_eq!(metric(&n1, relayed_open).await, 0);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let url = format!("ws://{}/rooms/{room}/?user=bob", n1.addr);

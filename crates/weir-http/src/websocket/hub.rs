@@ -50,6 +50,7 @@ struct CloseLabels {
 #[derive(Clone, Default)]
 struct SocketMetrics {
     open: Family<AppLabels, Gauge>,
+    relayed: Family<AppLabels, Gauge>,
     messages: Family<DirectionLabels, Counter>,
     closes: Family<CloseLabels, Counter>,
 }
@@ -122,6 +123,11 @@ impl SocketHub {
     ) -> Arc<Self> {
         let m = SocketMetrics::default();
         metrics.register("sockets_open", "WebSockets open now", m.open.clone());
+        metrics.register(
+            "sockets_relayed_open",
+            "Actors' WebSockets this node relays to the actor's owner, open now (cluster mode)",
+            m.relayed.clone(),
+        );
         metrics.register(
             "socket_messages",
             "WebSocket messages, by direction (in: from clients, out: to them)",
@@ -310,6 +316,82 @@ impl SocketHub {
             },
         );
     }
+}
+
+impl SocketHub {
+    /// A socket of `app` this node relays to `actor`'s owner at `owner`:
+    /// its id and record.
+    pub(crate) fn relay_opened(&self, app: &str, actor: String, owner: Arc<str>) -> RelayRecord {
+        let open = self
+            .metrics
+            .relayed
+            .get_or_create(&AppLabels { app: app.into() })
+            .clone();
+        open.inc();
+        RelayRecord {
+            app: app.into(),
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            actor,
+            owner,
+            open,
+            opened: Instant::now(),
+        }
+    }
+
+    /// A relayed socket's one receipt: which end ended it first, and why
+    /// when it was an error.
+    pub(crate) fn relay_closed(&self, record: &RelayRecord, ended_by: &str, why: Option<&str>) {
+        record.open.dec();
+        let Some(sink) = &self.sink else { return };
+        write_receipt(
+            sink.as_ref(),
+            SOCKET_TARGET,
+            "socket relayed",
+            SystemTime::now(),
+            &RelayFields {
+                app: &record.app,
+                socket: record.id,
+                actor: &record.actor,
+                owner: &record.owner,
+                ended_by,
+            },
+            &Terminal {
+                outcome: "ok",
+                error: None,
+                status: Some(101),
+                queued_us: None,
+                wasm_us: None,
+                total_us: record.opened.elapsed().as_micros() as u64,
+                operations: 0,
+                operations_refused: 0,
+                detail: why,
+            },
+        );
+    }
+}
+
+/// A socket this node relays to its actor's owner.
+pub(crate) struct RelayRecord {
+    app: Arc<str>,
+    id: u64,
+    /// `CLASS/NAME`.
+    actor: String,
+    /// The owner's internal address.
+    owner: Arc<str>,
+    open: Gauge,
+    opened: Instant,
+}
+
+#[derive(Serialize)]
+struct RelayFields<'a> {
+    app: &'a str,
+    socket: u64,
+    actor: &'a str,
+    owner: &'a str,
+    /// Whose connection ended first: `owner` (as at the end of a close
+    /// handshake, where the server closes first, or an owner gone),
+    /// `client` (a client gone without one), or `shutdown` (this node's).
+    ended_by: &'a str,
 }
 
 /// What one socket's receipt counts.

@@ -16,7 +16,11 @@
 //! - once one direction of a relayed socket ends, the other is given
 //!   [`RELAY_LINGER`] (the close handshake) and then dropped; at this
 //!   node's shutdown both are dropped, and the client sees its connection
-//!   end (the owner's socket ends as a lost connection).
+//!   end (the owner's socket ends as a lost connection);
+//! - a relayed socket leaves one receipt on this node ("socket relayed":
+//!   the actor, its owner, which end ended it) and counts in
+//!   `sockets_relayed_open` while it lives; the socket's own receipt is
+//!   its owner's.
 
 use std::pin::pin;
 use std::sync::Arc;
@@ -34,6 +38,7 @@ use weir_runtime::ErrorCode;
 use weir_runtime::error_code::error_response;
 
 use super::SocketErrorCode;
+use super::hub::RelayRecord;
 use super::upgrade::{offer_upgrade, socket_refusal};
 use super::wire::CLOSE_HANDSHAKE_TIMEOUT;
 use super::worker::UpgradeOffer;
@@ -92,10 +97,22 @@ pub(crate) async fn socket(
             }
             Ok(Location::Elsewhere(node)) => {
                 let relayed = placement
-                    .relay_socket(node, address.clone(), actor_path.clone(), copy(&head))
+                    .relay_socket(
+                        node.clone(),
+                        address.clone(),
+                        actor_path.clone(),
+                        copy(&head),
+                    )
                     .await;
                 match relayed {
-                    Relayed::Opened(response, owner) => return carry(&offer, response, owner),
+                    Relayed::Opened(response, io) => {
+                        let record = offer.hub.relay_opened(
+                            &offer.app,
+                            format!("{}/{}", address.class, address.name),
+                            node,
+                        );
+                        return carry(&offer, response, io, record);
+                    }
                     Relayed::Answered(response) => return served(&method, response),
                     Relayed::NotRun(code) => last = code,
                     Relayed::Failed(code) => return error_response(code),
@@ -121,53 +138,68 @@ fn copy(head: &Request<()>) -> Request<()> {
 }
 
 /// Answers the client with the owner's 101 and carries the socket's bytes
-/// between the two from then on, holding its place among `max_sockets`.
+/// between the two from then on, holding its place among `max_sockets`;
+/// its receipt says which end ended it.
 fn carry(
     offer: &UpgradeOffer,
     response: Response<()>,
     owner: Box<dyn RelayIo>,
+    record: RelayRecord,
 ) -> Response<ServeBody> {
     let Some((client, permit)) = offer.take() else {
+        offer
+            .hub
+            .relay_closed(&record, "client", Some("the upgrade was taken"));
         return error_response(ErrorCode::HostUnavailable);
     };
     let hub = offer.hub.clone();
     tokio::spawn(async move {
         let _permit = permit;
-        let client = match client.await {
-            Ok(upgraded) => TokioIo::new(upgraded),
-            Err(e) => {
-                tracing::debug!(error = %e, "a relayed socket's client left before its upgrade");
-                return;
-            }
+        let (by, why) = match client.await {
+            Ok(upgraded) => tokio::select! {
+                ended = splice(TokioIo::new(upgraded), owner) => ended,
+                () = hub.shutting_down() => ("shutdown", None),
+            },
+            Err(e) => ("client", Some(format!("upgrade failed: {e}"))),
         };
-        tokio::select! {
-            () = splice(client, owner) => {}
-            () = hub.shutting_down() => {}
-        }
+        hub.relay_closed(&record, by, why.as_deref());
     });
     let (head, ()) = response.into_parts();
     Response::from_parts(head, ServeBody::empty())
 }
 
 /// Copies bytes both ways until one direction ends, then gives the other
-/// [`RELAY_LINGER`] to end too.
-async fn splice(client: impl AsyncRead + AsyncWrite + Send, owner: Box<dyn RelayIo>) {
+/// [`RELAY_LINGER`] to end too. Says which end ended first (`client` or
+/// `owner`), and its error if it ended with one.
+async fn splice(
+    client: impl AsyncRead + AsyncWrite + Send,
+    owner: Box<dyn RelayIo>,
+) -> (&'static str, Option<String>) {
     let (from_client, mut to_client) = tokio::io::split(client);
     let (from_owner, mut to_owner) = tokio::io::split(owner);
     let mut up = pin!(async move {
         let mut from = BufReader::with_capacity(RELAY_BUFFER_BYTES, from_client);
-        let _ = tokio::io::copy_buf(&mut from, &mut to_owner).await;
+        let copied = tokio::io::copy_buf(&mut from, &mut to_owner).await;
         let _ = to_owner.shutdown().await;
+        copied
     });
     let mut down = pin!(async move {
         let mut from = BufReader::with_capacity(RELAY_BUFFER_BYTES, from_owner);
-        let _ = tokio::io::copy_buf(&mut from, &mut to_client).await;
+        let copied = tokio::io::copy_buf(&mut from, &mut to_client).await;
         let _ = to_client.shutdown().await;
+        copied
     });
-    tokio::select! {
-        () = &mut up => { let _ = tokio::time::timeout(RELAY_LINGER, down).await; }
-        () = &mut down => { let _ = tokio::time::timeout(RELAY_LINGER, up).await; }
-    }
+    let (by, copied) = tokio::select! {
+        copied = &mut up => {
+            let _ = tokio::time::timeout(RELAY_LINGER, down).await;
+            ("client", copied)
+        }
+        copied = &mut down => {
+            let _ = tokio::time::timeout(RELAY_LINGER, up).await;
+            ("owner", copied)
+        }
+    };
+    (by, copied.err().map(|e| e.to_string()))
 }
 
 /// Where one app's actors take the sockets other nodes relay to them: the
