@@ -303,17 +303,11 @@ impl SocketHub {
                 close_code: how.code,
                 closed_by: by,
             },
-            &Terminal {
-                outcome: if failed { "limit" } else { "ok" },
-                error: None,
-                status: Some(101),
-                queued_us: None,
-                wasm_us: None,
-                total_us: record.opened.elapsed().as_micros() as u64,
-                operations: 0,
-                operations_refused: 0,
-                detail: (!how.reason.is_empty()).then_some(how.reason.as_str()),
-            },
+            &socket_end(
+                if failed { "limit" } else { "ok" },
+                record.opened,
+                (!how.reason.is_empty()).then_some(how.reason.as_str()),
+            ),
         );
     }
 }
@@ -355,18 +349,24 @@ impl SocketHub {
                 owner: &record.owner,
                 ended_by,
             },
-            &Terminal {
-                outcome: "ok",
-                error: None,
-                status: Some(101),
-                queued_us: None,
-                wasm_us: None,
-                total_us: record.opened.elapsed().as_micros() as u64,
-                operations: 0,
-                operations_refused: 0,
-                detail: why,
-            },
+            &socket_end("ok", record.opened, why),
         );
+    }
+}
+
+/// How a socket opened at `opened` ended, as its receipt's last fields
+/// say: a socket's answer was its 101.
+fn socket_end<'a>(outcome: &'static str, opened: Instant, detail: Option<&'a str>) -> Terminal<'a> {
+    Terminal {
+        outcome,
+        error: None,
+        status: Some(101),
+        queued_us: None,
+        wasm_us: None,
+        total_us: opened.elapsed().as_micros() as u64,
+        operations: 0,
+        operations_refused: 0,
+        detail,
     }
 }
 
