@@ -38,9 +38,11 @@ pub struct Counters {
     /// Calls handed to a node of the previous build, as the older version
     /// of the envelope it speaks (while a cluster is being upgraded).
     pub sent_older: AtomicU64,
-    /// Actors' WebSockets this node relayed to their owners.
+    /// Actors' WebSockets this node relayed to their owners (an upgrade
+    /// the owner's actor answered without a socket counts in `forwarded`).
     pub sockets_relayed: AtomicU64,
-    /// Sockets other nodes relayed here, taken by the actors they named.
+    /// Sockets other nodes relayed here, taken by the actors they named
+    /// (an upgrade an actor answered without a socket counts in `served`).
     pub sockets_taken: AtomicU64,
 }
 

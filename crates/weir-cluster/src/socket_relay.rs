@@ -134,7 +134,13 @@ pub(crate) async fn take(request: Request<Incoming>, served: &Served) -> Respons
     drop(running);
     match answer {
         Some(response) => {
-            add(&served.counters.sockets_taken, 1);
+            // A socket taken, or a turn that ran and answered without one.
+            let counter = if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                &served.counters.sockets_taken
+            } else {
+                &served.counters.served
+            };
+            add(counter, 1);
             let (head, body) = response.into_parts();
             marked(Response::from_parts(head, Full::new(body)), ANSWERED)
         }
@@ -215,6 +221,8 @@ impl Forwarder {
                 Relayed::NotRun(ClusterErrorCode::OwnerUnreachable.into())
             }
             (_, Some(ANSWERED)) => {
+                // Handed on and run, as a call is.
+                add(&self.counters.forwarded, 1);
                 let (mut head, body) = response.into_parts();
                 head.headers.remove(ANSWER_HEADER);
                 match Limited::new(body, MAX_ENVELOPE_BYTES).collect().await {

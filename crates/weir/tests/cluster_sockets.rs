@@ -416,6 +416,7 @@ async fn the_relays_door_opens_to_no_guess_and_what_nodes_tell_each_other_reache
         }
     }
     let name = name.expect("an actor of n2's among 32 names");
+    let (sent, ran) = (counters(&n1).await, counters(&n2).await);
     let r = n1
         .send(upgrade(
             &format!("/direct/{name}/echo"),
@@ -443,9 +444,15 @@ async fn the_relays_door_opens_to_no_guess_and_what_nodes_tell_each_other_reache
         "{names:?}"
     );
     assert!(!r.text().contains(SECRET));
-    let relayed = counters(&n1).await;
-    assert_eq!(relayed["sockets_relayed"], 0, "answered, not opened");
-    assert_eq!(counters(&n2).await["sockets_taken"], 1);
+    // Counted as a call handed on and run, not as a socket.
+    let (sent_now, ran_now) = (counters(&n1).await, counters(&n2).await);
+    assert_eq!(sent_now["sockets_relayed"], 0, "answered, not opened");
+    assert_eq!(ran_now["sockets_taken"], 0);
+    let grew = |now: &Value, before: &Value, name: &str| {
+        now[name].as_u64().unwrap() - before[name].as_u64().unwrap()
+    };
+    assert_eq!(grew(&sent_now, &sent, "forwarded"), 1);
+    assert_eq!(grew(&ran_now, &ran, "served"), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
