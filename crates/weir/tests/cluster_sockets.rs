@@ -192,6 +192,17 @@ async fn a_rooms_sockets_through_either_node_are_held_by_its_owner_and_end_with_
         ended.is_err(),
         "a relayed socket of a killed owner: {ended:?}"
     );
+    // An upgrade through the survivor while the dead owner's lease lasts
+    // is answered owner_unreachable (it may also come after the lease,
+    // and be taken over at once).
+    let r = room
+        .other()
+        .send(upgrade("/rooms/lobby/?user=early", &[]))
+        .await;
+    if r.status != 101 {
+        assert_eq!(r.status, 502, "{:?}", r.body);
+        assert_eq!(r.json()["error"], "owner_unreachable");
+    }
     // The relaying node's receipt says the owner's end went first.
     let receipt = room
         .other()

@@ -73,13 +73,11 @@ pub(crate) async fn socket(
     let method = parts.method.clone();
     let head = head_of(&parts.method, &parts.uri, &parts.headers);
     let offer = Arc::new(offer);
-    let mut parts = Some(parts);
     let mut last = TurnError::from(ErrorCode::HostUnavailable);
     for attempt in 0..2 {
         match placement.locate(&address, attempt > 0, false).await {
             Ok(Location::Here) => {
-                let own = parts.take().unwrap_or_else(|| copy(&head).into_parts().0);
-                let own = with_offer(own, Some(offer.clone()));
+                let own = with_offer(copy(&head).into_parts().0, Some(offer.clone()));
                 let ran = turn(
                     host,
                     address.clone(),
