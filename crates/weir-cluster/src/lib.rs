@@ -23,6 +23,7 @@
 //!   [`call_versions`]: which versions of them nodes of two builds agree
 //!   on while a cluster is upgraded; [`socket_relay`]: actors' WebSockets
 //!   relayed to the node that owns them;
+//! - [`images`]: the images every node runs, shared through the database;
 //! - [`config`], [`error_code`]: settings and the errors cluster mode adds.
 
 pub mod actors;
@@ -34,6 +35,7 @@ pub mod coordinator;
 pub mod counters;
 pub mod envelope;
 pub mod error_code;
+pub mod images;
 pub mod internal;
 pub mod lease;
 pub mod leaving;
@@ -92,6 +94,7 @@ pub struct Cluster {
     replicas: Arc<Replicas>,
     forwarder: Forwarder,
     served: Arc<Served>,
+    images: Arc<images::ClusterImages>,
     stop: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// The internal listener, which closes last.
@@ -124,7 +127,7 @@ impl Cluster {
     pub async fn start(config: ClusterConfig) -> Result<Arc<Cluster>, ClusterError> {
         config.check()?;
         let database = postgres::redacted(&config.database);
-        let coordinator: Arc<dyn Coordinator> = Arc::new(
+        let postgres = Arc::new(
             postgres::Postgres::connect(&config.database)
                 .await
                 .map_err(|source| ClusterError::Database {
@@ -132,6 +135,7 @@ impl Cluster {
                     cause: source,
                 })?,
         );
+        let coordinator: Arc<dyn Coordinator> = postgres.clone();
         let listener =
             internal::bind(config.listen)
                 .await
@@ -168,6 +172,7 @@ impl Cluster {
             served.clone(),
         ));
         Ok(Arc::new(Cluster {
+            images: Arc::new(images::ClusterImages { postgres }),
             forwarder: Forwarder::new(&config.secret, ownership.counters().clone()),
             replicas: Arc::new(Replicas {
                 ownership: ownership.clone(),
@@ -189,6 +194,11 @@ impl Cluster {
     /// Where the internal listener is bound.
     pub fn internal_addr(&self) -> SocketAddr {
         self.internal_addr
+    }
+
+    /// The images the nodes share (see [`images`]).
+    pub fn images(&self) -> Arc<dyn weir_programs::shared_images::SharedImages> {
+        self.images.clone()
     }
 
     /// The placement of `app`'s actors on this node.

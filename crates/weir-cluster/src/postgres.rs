@@ -7,7 +7,8 @@
 //! [`CALL_TIMEOUT`] (a hung database is an unavailable one, never a hung
 //! node); a connection error, a timeout and a server that is shutting down
 //! are all [`CoordError::Unavailable`]. The tables and their creation are
-//! `schema`'s; the operators' steps (deletion, listing) `operators`'.
+//! `schema`'s; the operators' steps (deletion, listing) `operators`'; the
+//! shared images' `images`'.
 
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
+mod images;
 mod operators;
 mod schema;
 

@@ -47,6 +47,9 @@ pub struct AdminState {
     /// Compiles a pushed image for the programs that may run it, before
     /// the push is answered (blocking; run off the runtime's threads).
     pub prepare_image: Option<PrepareImage>,
+    /// Cluster mode: the images the nodes share; `/images` pushes to,
+    /// lists, removes from and sweeps by them as well.
+    pub image_mirror: Option<Arc<weir_programs::shared_images::ImageMirror>>,
     /// What `/apps/<name>/deploy` and `/rollback` call.
     pub deployer: Option<Arc<dyn Deployer>>,
     /// The bearer token `/actors`, `/images`, `/processes` and `/apps`
@@ -58,7 +61,7 @@ pub struct AdminState {
 }
 
 /// See [`AdminState::prepare_image`].
-pub type PrepareImage = Arc<dyn Fn(&weir_programs::Digest) -> Result<(), String> + Send + Sync>;
+pub type PrepareImage = weir_programs::shared_images::PrepareImage;
 
 /// One named part of `/status`, read when it is asked for.
 pub type StatusSection = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
@@ -388,7 +391,11 @@ async fn route(state: &AdminState, req: Request<Incoming>) -> Response<ServeBody
     if let Some(rest) = under(&path, "/images") {
         return match &state.images {
             Some(store) => {
-                crate::admin_images::route(store, state.prepare_image.as_ref(), req, rest).await
+                let doors = crate::admin_images::Doors {
+                    prepare: state.prepare_image.as_ref(),
+                    mirror: state.image_mirror.as_deref(),
+                };
+                crate::admin_images::route(store, doors, req, rest).await
             }
             None => error(StatusCode::NOT_FOUND, "not_found", "no image store"),
         };

@@ -1,11 +1,16 @@
 //! The image store through the admin address: `PUT /images` (the body is
 //! the component), `GET /images`, `DELETE /images/<digest>`, and
 //! `POST /images/sweep`. The admin token is checked before any of these
-//! is reached ([`crate::admin`]).
+//! is reached ([`crate::admin`]). In cluster mode each of them is about
+//! the images the nodes share as well as this node's store
+//! (`weir_programs::shared_images`).
 //!
-//! Invariant owned here: a push is read up to `max_image_bytes` and no
+//! Invariants owned here: a push is read up to `max_image_bytes` and no
 //! further — a longer body is refused (413 `image_too_large`) without being
-//! held whole in memory — and is stored by the store's own protocol.
+//! held whole in memory — and is stored by the store's own protocol; in
+//! cluster mode a push is answered as done only once the cluster shares
+//! it (503 `images_unavailable` otherwise: pushing again is safe), and a
+//! removal removes the cluster's copy only once this node's went.
 
 use std::collections::HashSet;
 
@@ -13,6 +18,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::json;
+use weir_programs::shared_images::ImageMirror;
 use weir_programs::{Digest, ImageError, ImageStore};
 use weir_runtime::WeirError;
 
@@ -25,19 +31,25 @@ fn image_error(e: ImageError) -> Response<ServeBody> {
     error(status, code.as_str(), &e.to_string())
 }
 
+/// What the image routes reach besides the store.
+#[derive(Clone, Copy)]
+pub struct Doors<'a> {
+    /// Compiles a pushed image for the programs that may run it.
+    pub prepare: Option<&'a PrepareImage>,
+    /// Cluster mode: the images the nodes share.
+    pub mirror: Option<&'a ImageMirror>,
+}
+
 /// Serves `/images…`; `rest` is the path after `/images`.
 pub async fn route(
     store: &ImageStore,
-    prepare: Option<&PrepareImage>,
+    doors: Doors<'_>,
     req: Request<Incoming>,
     rest: &str,
 ) -> Response<ServeBody> {
     let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
     match (req.method().clone(), parts.as_slice()) {
-        (Method::GET, []) => match store.list() {
-            Ok(images) => json_response(&json!({ "images": images })),
-            Err(e) => image_error(e),
-        },
+        (Method::GET, []) => list(store, doors.mirror).await,
         (Method::PUT, []) => {
             let limit = store.max_image_bytes();
             let body = match read_limited(req.into_body(), limit as usize).await {
@@ -50,19 +62,23 @@ pub async fn route(
                 }
                 Err(BodyRefused::Broken(response)) => return response,
             };
-            push(store, prepare, &body).await
+            push(store, doors, &body).await
         }
         (Method::DELETE, [digest]) => match digest.parse::<Digest>() {
-            Ok(digest) => match store.remove(&digest) {
-                Ok(existed) => json_response(&json!({ "digest": digest, "deleted": existed })),
+            Ok(digest) => remove(store, doors.mirror, digest).await,
+            Err(e) => image_error(e),
+        },
+        (Method::POST, ["sweep"]) => {
+            let swept = match doors.mirror {
+                // What the cluster still shares stays.
+                Some(mirror) => mirror.sweep(store).await,
+                None => store.sweep(&HashSet::new()),
+            };
+            match swept {
+                Ok(report) => json_response(&report),
                 Err(e) => image_error(e),
-            },
-            Err(e) => image_error(e),
-        },
-        (Method::POST, ["sweep"]) => match store.sweep(&HashSet::new()) {
-            Ok(report) => json_response(&report),
-            Err(e) => image_error(e),
-        },
+            }
+        }
         (Method::GET | Method::PUT | Method::DELETE | Method::POST, _) => {
             error(StatusCode::NOT_FOUND, "not_found", "no such image path")
         }
@@ -79,11 +95,7 @@ pub async fn route(
 /// image inside the first spawning turn would run into that turn's
 /// deadline). Bytes that do not compile are still stored, as pushed; the
 /// answer says why they will not run.
-async fn push(
-    store: &ImageStore,
-    prepare: Option<&PrepareImage>,
-    bytes: &Bytes,
-) -> Response<ServeBody> {
+async fn push(store: &ImageStore, doors: Doors<'_>, bytes: &Bytes) -> Response<ServeBody> {
     match store.push(bytes) {
         Ok((root, stored)) => {
             let digest = root.digest();
@@ -92,7 +104,20 @@ async fn push(
                 "bytes": bytes.len(),
                 "stored": stored,
             });
-            if let Some(prepare) = prepare {
+            // Shared while still rooted here: no sweep removes it first.
+            if let Some(mirror) = doors.mirror {
+                if let Err(e) = mirror.shared().publish(digest, bytes).await {
+                    let why = match e {
+                        ImageError::Unavailable(why) => why,
+                        e => e.to_string(),
+                    };
+                    return image_error(ImageError::Unavailable(format!(
+                        "{digest} could not be shared with the other nodes; push it again: {why}"
+                    )));
+                }
+                body["shared"] = json!(true);
+            }
+            if let Some(prepare) = doors.prepare {
                 let prepare = prepare.clone();
                 let compiled = tokio::task::spawn_blocking(move || prepare(&digest))
                     .await
@@ -109,6 +134,53 @@ async fn push(
             }
             response
         }
+        Err(e) => image_error(e),
+    }
+}
+
+/// This node's images, and in cluster mode the shared ones.
+async fn list(store: &ImageStore, mirror: Option<&ImageMirror>) -> Response<ServeBody> {
+    let images = match store.list() {
+        Ok(images) => images,
+        Err(e) => return image_error(e),
+    };
+    let Some(mirror) = mirror else {
+        return json_response(&json!({ "images": images }));
+    };
+    match mirror.shared().list().await {
+        Ok(shared) => {
+            let shared: Vec<_> = shared
+                .into_iter()
+                .map(|(digest, bytes)| json!({ "digest": digest, "bytes": bytes }))
+                .collect();
+            json_response(&json!({ "images": images, "shared": shared }))
+        }
+        Err(e) => image_error(e),
+    }
+}
+
+/// Removes an image from this node's store and, in cluster mode, from
+/// the cluster (only once it went from here: an image a run or process
+/// holds here stays shared, and the answer is 409 `image_in_use`). Other
+/// nodes drop their copies when they next catch up.
+async fn remove(
+    store: &ImageStore,
+    mirror: Option<&ImageMirror>,
+    digest: Digest,
+) -> Response<ServeBody> {
+    let here = match store.remove(&digest) {
+        Ok(existed) => existed,
+        Err(e) => return image_error(e),
+    };
+    let Some(mirror) = mirror else {
+        return json_response(&json!({ "digest": digest, "deleted": here }));
+    };
+    match mirror.shared().remove(digest).await {
+        Ok(shared) => json_response(&json!({
+            "digest": digest,
+            "deleted": here || shared,
+            "shared_deleted": shared,
+        })),
         Err(e) => image_error(e),
     }
 }

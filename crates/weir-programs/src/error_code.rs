@@ -21,6 +21,10 @@ pub enum ProgramErrorCode {
     ImageInUse,
     /// 500: the store's directory could not be read or written.
     ImageStoreFailed,
+    /// 503: cluster mode: the images the nodes share (in PostgreSQL) could
+    /// not be reached, so an image this node lacks could not be fetched,
+    /// or a push could not be shared.
+    ImagesUnavailable,
     /// 422: the component does not load as a command (`wasi:cli/run`).
     NotACommand,
     /// 502: the program trapped (a panic, an unreachable, a stack overflow).
@@ -50,6 +54,7 @@ impl ProgramErrorCode {
         ProgramErrorCode::ImageTooLarge,
         ProgramErrorCode::ImageInUse,
         ProgramErrorCode::ImageStoreFailed,
+        ProgramErrorCode::ImagesUnavailable,
         ProgramErrorCode::NotACommand,
         ProgramErrorCode::RunTrapped,
         ProgramErrorCode::RunTimeLimitExceeded,
@@ -71,6 +76,7 @@ impl WeirError for ProgramErrorCode {
             ProgramErrorCode::ImageTooLarge => "image_too_large",
             ProgramErrorCode::ImageInUse => "image_in_use",
             ProgramErrorCode::ImageStoreFailed => "image_store_failed",
+            ProgramErrorCode::ImagesUnavailable => "images_unavailable",
             ProgramErrorCode::NotACommand => "not_a_command",
             ProgramErrorCode::RunTrapped => "run_trapped",
             ProgramErrorCode::RunTimeLimitExceeded => "run_time_limit_exceeded",
@@ -95,7 +101,7 @@ impl WeirError for ProgramErrorCode {
             ProgramErrorCode::RunTrapped | ProgramErrorCode::RunOutputTooLarge => 502,
             ProgramErrorCode::ProcessNotFound => 404,
             ProgramErrorCode::ProcessEnded => 410,
-            ProgramErrorCode::ProcessOverloaded => 503,
+            ProgramErrorCode::ProcessOverloaded | ProgramErrorCode::ImagesUnavailable => 503,
             ProgramErrorCode::ProcessAddressInvalid => 400,
             ProgramErrorCode::ProcessNotServing => 409,
         }

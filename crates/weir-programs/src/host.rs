@@ -47,12 +47,13 @@ use crate::program_threads::ProgramThreads;
 use weir_runtime::scope::EventScope;
 
 use crate::fenced_work::Fence;
-use crate::image_store::{Digest, ImageStore};
+use crate::image_store::{Digest, ImageStore, Root};
 use crate::loader::{Loader, ProgramLoadError};
 use crate::metrics::ProgramMetrics;
 use crate::one_shot::{self, Output, RunLimits, Stdin};
 use crate::process_host::OutputRead;
 use crate::process_table::ProcessTable;
+use crate::shared_images::ImageMirror;
 use crate::storage_slot::Slots;
 
 pub(crate) mod generated {
@@ -94,6 +95,9 @@ pub struct ProgramsConfig {
     /// cannot (cluster mode: a process is held by one node's memory, and
     /// cannot follow its owner to another yet).
     pub spawns_refused: Option<&'static str>,
+    /// Cluster mode: the images every node shares, fetched into this
+    /// node's store when a turn names one it lacks.
+    pub mirror: Option<Arc<ImageMirror>>,
 }
 
 /// Secrets by actor class, then by name.
@@ -208,6 +212,7 @@ impl ProgramsHost {
                 self.config.budget.limit()
             )));
         };
+        let _here = self.image_here(digest).await?;
         let (root, program) = self
             .load_blocking(move |loader| {
                 let mut root = loader.images.root(&digest)?;
@@ -277,6 +282,21 @@ pub(crate) fn text_bytes(args: &[String], pairs: &[(String, String)]) -> usize {
 }
 
 impl ProgramsHost {
+    /// Makes sure this node's store holds `digest` before it is loaded:
+    /// in cluster mode, an image pushed to another node is fetched first
+    /// (see [`crate::shared_images`]). The root it returns holds the image
+    /// until the caller's load has rooted it too.
+    pub(crate) async fn image_here(&self, digest: Digest) -> Result<Option<Root>, types::Error> {
+        let Some(mirror) = &self.config.mirror else {
+            return Ok(None);
+        };
+        let loader = self.loader().map_err(types::Error::Failed)?;
+        match mirror.here(&loader.images, digest).await {
+            Ok((root, _)) => Ok(Some(root)),
+            Err(e) => Err(to_guest_error(e.into())),
+        }
+    }
+
     /// Runs `f` with the loader off the async workers (loading may
     /// compile, and it reads files).
     pub(crate) async fn load_blocking<T: Send + 'static>(

@@ -117,6 +117,8 @@ pub enum ImageError {
     TooLarge { bytes: u64, limit: u64 },
     #[error("image {0} is in use (a run or process holds it)")]
     InUse(Digest),
+    #[error("the cluster's images cannot be reached: {0}")]
+    Unavailable(String),
     #[error("the image store {path}: {cause}")]
     Io {
         path: PathBuf,
@@ -134,6 +136,7 @@ impl ImageError {
             ImageError::TooLarge { .. } => ProgramErrorCode::ImageTooLarge,
             ImageError::InUse(_) => ProgramErrorCode::ImageInUse,
             ImageError::Io { .. } => ProgramErrorCode::ImageStoreFailed,
+            ImageError::Unavailable(_) => ProgramErrorCode::ImagesUnavailable,
         }
     }
 }
@@ -176,6 +179,7 @@ impl Root {
 }
 
 /// The image store of one data dir.
+#[derive(Clone)]
 pub struct ImageStore {
     dir: PathBuf,
     max_image_bytes: u64,
@@ -238,33 +242,40 @@ impl ImageStore {
             Err(ImageError::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
+        let mut incoming = self.incoming(digest)?;
+        incoming.write(bytes)?;
+        Ok((incoming.finish()?, true))
+    }
+
+    /// Begins writing the image `digest` piece by piece (what is fetched
+    /// from elsewhere): nothing is at the digest's name until
+    /// [`Incoming::finish`] has checked that the bytes hash to it.
+    pub fn incoming(&self, digest: Digest) -> Result<Incoming, ImageError> {
         let partial = self.dir.join(format!(
             "{PARTIAL_PREFIX}{}-{}-{}",
             digest.hex(),
             std::process::id(),
             PUSHES.fetch_add(1, Ordering::Relaxed)
         ));
-        let write = || -> std::io::Result<File> {
-            let mut file = OpenOptions::new()
+        let open = || -> std::io::Result<File> {
+            let file = OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create_new(true)
                 .open(&partial)?;
             // Locked while written: a sweep spares a push in progress.
             file.lock_shared()?;
-            file.write_all(bytes)?;
-            file.sync_all()?;
-            std::fs::rename(&partial, self.path_of(&digest))?;
-            File::open(&self.dir)?.sync_all()?;
             Ok(file)
         };
-        match write() {
-            Ok(file) => Ok((Root { digest, file }, true)),
-            Err(source) => {
-                let _ = std::fs::remove_file(&partial);
-                Err(self.io(source))
-            }
-        }
+        let file = open().map_err(|e| self.io(e))?;
+        Ok(Incoming {
+            store: self.clone(),
+            digest,
+            partial,
+            file: Some(file),
+            hasher: Sha256::new(),
+            written: 0,
+        })
     }
 
     /// Roots a stored image: from now until the root is dropped, nothing
@@ -441,6 +452,81 @@ impl ImageStore {
     }
 }
 
+/// An image being written ([`ImageStore::incoming`]): its bytes go to a
+/// locked partial file and are hashed as they come. Dropped unfinished, it
+/// leaves nothing behind.
+pub struct Incoming {
+    store: ImageStore,
+    digest: Digest,
+    partial: PathBuf,
+    file: Option<File>,
+    hasher: Sha256,
+    written: u64,
+}
+
+impl Incoming {
+    /// Appends `bytes`; refused past `max_image_bytes`.
+    pub fn write(&mut self, bytes: &[u8]) -> Result<(), ImageError> {
+        let written = self.written + bytes.len() as u64;
+        if written > self.store.max_image_bytes {
+            return Err(ImageError::TooLarge {
+                bytes: written,
+                limit: self.store.max_image_bytes,
+            });
+        }
+        let file = self.file.as_mut().expect("written before finished");
+        file.write_all(bytes).map_err(|e| self.store.io(e))?;
+        self.hasher.update(bytes);
+        self.written = written;
+        Ok(())
+    }
+
+    /// How many bytes were written so far.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Checks the bytes against the digest, makes them durable and puts
+    /// them at the digest's name, rooted for the caller (the root is taken
+    /// before the rename, so not even a sweep in between can remove it).
+    /// Bytes that do not hash to the digest are `Corrupt`, and nothing is
+    /// stored.
+    pub fn finish(mut self) -> Result<Root, ImageError> {
+        let found = Digest(std::mem::take(&mut self.hasher).finalize().into());
+        if found != self.digest {
+            return Err(ImageError::Corrupt {
+                digest: self.digest,
+                why: format!("its {} bytes hash to {found}", self.written),
+            });
+        }
+        let file = self.file.take().expect("finished once");
+        let store = &self.store;
+        let place = || -> std::io::Result<()> {
+            file.sync_all()?;
+            std::fs::rename(&self.partial, store.path_of(&self.digest))?;
+            File::open(&store.dir)?.sync_all()
+        };
+        match place() {
+            Ok(()) => Ok(Root {
+                digest: self.digest,
+                file,
+            }),
+            Err(source) => {
+                let _ = std::fs::remove_file(&self.partial);
+                Err(store.io(source))
+            }
+        }
+    }
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = std::fs::remove_file(&self.partial);
+        }
+    }
+}
+
 enum Removal {
     Removed(u64),
     Rooted,
@@ -476,6 +562,69 @@ mod tests {
             prop_assume!(!(s.len() == 64 || s.len() == 71));
             prop_assert!(s.parse::<Digest>().is_err());
         }
+    }
+
+    /// What is in the store's directory besides `compiled`.
+    fn files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != COMPILED_DIR)
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn an_incoming_image_is_stored_only_whole_and_only_as_its_digest() {
+        let dir = weir_scratch::dir("image-incoming");
+        let store = ImageStore::open(&dir, 1000).unwrap();
+        let bytes: Vec<u8> = (0..900u32).map(|i| (i * 31 % 251) as u8).collect();
+        let digest = Digest::of(&bytes);
+
+        // In pieces, as a fetch writes it.
+        let mut incoming = store.incoming(digest).unwrap();
+        for piece in bytes.chunks(256) {
+            incoming.write(piece).unwrap();
+        }
+        assert_eq!(incoming.written(), 900);
+        let mut root = incoming.finish().unwrap();
+        assert_eq!(store.read(&mut root).unwrap(), bytes);
+        assert_eq!(files(&dir), [format!("{}.wasm", digest.hex())]);
+        drop(root);
+        assert!(store.remove(&digest).unwrap());
+
+        // A flipped byte: refused, nothing left.
+        let mut flipped = bytes.clone();
+        flipped[100] ^= 1;
+        let mut incoming = store.incoming(digest).unwrap();
+        incoming.write(&flipped).unwrap();
+        match incoming.finish() {
+            Err(ImageError::Corrupt { why, .. }) => {
+                assert_eq!(
+                    why,
+                    format!("its 900 bytes hash to {}", Digest::of(&flipped))
+                )
+            }
+            other => panic!("{:?}", other.map(|r| r.digest())),
+        }
+        assert!(files(&dir).is_empty(), "{:?}", files(&dir));
+
+        // Past max_image_bytes: refused at the write that crosses it.
+        let mut incoming = store.incoming(digest).unwrap();
+        incoming.write(&bytes).unwrap();
+        assert!(matches!(
+            incoming.write(&bytes[..101]),
+            Err(ImageError::TooLarge {
+                bytes: 1001,
+                limit: 1000
+            })
+        ));
+        // Dropped unfinished (a fetch cut short): nothing left.
+        drop(incoming);
+        assert!(files(&dir).is_empty(), "{:?}", files(&dir));
+        assert!(matches!(store.root(&digest), Err(ImageError::NotFound(_))));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //!
 //! - [`image_store`]: components by SHA-256, written whole or not at all,
 //!   verified before use, rooted while used, swept when nothing holds them;
+//!   [`shared_images`]: in cluster mode, the images every node runs (a
+//!   push shared through the cluster's database, fetched where missing);
 //!   [`loader`]: from a name to a verified, compiled, linked program.
 //! - [`one_shot`]: a command (`wasi:cli/run`) run to completion with its
 //!   arguments, environment, stdin, stdout and stderr, and an exit code.
@@ -45,6 +47,7 @@ pub mod process_table;
 pub mod program_threads;
 pub mod recovery;
 pub mod resident;
+pub mod shared_images;
 pub mod slot_filesystem;
 pub mod slot_quota;
 pub mod storage_slot;

@@ -138,6 +138,7 @@ impl ProgramsHost {
             None => None,
         };
         let contract = launch.contract;
+        let _here = self.image_here(digest).await?;
         let (root, code, quota) = self
             .load_blocking(move |loader| {
                 let mut quota = None;

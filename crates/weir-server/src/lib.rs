@@ -41,6 +41,7 @@ use weir_http::{AdminState, ServeOptions, Tenant as AdminTenant};
 use weir_programs::ImageStore;
 use weir_programs::image_store::IMAGES_DIR;
 use weir_programs::metrics::ProgramMetrics;
+use weir_programs::shared_images::ImageMirror;
 use weir_runtime::App;
 use weir_runtime::compiled_code::{CodeCache, Compiler};
 use weir_runtime::compute_share::{self, ComputeShare, ShareError};
@@ -231,6 +232,16 @@ pub struct Server {
     _reclaimers: Arc<dyn Reclaim>,
     data_dir: DataDir,
     cluster: Option<Arc<Cluster>>,
+    /// Cluster mode: what keeps this node's images in step with the
+    /// cluster's while it serves.
+    images_kept_up: Option<ImagesKeptUp>,
+}
+
+/// See [`ImageMirror::keep_up`].
+struct ImagesKeptUp {
+    mirror: Arc<ImageMirror>,
+    store: ImageStore,
+    prepare: Option<weir_programs::shared_images::PrepareImage>,
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
@@ -274,6 +285,8 @@ impl Server {
             }
             None => None,
         };
+        // The images every node runs, in cluster mode.
+        let image_mirror = cluster.as_ref().map(|c| ImageMirror::new(c.images()));
         let server_limits = &config.limits.runtime;
         let mut lanes = 0;
         for spec in &config.apps {
@@ -360,6 +373,7 @@ impl Server {
             lane_capacity,
             qualified: config.apps.iter().any(|a| a.data_subdir.is_some()),
             cluster: cluster.clone(),
+            image_mirror: image_mirror.clone(),
         });
         metrics.watch_budget(budget.clone());
         let apps = Apps::start(shared, &config.apps).await?;
@@ -423,6 +437,12 @@ impl Server {
             });
             prepare
         });
+        // In cluster mode this node's store follows the cluster's images.
+        let images_kept_up = image_mirror.as_ref().map(|mirror| ImagesKeptUp {
+            mirror: mirror.clone(),
+            store: (*images).clone(),
+            prepare: prepare_image.clone(),
+        });
         let admin = admin_listener.map(|listener| {
             let deployer: Arc<dyn weir_http::admin_apps::Deployer> = apps.clone();
             let state = Arc::new(AdminState {
@@ -438,6 +458,7 @@ impl Server {
                     .collect(),
                 images: Some(images),
                 prepare_image,
+                image_mirror,
                 deployer: Some(deployer),
                 token,
                 sections: cluster
@@ -464,6 +485,7 @@ impl Server {
             _reclaimers: reclaimers,
             data_dir,
             cluster,
+            images_kept_up,
         })
     }
 
@@ -513,14 +535,19 @@ impl Server {
             options,
             data_dir,
             cluster,
+            images_kept_up,
             ..
         } = self;
         let admin_task =
             admin.map(|(listener, state)| tokio::spawn(weir_http::serve_admin(listener, state)));
+        let keeping_up = images_kept_up.map(|k| tokio::spawn(k.mirror.keep_up(k.store, k.prepare)));
         let pacemaker = weir_runtime::pacemaker::start();
         weir_http::serve(listener, apps.router().clone(), options, shutdown).await;
         pacemaker.abort();
         if let Some(task) = admin_task {
+            task.abort();
+        }
+        if let Some(task) = keeping_up {
             task.abort();
         }
         // Everything answered: this node's actors go to the others now,

@@ -77,6 +77,9 @@ pub(crate) struct Shared {
     pub qualified: bool,
     /// This node's part in its cluster, in cluster mode.
     pub cluster: Option<Arc<Cluster>>,
+    /// Cluster mode: the images the nodes share, which every app's
+    /// programs fetch from when this node lacks one.
+    pub image_mirror: Option<Arc<weir_programs::shared_images::ImageMirror>>,
 }
 
 impl Shared {
@@ -257,6 +260,7 @@ impl Tenant {
                 .cluster
                 .as_ref()
                 .map(|_| "cluster_unsupported: resident processes do not run in cluster mode yet"),
+            mirror: shared.image_mirror.clone(),
         });
         // Owners reach their processes at `<pid>.process.internal`.
         let process_router: Arc<dyn InternalRouter> = Arc::new(ProcessRouter {

@@ -8,7 +8,9 @@ use crate::coordinator::CoordError;
 /// The advisory lock that serializes schema creation between nodes.
 const SCHEMA_LOCK: i64 = 0x7765_6972; // "weir"
 
-/// The version of [`SCHEMA`], kept in `weir_schema`.
+/// The version of [`SCHEMA`], kept in `weir_schema`. Tables added beside
+/// the others (the shared images') keep it: a node of an older build
+/// never reads them and runs as before.
 const SCHEMA_VERSION: i32 = 1;
 
 const SCHEMA: &str = "
@@ -43,6 +45,17 @@ CREATE TABLE IF NOT EXISTS weir_snapshots (
     head BIGINT NOT NULL,
     ltx BYTEA NOT NULL,
     PRIMARY KEY (object, head)
+);
+CREATE TABLE IF NOT EXISTS weir_images (
+    digest TEXT PRIMARY KEY,
+    bytes BIGINT NOT NULL,
+    shared_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS weir_image_pieces (
+    digest TEXT NOT NULL,
+    piece INT NOT NULL,
+    data BYTEA NOT NULL,
+    PRIMARY KEY (digest, piece)
 );
 ";
 

@@ -1,0 +1,247 @@
+//! Shared images: in cluster mode, every node runs every pushed image. A
+//! push to any node is kept in the cluster's database as well as in that
+//! node's store, and a node that lacks an image a turn names fetches it
+//! from the database into its own store first; each node also catches up
+//! on the images pushed elsewhere in the background, compiling them as a
+//! push would, so a first run seldom waits for either.
+//!
+//! Invariants owned here:
+//! - a fetched image is the image: its bytes are hashed as they arrive
+//!   and only bytes that hash to its digest are stored. A shared copy that
+//!   was cut short, grew or was altered is `image_corrupt`, and nothing
+//!   is kept;
+//! - a fetch holds one piece ([`IMAGE_PIECE_BYTES`]) of the image in the
+//!   host at a time, and one fetch runs at a time on a node: a second
+//!   caller for the same image waits and then finds it stored;
+//! - what cannot be reached is named: `images_unavailable` (503), never
+//!   a hang (the database's calls are bounded) and never `image_not_found`
+//!   for an image the cluster may well have;
+//! - a node's own copies are a cache of the shared ones: its sweep spares
+//!   every image the cluster still has (a sweep that cannot ask the
+//!   cluster removes nothing).
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::image_store::{Digest, ImageError, ImageStore, Incoming, Root, SweepReport};
+
+/// A future the shared images' calls return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The size of one piece of a shared image, as kept in the database and
+/// fetched: one row, bounded in what it holds in the host and in how long
+/// it takes to move (a 256 MiB image is 64 of them).
+pub const IMAGE_PIECE_BYTES: usize = 4 * 1024 * 1024;
+
+/// How often a node catches up with the cluster's images: an image pushed
+/// to another node is here and compiled, and one removed from the cluster
+/// is gone from here (once nothing runs it), within about this long. One
+/// small query each time.
+pub const CATCH_UP_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Compiles a stored image for the programs that may run it (blocking).
+pub type PrepareImage = Arc<dyn Fn(&Digest) -> Result<(), String> + Send + Sync>;
+
+/// Where a cluster keeps the images its nodes share (its database).
+/// Unreachable is `ImageError::Unavailable`.
+pub trait SharedImages: Send + Sync {
+    /// Keeps the image `digest` (`bytes`) for every node; sharing an image
+    /// already shared writes its bytes again (mending a damaged copy).
+    fn publish<'a>(
+        &'a self,
+        digest: Digest,
+        bytes: &'a [u8],
+    ) -> BoxFuture<'a, Result<(), ImageError>>;
+
+    /// The size of the shared image `digest`, if it is shared.
+    fn size(&self, digest: Digest) -> BoxFuture<'_, Result<Option<u64>, ImageError>>;
+
+    /// Piece `index` of the shared image `digest` (pieces of
+    /// [`IMAGE_PIECE_BYTES`], the last one shorter); `None` when there is
+    /// no such piece.
+    fn piece(
+        &self,
+        digest: Digest,
+        index: u32,
+    ) -> BoxFuture<'_, Result<Option<Vec<u8>>, ImageError>>;
+
+    /// Every shared image and its size, by digest.
+    fn list(&self) -> BoxFuture<'_, Result<Vec<(Digest, u64)>, ImageError>>;
+
+    /// Stops sharing `digest`: true if it was shared.
+    fn remove(&self, digest: Digest) -> BoxFuture<'_, Result<bool, ImageError>>;
+}
+
+/// One node's view of the shared images: its own store, kept as a cache
+/// of the cluster's.
+pub struct ImageMirror {
+    shared: Arc<dyn SharedImages>,
+    /// One fetch at a time on this node.
+    fetching: tokio::sync::Mutex<()>,
+}
+
+impl ImageMirror {
+    pub fn new(shared: Arc<dyn SharedImages>) -> Arc<ImageMirror> {
+        Arc::new(ImageMirror {
+            shared,
+            fetching: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub fn shared(&self) -> &Arc<dyn SharedImages> {
+        &self.shared
+    }
+
+    /// Makes the image `digest` present in `store`, rooted for the caller
+    /// (so nothing removes it before the caller loads it): at once when it
+    /// is there, fetched from the cluster when it is not. True when it was
+    /// fetched.
+    pub async fn here(
+        &self,
+        store: &ImageStore,
+        digest: Digest,
+    ) -> Result<(Root, bool), ImageError> {
+        if let Some(root) = stored(store, &digest)? {
+            return Ok((root, false));
+        }
+        let _one = self.fetching.lock().await;
+        if let Some(root) = stored(store, &digest)? {
+            return Ok((root, false));
+        }
+        let size = self
+            .shared
+            .size(digest)
+            .await?
+            .ok_or(ImageError::NotFound(digest))?;
+        if size > store.max_image_bytes() {
+            return Err(ImageError::TooLarge {
+                bytes: size,
+                limit: store.max_image_bytes(),
+            });
+        }
+        let started = std::time::Instant::now();
+        let short = |written: u64| ImageError::Corrupt {
+            digest,
+            why: format!("the cluster's copy ends at byte {written} of its {size}"),
+        };
+        let mut incoming = store.incoming(digest)?;
+        let mut index = 0;
+        while incoming.written() < size {
+            let piece = self.shared.piece(digest, index).await?;
+            let piece = match piece {
+                Some(piece) if !piece.is_empty() => piece,
+                _ => return Err(short(incoming.written())),
+            };
+            if incoming.written() + piece.len() as u64 > size {
+                return Err(ImageError::Corrupt {
+                    digest,
+                    why: format!("the cluster's copy is longer than its {size} bytes"),
+                });
+            }
+            // Hashing and writing a piece is work for a blocking thread.
+            incoming = off_the_workers(store, move || {
+                incoming.write(&piece)?;
+                Ok(incoming)
+            })
+            .await?;
+            index += 1;
+        }
+        let root = off_the_workers(store, move || Incoming::finish(incoming)).await?;
+        tracing::info!(
+            image = %digest,
+            bytes = size,
+            ms = started.elapsed().as_millis() as u64,
+            "fetched an image the cluster shares"
+        );
+        Ok((root, true))
+    }
+
+    /// Catches up with the cluster every [`CATCH_UP_INTERVAL`] until the
+    /// task is dropped: removes from `store` what the cluster no longer
+    /// shares (unless something runs it), fetches what it shares and
+    /// `store` lacks, and compiles what it fetched with `prepare`.
+    pub async fn keep_up(self: Arc<Self>, store: ImageStore, prepare: Option<PrepareImage>) {
+        loop {
+            tokio::time::sleep(CATCH_UP_INTERVAL).await;
+            if let Err(e) = self.sweep(&store).await {
+                tracing::debug!(error = %e, "cannot catch up with the cluster's images");
+                continue;
+            }
+            let fetched = match self.catch_up(&store).await {
+                Ok(fetched) => fetched,
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot catch up with the cluster's images");
+                    continue;
+                }
+            };
+            for digest in fetched {
+                let Some(prepare) = prepare.clone() else {
+                    continue;
+                };
+                let compiled = tokio::task::spawn_blocking(move || prepare(&digest))
+                    .await
+                    .unwrap_or_else(|e| Err(e.to_string()));
+                if let Err(why) = compiled {
+                    tracing::warn!(image = %digest, error = %why, "a fetched image does not compile");
+                }
+            }
+        }
+    }
+
+    /// Fetches every shared image `store` lacks: the ones it fetched.
+    /// One that cannot be fetched is left for the next time (and for the
+    /// turn that needs it, which names why).
+    pub async fn catch_up(&self, store: &ImageStore) -> Result<Vec<Digest>, ImageError> {
+        let mut fetched = Vec::new();
+        for (digest, _) in self.shared.list().await? {
+            match self.here(store, digest).await {
+                Ok((_, true)) => fetched.push(digest),
+                Ok((_, false)) => {}
+                Err(e @ ImageError::Unavailable(_)) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(image = %digest, error = %e, "cannot fetch a shared image")
+                }
+            }
+        }
+        Ok(fetched)
+    }
+
+    /// Sweeps `store`, sparing every image the cluster shares (removing
+    /// nothing when the cluster cannot say which).
+    pub async fn sweep(&self, store: &ImageStore) -> Result<SweepReport, ImageError> {
+        let declared: HashSet<Digest> = self
+            .shared
+            .list()
+            .await?
+            .into_iter()
+            .map(|(digest, _)| digest)
+            .collect();
+        let swept = store.clone();
+        off_the_workers(store, move || swept.sweep(&declared)).await
+    }
+}
+
+/// `digest`, rooted, if `store` holds it now.
+fn stored(store: &ImageStore, digest: &Digest) -> Result<Option<Root>, ImageError> {
+    match store.root(digest) {
+        Ok(root) => Ok(Some(root)),
+        Err(ImageError::NotFound(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Runs `f`, work on `store`'s files, on a blocking thread.
+async fn off_the_workers<T: Send + 'static>(
+    store: &ImageStore,
+    f: impl FnOnce() -> Result<T, ImageError> + Send + 'static,
+) -> Result<T, ImageError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(ImageError::Io {
+            path: store.dir().to_path_buf(),
+            cause: std::io::Error::other(e.to_string()),
+        })
+    })
+}

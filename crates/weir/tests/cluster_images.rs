@@ -1,0 +1,336 @@
+//! Images in cluster mode, from outside: real nodes on a real PostgreSQL,
+//! real command images run from actors' turns. An image pushed to one node
+//! runs on any node; a node checks what it fetches byte for byte, and a
+//! damaged, cut or oversized shared copy is refused by name and leaves
+//! nothing behind; a removal reaches every node; and a push the cluster
+//! cannot take is not acknowledged.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::Weir;
+use common::cluster::{Postgres, node_dir, node_with_app};
+use common::programs::{admin, call, cmdprobe};
+use serde_json::Value;
+use weir_cluster::coordinator::NodeInfo;
+use weir_cluster::ownership::preferred;
+
+/// Node `name` serving the runner guest: its app, and its actor class
+/// `runner` at `/r/NAME/…` (`/r/NAME/run/<digest>` runs an image).
+fn runner_node(pg: &Postgres, name: &str, dir: &Path, extra: &[&str]) -> Weir {
+    let runner = common::guest("runner");
+    let actor = format!("runner={}", runner.display());
+    let mut args = vec![
+        "--actor",
+        &actor,
+        "--actor-route",
+        "runner=/r",
+        "--limit",
+        "memory_limit_bytes=33554432",
+    ];
+    args.extend_from_slice(extra);
+    node_with_app(pg, name, dir, &runner, &args)
+}
+
+fn actor_key(name: &str) -> String {
+    format!("actor/runner/runner/{name}")
+}
+
+/// A name of an actor that `node` owns while the live nodes are `nodes`
+/// (by the cluster's rendezvous placement).
+fn placed_on(node: &str, nodes: &[&str]) -> String {
+    let live: Vec<NodeInfo> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, name)| NodeInfo {
+            session: i as i64,
+            name: name.to_string(),
+            address: String::new(),
+        })
+        .collect();
+    (0..)
+        .map(|i| format!("on-{node}-{i}"))
+        .find(|name| preferred(&live, &actor_key(name)).unwrap().name == node)
+        .unwrap()
+}
+
+/// Pushes cmdprobe through `node`'s admin address: the answer.
+async fn push_cmdprobe(node: &Weir) -> common::Resp {
+    admin(
+        node,
+        "PUT",
+        "/images",
+        std::fs::read(cmdprobe()).unwrap(),
+        true,
+    )
+    .await
+}
+
+/// The digests of `node`'s own store.
+async fn stored_on(node: &Weir) -> Vec<String> {
+    let listed = admin(node, "GET", "/images", Vec::new(), true).await;
+    assert_eq!(listed.status, 200, "{}", listed.text());
+    listed.json()["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["digest"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Runs `digest` as `cat` of `body` from actor `actor`'s turn, through
+/// `node`.
+async fn run_cat(node: &Weir, actor: &str, digest: &str, body: &str) -> common::Resp {
+    call(
+        node,
+        "POST",
+        &format!("/r/{actor}/run/{digest}?arg=cat"),
+        body.as_bytes(),
+    )
+    .await
+}
+
+/// A failed call's status, `error` and `message` (the runner guest
+/// answers every image error 404, its code first in the message).
+fn guest_error(resp: &common::Resp) -> (u16, Value, String) {
+    let body = resp.json();
+    (
+        resp.status.as_u16(),
+        body["error"].clone(),
+        body["message"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_pushed_to_one_node_runs_on_another_which_fetches_it_whole() {
+    let pg = Postgres::start();
+    let a = runner_node(&pg, "a", &node_dir("images-run", "a"), &[]);
+    let b = runner_node(&pg, "b", &node_dir("images-run", "b"), &[]);
+
+    let pushed = push_cmdprobe(&a).await;
+    assert_eq!(pushed.status, 201, "{}", pushed.text());
+    assert_eq!(pushed.json()["shared"], true);
+    let digest = pushed.json()["digest"].as_str().unwrap().to_string();
+    let size = pushed.json()["bytes"].as_u64().unwrap();
+    assert_eq!(
+        pg.psql(
+            "weir",
+            &format!("SELECT bytes FROM weir_images WHERE digest = '{digest}'")
+        ),
+        size.to_string(),
+        "the cluster's database names the image once it is whole"
+    );
+    let shared = admin(&b, "GET", "/images", Vec::new(), true).await.json();
+    assert_eq!(
+        shared["shared"],
+        serde_json::json!([{ "digest": digest, "bytes": size }]),
+        "every node lists what the cluster shares"
+    );
+
+    // An actor b owns runs the image on b, called through a.
+    let on_b = placed_on("b", &["a", "b"]);
+    let ran = run_cat(&a, &on_b, &digest, "hello from b").await;
+    assert_eq!(ran.status, 200, "{}", ran.text());
+    assert_eq!(ran.json()["exit_code"], 0);
+    assert_eq!(ran.json()["stdout"], "hello from b");
+    assert_eq!(pg.owner(&actor_key(&on_b)).as_deref(), Some("b"));
+    assert!(
+        stored_on(&b).await.contains(&digest),
+        "b keeps what it fetched"
+    );
+    let bytes = std::fs::read(
+        node_dir_path("images-run", "b")
+            .join("images")
+            .join(format!("{}.wasm", digest.trim_start_matches("sha256:"))),
+    )
+    .unwrap();
+    assert_eq!(
+        bytes,
+        std::fs::read(cmdprobe()).unwrap(),
+        "what b stored is the image, byte for byte"
+    );
+
+    // A node that joins later catches up by itself: it fetches the image
+    // and compiles it, as a push would, before any turn names it.
+    let c = runner_node(&pg, "c", &node_dir("images-run", "c"), &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let compiled = node_dir_path("images-run", "c")
+        .join("images")
+        .join("compiled");
+    let hex = digest.trim_start_matches("sha256:").to_string();
+    loop {
+        let has_code = std::fs::read_dir(&compiled).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with(&hex))
+        });
+        if stored_on(&c).await.contains(&digest) && has_code {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "c did not fetch and compile the shared image"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Naming an image nobody pushed is what it is on one node.
+    let missing = format!("sha256:{}", "0".repeat(64));
+    let ran = run_cat(&b, &on_b, &missing, "").await;
+    assert_eq!(
+        guest_error(&ran),
+        (
+            404,
+            "image".into(),
+            format!("image_not_found: no image {missing} in the store")
+        )
+    );
+}
+
+/// Where [`node_dir`] put a node's data (not emptied).
+fn node_dir_path(test: &str, node: &str) -> std::path::PathBuf {
+    common::cluster::node_path(test, node)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_cut_or_oversized_shared_copy_is_refused_and_leaves_nothing() {
+    let pg = Postgres::start();
+    let a = runner_node(&pg, "a", &node_dir("images-bad", "a"), &[]);
+    let pushed = push_cmdprobe(&a).await;
+    assert_eq!(pushed.status, 201, "{}", pushed.text());
+    let digest = pushed.json()["digest"].as_str().unwrap().to_string();
+    let size = pushed.json()["bytes"].as_u64().unwrap();
+    let piece = format!("digest = '{digest}' AND piece = 0");
+
+    // One byte of the shared copy flipped, before b ever saw it.
+    pg.psql(
+        "weir",
+        &format!(
+            "UPDATE weir_image_pieces SET data = set_byte(data, 100, (get_byte(data, 100) + 1) % 256) WHERE {piece}"
+        ),
+    );
+    let b = runner_node(&pg, "b", &node_dir("images-bad", "b"), &[]);
+    let on_b = placed_on("b", &["a", "b"]);
+    let ran = run_cat(&b, &on_b, &digest, "x").await;
+    let (status, error, message) = guest_error(&ran);
+    assert_eq!((status, error), (404, Value::from("image")), "{message}");
+    assert!(
+        message.starts_with(&format!(
+            "image_corrupt: image {digest} is corrupt: its {size} bytes hash to sha256:"
+        )),
+        "{message}"
+    );
+    assert_eq!(pg.owner(&actor_key(&on_b)).as_deref(), Some("b"));
+    assert!(!stored_on(&b).await.contains(&digest), "nothing kept");
+
+    // Pushing again mends the shared copy.
+    let again = push_cmdprobe(&a).await;
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert_eq!(again.json()["shared"], true);
+    let ran = run_cat(&b, &on_b, &digest, "mended").await;
+    assert_eq!(ran.status, 200, "{}", ran.text());
+    assert_eq!(ran.json()["stdout"], "mended");
+
+    // Cut short: the shared copy ends early.
+    drop(b);
+    pg.psql(
+        "weir",
+        &format!(
+            "UPDATE weir_image_pieces SET data = substring(data from 1 for 100) WHERE {piece}"
+        ),
+    );
+    let b2 = runner_node(&pg, "b2", &node_dir("images-bad", "b2"), &[]);
+    // (b's lease may outlive it a while: a name b2 owns among all three.)
+    let on_b2 = placed_on("b2", &["a", "b", "b2"]);
+    let ran = run_cat(&b2, &on_b2, &digest, "x").await;
+    assert_eq!(
+        guest_error(&ran),
+        (
+            404,
+            "image".into(),
+            format!(
+                "image_corrupt: image {digest} is corrupt: the cluster's copy ends at byte 100 of its {size}; push it again"
+            )
+        )
+    );
+    assert!(!stored_on(&b2).await.contains(&digest), "nothing kept");
+    assert_eq!(push_cmdprobe(&a).await.status, 200);
+
+    // A node whose own max_image_bytes is smaller refuses to fetch it.
+    let small = runner_node(
+        &pg,
+        "small",
+        &node_dir("images-bad", "small"),
+        &["--limit", "max_image_bytes=1024"],
+    );
+    drop(b2);
+    let on_small = placed_on("small", &["a", "b", "b2", "small"]);
+    let ran = run_cat(&small, &on_small, &digest, "x").await;
+    assert_eq!(
+        guest_error(&ran),
+        (
+            404,
+            "image".into(),
+            format!("image_too_large: the image is {size} bytes; max_image_bytes is 1024")
+        )
+    );
+    assert!(!stored_on(&small).await.contains(&digest), "nothing kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_reaches_every_node_and_a_push_the_cluster_cannot_take_is_refused() {
+    let mut pg = Postgres::start();
+    let a = runner_node(&pg, "a", &node_dir("images-rm", "a"), &[]);
+    let b = runner_node(&pg, "b", &node_dir("images-rm", "b"), &[]);
+    let pushed = push_cmdprobe(&a).await;
+    let digest = pushed.json()["digest"].as_str().unwrap().to_string();
+    let on_b = placed_on("b", &["a", "b"]);
+    let ran = run_cat(&b, &on_b, &digest, "before").await;
+    assert_eq!(ran.status, 200, "{}", ran.text());
+
+    let removed = admin(&a, "DELETE", &format!("/images/{digest}"), Vec::new(), true).await;
+    assert_eq!(removed.status, 200, "{}", removed.text());
+    assert_eq!(removed.json()["deleted"], true);
+    assert_eq!(removed.json()["shared_deleted"], true);
+    assert_eq!(
+        pg.psql(
+            "weir",
+            &format!("SELECT count(*) FROM weir_image_pieces WHERE digest = '{digest}'")
+        ),
+        "0",
+        "its pieces went with it"
+    );
+    // b drops its copy when it next catches up (every 2 s).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stored_on(&b).await.contains(&digest) {
+        assert!(Instant::now() < deadline, "b still has the removed image");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ran = run_cat(&b, &on_b, &digest, "after").await;
+    assert_eq!(guest_error(&ran).0, 404, "{}", ran.text());
+
+    // A push that reaches a's store but not the cluster is not done.
+    pg.stop("INT");
+    let refused = push_cmdprobe(&a).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(refused.json()["error"], "images_unavailable");
+    let message = refused.json()["message"].as_str().unwrap().to_string();
+    assert!(
+        message.starts_with(&format!(
+            "the cluster's images cannot be reached: {digest} could not be shared with the other nodes; push it again: "
+        )),
+        "{message}"
+    );
+    pg.run();
+    let again = push_cmdprobe(&a).await;
+    assert_eq!(again.json()["shared"], true, "{}", again.text());
+    assert_eq!(
+        pg.psql(
+            "weir",
+            &format!("SELECT count(*) FROM weir_images WHERE digest = '{digest}'")
+        ),
+        "1"
+    );
+}
