@@ -6,12 +6,14 @@
 //! names it last, in a transaction that checks every piece is there; a
 //! node never fetches an image whose row is missing. A push of an image
 //! already shared writes its pieces again, so pushing mends a shared copy
-//! that was damaged.
+//! that was damaged. A removal is recorded: a node shares a copy of its
+//! own only while the cluster has not removed that image, and only an
+//! operator's push shares it again.
 
 use std::sync::Arc;
 
 use weir_programs::image_store::{Digest, ImageError};
-use weir_programs::shared_images::{BoxFuture, IMAGE_PIECE_BYTES, SharedImages};
+use weir_programs::shared_images::{BoxFuture, Catalog, IMAGE_PIECE_BYTES, SharedImages, Sharer};
 
 use crate::coordinator::CoordError;
 use crate::postgres::Postgres;
@@ -30,12 +32,23 @@ impl SharedImages for ClusterImages {
         &'a self,
         digest: Digest,
         bytes: &'a [u8],
-    ) -> BoxFuture<'a, Result<(), ImageError>> {
+        by: Sharer,
+    ) -> BoxFuture<'a, Result<bool, ImageError>> {
         Box::pin(async move {
+            let name = digest.to_string();
+            let revive = by == Sharer::Push;
+            if !revive
+                && self
+                    .postgres
+                    .image_removed(&name)
+                    .await
+                    .map_err(unavailable)?
+            {
+                return Ok(false);
+            }
             // Every piece is written again, even of an image already
             // shared: pushing again is how a damaged shared copy (one a
             // fetch refused as corrupt) is mended.
-            let name = digest.to_string();
             let mut pieces = 0;
             for (index, piece) in bytes.chunks(IMAGE_PIECE_BYTES).enumerate() {
                 let index = i32::try_from(index).unwrap_or(i32::MAX);
@@ -47,15 +60,15 @@ impl SharedImages for ClusterImages {
             }
             let sealed = self
                 .postgres
-                .seal_image(&name, bytes.len() as u64, pieces)
+                .seal_image(&name, bytes.len() as u64, pieces, revive)
                 .await
                 .map_err(unavailable)?;
-            if !sealed {
+            if !sealed && revive {
                 return Err(ImageError::Unavailable(format!(
                     "{digest} was removed from the cluster while it was pushed; push it again"
                 )));
             }
-            Ok(())
+            Ok(sealed)
         })
     }
 
@@ -84,14 +97,17 @@ impl SharedImages for ClusterImages {
         })
     }
 
-    fn list(&self) -> BoxFuture<'_, Result<Vec<(Digest, u64)>, ImageError>> {
+    fn catalog(&self) -> BoxFuture<'_, Result<Catalog, ImageError>> {
         Box::pin(async move {
-            let rows = self.postgres.images().await.map_err(unavailable)?;
+            let (shared, removed) = self.postgres.images().await.map_err(unavailable)?;
             // Only this build's spelling names an image.
-            Ok(rows
-                .into_iter()
-                .filter_map(|(digest, bytes)| Some((digest.parse().ok()?, bytes)))
-                .collect())
+            Ok(Catalog {
+                shared: shared
+                    .into_iter()
+                    .filter_map(|(digest, bytes)| Some((digest.parse().ok()?, bytes)))
+                    .collect(),
+                removed: removed.iter().filter_map(|d| d.parse().ok()).collect(),
+            })
         })
     }
 

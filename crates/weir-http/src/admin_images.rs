@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::json;
-use weir_programs::shared_images::ImageMirror;
+use weir_programs::shared_images::{ImageMirror, Sharer};
 use weir_programs::{Digest, ImageError, ImageStore};
 use weir_runtime::WeirError;
 
@@ -106,7 +106,7 @@ async fn push(store: &ImageStore, doors: Doors<'_>, bytes: &Bytes) -> Response<S
             });
             // Shared while still rooted here: no sweep removes it first.
             if let Some(mirror) = doors.mirror {
-                if let Err(e) = mirror.shared().publish(digest, bytes).await {
+                if let Err(e) = mirror.shared().publish(digest, bytes, Sharer::Push).await {
                     let why = match e {
                         ImageError::Unavailable(why) => why,
                         e => e.to_string(),
@@ -147,9 +147,10 @@ async fn list(store: &ImageStore, mirror: Option<&ImageMirror>) -> Response<Serv
     let Some(mirror) = mirror else {
         return json_response(&json!({ "images": images }));
     };
-    match mirror.shared().list().await {
-        Ok(shared) => {
-            let shared: Vec<_> = shared
+    match mirror.shared().catalog().await {
+        Ok(catalog) => {
+            let shared: Vec<_> = catalog
+                .shared
                 .into_iter()
                 .map(|(digest, bytes)| json!({ "digest": digest, "bytes": bytes }))
                 .collect();

@@ -2,8 +2,9 @@
 //! push to any node is kept in the cluster's database as well as in that
 //! node's store, and a node that lacks an image a turn names fetches it
 //! from the database into its own store first; each node also catches up
-//! on the images pushed elsewhere in the background, compiling them as a
-//! push would, so a first run seldom waits for either.
+//! in the background: it fetches (and compiles, as a push would) what was
+//! pushed elsewhere, shares the images its own store held before, and
+//! drops the ones the cluster removed.
 //!
 //! Invariants owned here:
 //! - a fetched image is the image: its bytes are hashed as they arrive
@@ -16,9 +17,12 @@
 //! - what cannot be reached is named: `images_unavailable` (503), never
 //!   a hang (the database's calls are bounded) and never `image_not_found`
 //!   for an image the cluster may well have;
-//! - a node's own copies are a cache of the shared ones: its sweep spares
-//!   every image the cluster still has (a sweep that cannot ask the
-//!   cluster removes nothing).
+//! - nothing a node holds is lost by joining: an image in its store that
+//!   the cluster never had is shared, not dropped; only an image the
+//!   cluster removed (by an operator's `DELETE`, recorded) is dropped, and
+//!   never while a run or process holds it. An operator's sweep spares
+//!   every image the cluster shares (a sweep that cannot ask the cluster
+//!   removes nothing).
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -38,23 +42,45 @@ pub const IMAGE_PIECE_BYTES: usize = 4 * 1024 * 1024;
 
 /// How often a node catches up with the cluster's images: an image pushed
 /// to another node is here and compiled, and one removed from the cluster
-/// is gone from here (once nothing runs it), within about this long. One
-/// small query each time.
+/// is gone from here (once nothing runs it), within about this long. Two
+/// small queries each time.
 pub const CATCH_UP_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Compiles a stored image for the programs that may run it (blocking).
 pub type PrepareImage = Arc<dyn Fn(&Digest) -> Result<(), String> + Send + Sync>;
 
+/// Who shares an image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sharer {
+    /// The operator's push: shares it even if the cluster removed it.
+    Push,
+    /// A node sharing a copy its own store kept (one from before it
+    /// joined, or put there by `weir images push`): never an image the
+    /// cluster removed.
+    Kept,
+}
+
+/// What the cluster shares, and what it removed (so that a node holding a
+/// removed image drops it rather than sharing it again).
+#[derive(Clone, Debug, Default)]
+pub struct Catalog {
+    pub shared: Vec<(Digest, u64)>,
+    pub removed: HashSet<Digest>,
+}
+
 /// Where a cluster keeps the images its nodes share (its database).
 /// Unreachable is `ImageError::Unavailable`.
 pub trait SharedImages: Send + Sync {
-    /// Keeps the image `digest` (`bytes`) for every node; sharing an image
-    /// already shared writes its bytes again (mending a damaged copy).
+    /// Keeps the image `digest` (`bytes`) for every node: true once it is
+    /// shared, false when `by` is [`Sharer::Kept`] and the cluster removed
+    /// it. Sharing an image already shared writes its bytes again
+    /// (mending a damaged copy).
     fn publish<'a>(
         &'a self,
         digest: Digest,
         bytes: &'a [u8],
-    ) -> BoxFuture<'a, Result<(), ImageError>>;
+        by: Sharer,
+    ) -> BoxFuture<'a, Result<bool, ImageError>>;
 
     /// The size of the shared image `digest`, if it is shared.
     fn size(&self, digest: Digest) -> BoxFuture<'_, Result<Option<u64>, ImageError>>;
@@ -68,10 +94,11 @@ pub trait SharedImages: Send + Sync {
         index: u32,
     ) -> BoxFuture<'_, Result<Option<Vec<u8>>, ImageError>>;
 
-    /// Every shared image and its size, by digest.
-    fn list(&self) -> BoxFuture<'_, Result<Vec<(Digest, u64)>, ImageError>>;
+    /// Every shared image and its size, by digest, and the removed ones.
+    fn catalog(&self) -> BoxFuture<'_, Result<Catalog, ImageError>>;
 
-    /// Stops sharing `digest`: true if it was shared.
+    /// Stops sharing `digest` and records its removal: true if it was
+    /// shared.
     fn remove(&self, digest: Digest) -> BoxFuture<'_, Result<bool, ImageError>>;
 }
 
@@ -160,16 +187,11 @@ impl ImageMirror {
     }
 
     /// Catches up with the cluster every [`CATCH_UP_INTERVAL`] until the
-    /// task is dropped: removes from `store` what the cluster no longer
-    /// shares (unless something runs it), fetches what it shares and
-    /// `store` lacks, and compiles what it fetched with `prepare`.
+    /// task is dropped ([`ImageMirror::catch_up`]), compiling what it
+    /// fetched with `prepare`.
     pub async fn keep_up(self: Arc<Self>, store: ImageStore, prepare: Option<PrepareImage>) {
         loop {
             tokio::time::sleep(CATCH_UP_INTERVAL).await;
-            if let Err(e) = self.sweep(&store).await {
-                tracing::debug!(error = %e, "cannot catch up with the cluster's images");
-                continue;
-            }
             let fetched = match self.catch_up(&store).await {
                 Ok(fetched) => fetched,
                 Err(e) => {
@@ -191,12 +213,50 @@ impl ImageMirror {
         }
     }
 
-    /// Fetches every shared image `store` lacks: the ones it fetched.
-    /// One that cannot be fetched is left for the next time (and for the
-    /// turn that needs it, which names why).
+    /// Brings `store` in step with the cluster: this node's copies of
+    /// images the cluster removed go (once nothing runs them), its copies
+    /// of images the cluster never had are shared, and what the cluster
+    /// shares and `store` lacks is fetched: the ones it fetched. An image
+    /// that cannot be fetched or shared is left for the next time (a turn
+    /// that needs it names why).
     pub async fn catch_up(&self, store: &ImageStore) -> Result<Vec<Digest>, ImageError> {
+        let catalog = self.shared.catalog().await?;
+        let shared: HashSet<Digest> = catalog.shared.iter().map(|(d, _)| *d).collect();
+        let listed = store.clone();
+        let here = off_the_workers(store, move || listed.list()).await?;
+        for image in here.iter().filter(|i| !shared.contains(&i.digest)) {
+            let digest = image.digest;
+            if !catalog.removed.contains(&digest) {
+                let read = store.clone();
+                let bytes = off_the_workers(store, move || {
+                    let mut root = read.root(&digest)?;
+                    read.read(&mut root)
+                })
+                .await;
+                match bytes {
+                    Ok(bytes) => {
+                        if self.shared.publish(digest, &bytes, Sharer::Kept).await? {
+                            tracing::info!(image = %digest, "shared an image this node kept");
+                            continue;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(image = %digest, error = %e, "cannot share an image this node kept");
+                        continue;
+                    }
+                }
+            }
+            match store.remove(&digest) {
+                Ok(_) => tracing::info!(image = %digest, "dropped an image the cluster removed"),
+                // Dropped when nothing runs it any more.
+                Err(ImageError::InUse(_)) => {}
+                Err(e) => {
+                    tracing::warn!(image = %digest, error = %e, "cannot drop an image the cluster removed")
+                }
+            }
+        }
         let mut fetched = Vec::new();
-        for (digest, _) in self.shared.list().await? {
+        for digest in shared {
             match self.here(store, digest).await {
                 Ok((_, true)) => fetched.push(digest),
                 Ok((_, false)) => {}
@@ -214,8 +274,9 @@ impl ImageMirror {
     pub async fn sweep(&self, store: &ImageStore) -> Result<SweepReport, ImageError> {
         let declared: HashSet<Digest> = self
             .shared
-            .list()
+            .catalog()
             .await?
+            .shared
             .into_iter()
             .map(|(digest, _)| digest)
             .collect();

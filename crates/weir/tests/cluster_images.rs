@@ -2,8 +2,9 @@
 //! real command images run from actors' turns. An image pushed to one node
 //! runs on any node; a node checks what it fetches byte for byte, and a
 //! damaged, cut or oversized shared copy is refused by name and leaves
-//! nothing behind; a removal reaches every node; and a push the cluster
-//! cannot take is not acknowledged.
+//! nothing behind; a node that joins with images of its own shares them;
+//! a removal reaches every node, also one that was away; and a push the
+//! cluster cannot take is not acknowledged.
 
 mod common;
 
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::Weir;
 use common::cluster::{Postgres, node_dir, node_with_app};
-use common::programs::{admin, call, cmdprobe};
+use common::programs::{admin, call, cmdprobe, push as push_offline};
 use serde_json::Value;
 use weir_cluster::coordinator::NodeInfo;
 use weir_cluster::ownership::preferred;
@@ -279,17 +280,54 @@ async fn a_damaged_cut_or_oversized_shared_copy_is_refused_and_leaves_nothing() 
     assert!(!stored_on(&small).await.contains(&digest), "nothing kept");
 }
 
+/// Waits (at most 30 s) until `what` holds of `node`'s own store.
+async fn until_stored(node: &Weir, what: &str, holds: impl Fn(&[String]) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !holds(&stored_on(node).await) {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_removal_reaches_every_node_and_a_push_the_cluster_cannot_take_is_refused() {
+async fn images_a_node_joins_with_are_shared_and_a_removal_reaches_every_node() {
     let mut pg = Postgres::start();
     let a = runner_node(&pg, "a", &node_dir("images-rm", "a"), &[]);
     let b = runner_node(&pg, "b", &node_dir("images-rm", "b"), &[]);
     let pushed = push_cmdprobe(&a).await;
     let digest = pushed.json()["digest"].as_str().unwrap().to_string();
-    let on_b = placed_on("b", &["a", "b"]);
+    let on_b = placed_on("b", &["a", "b", "d", "e"]);
     let ran = run_cat(&b, &on_b, &digest, "before").await;
     assert_eq!(ran.status, 200, "{}", ran.text());
 
+    // d joins with an image of its own (pushed into its store offline):
+    // it shares it, and b runs it.
+    let d_dir = node_dir("images-rm", "d");
+    let wc = push_offline(&d_dir, common::guest("wc").to_str().unwrap());
+    let d = runner_node(&pg, "d", &d_dir, &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let shared_wc = format!("SELECT count(*) FROM weir_images WHERE digest = '{wc}'");
+    while pg.psql("weir", &shared_wc) != "1" {
+        assert!(Instant::now() < deadline, "d did not share its own image");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ran = call(
+        &a,
+        "POST",
+        &format!("/r/{on_b}/run/{wc}?arg=notes.txt"),
+        b"one two\nthree\n",
+    )
+    .await;
+    assert_eq!(ran.status, 200, "{}", ran.text());
+    assert_eq!(
+        ran.json()["stdout"],
+        "2 3 14 fnv1a64:b1b9f9a7fa44b82f notes.txt\n"
+    );
+    drop(d);
+
+    // e was away when the image was removed, holding a copy of it.
+    let e_dir = node_dir("images-rm", "e");
+    assert_eq!(push_offline(&e_dir, &cmdprobe()), digest);
     let removed = admin(&a, "DELETE", &format!("/images/{digest}"), Vec::new(), true).await;
     assert_eq!(removed.status, 200, "{}", removed.text());
     assert_eq!(removed.json()["deleted"], true);
@@ -302,14 +340,28 @@ async fn a_removal_reaches_every_node_and_a_push_the_cluster_cannot_take_is_refu
         "0",
         "its pieces went with it"
     );
-    // b drops its copy when it next catches up (every 2 s).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while stored_on(&b).await.contains(&digest) {
-        assert!(Instant::now() < deadline, "b still has the removed image");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // b drops its copy when it next catches up (every 2 s), and so does
+    // e when it comes back: it does not share the removed image again.
+    until_stored(&b, "b still has the removed image", |s| {
+        !s.contains(&digest)
+    })
+    .await;
     let ran = run_cat(&b, &on_b, &digest, "after").await;
     assert_eq!(guest_error(&ran).0, 404, "{}", ran.text());
+    let e = runner_node(&pg, "e", &e_dir, &[]);
+    until_stored(&e, "e still has the removed image", |s| {
+        !s.contains(&digest)
+    })
+    .await;
+    assert_eq!(
+        pg.psql(
+            "weir",
+            &format!("SELECT count(*) FROM weir_images WHERE digest = '{digest}'")
+        ),
+        "0",
+        "e did not share it again"
+    );
+    drop(e);
 
     // A push that reaches a's store but not the cluster is not done.
     pg.stop("INT");
@@ -323,14 +375,22 @@ async fn a_removal_reaches_every_node_and_a_push_the_cluster_cannot_take_is_refu
         )),
         "{message}"
     );
+    // The operator's push brings a removed image back.
     pg.run();
     let again = push_cmdprobe(&a).await;
     assert_eq!(again.json()["shared"], true, "{}", again.text());
     assert_eq!(
         pg.psql(
             "weir",
-            &format!("SELECT count(*) FROM weir_images WHERE digest = '{digest}'")
+            &format!(
+                "SELECT (SELECT count(*) FROM weir_images WHERE digest = '{digest}') || ',' || \
+                 (SELECT count(*) FROM weir_images_removed WHERE digest = '{digest}')"
+            )
         ),
-        "1"
+        "1,0"
     );
+    until_stored(&b, "b did not fetch the image pushed again", |s| {
+        s.contains(&digest)
+    })
+    .await;
 }

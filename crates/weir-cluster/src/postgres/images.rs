@@ -1,7 +1,9 @@
 //! The shared images on PostgreSQL: each image in pieces, one row each,
 //! and a row naming the image that is written only once all its pieces
 //! are there (a push cut short leaves pieces no fetch reads; the next push
-//! of the same image completes them).
+//! of the same image completes them); a removed image leaves a row in
+//! `weir_images_removed`, so that no node shares its own copy again. A
+//! seal and a removal of one image take turns (an advisory lock).
 
 use super::{Postgres, classify, timed};
 use crate::coordinator::CoordError;
@@ -46,18 +48,59 @@ impl Postgres {
         .await
     }
 
+    /// Whether the image `digest` was removed from the cluster.
+    pub(crate) async fn image_removed(&self, digest: &str) -> Result<bool, CoordError> {
+        timed(async {
+            let client = self.client().await?;
+            let row = client
+                .query_opt(
+                    "SELECT 1 FROM weir_images_removed WHERE digest = $1",
+                    &[&digest],
+                )
+                .await
+                .map_err(classify)?;
+            Ok(row.is_some())
+        })
+        .await
+    }
+
     /// Names the image `digest` of `bytes` in `pieces` pieces as shared,
     /// if all of them are there (pieces past them, from a push of other
-    /// pieces' size, go): false when some were removed meanwhile.
+    /// pieces' size, go). `revive`: even if it was removed (its removal is
+    /// forgotten); otherwise a removed image is not shared. False when it
+    /// is not shared: removed, or its pieces removed meanwhile.
     pub(crate) async fn seal_image(
         &self,
         digest: &str,
         bytes: u64,
         pieces: i32,
+        revive: bool,
     ) -> Result<bool, CoordError> {
         timed(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(classify)?;
+            // One seal or removal of an image at a time.
+            tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&digest])
+                .await
+                .map_err(classify)?;
+            if revive {
+                tx.execute(
+                    "DELETE FROM weir_images_removed WHERE digest = $1",
+                    &[&digest],
+                )
+                .await
+                .map_err(classify)?;
+            } else if tx
+                .query_opt(
+                    "SELECT 1 FROM weir_images_removed WHERE digest = $1",
+                    &[&digest],
+                )
+                .await
+                .map_err(classify)?
+                .is_some()
+            {
+                return Ok(false);
+            }
             tx.execute(
                 "DELETE FROM weir_image_pieces WHERE digest = $1 AND piece >= $2",
                 &[&digest, &pieces],
@@ -106,34 +149,51 @@ impl Postgres {
         .await
     }
 
-    /// Every shared image and its size, by digest.
-    pub(crate) async fn images(&self) -> Result<Vec<(String, u64)>, CoordError> {
+    /// Every shared image and its size, by digest, and every removed one.
+    pub(crate) async fn images(&self) -> Result<(Vec<(String, u64)>, Vec<String>), CoordError> {
         timed(async {
             let client = self.client().await?;
-            let rows = client
+            let shared = client
                 .query("SELECT digest, bytes FROM weir_images ORDER BY digest", &[])
                 .await
                 .map_err(classify)?;
-            Ok(rows
-                .iter()
-                .map(|r| (r.get(0), r.get::<_, i64>(1).max(0) as u64))
-                .collect())
+            let removed = client
+                .query("SELECT digest FROM weir_images_removed", &[])
+                .await
+                .map_err(classify)?;
+            Ok((
+                shared
+                    .iter()
+                    .map(|r| (r.get(0), r.get::<_, i64>(1).max(0) as u64))
+                    .collect(),
+                removed.iter().map(|r| r.get(0)).collect(),
+            ))
         })
         .await
     }
 
-    /// Stops sharing the image `digest`, its pieces with it: true if it
-    /// was shared.
+    /// Stops sharing the image `digest`, its pieces with it, and records
+    /// its removal: true if it was shared.
     pub(crate) async fn remove_image(&self, digest: &str) -> Result<bool, CoordError> {
         timed(async {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(classify)?;
+            tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&digest])
+                .await
+                .map_err(classify)?;
             let removed = tx
                 .execute("DELETE FROM weir_images WHERE digest = $1", &[&digest])
                 .await
                 .map_err(classify)?;
             tx.execute(
                 "DELETE FROM weir_image_pieces WHERE digest = $1",
+                &[&digest],
+            )
+            .await
+            .map_err(classify)?;
+            tx.execute(
+                "INSERT INTO weir_images_removed (digest) VALUES ($1)
+                 ON CONFLICT (digest) DO UPDATE SET removed_at = now()",
                 &[&digest],
             )
             .await

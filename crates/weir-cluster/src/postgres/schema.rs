@@ -51,6 +51,10 @@ CREATE TABLE IF NOT EXISTS weir_images (
     bytes BIGINT NOT NULL,
     shared_at TIMESTAMPTZ NOT NULL DEFAULT now()
 );
+CREATE TABLE IF NOT EXISTS weir_images_removed (
+    digest TEXT PRIMARY KEY,
+    removed_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
 CREATE TABLE IF NOT EXISTS weir_image_pieces (
     digest TEXT NOT NULL,
     piece INT NOT NULL,
