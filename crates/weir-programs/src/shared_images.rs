@@ -108,6 +108,9 @@ pub struct ImageMirror {
     shared: Arc<dyn SharedImages>,
     /// One fetch at a time on this node.
     fetching: tokio::sync::Mutex<()>,
+    /// Images the catch-up could not fetch or share, already logged (it
+    /// tries every [`CATCH_UP_INTERVAL`]; it says so once).
+    told: std::sync::Mutex<HashSet<Digest>>,
 }
 
 impl ImageMirror {
@@ -115,6 +118,7 @@ impl ImageMirror {
         Arc::new(ImageMirror {
             shared,
             fetching: tokio::sync::Mutex::new(()),
+            told: std::sync::Mutex::new(HashSet::new()),
         })
     }
 
@@ -241,7 +245,9 @@ impl ImageMirror {
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(image = %digest, error = %e, "cannot share an image this node kept");
+                        if self.first_time(digest) {
+                            tracing::warn!(image = %digest, error = %e, "cannot share an image this node kept");
+                        }
                         continue;
                     }
                 }
@@ -262,11 +268,21 @@ impl ImageMirror {
                 Ok((_, false)) => {}
                 Err(e @ ImageError::Unavailable(_)) => return Err(e),
                 Err(e) => {
-                    tracing::warn!(image = %digest, error = %e, "cannot fetch a shared image")
+                    if self.first_time(digest) {
+                        tracing::warn!(image = %digest, error = %e, "cannot fetch a shared image");
+                    }
                 }
             }
         }
         Ok(fetched)
+    }
+
+    /// Whether the catch-up's trouble with `digest` is news (to be logged).
+    fn first_time(&self, digest: Digest) -> bool {
+        self.told
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(digest)
     }
 
     /// Sweeps `store`, sparing every image the cluster shares (removing
