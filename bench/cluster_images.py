@@ -115,6 +115,8 @@ def main():
     sizes = [int(s) for s in args.sizes.split(",")]
     with tempfile.TemporaryDirectory(prefix="weir-bench-images-") as tmp:
         tmp = Path(tmp)
+        # PostgreSQL runs as its own user, which must reach its directory.
+        os.chmod(tmp, 0o755)
         pg = Postgres(tmp)
         servers = []
         try:

@@ -11,9 +11,10 @@
 //!   and only bytes that hash to its digest are stored. A shared copy that
 //!   was cut short, grew or was altered is `image_corrupt`, and nothing
 //!   is kept;
-//! - a fetch holds one piece ([`IMAGE_PIECE_BYTES`]) of the image in the
-//!   host at a time, and one fetch runs at a time on a node: a second
-//!   caller for the same image waits and then finds it stored;
+//! - a fetch holds at most two pieces ([`IMAGE_PIECE_BYTES`]) of the image
+//!   in the host (the one arriving, the one being written), and one fetch
+//!   runs at a time on a node: a second caller for the same image waits
+//!   and then finds it stored;
 //! - what cannot be reached is named: `images_unavailable` (503), never
 //!   a hang (the database's calls are bounded) and never `image_not_found`
 //!   for an image the cluster may well have;
@@ -158,28 +159,37 @@ impl ImageMirror {
             digest,
             why: format!("the cluster's copy ends at byte {written} of its {size}"),
         };
-        let mut incoming = store.incoming(digest)?;
-        let mut index = 0;
-        while incoming.written() < size {
-            let piece = self.shared.piece(digest, index).await?;
-            let piece = match piece {
+        // The next piece comes while the last one is hashed and written
+        // (on a blocking thread): at most two pieces in the host.
+        let mut idle = Some(store.incoming(digest)?);
+        let mut writing: Option<tokio::task::JoinHandle<Result<Incoming, ImageError>>> = None;
+        let (mut fetched, mut index) = (0u64, 0u32);
+        while fetched < size {
+            let piece = match self.shared.piece(digest, index).await? {
                 Some(piece) if !piece.is_empty() => piece,
-                _ => return Err(short(incoming.written())),
+                _ => return Err(short(fetched)),
             };
-            if incoming.written() + piece.len() as u64 > size {
+            fetched += piece.len() as u64;
+            if fetched > size {
                 return Err(ImageError::Corrupt {
                     digest,
                     why: format!("the cluster's copy is longer than its {size} bytes"),
                 });
             }
-            // Hashing and writing a piece is work for a blocking thread.
-            incoming = off_the_workers(store, move || {
+            let mut incoming = match writing.take() {
+                Some(written) => joined(store, written.await)?,
+                None => idle.take().expect("one writer at a time"),
+            };
+            writing = Some(tokio::task::spawn_blocking(move || {
                 incoming.write(&piece)?;
                 Ok(incoming)
-            })
-            .await?;
+            }));
             index += 1;
         }
+        let incoming = match writing.take() {
+            Some(written) => joined(store, written.await)?,
+            None => idle.take().expect("one writer at a time"),
+        };
         let root = off_the_workers(store, move || Incoming::finish(incoming)).await?;
         tracing::info!(
             image = %digest,
@@ -310,15 +320,23 @@ fn stored(store: &ImageStore, digest: &Digest) -> Result<Option<Root>, ImageErro
     }
 }
 
-/// Runs `f`, work on `store`'s files, on a blocking thread.
-async fn off_the_workers<T: Send + 'static>(
+/// What a blocking task on `store`'s files returned.
+fn joined<T>(
     store: &ImageStore,
-    f: impl FnOnce() -> Result<T, ImageError> + Send + 'static,
+    done: Result<Result<T, ImageError>, tokio::task::JoinError>,
 ) -> Result<T, ImageError> {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+    done.unwrap_or_else(|e| {
         Err(ImageError::Io {
             path: store.dir().to_path_buf(),
             cause: std::io::Error::other(e.to_string()),
         })
     })
+}
+
+/// Runs `f`, work on `store`'s files, on a blocking thread.
+async fn off_the_workers<T: Send + 'static>(
+    store: &ImageStore,
+    f: impl FnOnce() -> Result<T, ImageError> + Send + 'static,
+) -> Result<T, ImageError> {
+    joined(store, tokio::task::spawn_blocking(f).await)
 }

@@ -292,8 +292,11 @@ async fn until_stored(node: &Weir, what: &str, holds: impl Fn(&[String]) -> bool
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn images_a_node_joins_with_are_shared_and_a_removal_reaches_every_node() {
     let mut pg = Postgres::start();
-    let a = runner_node(&pg, "a", &node_dir("images-rm", "a"), &[]);
-    let b = runner_node(&pg, "b", &node_dir("images-rm", "b"), &[]);
+    // Leases long enough that the nodes still serve for a while once
+    // PostgreSQL is down.
+    let lease = ["--limit", "cluster_lease_ms=10000"];
+    let a = runner_node(&pg, "a", &node_dir("images-rm", "a"), &lease);
+    let b = runner_node(&pg, "b", &node_dir("images-rm", "b"), &lease);
     let pushed = push_cmdprobe(&a).await;
     let digest = pushed.json()["digest"].as_str().unwrap().to_string();
     let on_b = placed_on("b", &["a", "b", "d", "e"]);
@@ -304,7 +307,7 @@ async fn images_a_node_joins_with_are_shared_and_a_removal_reaches_every_node() 
     // it shares it, and b runs it.
     let d_dir = node_dir("images-rm", "d");
     let wc = push_offline(&d_dir, common::guest("wc").to_str().unwrap());
-    let d = runner_node(&pg, "d", &d_dir, &[]);
+    let d = runner_node(&pg, "d", &d_dir, &lease);
     let deadline = Instant::now() + Duration::from_secs(30);
     let shared_wc = format!("SELECT count(*) FROM weir_images WHERE digest = '{wc}'");
     while pg.psql("weir", &shared_wc) != "1" {
@@ -348,7 +351,7 @@ async fn images_a_node_joins_with_are_shared_and_a_removal_reaches_every_node() 
     .await;
     let ran = run_cat(&b, &on_b, &digest, "after").await;
     assert_eq!(guest_error(&ran).0, 404, "{}", ran.text());
-    let e = runner_node(&pg, "e", &e_dir, &[]);
+    let e = runner_node(&pg, "e", &e_dir, &lease);
     until_stored(&e, "e still has the removed image", |s| {
         !s.contains(&digest)
     })
@@ -363,8 +366,21 @@ async fn images_a_node_joins_with_are_shared_and_a_removal_reaches_every_node() 
     );
     drop(e);
 
-    // A push that reaches a's store but not the cluster is not done.
+    // With the database down, a node cannot tell whether the cluster has
+    // an image it lacks: it says so, and does not say "not found".
     pg.stop("INT");
+    let unknown = format!("sha256:{}", "1".repeat(64));
+    let ran = run_cat(&b, &on_b, &unknown, "x").await;
+    let (status, error, message) = guest_error(&ran);
+    assert_eq!((status, error), (404, Value::from("image")), "{message}");
+    assert!(
+        message.starts_with(
+            "images_unavailable: the cluster's images cannot be reached: the cluster database is unavailable: "
+        ),
+        "{message}"
+    );
+
+    // A push that reaches a's store but not the cluster is not done.
     let refused = push_cmdprobe(&a).await;
     assert_eq!(refused.status, 503, "{}", refused.text());
     assert_eq!(refused.json()["error"], "images_unavailable");
