@@ -29,7 +29,10 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use serde::Serialize;
 
 use crate::image_store::{Digest, ImageError, ImageStore, Incoming, Root, SweepReport};
 
@@ -112,6 +115,33 @@ pub struct ImageMirror {
     /// Images the catch-up could not fetch or share, already logged (it
     /// tries every [`CATCH_UP_INTERVAL`]; it says so once).
     told: std::sync::Mutex<HashSet<Digest>>,
+    counts: Counts,
+}
+
+/// What a node's mirror did since it started, as `/status` shows it
+/// (`images`).
+#[derive(Default)]
+struct Counts {
+    fetched: AtomicU64,
+    fetched_bytes: AtomicU64,
+    fetches_refused: AtomicU64,
+    shared_kept: AtomicU64,
+    dropped: AtomicU64,
+}
+
+/// [`ImageMirror::status`].
+#[derive(Clone, Debug, Serialize)]
+pub struct MirrorStatus {
+    /// Images fetched from the cluster, and their bytes.
+    pub fetched: u64,
+    pub fetched_bytes: u64,
+    /// Fetches refused: a shared copy that was corrupt, cut short or over
+    /// this node's `max_image_bytes`.
+    pub fetches_refused: u64,
+    /// Images of this node's own store it shared.
+    pub shared_kept: u64,
+    /// Copies of images the cluster removed that it dropped.
+    pub dropped: u64,
 }
 
 impl ImageMirror {
@@ -120,11 +150,24 @@ impl ImageMirror {
             shared,
             fetching: tokio::sync::Mutex::new(()),
             told: std::sync::Mutex::new(HashSet::new()),
+            counts: Counts::default(),
         })
     }
 
     pub fn shared(&self) -> &Arc<dyn SharedImages> {
         &self.shared
+    }
+
+    /// What this node's mirror did since it started.
+    pub fn status(&self) -> MirrorStatus {
+        let c = &self.counts;
+        MirrorStatus {
+            fetched: c.fetched.load(Ordering::Relaxed),
+            fetched_bytes: c.fetched_bytes.load(Ordering::Relaxed),
+            fetches_refused: c.fetches_refused.load(Ordering::Relaxed),
+            shared_kept: c.shared_kept.load(Ordering::Relaxed),
+            dropped: c.dropped.load(Ordering::Relaxed),
+        }
     }
 
     /// Makes the image `digest` present in `store`, rooted for the caller
@@ -143,6 +186,24 @@ impl ImageMirror {
         if let Some(root) = stored(store, &digest)? {
             return Ok((root, false));
         }
+        let fetched = self.fetch(store, digest).await;
+        let c = &self.counts;
+        match &fetched {
+            Ok((_, size)) => {
+                c.fetched.fetch_add(1, Ordering::Relaxed);
+                c.fetched_bytes.fetch_add(*size, Ordering::Relaxed);
+            }
+            Err(ImageError::Corrupt { .. } | ImageError::TooLarge { .. }) => {
+                c.fetches_refused.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {}
+        }
+        fetched.map(|(root, _)| (root, true))
+    }
+
+    /// Fetches the shared image `digest` into `store`: it, rooted, and its
+    /// size.
+    async fn fetch(&self, store: &ImageStore, digest: Digest) -> Result<(Root, u64), ImageError> {
         let size = self
             .shared
             .size(digest)
@@ -197,7 +258,7 @@ impl ImageMirror {
             ms = started.elapsed().as_millis() as u64,
             "fetched an image the cluster shares"
         );
-        Ok((root, true))
+        Ok((root, size))
     }
 
     /// Catches up with the cluster every [`CATCH_UP_INTERVAL`] until the
@@ -250,6 +311,7 @@ impl ImageMirror {
                 match bytes {
                     Ok(bytes) => {
                         if self.shared.publish(digest, &bytes, Sharer::Kept).await? {
+                            self.counts.shared_kept.fetch_add(1, Ordering::Relaxed);
                             tracing::info!(image = %digest, "shared an image this node kept");
                             continue;
                         }
@@ -263,7 +325,11 @@ impl ImageMirror {
                 }
             }
             match store.remove(&digest) {
-                Ok(_) => tracing::info!(image = %digest, "dropped an image the cluster removed"),
+                Ok(true) => {
+                    self.counts.dropped.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(image = %digest, "dropped an image the cluster removed");
+                }
+                Ok(false) => {}
                 // Dropped when nothing runs it any more.
                 Err(ImageError::InUse(_)) => {}
                 Err(e) => {

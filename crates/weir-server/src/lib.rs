@@ -470,6 +470,13 @@ impl Server {
                         });
                         ("cluster", section)
                     })
+                    .chain(images_kept_up.as_ref().map(|kept| {
+                        let mirror = kept.mirror.clone();
+                        let section: weir_http::admin::StatusSection = Arc::new(move || {
+                            serde_json::to_value(mirror.status()).unwrap_or_default()
+                        });
+                        ("images", section)
+                    }))
                     .chain(std::iter::once(share_section(share)))
                     .collect(),
             });

@@ -141,6 +141,16 @@ async fn an_image_pushed_to_one_node_runs_on_another_which_fetches_it_whole() {
         stored_on(&b).await.contains(&digest),
         "b keeps what it fetched"
     );
+    let status = b.admin_get("/status").await.json();
+    assert_eq!(
+        (
+            &status["images"]["fetched"],
+            &status["images"]["fetched_bytes"]
+        ),
+        (&Value::from(1), &Value::from(size)),
+        "b fetched it once: {}",
+        status["images"]
+    );
     let bytes = std::fs::read(
         node_dir_path("images-run", "b")
             .join("images")
@@ -225,6 +235,8 @@ async fn a_damaged_cut_or_oversized_shared_copy_is_refused_and_leaves_nothing() 
     );
     assert_eq!(pg.owner(&actor_key(&on_b)).as_deref(), Some("b"));
     assert!(!stored_on(&b).await.contains(&digest), "nothing kept");
+    let refused = b.admin_get("/status").await.json()["images"]["fetches_refused"].clone();
+    assert!(refused.as_u64().unwrap() >= 1, "{refused}");
 
     // Pushing again mends the shared copy.
     let again = push_cmdprobe(&a).await;
@@ -314,6 +326,8 @@ async fn images_a_node_joins_with_are_shared_and_a_removal_reaches_every_node() 
         assert!(Instant::now() < deadline, "d did not share its own image");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let kept = d.admin_get("/status").await.json()["images"]["shared_kept"].clone();
+    assert_eq!(kept, 1);
     let ran = call(
         &a,
         "POST",
@@ -363,6 +377,16 @@ async fn images_a_node_joins_with_are_shared_and_a_removal_reaches_every_node() 
         ),
         "0",
         "e did not share it again"
+    );
+    let status = e.admin_get("/status").await.json();
+    assert_eq!(
+        (
+            &status["images"]["dropped"],
+            &status["images"]["shared_kept"]
+        ),
+        (&Value::from(1), &Value::from(0)),
+        "{}",
+        status["images"]
     );
     drop(e);
 
