@@ -9,20 +9,28 @@ use super::{Postgres, classify, timed};
 use crate::coordinator::CoordError;
 
 impl Postgres {
-    /// The size of the shared image `digest`, if it is shared.
-    pub(crate) async fn image_size(&self, digest: &str) -> Result<Option<u64>, CoordError> {
+    /// The row `sql` finds, if any: one bounded statement.
+    async fn row_of(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<tokio_postgres::Row>, CoordError> {
         timed(async {
             let client = self.client().await?;
-            let row = client
-                .query_opt(
-                    "SELECT bytes FROM weir_images WHERE digest = $1",
-                    &[&digest],
-                )
-                .await
-                .map_err(classify)?;
-            Ok(row.map(|r| r.get::<_, i64>(0).max(0) as u64))
+            client.query_opt(sql, params).await.map_err(classify)
         })
         .await
+    }
+
+    /// The size of the shared image `digest`, if it is shared.
+    pub(crate) async fn image_size(&self, digest: &str) -> Result<Option<u64>, CoordError> {
+        let row = self
+            .row_of(
+                "SELECT bytes FROM weir_images WHERE digest = $1",
+                &[&digest],
+            )
+            .await?;
+        Ok(row.map(|r| r.get::<_, i64>(0).max(0) as u64))
     }
 
     /// Writes piece `index` of the image `digest` (over what an earlier
@@ -50,18 +58,13 @@ impl Postgres {
 
     /// Whether the image `digest` was removed from the cluster.
     pub(crate) async fn image_removed(&self, digest: &str) -> Result<bool, CoordError> {
-        timed(async {
-            let client = self.client().await?;
-            let row = client
-                .query_opt(
-                    "SELECT 1 FROM weir_images_removed WHERE digest = $1",
-                    &[&digest],
-                )
-                .await
-                .map_err(classify)?;
-            Ok(row.is_some())
-        })
-        .await
+        let row = self
+            .row_of(
+                "SELECT 1 FROM weir_images_removed WHERE digest = $1",
+                &[&digest],
+            )
+            .await?;
+        Ok(row.is_some())
     }
 
     /// Names the image `digest` of `bytes` in `pieces` pieces as shared,
@@ -135,18 +138,13 @@ impl Postgres {
         digest: &str,
         index: i32,
     ) -> Result<Option<Vec<u8>>, CoordError> {
-        timed(async {
-            let client = self.client().await?;
-            let row = client
-                .query_opt(
-                    "SELECT data FROM weir_image_pieces WHERE digest = $1 AND piece = $2",
-                    &[&digest, &index],
-                )
-                .await
-                .map_err(classify)?;
-            Ok(row.map(|r| r.get(0)))
-        })
-        .await
+        let row = self
+            .row_of(
+                "SELECT data FROM weir_image_pieces WHERE digest = $1 AND piece = $2",
+                &[&digest, &index],
+            )
+            .await?;
+        Ok(row.map(|r| r.get(0)))
     }
 
     /// Every shared image and its size, by digest, and every removed one.
