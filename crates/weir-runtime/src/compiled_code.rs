@@ -17,7 +17,8 @@
 //!   engine's compatibility hash, and is written to a temporary file that is
 //!   renamed into place: a reader finds a whole artifact for exactly these
 //!   bytes and this engine, or none. One that does not load (damaged, or
-//!   from another build) is compiled again, once;
+//!   from another build) is compiled again, once. A process compiles an
+//!   artifact once at a time: a second caller waits for the first's;
 //! - the cache holds what the current server loaded: [`CodeCache::prune`]
 //!   removes every other artifact after start, so it cannot grow with
 //!   every version ever served.
@@ -26,13 +27,14 @@
 //! checks: the cache directory must be writable by the operator only (it
 //! lives in the data dir, which guests cannot name).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -103,6 +105,10 @@ pub struct CodeCache {
     memory_limit_bytes: u64,
     /// Artifacts this server loaded: what [`CodeCache::prune`] keeps.
     used: Mutex<HashSet<PathBuf>>,
+    /// One compile of an artifact at a time: a second caller (two first
+    /// runs of one image at once) waits and loads what the first wrote,
+    /// rather than run a second compiler of the same bytes beside it.
+    compiling: Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
 }
 
 impl CodeCache {
@@ -113,6 +119,7 @@ impl CodeCache {
             compiler: Compiler::InProcess,
             memory_limit_bytes: u64::MAX,
             used: Mutex::new(HashSet::new()),
+            compiling: Mutex::new(HashMap::new()),
         }
     }
 
@@ -131,6 +138,7 @@ impl CodeCache {
             compiler,
             memory_limit_bytes,
             used: Mutex::new(HashSet::new()),
+            compiling: Mutex::new(HashMap::new()),
         })
     }
 
@@ -144,6 +152,33 @@ impl CodeCache {
             "{}.{ARTIFACT_EXTENSION}",
             artifact_key(engine.engine(), bytes)
         ));
+        let gate = self
+            .compiling
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(path.clone())
+            .or_default()
+            .clone();
+        let loaded = {
+            let _one = gate.lock().unwrap_or_else(|p| p.into_inner());
+            self.load_or_compile(engine, bytes, &path)
+        };
+        let mut compiling = self.compiling.lock().unwrap_or_else(|p| p.into_inner());
+        // The last one out takes the gate away.
+        if Arc::strong_count(&gate) == 2 {
+            compiling.remove(&path);
+        }
+        loaded
+    }
+
+    /// [`CodeCache::component`] under its artifact's gate.
+    fn load_or_compile(
+        &self,
+        engine: &WeirEngine,
+        bytes: &[u8],
+        path: &Path,
+    ) -> Result<Component, CompileError> {
+        let path = path.to_path_buf();
         let fresh = !path.exists();
         if fresh {
             self.compile_logged(engine, bytes, &path)?;
@@ -277,9 +312,16 @@ pub fn compile_to(engine: &wasmtime::Engine, bytes: &[u8], out: &Path) -> Result
     })
 }
 
-/// Where [`compile_to`] writes before it renames into `out`.
+/// Where [`compile_to`] writes before it renames into `out`: a name of its
+/// own for each writer (two processes on one data dir may compile the same
+/// component at once).
 fn partial_path(out: &Path) -> PathBuf {
-    out.with_extension(format!("{ARTIFACT_EXTENSION}.partial"))
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    out.with_extension(format!(
+        "{ARTIFACT_EXTENSION}.partial-{}-{}",
+        std::process::id(),
+        WRITES.fetch_add(1, Ordering::Relaxed)
+    ))
 }
 
 fn run_compiler(

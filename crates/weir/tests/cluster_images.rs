@@ -42,6 +42,11 @@ fn actor_key(name: &str) -> String {
 /// A name of an actor that `node` owns while the live nodes are `nodes`
 /// (by the cluster's rendezvous placement).
 fn placed_on(node: &str, nodes: &[&str]) -> String {
+    placed_on_from(node, nodes, 0)
+}
+
+/// [`placed_on`], trying names from the `from`th on.
+fn placed_on_from(node: &str, nodes: &[&str], from: usize) -> String {
     let live: Vec<NodeInfo> = nodes
         .iter()
         .enumerate()
@@ -51,7 +56,7 @@ fn placed_on(node: &str, nodes: &[&str]) -> String {
             address: String::new(),
         })
         .collect();
-    (0..)
+    (from..)
         .map(|i| format!("on-{node}-{i}"))
         .find(|name| preferred(&live, &actor_key(name)).unwrap().name == node)
         .unwrap()
@@ -130,13 +135,24 @@ async fn an_image_pushed_to_one_node_runs_on_another_which_fetches_it_whole() {
         "every node lists what the cluster shares"
     );
 
-    // An actor b owns runs the image on b, called through a.
+    // Two actors b owns run the image on b at once, called through a:
+    // b fetches it once, and both run it.
     let on_b = placed_on("b", &["a", "b"]);
-    let ran = run_cat(&a, &on_b, &digest, "hello from b").await;
+    let other = placed_on_from(
+        "b",
+        &["a", "b"],
+        on_b.rsplit('-').next().unwrap().parse::<usize>().unwrap() + 1,
+    );
+    let (ran, also) = tokio::join!(
+        run_cat(&a, &on_b, &digest, "hello from b"),
+        run_cat(&a, &other, &digest, "and again")
+    );
     assert_eq!(ran.status, 200, "{}", ran.text());
     assert_eq!(ran.json()["exit_code"], 0);
     assert_eq!(ran.json()["stdout"], "hello from b");
+    assert_eq!(also.json()["stdout"], "and again", "{}", also.text());
     assert_eq!(pg.owner(&actor_key(&on_b)).as_deref(), Some("b"));
+    assert_eq!(pg.owner(&actor_key(&other)).as_deref(), Some("b"));
     assert!(
         stored_on(&b).await.contains(&digest),
         "b keeps what it fetched"
@@ -148,7 +164,7 @@ async fn an_image_pushed_to_one_node_runs_on_another_which_fetches_it_whole() {
             &status["images"]["fetched_bytes"]
         ),
         (&Value::from(1), &Value::from(size)),
-        "b fetched it once: {}",
+        "b fetched it once, for both: {}",
         status["images"]
     );
     let bytes = std::fs::read(

@@ -9,7 +9,9 @@ use std::io::Read;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::programs::{admin, call, cmdprobe, data_dir, serve_runner, weir_in as weir};
+use common::programs::{
+    admin, call, cmdprobe, data_dir, push as push_offline, serve_runner, weir_in as weir,
+};
 use common::{guest, weir_command};
 
 #[test]
@@ -295,6 +297,39 @@ fn a_component_that_is_not_a_command_is_refused_before_it_runs() {
         "{}",
         ran.stderr
     );
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_first_runs_of_an_image_at_once_compile_it_once_and_both_run() {
+    // Stored without a push through the server, so nothing compiled it.
+    let data = data_dir("first-runs");
+    let digest = push_offline(&data, &cmdprobe());
+    let weir = serve_runner(&data, &["memory_limit_bytes=33554432"]);
+    let (first, second) = (
+        format!("/r/one/run/{digest}?arg=cat"),
+        format!("/r/two/run/{digest}?arg=cat"),
+    );
+    let (one, two) = tokio::join!(
+        call(&weir, "POST", &first, b"first"),
+        call(&weir, "POST", &second, b"second")
+    );
+    assert_eq!(one.status, 200, "{}", one.text());
+    assert_eq!(two.status, 200, "{}", two.text());
+    assert_eq!(
+        (one.json()["stdout"].clone(), two.json()["stdout"].clone()),
+        ("first".into(), "second".into())
+    );
+    let compiled: Vec<String> = std::fs::read_dir(data.join("images").join("compiled"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        compiled.len(),
+        1,
+        "one artifact, no partial left: {compiled:?}"
+    );
+    drop(weir);
     let _ = std::fs::remove_dir_all(&data);
 }
 
