@@ -287,6 +287,29 @@ async fn a_damaged_cut_or_oversized_shared_copy_is_refused_and_leaves_nothing() 
     assert!(!stored_on(&b2).await.contains(&digest), "nothing kept");
     assert_eq!(push_cmdprobe(&a).await.status, 200);
 
+    // Grown: a piece longer than the image.
+    drop(b2);
+    pg.psql(
+        "weir",
+        &format!("UPDATE weir_image_pieces SET data = data || '\\x00'::bytea WHERE {piece}"),
+    );
+    let b3 = runner_node(&pg, "b3", &node_dir("images-bad", "b3"), &[]);
+    let on_b3 = placed_on("b3", &["a", "b", "b2", "b3"]);
+    let ran = run_cat(&b3, &on_b3, &digest, "x").await;
+    assert_eq!(
+        guest_error(&ran),
+        (
+            404,
+            "image".into(),
+            format!(
+                "image_corrupt: image {digest} is corrupt: the cluster's copy is longer than its {size} bytes; push it again"
+            )
+        )
+    );
+    assert!(!stored_on(&b3).await.contains(&digest), "nothing kept");
+    assert_eq!(push_cmdprobe(&a).await.status, 200);
+    drop(b3);
+
     // A node whose own max_image_bytes is smaller refuses to fetch it.
     let small = runner_node(
         &pg,
@@ -294,8 +317,7 @@ async fn a_damaged_cut_or_oversized_shared_copy_is_refused_and_leaves_nothing() 
         &node_dir("images-bad", "small"),
         &["--limit", "max_image_bytes=1024"],
     );
-    drop(b2);
-    let on_small = placed_on("small", &["a", "b", "b2", "small"]);
+    let on_small = placed_on("small", &["a", "b", "b2", "b3", "small"]);
     let ran = run_cat(&small, &on_small, &digest, "x").await;
     assert_eq!(
         guest_error(&ran),
@@ -419,6 +441,21 @@ async fn images_a_node_joins_with_are_shared_and_a_removal_reaches_every_node() 
         ),
         "{message}"
     );
+
+    // Nor can it list, remove or sweep by the cluster's images.
+    for (method, path) in [
+        ("GET", "/images".to_string()),
+        ("DELETE", format!("/images/{digest}")),
+        ("POST", "/images/sweep".to_string()),
+    ] {
+        let refused = admin(&a, method, &path, Vec::new(), true).await;
+        assert_eq!(
+            (refused.status.as_u16(), refused.json()["error"].clone()),
+            (503, Value::from("images_unavailable")),
+            "{method} {path}: {}",
+            refused.text()
+        );
+    }
 
     // A push that reaches a's store but not the cluster is not done.
     let refused = push_cmdprobe(&a).await;
