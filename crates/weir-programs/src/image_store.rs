@@ -21,16 +21,16 @@
 //!   code of every image removed.
 
 use std::collections::HashSet;
-use std::fmt;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 use sha2::{Digest as _, Sha256};
+
+pub use crate::digest::Digest;
 
 use crate::error_code::ProgramErrorCode;
 
@@ -45,64 +45,6 @@ pub const IMAGES_DIR: &str = "images";
 
 /// The subdirectory of the image store where compiled code is cached.
 pub const COMPILED_DIR: &str = "compiled";
-
-/// The SHA-256 of an image's bytes. Written `sha256:<64 hex digits>`; the
-/// bare hex is accepted too.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Digest([u8; 32]);
-
-impl Digest {
-    /// The digest of `bytes`.
-    pub fn of(bytes: &[u8]) -> Digest {
-        Digest(Sha256::digest(bytes).into())
-    }
-
-    /// The 64 hex digits.
-    pub fn hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
-    }
-}
-
-impl fmt::Display for Digest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sha256:{}", self.hex())
-    }
-}
-
-impl fmt::Debug for Digest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-impl Serialize for Digest {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl FromStr for Digest {
-    type Err = ImageError;
-
-    fn from_str(s: &str) -> Result<Digest, ImageError> {
-        let hex = s.strip_prefix("sha256:").unwrap_or(s);
-        let invalid = || ImageError::InvalidDigest(s.chars().take(80).collect());
-        if hex.len() != 64 {
-            return Err(invalid());
-        }
-        let mut bytes = [0u8; 32];
-        for (i, byte) in bytes.iter_mut().enumerate() {
-            let pair = hex.get(2 * i..2 * i + 2).ok_or_else(invalid)?;
-            // Upper-case hex would name the same bytes under a second file
-            // name: only the canonical spelling is accepted.
-            if pair.bytes().any(|c| c.is_ascii_uppercase()) {
-                return Err(invalid());
-            }
-            *byte = u8::from_str_radix(pair, 16).map_err(|_| invalid())?;
-        }
-        Ok(Digest(bytes))
-    }
-}
 
 /// Why the store refused.
 #[derive(Debug, thiserror::Error)]
@@ -492,7 +434,7 @@ impl Incoming {
     /// Bytes that do not hash to the digest are `Corrupt`, and nothing is
     /// stored.
     pub fn finish(mut self) -> Result<Root, ImageError> {
-        let found = Digest(std::mem::take(&mut self.hasher).finalize().into());
+        let found = Digest::finished(std::mem::take(&mut self.hasher));
         if found != self.digest {
             return Err(ImageError::Corrupt {
                 digest: self.digest,
@@ -547,22 +489,6 @@ fn held(file: &File) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        #[test]
-        fn a_digest_reads_back_as_written(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
-            let digest = Digest::of(&bytes);
-            prop_assert_eq!(digest.to_string().parse::<Digest>().unwrap(), digest);
-            prop_assert_eq!(digest.hex().parse::<Digest>().unwrap(), digest);
-        }
-
-        #[test]
-        fn anything_else_is_not_a_digest(s in "\\PC{0,80}") {
-            prop_assume!(!(s.len() == 64 || s.len() == 71));
-            prop_assert!(s.parse::<Digest>().is_err());
-        }
-    }
 
     /// What is in the store's directory besides `compiled`.
     fn files(dir: &Path) -> Vec<String> {
@@ -625,17 +551,5 @@ mod tests {
         assert!(files(&dir).is_empty(), "{:?}", files(&dir));
         assert!(matches!(store.root(&digest), Err(ImageError::NotFound(_))));
         let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn one_image_has_one_spelling() {
-        let digest = Digest::of(b"x");
-        assert!(digest.hex().to_uppercase().parse::<Digest>().is_err());
-        assert!(
-            format!("sha512:{}", digest.hex())
-                .parse::<Digest>()
-                .is_err()
-        );
-        assert!(format!("{}0", digest.hex()).parse::<Digest>().is_err());
     }
 }

@@ -1,7 +1,7 @@
 //! Programs: components that are not request handlers, run by Weir under
 //! its limits, and the content-addressed store they are kept in.
 //!
-//! - [`image_store`]: components by SHA-256, written whole or not at all,
+//! - [`image_store`]: components by SHA-256 ([`digest`]), written whole or not at all,
 //!   verified before use, rooted while used, swept when nothing holds them;
 //!   [`shared_images`]: in cluster mode, the images every node runs (a
 //!   push shared through the cluster's database, fetched where missing);
@@ -30,6 +30,7 @@
 //! (`weir_runtime::invocation`): one call, one deadline, one scope, one
 //! classifier of how it ended, one receipt encoder.
 
+pub mod digest;
 pub mod error_code;
 pub mod fenced_work;
 pub mod holdings;
