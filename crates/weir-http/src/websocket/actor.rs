@@ -38,10 +38,10 @@ use weir_actors::placement::BoxFuture;
 use weir_actors::{ActorAddress, ActorHost, Holdings};
 use weir_runtime::guest_state::GenerationState;
 
+use super::close::{self, CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_SERVICE_RESTART, Close};
 use super::hub::ClosedBy;
 use super::socket::{
-    self, CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_SERVICE_RESTART, Close, Incoming,
-    MAX_AUTO_RESPONSE_BYTES, SocketError, SocketReceiver, SocketSender,
+    self, Incoming, MAX_AUTO_RESPONSE_BYTES, SocketError, SocketReceiver, SocketSender,
 };
 use super::wire::Wire;
 use super::worker::{
@@ -345,7 +345,7 @@ async fn deliver(
             Ok(Incoming::Message(m)) => (Incoming::Message(m), false),
             Ok(Incoming::Close(c)) | Err(SocketError::Closed(c)) => (Incoming::Close(c), true),
             Err(e) => (
-                Incoming::Close(Close::new(socket::CLOSE_INTERNAL, e.to_string())),
+                Incoming::Close(Close::new(close::CLOSE_INTERNAL, e.to_string())),
                 true,
             ),
         };

@@ -22,9 +22,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use weir_runtime::metrics::Metrics;
 use weir_runtime::receipt::{ReceiptSink, Terminal, write_receipt};
 
+use super::close::Close;
 use super::error_code::SocketErrorCode;
 use super::limits::SocketLimits;
-use super::socket::Close;
 
 /// The log target of socket receipts.
 pub const SOCKET_TARGET: &str = "weir::socket";
@@ -221,7 +221,7 @@ impl SocketHub {
     pub(crate) async fn weir_close(&self, app: Arc<str>, version: Arc<str>) -> Close {
         let mut shutdown = self.shutdown.subscribe();
         let mut updates = self.updates.subscribe();
-        let restart = || Close::new(super::socket::CLOSE_SERVICE_RESTART, "the code was updated");
+        let restart = || Close::new(super::close::CLOSE_SERVICE_RESTART, "the code was updated");
         // Subscribed first: a replacement after this look bumps `updates`.
         if self.is_replaced(&app, &version) {
             return restart();
@@ -242,7 +242,7 @@ impl SocketHub {
         };
         tokio::select! {
             biased;
-            () = down => Close::new(super::socket::CLOSE_GOING_AWAY, "the server is shutting down"),
+            () = down => Close::new(super::close::CLOSE_GOING_AWAY, "the server is shutting down"),
             () = replaced => restart(),
         }
     }

@@ -5,7 +5,7 @@
 //! - [`handshake`]: which requests are valid upgrades, and the 101;
 //! - [`upgrade`]: the transport's check of an upgrade before admission;
 //! - [`socket`]: one socket's guest end and wire end, and the bounded
-//!   queues between them;
+//!   queues between them; [`close`]: the close codes and frames;
 //! - [`wire`]: the task that owns a socket's connection;
 //! - [`hub`]: the server's sockets together (capacity, shutdown, receipts);
 //! - [`worker`]: the host interface of workers' sockets;
@@ -15,6 +15,7 @@
 //! - [`limits`], [`error_code`]: the sockets' limits and error codes.
 
 pub mod actor;
+pub mod close;
 pub mod error_code;
 pub mod handshake;
 pub mod hub;

@@ -10,9 +10,8 @@
 //! - at most [`INBOUND_MESSAGES_BUFFERED`] messages wait for the guest; past
 //!   them the wire stops reading, so a fast client meets TCP back-pressure
 //!   rather than growing memory;
-//! - a close code the guest asks for is one RFC 6455 lets an endpoint send
-//!   (1000–1003, 1007–1011, 3000–4999; never 1005, 1006 or 1015), with a
-//!   reason of at most 123 bytes;
+//! - a close the guest asks for is one an endpoint may send
+//!   ([`super::close`]), or refused;
 //! - once a socket has ended, every call on it says how it ended (the
 //!   peer's close frame, or Weir's reason), and nothing more is queued.
 
@@ -23,56 +22,10 @@ use std::collections::VecDeque;
 
 use tokio::sync::Notify;
 
+use super::close::{CLOSE_NORMAL, CLOSE_POLICY, Close, MAX_CLOSE_REASON_BYTES, sendable_code};
+
 /// Messages read from the client that wait for the guest to take them.
 pub const INBOUND_MESSAGES_BUFFERED: usize = 4;
-
-/// The longest close reason: a close frame's payload is at most 125 bytes,
-/// two of them the code (RFC 6455 §5.5).
-pub const MAX_CLOSE_REASON_BYTES: usize = 123;
-
-/// Normal closure.
-pub const CLOSE_NORMAL: u16 = 1000;
-/// The endpoint is going away (a session's deadline, a server shutting
-/// down, a dead peer).
-pub const CLOSE_GOING_AWAY: u16 = 1001;
-/// The peer broke the protocol.
-pub const CLOSE_PROTOCOL: u16 = 1002;
-/// A close frame without a code (reported to guests, never sent).
-pub const CLOSE_NO_STATUS: u16 = 1005;
-/// The connection ended without a close frame (reported, never sent).
-pub const CLOSE_ABNORMAL: u16 = 1006;
-/// A text message that is not UTF-8.
-pub const CLOSE_INVALID_DATA: u16 = 1007;
-/// A limit of Weir's (the send queue).
-pub const CLOSE_POLICY: u16 = 1008;
-/// A message over `max_socket_message_bytes`.
-pub const CLOSE_TOO_BIG: u16 = 1009;
-/// The guest failed (a trap, an abandoned instance).
-pub const CLOSE_INTERNAL: u16 = 1011;
-/// The code that accepted the socket was replaced by a deploy: the client
-/// reconnects to the new version.
-pub const CLOSE_SERVICE_RESTART: u16 = 1012;
-
-/// A close frame: its code and reason.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Close {
-    pub code: u16,
-    pub reason: String,
-}
-
-impl Close {
-    pub fn new(code: u16, reason: impl Into<String>) -> Self {
-        let mut reason = reason.into();
-        if reason.len() > MAX_CLOSE_REASON_BYTES {
-            let mut cut = MAX_CLOSE_REASON_BYTES;
-            while !reason.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            reason.truncate(cut);
-        }
-        Close { code, reason }
-    }
-}
 
 /// A whole message.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,11 +85,6 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-/// True for a close code an endpoint may send.
-pub fn sendable_code(code: u16) -> bool {
-    matches!(code, 1000..=1003 | 1007..=1011 | 3000..=4999)
 }
 
 struct Shared {
@@ -535,6 +483,7 @@ impl Drop for WireEnd {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::websocket::close::CLOSE_ABNORMAL;
 
     #[tokio::test]
     async fn a_send_waits_for_room_and_one_message_always_fits_an_empty_queue() {
@@ -604,12 +553,5 @@ mod tests {
             guest.send(Message::Text("late".into())).await,
             Err(SocketError::Closed(c)) if c.code == CLOSE_ABNORMAL
         ));
-    }
-
-    #[test]
-    fn a_long_reason_is_cut_at_a_character_boundary() {
-        let close = Close::new(1000, "é".repeat(100));
-        assert!(close.reason.len() <= MAX_CLOSE_REASON_BYTES);
-        assert!(close.reason.chars().all(|c| c == 'é'));
     }
 }

@@ -31,11 +31,11 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{self, Error as WsError};
 
-use super::hub::{ClosedBy, SocketHub, SocketPermit, SocketRecord};
-use super::socket::{
+use super::close::{
     CLOSE_GOING_AWAY, CLOSE_INVALID_DATA, CLOSE_NO_STATUS, CLOSE_PROTOCOL, CLOSE_TOO_BIG, Close,
-    Incoming, Message, Outgoing, WireEnd,
 };
+use super::hub::{ClosedBy, SocketHub, SocketPermit, SocketRecord};
+use super::socket::{Incoming, Message, Outgoing, WireEnd};
 
 /// How long a close Weir (or the guest) starts waits for the client's
 /// close frame before the connection is dropped.
@@ -164,10 +164,7 @@ impl Wire {
                 serve(ws, &hub, end, &mut ending, grace, &mut record).await
             }
             Err(e) => {
-                let how = Close::new(
-                    super::socket::CLOSE_ABNORMAL,
-                    format!("upgrade failed: {e}"),
-                );
+                let how = Close::new(super::close::CLOSE_ABNORMAL, format!("upgrade failed: {e}"));
                 end.end(how.clone());
                 (how, ClosedBy::Connection)
             }
@@ -266,7 +263,7 @@ async fn serve(
                         Ok(written) => outcome(written),
                         Err(_) => Some(match then_close.take().or_else(|| queued_close(&mut end)) {
                             Some((close, by)) => Stop::Dropped(close, by),
-                            None => Stop::Lost(Close::new(super::socket::CLOSE_ABNORMAL, "the socket ended mid-write")),
+                            None => Stop::Lost(Close::new(super::close::CLOSE_ABNORMAL, "the socket ended mid-write")),
                         }),
                     },
                 };
@@ -291,7 +288,7 @@ async fn serve(
             frame = ws.next(), if slot => {
                 heard = Instant::now();
                 let message = match frame {
-                    None => break Stop::Lost(Close::new(super::socket::CLOSE_ABNORMAL, "the connection ended without a close frame")),
+                    None => break Stop::Lost(Close::new(super::close::CLOSE_ABNORMAL, "the connection ended without a close frame")),
                     Some(Err(e)) => break refusal(e),
                     Some(Ok(tungstenite::Message::Text(text))) => {
                         // An auto-response is Weir's to answer: no turn.
@@ -376,7 +373,7 @@ async fn serve(
             let (close, by) = match stop {
                 Stop::Released => {
                     let released = (
-                        Close::new(super::socket::CLOSE_NORMAL, "the guest let the socket go"),
+                        Close::new(super::close::CLOSE_NORMAL, "the guest let the socket go"),
                         ClosedBy::Guest,
                     );
                     match ending.take() {
@@ -458,7 +455,7 @@ fn closer(by_weir: bool) -> ClosedBy {
 /// A connection that failed under a read or write.
 fn lost(e: WsError) -> Stop {
     Stop::Lost(Close::new(
-        super::socket::CLOSE_ABNORMAL,
+        super::close::CLOSE_ABNORMAL,
         format!("connection lost: {e}"),
     ))
 }

@@ -23,12 +23,10 @@ use weir_runtime::extension::Takeover;
 use weir_runtime::guest_state::GenerationState;
 use weir_runtime::outcome::Outcome;
 
+use super::close::{CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_NORMAL, Close};
 use super::handshake::Handshake;
 use super::hub::{ClosedBy, SocketHub, SocketPermit};
-use super::socket::{
-    self, CLOSE_GOING_AWAY, CLOSE_INTERNAL, CLOSE_NORMAL, Close, GuestEnd, Incoming, Message,
-    SocketError,
-};
+use super::socket::{self, GuestEnd, Incoming, Message, SocketError};
 use super::wire::{Ending, Wire};
 
 mod generated {
