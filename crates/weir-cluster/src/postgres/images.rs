@@ -81,11 +81,7 @@ impl Postgres {
     ) -> Result<bool, CoordError> {
         timed(async {
             let mut client = self.client().await?;
-            let tx = client.transaction().await.map_err(classify)?;
-            // One seal or removal of an image at a time.
-            tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&digest])
-                .await
-                .map_err(classify)?;
+            let tx = image_transaction(&mut client, digest).await?;
             if revive {
                 tx.execute(
                     "DELETE FROM weir_images_removed WHERE digest = $1",
@@ -175,10 +171,7 @@ impl Postgres {
     pub(crate) async fn remove_image(&self, digest: &str) -> Result<bool, CoordError> {
         timed(async {
             let mut client = self.client().await?;
-            let tx = client.transaction().await.map_err(classify)?;
-            tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&digest])
-                .await
-                .map_err(classify)?;
+            let tx = image_transaction(&mut client, digest).await?;
             let removed = tx
                 .execute("DELETE FROM weir_images WHERE digest = $1", &[&digest])
                 .await
@@ -201,4 +194,17 @@ impl Postgres {
         })
         .await
     }
+}
+
+/// A transaction holding the image `digest`'s lock: one seal or removal of
+/// an image at a time.
+async fn image_transaction<'a>(
+    client: &'a mut deadpool_postgres::Object,
+    digest: &str,
+) -> Result<deadpool_postgres::Transaction<'a>, CoordError> {
+    let tx = client.transaction().await.map_err(classify)?;
+    tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&digest])
+        .await
+        .map_err(classify)?;
+    Ok(tx)
 }
