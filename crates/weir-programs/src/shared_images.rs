@@ -126,6 +126,7 @@ struct Counts {
     fetched_bytes: AtomicU64,
     fetches_refused: AtomicU64,
     shared_kept: AtomicU64,
+    kept_unshareable: AtomicU64,
     dropped: AtomicU64,
 }
 
@@ -140,6 +141,10 @@ pub struct MirrorStatus {
     pub fetches_refused: u64,
     /// Images of this node's own store it shared.
     pub shared_kept: u64,
+    /// Images of this node's own store it cannot share (they do not read
+    /// back whole: corrupt or cut); they stay where they are for the
+    /// operator, and are never shared.
+    pub kept_unshareable: u64,
     /// Copies of images the cluster removed that it dropped.
     pub dropped: u64,
 }
@@ -166,6 +171,7 @@ impl ImageMirror {
             fetched_bytes: c.fetched_bytes.load(Ordering::Relaxed),
             fetches_refused: c.fetches_refused.load(Ordering::Relaxed),
             shared_kept: c.shared_kept.load(Ordering::Relaxed),
+            kept_unshareable: c.kept_unshareable.load(Ordering::Relaxed),
             dropped: c.dropped.load(Ordering::Relaxed),
         }
     }
@@ -318,6 +324,7 @@ impl ImageMirror {
                     }
                     Err(e) => {
                         if self.first_time(digest) {
+                            self.counts.kept_unshareable.fetch_add(1, Ordering::Relaxed);
                             tracing::warn!(image = %digest, error = %e, "cannot share an image this node kept");
                         }
                         continue;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::Weir;
 use common::cluster::{Postgres, node_dir, node_with_app};
-use common::programs::{admin, call, cmdprobe, push as push_offline};
+use common::programs::{admin, call, cmdprobe, image_file, push as push_offline};
 use serde_json::Value;
 use weir_cluster::coordinator::NodeInfo;
 use weir_cluster::ownership::preferred;
@@ -353,19 +353,40 @@ async fn images_a_node_joins_with_are_shared_and_a_removal_reaches_every_node() 
     let ran = run_cat(&b, &on_b, &digest, "before").await;
     assert_eq!(ran.status, 200, "{}", ran.text());
 
-    // d joins with an image of its own (pushed into its store offline):
-    // it shares it, and b runs it.
+    // d joins with images of its own (pushed into its store offline): it
+    // shares the one that reads back whole, and b runs it; one whose file
+    // was damaged on d's disk is never shared, and stays for the operator.
     let d_dir = node_dir("images-rm", "d");
     let wc = push_offline(&d_dir, common::guest("wc").to_str().unwrap());
+    let hello = push_offline(&d_dir, common::guest("hello").to_str().unwrap());
+    let damaged = image_file(&d_dir, &hello);
+    let mut bytes = std::fs::read(&damaged).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&damaged, &bytes).unwrap();
     let d = runner_node(&pg, "d", &d_dir, &lease);
     let deadline = Instant::now() + Duration::from_secs(30);
-    let shared_wc = format!("SELECT count(*) FROM weir_images WHERE digest = '{wc}'");
-    while pg.psql("weir", &shared_wc) != "1" {
-        assert!(Instant::now() < deadline, "d did not share its own image");
+    loop {
+        let images = d.admin_get("/status").await.json()["images"].clone();
+        if images["shared_kept"] == 1 && images["kept_unshareable"] == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "d did not go through its own images: {images}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let kept = d.admin_get("/status").await.json()["images"]["shared_kept"].clone();
-    assert_eq!(kept, 1);
+    let shared = |digest: &str| {
+        pg.psql(
+            "weir",
+            &format!("SELECT count(*) FROM weir_images WHERE digest = '{digest}'"),
+        )
+    };
+    assert_eq!((shared(&wc), shared(&hello)), ("1".into(), "0".into()));
+    assert!(
+        damaged.exists(),
+        "a damaged image is the operator's to remove"
+    );
     let ran = call(
         &a,
         "POST",
