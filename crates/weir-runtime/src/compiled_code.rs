@@ -33,7 +33,6 @@ use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -312,16 +311,10 @@ pub fn compile_to(engine: &wasmtime::Engine, bytes: &[u8], out: &Path) -> Result
     })
 }
 
-/// Where [`compile_to`] writes before it renames into `out`: a name of its
-/// own for each writer (two processes on one data dir may compile the same
-/// component at once).
+/// Where [`compile_to`] writes before it renames into `out` (one writer
+/// per artifact at a time in a process: [`CodeCache::component`]'s gate).
 fn partial_path(out: &Path) -> PathBuf {
-    static WRITES: AtomicU64 = AtomicU64::new(0);
-    out.with_extension(format!(
-        "{ARTIFACT_EXTENSION}.partial-{}-{}",
-        std::process::id(),
-        WRITES.fetch_add(1, Ordering::Relaxed)
-    ))
+    out.with_extension(format!("{ARTIFACT_EXTENSION}.partial"))
 }
 
 fn run_compiler(
