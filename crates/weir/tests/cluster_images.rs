@@ -262,7 +262,8 @@ async fn a_damaged_cut_or_oversized_shared_copy_is_refused_and_leaves_nothing() 
     assert_eq!(ran.status, 200, "{}", ran.text());
     assert_eq!(ran.json()["stdout"], "mended");
 
-    // Cut short: the shared copy ends early.
+    // Cut short: the shared copy ends early. (A node's lease may outlive
+    // it a while: each newcomer gets a name it owns among all so far.)
     drop(b);
     pg.psql(
         "weir",
@@ -270,64 +271,57 @@ async fn a_damaged_cut_or_oversized_shared_copy_is_refused_and_leaves_nothing() 
             "UPDATE weir_image_pieces SET data = substring(data from 1 for 100) WHERE {piece}"
         ),
     );
-    let b2 = runner_node(&pg, "b2", &node_dir("images-bad", "b2"), &[]);
-    // (b's lease may outlive it a while: a name b2 owns among all three.)
-    let on_b2 = placed_on("b2", &["a", "b", "b2"]);
-    let ran = run_cat(&b2, &on_b2, &digest, "x").await;
-    assert_eq!(
-        guest_error(&ran),
-        (
-            404,
-            "image".into(),
-            format!(
-                "image_corrupt: image {digest} is corrupt: the cluster's copy ends at byte 100 of its {size}; push it again"
-            )
-        )
+    let cut = format!(
+        "image_corrupt: image {digest} is corrupt: the cluster's copy ends at byte 100 of its {size}; push it again"
     );
-    assert!(!stored_on(&b2).await.contains(&digest), "nothing kept");
+    refused_by_a_newcomer(&pg, "b2", &["a", "b", "b2"], &[], &digest, &cut).await;
     assert_eq!(push_cmdprobe(&a).await.status, 200);
 
     // Grown: a piece longer than the image.
-    drop(b2);
     pg.psql(
         "weir",
         &format!("UPDATE weir_image_pieces SET data = data || '\\x00'::bytea WHERE {piece}"),
     );
-    let b3 = runner_node(&pg, "b3", &node_dir("images-bad", "b3"), &[]);
-    let on_b3 = placed_on("b3", &["a", "b", "b2", "b3"]);
-    let ran = run_cat(&b3, &on_b3, &digest, "x").await;
-    assert_eq!(
-        guest_error(&ran),
-        (
-            404,
-            "image".into(),
-            format!(
-                "image_corrupt: image {digest} is corrupt: the cluster's copy is longer than its {size} bytes; push it again"
-            )
-        )
+    let grown = format!(
+        "image_corrupt: image {digest} is corrupt: the cluster's copy is longer than its {size} bytes; push it again"
     );
-    assert!(!stored_on(&b3).await.contains(&digest), "nothing kept");
+    refused_by_a_newcomer(&pg, "b3", &["a", "b", "b2", "b3"], &[], &digest, &grown).await;
     assert_eq!(push_cmdprobe(&a).await.status, 200);
-    drop(b3);
 
     // A node whose own max_image_bytes is smaller refuses to fetch it.
-    let small = runner_node(
+    let over = format!("image_too_large: the image is {size} bytes; max_image_bytes is 1024");
+    refused_by_a_newcomer(
         &pg,
         "small",
-        &node_dir("images-bad", "small"),
+        &["a", "b", "b2", "b3", "small"],
         &["--limit", "max_image_bytes=1024"],
-    );
-    let on_small = placed_on("small", &["a", "b", "b2", "b3", "small"]);
-    let ran = run_cat(&small, &on_small, &digest, "x").await;
+        &digest,
+        &over,
+    )
+    .await;
+}
+
+/// Starts node `name` (with `extra` arguments) and runs `digest` from an
+/// actor it owns among `nodes`: the run is refused with `message`, and
+/// the node keeps nothing of the image.
+async fn refused_by_a_newcomer(
+    pg: &Postgres,
+    name: &str,
+    nodes: &[&str],
+    extra: &[&str],
+    digest: &str,
+    message: &str,
+) {
+    let node = runner_node(pg, name, &node_dir("images-bad", name), extra);
+    let ran = run_cat(&node, &placed_on(name, nodes), digest, "x").await;
     assert_eq!(
         guest_error(&ran),
-        (
-            404,
-            "image".into(),
-            format!("image_too_large: the image is {size} bytes; max_image_bytes is 1024")
-        )
+        (404, "image".into(), message.to_string())
     );
-    assert!(!stored_on(&small).await.contains(&digest), "nothing kept");
+    assert!(
+        !stored_on(&node).await.contains(&digest.to_string()),
+        "nothing kept"
+    );
 }
 
 /// Waits (at most 30 s) until `what` holds of `node`'s own store.
