@@ -157,6 +157,13 @@ pub trait Placement: Send + Sync + 'static {
         head: http::Request<()>,
     ) -> BoxFuture<'static, Relayed>;
 
+    /// This node is leaving: asks the node at `node` to close, going away,
+    /// the sockets this node relays to it ([`crate::SocketDoor::relayer_leaving`]),
+    /// so that their clients get a close frame rather than a dropped
+    /// connection. Asked once per node however many sockets ask; true when
+    /// that node said it will.
+    fn relayer_leaving(&self, node: Arc<str>) -> BoxFuture<'static, bool>;
+
     /// Resolves when this node's hold on `actor`, as of now, ends (at once
     /// if it does not own it): the sockets it accepted then close, so that
     /// the node that owns it next holds all of them.

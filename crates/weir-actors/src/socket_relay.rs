@@ -11,7 +11,11 @@
 //! - a socket lives only as long as its actor's owner keeps the actor:
 //!   [`crate::Placement::tenure`] ends when the owner's hold on the actor
 //!   does, and the socket is closed then, so that an actor never holds a
-//!   socket its clients reach through a node that no longer owns it.
+//!   socket its clients reach through a node that no longer owns it;
+//! - a relayed socket ends, too, when the node that relays it leaves: that
+//!   node tells the owner first ([`crate::Placement::relayer_leaving`]),
+//!   and the owner closes its sockets going away (1001) while their bytes
+//!   still flow, so their clients see a close frame, not a lost connection.
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -23,6 +27,17 @@ use crate::placement::BoxFuture;
 /// The prefix of the headers only nodes send each other: none of the
 /// client's travels, and none reaches the actor.
 pub const CLUSTER_HEADER_PREFIX: &str = "x-weir-cluster-";
+
+/// On a relayed upgrade: which run of which node relayed it (its name and
+/// a mark of this run of its process), so that the owner can close the
+/// sockets that node relays when it says it is leaving
+/// ([`SocketDoor::relayer_leaving`]). A node that starts again under the
+/// same name relays under a new mark: its new sockets are not the ones
+/// it said it was leaving.
+pub const RELAYER_HEADER: &str = "x-weir-cluster-relayer";
+
+/// The longest relayer mark an owner keeps: a node's name and a number.
+pub const MAX_RELAYER_BYTES: usize = 256;
 
 /// A relayed socket's connection to the actor's owner.
 pub trait RelayIo: AsyncRead + AsyncWrite + Send + Unpin {}
@@ -58,4 +73,10 @@ pub trait SocketDoor: Send + Sync + 'static {
         path: String,
         request: http::Request<hyper::body::Incoming>,
     ) -> BoxFuture<'static, Option<http::Response<Bytes>>>;
+
+    /// The node that relayed sockets here under the mark `relayer` is
+    /// leaving: those sockets close as this node's own do at its shutdown
+    /// (1001), their close frames carried by the relayer while it still
+    /// can, and their actors hear of it as of any other end.
+    fn relayer_leaving(&self, relayer: &str);
 }

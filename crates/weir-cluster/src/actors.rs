@@ -277,6 +277,11 @@ impl Placement for ActorPlacement {
         })
     }
 
+    fn relayer_leaving(&self, node: Arc<str>) -> BoxFuture<'static, bool> {
+        let forwarder = self.forwarder.clone();
+        Box::pin(async move { forwarder.relayer_leaving(&node).await })
+    }
+
     fn tenure(&self, actor: &ActorAddress) -> BoxFuture<'static, ()> {
         Box::pin(self.ownership.tenure(&actor_key(&self.app, actor)))
     }

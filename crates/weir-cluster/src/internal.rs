@@ -131,6 +131,11 @@ impl Served {
         self.doors.get().and_then(|d| d.get(app))
     }
 
+    /// Every app's door.
+    pub(crate) fn doors(&self) -> impl Iterator<Item = &Arc<dyn SocketDoor>> {
+        self.doors.get().into_iter().flat_map(|d| d.values())
+    }
+
     fn stores_of(&self, app: &str) -> Option<&Arc<StorePlacement>> {
         self.stores.get().and_then(|s| s.get(app))
     }
@@ -217,6 +222,10 @@ async fn handle(
     }
     if request.method() == http::Method::GET && request.uri().path() == socket_relay::SOCKET_PATH {
         return socket_relay::take(request, served).await;
+    }
+    if request.method() == http::Method::POST && request.uri().path() == socket_relay::LEAVING_PATH
+    {
+        return socket_relay::relayer_leaving(&request, served);
     }
     if request.method() != http::Method::POST {
         return plain(StatusCode::NOT_FOUND, "not a cluster call\n");
@@ -315,15 +324,18 @@ pub async fn serve(listener: TcpListener, secret: Secret, served: Arc<Served>) {
 /// Hands calls to other nodes.
 #[derive(Clone)]
 pub struct Forwarder {
-    client: Client<HttpConnector, Full<Bytes>>,
+    pub(crate) client: Client<HttpConnector, Full<Bytes>>,
     pub(crate) secret: Arc<str>,
     pub(crate) counters: Arc<Counters>,
     /// The nodes found to speak an older version than this build.
     spoken: Arc<Spoken>,
+    /// What this node relays sockets as, and the owners told it is leaving.
+    pub(crate) relays: Arc<socket_relay::Relayer>,
 }
 
 impl Forwarder {
-    pub fn new(secret: &str, counters: Arc<Counters>) -> Forwarder {
+    /// The forwarder of node `node` (its name in the cluster).
+    pub fn new(secret: &str, node: &str, counters: Arc<Counters>) -> Forwarder {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
@@ -332,6 +344,7 @@ impl Forwarder {
             secret: Arc::from(secret),
             counters,
             spoken: Arc::default(),
+            relays: Arc::new(socket_relay::Relayer::new(node)),
         }
     }
 

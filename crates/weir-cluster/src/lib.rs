@@ -173,7 +173,7 @@ impl Cluster {
         ));
         Ok(Arc::new(Cluster {
             images: Arc::new(images::ClusterImages { postgres }),
-            forwarder: Forwarder::new(&config.secret, ownership.counters().clone()),
+            forwarder: Forwarder::new(&config.secret, &config.node, ownership.counters().clone()),
             replicas: Arc::new(Replicas {
                 ownership: ownership.clone(),
                 records: records.clone(),

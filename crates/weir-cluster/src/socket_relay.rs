@@ -12,7 +12,17 @@
 //! - a node of a build without socket relays answers their path as not a
 //!   cluster call (404): the client is answered 501 `cluster_unsupported`;
 //! - a socket takes a connection of its own, never one of the pooled
-//!   connections calls share, so an open socket never holds a call up.
+//!   connections calls share, so an open socket never holds a call up;
+//! - a relayed upgrade carries the mark of the run of the node that
+//!   relays it ([`RELAYER_HEADER`]); when that node leaves, it tells each
+//!   owner once ([`LEAVING_PATH`]), and the owner closes those sockets
+//!   going away while the relayer still carries their bytes. An owner of
+//!   a build without that door (404), or one that does not answer within
+//!   [`LEAVING_TELL_TIMEOUT`], is not waited for: its sockets are dropped.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
@@ -20,7 +30,8 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use weir_actors::socket_relay::CLUSTER_HEADER_PREFIX;
+use tokio::sync::OnceCell;
+use weir_actors::socket_relay::{CLUSTER_HEADER_PREFIX, MAX_RELAYER_BYTES, RELAYER_HEADER};
 use weir_actors::{ActorAddress, Relayed, TurnError};
 
 use crate::counters::add;
@@ -36,6 +47,18 @@ pub const SOCKET_RELAY_VERSION: u32 = 1;
 /// Where a node takes relayed upgrades. Versioned on its own, apart from
 /// the calls' envelope: a node that does not serve it answers 404.
 pub const SOCKET_PATH: &str = "/weir/cluster/socket/v1";
+
+/// Where a node that relays sockets here says it is leaving, naming the
+/// mark it relayed them under ([`RELAYER_HEADER`]); answered 204 once they
+/// are closing. Added within version 1: an owner of a build without it
+/// answers 404, and the relayer drops those sockets as such builds did.
+pub const LEAVING_PATH: &str = "/weir/cluster/socket/v1/relayer-leaving";
+
+/// How long a leaving node waits for an owner to say it will close the
+/// sockets relayed to it: one round trip to a live node, well inside the
+/// shutdown's grace. An owner that has not answered by then is taken as
+/// gone, and those sockets are dropped.
+pub const LEAVING_TELL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What `weir --version` says of socket relays.
 pub const RELAYS_SPOKEN: &str = "socket relays: version 1";
@@ -56,11 +79,11 @@ const ANSWERED: &str = "answered";
 const NOT_RUN: &str = "not-run";
 
 /// The head of an upgrade relayed to the node at `node`: the client's
-/// headers but Weir's own and `host`, then the actor's names and the
-/// secret.
+/// headers but Weir's own and `host`, then the actor's names, the secret
+/// and the relayer's mark.
 fn relayed_head(
     node: &str,
-    secret: &str,
+    (secret, relayer): (&str, &str),
     app: &str,
     actor: &ActorAddress,
     path: &str,
@@ -77,6 +100,7 @@ fn relayed_head(
     request
         .header(header::HOST, node)
         .header(SECRET_HEADER, secret)
+        .header(RELAYER_HEADER, relayer)
         .header(APP_HEADER, app)
         .header(CLASS_HEADER, actor.class.as_str())
         .header(NAME_HEADER, actor.name.as_str())
@@ -151,7 +175,121 @@ pub(crate) async fn take(request: Request<Incoming>, served: &Served) -> Respons
     }
 }
 
+/// A relayer's word that it is leaving (its secret already checked): the
+/// sockets it relayed here under its mark close going away.
+pub(crate) fn relayer_leaving(
+    request: &Request<Incoming>,
+    served: &Served,
+) -> Response<Full<Bytes>> {
+    let mark = request
+        .headers()
+        .get(RELAYER_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|m| !m.is_empty() && m.len() <= MAX_RELAYER_BYTES);
+    let Some(mark) = mark else {
+        let mut response = Response::new(Full::new(Bytes::from_static(
+            b"a relayer's leaving names no relayer\n",
+        )));
+        *response.status_mut() = StatusCode::BAD_REQUEST;
+        return response;
+    };
+    tracing::info!(
+        relayer = mark,
+        "a node that relays sockets here is leaving: they close going away"
+    );
+    for door in served.doors() {
+        door.relayer_leaving(mark);
+    }
+    let mut response = Response::new(Full::new(Bytes::new()));
+    *response.status_mut() = StatusCode::NO_CONTENT;
+    response
+}
+
+/// What this node relays sockets as, and the owners it told it is leaving.
+pub(crate) struct Relayer {
+    /// This run's mark: the node's name, its process and when it started.
+    pub(crate) mark: String,
+    /// Each owner's answer, asked once however many sockets ask.
+    told: Mutex<HashMap<String, Arc<OnceCell<bool>>>>,
+}
+
+impl Relayer {
+    pub(crate) fn new(node: &str) -> Relayer {
+        let started = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        // A node's name is at most `MAX_NODE_NAME` plain characters
+        // (checked at its start), so the mark fits `MAX_RELAYER_BYTES`.
+        Relayer {
+            mark: format!("{node}@{:x}.{started:x}", std::process::id()),
+            told: Mutex::default(),
+        }
+    }
+}
+
 impl Forwarder {
+    /// This node is leaving: tells the node at `node` once, however many
+    /// of the sockets relayed there ask, and says whether it will close
+    /// them (see [`weir_actors::Placement::relayer_leaving`]).
+    pub async fn relayer_leaving(&self, node: &str) -> bool {
+        let told = self
+            .relays
+            .told
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(node.to_string())
+            .or_default()
+            .clone();
+        *told.get_or_init(|| self.tell_leaving(node)).await
+    }
+
+    async fn tell_leaving(&self, node: &str) -> bool {
+        let Ok(request) = Request::post(format!("http://{node}{LEAVING_PATH}"))
+            .header(SECRET_HEADER, self.secret.as_ref())
+            .header(RELAYER_HEADER, self.relays.mark.as_str())
+            .body(Full::new(Bytes::new()))
+        else {
+            return false;
+        };
+        let status = match tokio::time::timeout(LEAVING_TELL_TIMEOUT, self.client.request(request))
+            .await
+        {
+            Ok(Ok(response)) => response.status(),
+            Ok(Err(e)) => {
+                tracing::warn!(node, error = %e, "cannot tell an owner this node is leaving: the sockets relayed to it are dropped");
+                return false;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    node,
+                    "an owner did not answer that this node is leaving in time: the sockets relayed to it are dropped"
+                );
+                return false;
+            }
+        };
+        match status {
+            StatusCode::NO_CONTENT => {
+                tracing::info!(
+                    node,
+                    "told an owner this node is leaving: it closes the sockets relayed to it"
+                );
+                true
+            }
+            StatusCode::NOT_FOUND => {
+                tracing::warn!(
+                    node,
+                    "the owner runs a Weir build that cannot close relayed sockets for a leaving node: they are dropped"
+                );
+                false
+            }
+            status => {
+                tracing::warn!(node, %status, "an owner refused this node's leaving: the sockets relayed to it are dropped");
+                false
+            }
+        }
+    }
+
     /// Relays the upgrade `head` to `actor` of `app` (its `path` inside
     /// the actor) to the node at `node`, on a connection of its own.
     pub async fn relay_socket(
@@ -171,7 +309,14 @@ impl Forwarder {
                 Relayed::NotRun(code)
             }
         };
-        let request = match relayed_head(node, &self.secret, app, actor, path, head.headers()) {
+        let request = match relayed_head(
+            node,
+            (&self.secret, &self.relays.mark),
+            app,
+            actor,
+            path,
+            head.headers(),
+        ) {
             Ok(request) => request,
             Err(e) => return refused(&e.to_string(), false),
         };
@@ -257,10 +402,11 @@ mod tests {
         client.append("cookie", HeaderValue::from_static("b=2"));
         client.insert(SECRET_HEADER, HeaderValue::from_static("a guess"));
         client.insert(APP_HEADER, HeaderValue::from_static("other-app"));
+        client.insert(RELAYER_HEADER, HeaderValue::from_static("a guess"));
         let actor = ActorAddress::new("room", "lobby").unwrap();
         let request = relayed_head(
             "10.0.0.2:7001",
-            "the secret",
+            ("the secret", "n2@1f.2a"),
             "chat",
             &actor,
             "/?user=ann",
@@ -275,6 +421,8 @@ mod tests {
         assert_eq!(h.get_all(SECRET_HEADER).iter().count(), 1);
         assert_eq!(h[APP_HEADER], "chat");
         assert_eq!(h.get_all(APP_HEADER).iter().count(), 1);
+        assert_eq!(h[RELAYER_HEADER], "n2@1f.2a");
+        assert_eq!(h.get_all(RELAYER_HEADER).iter().count(), 1);
         assert_eq!(h[header::UPGRADE], "websocket");
         assert_eq!(h.get_all("cookie").iter().count(), 2);
         assert_eq!(
@@ -284,11 +432,27 @@ mod tests {
     }
 
     #[test]
+    fn a_relayers_mark_names_its_node_and_this_run_and_fits_its_bound() {
+        let mark = Relayer::new("n2").mark;
+        assert!(mark.starts_with("n2@"), "{mark}");
+        assert!(mark.contains(&format!("@{:x}.", std::process::id())));
+        let longest = "n".repeat(crate::config::MAX_NODE_NAME);
+        let mark = Relayer::new(&longest).mark;
+        assert!(mark.len() <= MAX_RELAYER_BYTES, "{}", mark.len());
+        assert!(HeaderValue::from_str(&mark).is_ok());
+        // A node started again relays under another mark.
+        let first = Relayer::new("n2").mark;
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        assert_ne!(first, Relayer::new("n2").mark);
+    }
+
+    #[test]
     fn the_path_and_the_words_name_the_relay_version() {
         assert_eq!(
             SOCKET_PATH,
             format!("/weir/cluster/socket/v{SOCKET_RELAY_VERSION}")
         );
+        assert!(LEAVING_PATH.starts_with(&format!("{SOCKET_PATH}/")));
         assert_eq!(
             RELAYS_SPOKEN,
             format!("socket relays: version {SOCKET_RELAY_VERSION}")

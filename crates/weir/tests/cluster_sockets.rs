@@ -255,12 +255,72 @@ async fn a_stopping_owner_closes_its_rooms_sockets_going_away_and_the_other_take
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_relaying_node_that_stops_drops_its_sockets_and_the_owner_learns_they_ended() {
+async fn a_relaying_node_that_stops_closes_its_sockets_going_away_and_the_owner_learns_they_ended()
+{
     let mut room = Room::open("sockets-relayer", "porch").await;
     room.other().signal("TERM");
+    // Closed as the owner's own sockets are at a graceful stop: the node
+    // the client reached is the one shutting down.
     let ended = close_of(&mut room.relayed).await;
-    assert!(ended.is_err(), "dropped, not closed: {ended:?}");
-    // The owner saw that socket's connection end: the room says so.
+    assert_eq!(
+        ended,
+        Ok((1001, "the server is shutting down".to_string())),
+        "a relayed socket at its relayer's stop"
+    );
+    // The owner saw that socket end: the room says so, and the socket's
+    // receipt there names who relayed it and that Weir closed it.
+    let stayed = room.direct_user();
+    presence_of(&mut room.direct, &[stayed]).await;
+    let receipt = room
+        .owner()
+        .first_logged("weir::socket", |r| r["relayed_by"].is_string())
+        .await;
+    let other = room.nodes[1 - room.owner_at].0;
+    assert!(
+        receipt["relayed_by"]
+            .as_str()
+            .is_some_and(|m| m.starts_with(&format!("{other}@"))),
+        "{receipt}"
+    );
+    assert_eq!(receipt["close_code"], 1001, "{receipt}");
+    assert_eq!(receipt["closed_by"], "weir", "{receipt}");
+    // The relayer's own receipt: the owner's end went first.
+    let relayed = room
+        .other()
+        .first_logged("weir::socket", |r| r["message"] == "socket relayed")
+        .await;
+    assert_eq!(relayed["ended_by"], "owner", "{relayed}");
+    // The direct socket was never the relayer's: it stays open.
+    say(&mut room.direct, "still here").await;
+    message_of(&mut room.direct, stayed, "still here").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relaying_node_that_stops_while_the_owner_cannot_answer_drops_its_sockets_in_bounded_time()
+ {
+    let mut room = Room::open("sockets-relayer-stuck", "attic").await;
+    // The owner stops answering (frozen, not dead: its lease is still
+    // good, so it stays the owner).
+    room.owner().signal("STOP");
+    room.other().signal("TERM");
+    let ended = close_of(&mut room.relayed).await;
+    room.owner().signal("CONT");
+    assert!(
+        ended.as_ref().is_err_and(|e| !e.starts_with("no close")),
+        "dropped, not closed and not held: {ended:?}"
+    );
+    // The relayer gave up on the owner and ended the socket itself, before
+    // its shutdown's grace would have cut it without a receipt.
+    let relayed = room
+        .other()
+        .first_logged("weir::socket", |r| r["message"] == "socket relayed")
+        .await;
+    assert_eq!(relayed["ended_by"], "shutdown", "{relayed}");
+    assert_eq!(
+        relayed["detail"], "its owner could not be told this node is leaving",
+        "{relayed}"
+    );
+    // Once thawed, the owner learns the connection ended: the room says so.
     let stayed = room.direct_user();
     presence_of(&mut room.direct, &[stayed]).await;
 }
@@ -359,8 +419,14 @@ fn upgrade(path: &str, extra: &[(&str, &str)]) -> Request<Full<Bytes>> {
 /// The status line and body of a raw `GET` of the relay's door at
 /// `internal`, with `headers`.
 async fn knock(internal: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    knock_at(internal, "GET /weir/cluster/socket/v1", headers).await
+}
+
+/// The status line and body of a raw request (`what`: its method and
+/// target) to the node whose internal listener is at `internal`.
+async fn knock_at(internal: &str, what: &str, headers: &[(&str, &str)]) -> (u16, String) {
     let mut stream = tokio::net::TcpStream::connect(internal).await.unwrap();
-    let mut head = format!("GET /weir/cluster/socket/v1 HTTP/1.1\r\nhost: {internal}\r\n");
+    let mut head = format!("{what} HTTP/1.1\r\nhost: {internal}\r\n");
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -414,6 +480,23 @@ async fn the_relays_door_opens_to_no_guess_and_what_nodes_tell_each_other_reache
         None,
         "nothing ran, nothing was claimed"
     );
+    // The door where a relayer says it is leaving: the secret first, then
+    // a mark of a relayer's size.
+    let leaving = "POST /weir/cluster/socket/v1/relayer-leaving";
+    let relayer = ("x-weir-cluster-relayer", "n9@1.2");
+    assert_eq!(knock_at(&internal, leaving, &[relayer]).await.0, 401);
+    let no_mark = (400, "a relayer's leaving names no relayer\n".to_string());
+    assert_eq!(knock_at(&internal, leaving, &[secret]).await, no_mark);
+    let long = "n".repeat(257);
+    let too_long = ("x-weir-cluster-relayer", long.as_str());
+    assert_eq!(
+        knock_at(&internal, leaving, &[secret, too_long]).await,
+        no_mark
+    );
+    assert_eq!(
+        knock_at(&internal, leaving, &[secret, relayer]).await.0,
+        204
+    );
     // An actor n2 owns, reached through n1 with forged cluster headers:
     // the actor does not accept the socket and answers with the request
     // it saw, which carries none of them (nor the real secret).
@@ -435,6 +518,7 @@ async fn the_relays_door_opens_to_no_guess_and_what_nodes_tell_each_other_reache
                 ("x-weir-cluster-secret", "a guess"),
                 ("x-weir-cluster-app", "another"),
                 ("x-weir-cluster-name", "another"),
+                ("x-weir-cluster-relayer", "n9@1.2"),
             ],
         ))
         .await;

@@ -285,6 +285,7 @@ impl ActorSockets {
                     })
                     .map(|(_, version)| version)
                     .unwrap_or_else(|| Arc::from("")),
+                relayer: offer.relayer.clone(),
                 protocol,
                 grace: std::time::Duration::ZERO,
             }

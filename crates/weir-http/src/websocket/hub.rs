@@ -97,7 +97,11 @@ pub struct SocketHub {
     /// Versions replaced by a deploy, `(app, version)`, newest last: their
     /// sockets close with 1012.
     replaced: std::sync::Mutex<std::collections::VecDeque<(Arc<str>, Arc<str>)>>,
-    /// Bumped at each replacement, so that every socket looks.
+    /// Marks of the nodes that relayed sockets here and said they are
+    /// leaving, newest last: their sockets close with 1001.
+    relayers_gone: std::sync::Mutex<std::collections::VecDeque<Arc<str>>>,
+    /// Bumped at each replacement and each relayer gone, so that every
+    /// socket looks.
     updates: watch::Sender<u64>,
     sink: Option<Arc<dyn ReceiptSink>>,
     metrics: SocketMetrics,
@@ -109,6 +113,12 @@ pub struct SocketHub {
 /// it), so only the last few deploys matter; the bound keeps a server that
 /// is deployed all day from growing the list.
 pub const MAX_REPLACED_VERSIONS: usize = 1024;
+
+/// Leaving relayers remembered. A relayer says it is leaving once, as it
+/// stops, and its sockets look at once; a socket it relayed a moment
+/// before finds its mark here as it opens. Only the last few matter, and
+/// the bound keeps a long-lived owner from growing the list.
+pub const MAX_RELAYERS_GONE: usize = 1024;
 
 /// A place among the `max_sockets`, held by one socket.
 pub struct SocketPermit {
@@ -143,6 +153,7 @@ impl SocketHub {
             limits,
             shutdown: watch::Sender::new(false),
             replaced: Default::default(),
+            relayers_gone: Default::default(),
             updates: watch::Sender::new(0),
             sink,
             metrics: m,
@@ -203,6 +214,30 @@ impl SocketHub {
         self.updates.send_modify(|n| *n += 1);
     }
 
+    /// The node that relayed sockets here under `relayer` is leaving:
+    /// they close with 1001, and so does any it relayed that opens later.
+    pub fn relayer_leaving(&self, relayer: &str) {
+        {
+            let mut gone = self.relayers_gone.lock().unwrap_or_else(|p| p.into_inner());
+            if gone.iter().any(|r| &**r == relayer) {
+                return;
+            }
+            gone.push_back(relayer.into());
+            while gone.len() > MAX_RELAYERS_GONE {
+                gone.pop_front();
+            }
+        }
+        self.updates.send_modify(|n| *n += 1);
+    }
+
+    fn is_relayer_gone(&self, relayer: &str) -> bool {
+        self.relayers_gone
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|r| &**r == relayer)
+    }
+
     pub(crate) fn is_replaced(&self, app: &str, version: &str) -> bool {
         self.replaced
             .lock()
@@ -213,37 +248,61 @@ impl SocketHub {
 
     /// Resolves with the close Weir starts on a socket that `version` of
     /// `app` accepted: 1001 once the server shuts down, 1012 once a deploy
-    /// has replaced that version (at once if it already had). A socket
+    /// has replaced that version (at once if it already had), 1001 once
+    /// the node that relayed it (`relayer`, cluster mode) leaves. A socket
     /// holds one of these for its whole life, so it joins the server-wide
     /// signals' waiter lists once, not on every message it moves: those
     /// lists are shared by every socket of the server, and joining and
     /// leaving them per message locked them from every core.
-    pub(crate) async fn weir_close(&self, app: Arc<str>, version: Arc<str>) -> Close {
+    pub(crate) async fn weir_close(
+        &self,
+        app: Arc<str>,
+        version: Arc<str>,
+        relayer: Option<Arc<str>>,
+    ) -> Close {
         let mut shutdown = self.shutdown.subscribe();
         let mut updates = self.updates.subscribe();
-        let restart = || Close::new(super::close::CLOSE_SERVICE_RESTART, "the code was updated");
+        let going_away = || {
+            Close::new(
+                super::close::CLOSE_GOING_AWAY,
+                "the server is shutting down",
+            )
+        };
+        let told = || {
+            if self.is_replaced(&app, &version) {
+                Some(Close::new(
+                    super::close::CLOSE_SERVICE_RESTART,
+                    "the code was updated",
+                ))
+            } else if relayer.as_deref().is_some_and(|r| self.is_relayer_gone(r)) {
+                // The server the client reached is the one shutting down.
+                Some(going_away())
+            } else {
+                None
+            }
+        };
         // Subscribed first: a replacement after this look bumps `updates`.
-        if self.is_replaced(&app, &version) {
-            return restart();
+        if let Some(close) = told() {
+            return close;
         }
         let down = async {
             // A sender gone is a server gone: closed as at shutdown.
             let _ = shutdown.wait_for(|down| *down).await;
         };
-        let replaced = async {
+        let changed = async {
             loop {
                 if updates.changed().await.is_err() {
                     std::future::pending::<()>().await;
                 }
-                if self.is_replaced(&app, &version) {
-                    return;
+                if let Some(close) = told() {
+                    return close;
                 }
             }
         };
         tokio::select! {
             biased;
-            () = down => Close::new(super::close::CLOSE_GOING_AWAY, "the server is shutting down"),
-            () = replaced => restart(),
+            () = down => going_away(),
+            close = changed => close,
         }
     }
 
@@ -296,6 +355,7 @@ impl SocketHub {
                 version: &record.version,
                 socket: record.id,
                 protocol: record.protocol.as_deref(),
+                relayed_by: record.relayer.as_deref(),
                 messages_in: record.messages_in,
                 messages_out: record.messages_out,
                 bytes_in: record.bytes_in,
@@ -398,6 +458,8 @@ struct RelayFields<'a> {
 pub(crate) struct SocketRecord {
     pub app: Arc<str>,
     pub version: Arc<str>,
+    /// The mark of the node that relayed it here, if one did.
+    pub relayer: Option<Arc<str>>,
     pub id: u64,
     pub counters: SocketCounters,
     pub protocol: Option<String>,
@@ -416,6 +478,8 @@ struct SocketFields<'a> {
     socket: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     protocol: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    relayed_by: Option<&'a str>,
     messages_in: u64,
     messages_out: u64,
     bytes_in: u64,

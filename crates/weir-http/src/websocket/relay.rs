@@ -14,9 +14,13 @@
 //! - the owner's turn never sees the headers nodes send each other (the
 //!   cluster's secret among them);
 //! - once one direction of a relayed socket ends, the other is given
-//!   [`RELAY_LINGER`] (the close handshake) and then dropped; at this
-//!   node's shutdown both are dropped, and the client sees its connection
-//!   end (the owner's socket ends as a lost connection);
+//!   [`RELAY_LINGER`] (the close handshake) and then dropped;
+//! - at this node's shutdown its relayed sockets close as its own do,
+//!   with 1001: the owner is told (once, for all of them) and closes them
+//!   while their bytes still flow here, for at most [`LEAVING_LINGER`];
+//!   an owner that cannot be told (gone, or of a build without the
+//!   telling) is not waited for, and its sockets are dropped (their
+//!   clients see their connections end);
 //! - a relayed socket leaves one receipt on this node ("socket relayed":
 //!   the actor, its owner, which end ended it) and counts in
 //!   `sockets_relayed_open` while it lives; the socket's own receipt is
@@ -32,7 +36,9 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use weir_actors::placement::BoxFuture;
-use weir_actors::socket_relay::{CLUSTER_HEADER_PREFIX, RelayIo};
+use weir_actors::socket_relay::{
+    CLUSTER_HEADER_PREFIX, MAX_RELAYER_BYTES, RELAYER_HEADER, RelayIo,
+};
 use weir_actors::{ActorAddress, ActorHost, Location, Placement, Relayed, SocketDoor, TurnError};
 use weir_runtime::ErrorCode;
 use weir_runtime::error_code::error_response;
@@ -50,6 +56,13 @@ use crate::server::{ServeOptions, over_head_limits, read_request_body};
 /// How long the other direction of a relayed socket may go on once one
 /// ended: as long as either end waits for the other's close frame.
 pub const RELAY_LINGER: Duration = CLOSE_HANDSHAKE_TIMEOUT;
+
+/// How long a relayed socket's bytes go on flowing at this node's
+/// shutdown once its owner said it closes it: the owner's close handshake,
+/// then the other direction's linger. Inside the shutdown's grace
+/// ([`crate::server::SHUTDOWN_GRACE`]).
+pub const LEAVING_LINGER: Duration =
+    Duration::from_secs(CLOSE_HANDSHAKE_TIMEOUT.as_secs() + RELAY_LINGER.as_secs());
 
 /// Bytes read at once in each direction of a relayed socket: small, as an
 /// owned socket's read buffer is ([`super::wire::READ_BUFFER_BYTES`]),
@@ -107,9 +120,9 @@ pub(crate) async fn socket(
                         let record = offer.hub.relay_opened(
                             &offer.app,
                             format!("{}/{}", address.class, address.name),
-                            node,
+                            node.clone(),
                         );
-                        return carry(&offer, response, io, record);
+                        return carry(&offer, response, io, (record, placement.clone(), node));
                     }
                     Relayed::Answered(response) => return served(&method, response),
                     Relayed::NotRun(code) => last = code,
@@ -137,12 +150,13 @@ fn copy(head: &Request<()>) -> Request<()> {
 
 /// Answers the client with the owner's 101 and carries the socket's bytes
 /// between the two from then on, holding its place among `max_sockets`;
-/// its receipt says which end ended it.
+/// its receipt says which end ended it. At this node's shutdown, the
+/// owner (`node`, reached through `placement`) is asked to close it.
 fn carry(
     offer: &UpgradeOffer,
     response: Response<()>,
     owner: Box<dyn RelayIo>,
-    record: RelayRecord,
+    (record, placement, node): (RelayRecord, Arc<dyn Placement>, Arc<str>),
 ) -> Response<ServeBody> {
     let Some((client, permit)) = offer.take() else {
         offer
@@ -154,10 +168,22 @@ fn carry(
     tokio::spawn(async move {
         let _permit = permit;
         let (by, why) = match client.await {
-            Ok(upgraded) => tokio::select! {
-                ended = splice(TokioIo::new(upgraded), owner) => ended,
-                () = hub.shutting_down() => ("shutdown", None),
-            },
+            Ok(upgraded) => {
+                let mut spliced = pin!(splice(TokioIo::new(upgraded), owner));
+                tokio::select! {
+                    ended = &mut spliced => ended,
+                    () = hub.shutting_down() => {
+                        if placement.relayer_leaving(node).await {
+                            match tokio::time::timeout(LEAVING_LINGER, spliced).await {
+                                Ok(ended) => ended,
+                                Err(_) => ("shutdown", Some("the owner did not close it in time".into())),
+                            }
+                        } else {
+                            ("shutdown", Some("its owner could not be told this node is leaving".into()))
+                        }
+                    }
+                }
+            }
             Err(e) => ("client", Some(format!("upgrade failed: {e}"))),
         };
         hub.relay_closed(&record, by, why.as_deref());
@@ -238,6 +264,13 @@ impl SocketDoor for RelayDoor {
             let served = served?;
             let host = served.actors.clone()?;
             let app = &served.app;
+            // Read before the headers nodes send each other go.
+            let relayer = request
+                .headers()
+                .get(RELAYER_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .filter(|m| !m.is_empty() && m.len() <= MAX_RELAYER_BYTES)
+                .map(Arc::<str>::from);
             // What nodes tell each other is not the actor's to read.
             let theirs: Vec<_> = request
                 .headers()
@@ -251,11 +284,12 @@ impl SocketDoor for RelayDoor {
             if let Some(code) = over_head_limits(&request, &app.code.limits) {
                 return Some(error_response(code));
             }
-            let offer = match offer_upgrade(app, sockets.as_ref(), &mut request) {
+            let mut offer = match offer_upgrade(app, sockets.as_ref(), &mut request) {
                 Ok(Some(offer)) => offer,
                 Ok(None) => return Some(socket_refusal(SocketErrorCode::InvalidUpgrade)),
                 Err((_, code, _)) => return Some(socket_refusal(code)),
             };
+            offer.relayer = relayer;
             let (parts, body) = request.into_parts();
             let bytes = match read_request_body(body, &app.code.limits).await {
                 Ok(bytes) => bytes,
@@ -264,5 +298,11 @@ impl SocketDoor for RelayDoor {
             let parts = with_offer(parts, Some(Arc::new(offer)));
             turn(&host, actor, path, parts, bytes, Reach::HereOnly).await
         })
+    }
+
+    fn relayer_leaving(&self, relayer: &str) {
+        if let Some(hub) = &self.options.sockets {
+            hub.relayer_leaving(relayer);
+        }
     }
 }

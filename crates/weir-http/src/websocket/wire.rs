@@ -67,6 +67,9 @@ pub struct Wire {
     pub app: Arc<str>,
     /// The version of the code that accepted the socket.
     pub version: Arc<str>,
+    /// The mark of the node that relayed it here (cluster mode), if one
+    /// did: the socket closes when that node leaves.
+    pub relayer: Option<Arc<str>>,
     pub protocol: Option<String>,
     /// After the socket ends, how long its session may take to end on its
     /// own before its caller counts as gone (the app's
@@ -128,6 +131,7 @@ impl Wire {
             ending,
             app,
             version,
+            relayer,
             protocol,
             grace,
         } = self;
@@ -135,6 +139,7 @@ impl Wire {
         let mut record = SocketRecord {
             app,
             version,
+            relayer,
             id,
             counters,
             protocol,
@@ -197,8 +202,12 @@ async fn serve(
     // and the server-wide signals' locks are shared by every socket, so
     // polling them per message made every core take them (3 % of an
     // actor echo's samples).
-    let mut by_weir: FuturesUnordered<_> =
-        std::iter::once(hub.weir_close(record.app.clone(), record.version.clone())).collect();
+    let mut by_weir: FuturesUnordered<_> = std::iter::once(hub.weir_close(
+        record.app.clone(),
+        record.version.clone(),
+        record.relayer.clone(),
+    ))
+    .collect();
     let mut tick = tokio::time::interval(limits.socket_ping_interval.min(idle));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut heard = Instant::now();

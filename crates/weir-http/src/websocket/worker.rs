@@ -60,6 +60,8 @@ pub struct UpgradeOffer {
     pub version: Arc<str>,
     /// The app's `cancellation_limit_ms` (see [`Wire::grace`]).
     pub grace: std::time::Duration,
+    /// The mark of the node that relayed the upgrade here, if one did.
+    pub relayer: Option<Arc<str>>,
     taken: Mutex<Option<(OnUpgrade, SocketPermit)>>,
 }
 
@@ -78,6 +80,7 @@ impl UpgradeOffer {
             app,
             version,
             grace,
+            relayer: None,
             taken: Mutex::new(Some((upgrade, permit))),
         }
     }
@@ -236,6 +239,7 @@ impl worker::Host for GenerationState {
                 ending,
                 app: offer.app.clone(),
                 version: offer.version.clone(),
+                relayer: offer.relayer.clone(),
                 protocol,
                 grace: offer.grace,
             }
