@@ -58,11 +58,12 @@ use crate::server::{ServeOptions, over_head_limits, read_request_body};
 pub const RELAY_LINGER: Duration = CLOSE_HANDSHAKE_TIMEOUT;
 
 /// How long a relayed socket's bytes go on flowing at this node's
-/// shutdown once its owner said it closes it: the owner's close handshake,
-/// then the other direction's linger. Inside the shutdown's grace
-/// ([`crate::server::SHUTDOWN_GRACE`]).
-pub const LEAVING_LINGER: Duration =
-    Duration::from_secs(CLOSE_HANDSHAKE_TIMEOUT.as_secs() + RELAY_LINGER.as_secs());
+/// shutdown once its owner said it closes it: the owner's close handshake
+/// (after which the owner drops its end, and both directions end), and a
+/// second for the bytes in flight. With the owner's answer (at most 2 s)
+/// it stays inside the shutdown's grace ([`crate::server::SHUTDOWN_GRACE`]),
+/// so the socket's receipt is written before the process ends.
+pub const LEAVING_LINGER: Duration = Duration::from_secs(CLOSE_HANDSHAKE_TIMEOUT.as_secs() + 1);
 
 /// Bytes read at once in each direction of a relayed socket: small, as an
 /// owned socket's read buffer is ([`super::wire::READ_BUFFER_BYTES`]),
