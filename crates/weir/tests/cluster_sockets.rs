@@ -293,6 +293,19 @@ async fn a_relaying_node_that_stops_closes_its_sockets_going_away_and_the_owner_
     // The direct socket was never the relayer's: it stays open.
     say(&mut room.direct, "still here").await;
     message_of(&mut room.direct, stayed, "still here").await;
+    // The relayer started again under its name: the sockets it relays now
+    // are not the ones its last run left, and stay open.
+    let at = 1 - room.owner_at;
+    assert!(room.nodes[at].1.wait_exit(Duration::from_secs(30)).is_some());
+    let dir = common::cluster::node_path("sockets-relayer", other);
+    room.nodes[at].1 = chat_node(&room.pg, other, &dir, &[]);
+    let mut cy = join(room.other(), room.name, "cy").await;
+    presence_of(&mut cy, &[stayed, "cy"]).await;
+    assert_eq!(counters(room.other()).await["sockets_relayed"], 1);
+    say(&mut room.direct, "welcome").await;
+    message_of(&mut cy, stayed, "welcome").await;
+    say(&mut cy, "thanks").await;
+    message_of(&mut room.direct, "cy", "thanks").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
