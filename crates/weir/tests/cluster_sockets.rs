@@ -296,7 +296,12 @@ async fn a_relaying_node_that_stops_closes_its_sockets_going_away_and_the_owner_
     // The relayer started again under its name: the sockets it relays now
     // are not the ones its last run left, and stay open.
     let at = 1 - room.owner_at;
-    assert!(room.nodes[at].1.wait_exit(Duration::from_secs(30)).is_some());
+    assert!(
+        room.nodes[at]
+            .1
+            .wait_exit(Duration::from_secs(30))
+            .is_some()
+    );
     let dir = common::cluster::node_path("sockets-relayer", other);
     room.nodes[at].1 = chat_node(&room.pg, other, &dir, &[]);
     let mut cy = join(room.other(), room.name, "cy").await;
