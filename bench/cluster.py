@@ -368,11 +368,20 @@ def sockets_row(pg, tmp, rounds, duration, sockets=100, size=32, idle_sockets=20
         assert json.loads(held.stdout.readline())["held"] == idle_sockets
         time.sleep(5)
         after = (rss_kib(relay_proc.pid), rss_kib(procs[owner].pid))
-        held.kill()
-        held.wait()
         print(f"{idle_sockets} idle sockets through the relaying node: "
               f"{(after[0] - base[0]) / idle_sockets:.1f} KiB each on it, "
               f"{(after[1] - base[1]) / idle_sockets:.1f} KiB each on the owner")
+        # The relaying node stops gracefully with them open: how each of
+        # its clients sees its socket end, and how long that takes.
+        asked = time.monotonic()
+        relay_proc.send_signal(signal.SIGTERM)
+        ended = json.loads(held.stdout.readline())["ended"]
+        all_ended = time.monotonic() - asked
+        relay_proc.wait(timeout=60)
+        exited = time.monotonic() - asked
+        held.wait()
+        print(f"the relaying node stopped with {idle_sockets} of them open: they ended {ended} "
+              f"within {all_ended * 1000:.0f} ms of its SIGTERM; it exited after {exited * 1000:.0f} ms")
     finally:
         for _, _, proc in nodes:
             kill(proc)

@@ -16,7 +16,11 @@
 //! loop itself fills.
 //!
 //! With SIZE 0 the sockets are only held open, idle, for SECONDS (for
-//! memory per idle socket); it prints `{"held":N}` once all are open.
+//! memory per idle socket); it prints `{"held":N}` once all are open, and
+//! then, once every socket has ended or SECONDS have passed, how each
+//! ended: `{"ended":{"1001":N,"dropped":M,"open":K}}` (a close frame's
+//! code, answered as a browser does; `dropped` for a connection that
+//! ended without one).
 //!
 //! Usage: `ws-load URL SOCKETS SECONDS SIZE [RATE]`
 
@@ -36,6 +40,26 @@ type Run = (Vec<u64>, u64);
 /// echoes still on their way: a message not back by then counts as an
 /// error, not as a latency.
 const PACED_DRAIN: Duration = Duration::from_secs(5);
+
+/// Holds an idle socket until it ends or `deadline` passes: its close
+/// code (answered), `dropped`, or `open`.
+async fn idle_until_ended(mut ws: Socket, deadline: tokio::time::Instant) -> String {
+    loop {
+        match tokio::time::timeout_at(deadline, ws.next()).await {
+            Err(_) => return "open".into(),
+            Ok(None) | Ok(Some(Err(_))) => return "dropped".into(),
+            Ok(Some(Ok(Message::Close(frame)))) => {
+                // Reading on sends the close's answer, as a browser does.
+                let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                    while let Some(Ok(_)) = ws.next().await {}
+                })
+                .await;
+                return frame.map_or("1005".into(), |f| u16::from(f.code).to_string());
+            }
+            Ok(Some(Ok(_))) => continue,
+        }
+    }
+}
 
 #[tokio::main]
 async fn main() {
@@ -63,7 +87,20 @@ async fn main() {
         println!("{{\"held\":{}}}", clients.len());
         use std::io::Write;
         let _ = std::io::stdout().flush();
-        tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(seconds);
+        let ends: Vec<_> = clients
+            .into_iter()
+            .map(|ws| tokio::spawn(idle_until_ended(ws, deadline)))
+            .collect();
+        let mut ended = std::collections::BTreeMap::<String, u64>::new();
+        for end in ends {
+            *ended.entry(end.await.expect("a socket's task")).or_default() += 1;
+        }
+        let ended: Vec<String> = ended
+            .iter()
+            .map(|(how, n)| format!("\"{how}\":{n}"))
+            .collect();
+        println!("{{\"ended\":{{{}}}}}", ended.join(","));
         return;
     }
     let start = Instant::now();

@@ -14,6 +14,9 @@ const SCHEMA_LOCK: i64 = 0x7765_6972; // "weir"
 const SCHEMA_VERSION: i32 = 1;
 
 const SCHEMA: &str = "
+-- Each statement below that finds its table already there would say so
+-- in a notice, which every node after the first would log on its start.
+SET LOCAL client_min_messages = warning;
 CREATE TABLE IF NOT EXISTS weir_schema (version INT NOT NULL);
 CREATE TABLE IF NOT EXISTS weir_nodes (
     session BIGSERIAL PRIMARY KEY,
