@@ -47,8 +47,26 @@ pub struct Postgres {
     pool: Pool,
 }
 
-fn unavailable(e: impl std::fmt::Display) -> CoordError {
-    CoordError::Unavailable(e.to_string())
+fn unavailable(e: impl std::error::Error) -> CoordError {
+    CoordError::Unavailable(with_causes(&e))
+}
+
+/// An error and the causes under it, each once: a pool's "error
+/// connecting to server" says why only in its source (connection refused,
+/// a name that does not resolve, a password refused), and an operator
+/// needs the why.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut said = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !said.contains(&more) {
+            said.push_str(": ");
+            said.push_str(&more);
+        }
+        cause = c.source();
+    }
+    said
 }
 
 /// Sorts a database error: what says the server or the connection is gone
@@ -90,12 +108,26 @@ fn state(row: &tokio_postgres::Row, at: usize) -> ObjectState {
 pub fn redacted(url: &str) -> String {
     match url.parse::<tokio_postgres::Config>() {
         Ok(config) => {
+            // One port for all hosts, one per host, or none (the default).
+            let ports = config.get_ports();
+            let port = |i: usize| match ports {
+                [] => None,
+                [one] => Some(*one),
+                many => many.get(i).copied(),
+            };
             let hosts: Vec<String> = config
                 .get_hosts()
                 .iter()
-                .map(|h| match h {
-                    tokio_postgres::config::Host::Tcp(h) => h.clone(),
-                    tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+                .enumerate()
+                .map(|(i, h)| {
+                    let host = match h {
+                        tokio_postgres::config::Host::Tcp(h) => h.clone(),
+                        tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+                    };
+                    match port(i) {
+                        Some(port) => format!("{host}:{port}"),
+                        None => host,
+                    }
                 })
                 .collect();
             format!(
@@ -579,5 +611,50 @@ impl Coordinator for Postgres {
                 .collect())
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redacted_url_keeps_hosts_and_ports_but_not_the_password() {
+        assert_eq!(
+            redacted("postgres://weir:hunter2@10.0.0.5:6432/weir"),
+            "postgres://weir@10.0.0.5:6432/weir"
+        );
+        // The default port, said.
+        assert_eq!(
+            redacted("postgres://weir@db/weir"),
+            "postgres://weir@db:5432/weir"
+        );
+        assert_eq!(
+            redacted("host=a,b port=5433,5434 user=weir password=x dbname=weir"),
+            "postgres://weir@a:5433,b:5434/weir"
+        );
+        assert!(!redacted("postgres://weir:hunter2@db:1/weir").contains("hunter2"));
+    }
+
+    #[test]
+    fn an_unavailable_database_says_why_once() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("error connecting to server")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let said = with_causes(&Outer(refused));
+        assert_eq!(said, "error connecting to server: connection refused");
+        // A cause its error already names is not said twice.
+        let io = std::io::Error::other("no route");
+        assert_eq!(with_causes(&io), "no route");
     }
 }

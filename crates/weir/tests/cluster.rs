@@ -317,6 +317,45 @@ async fn what_does_not_run_in_cluster_mode_is_refused_by_name() {
     );
 }
 
+#[test]
+fn a_node_whose_database_cannot_be_reached_exits_naming_it_and_why() {
+    // Nothing listens on the port: the start fails, naming the database
+    // (its port included, its password not) and why it cannot be reached.
+    let port = common::cluster::free_port();
+    let url = format!("postgres://weir:hunter2@127.0.0.1:{port}/weir");
+    let (dir, app) = (node_dir("unreachable", "n1"), guest("gateway"));
+    let out = common::run_weir_with_env(
+        &[
+            "serve",
+            app.to_str().unwrap(),
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--cluster",
+            &url,
+            "--node",
+            "n1",
+            "--cluster-listen",
+            "127.0.0.1:0",
+        ],
+        &[("WEIR_CLUSTER_SECRET", common::cluster::SECRET)],
+    );
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let said = out.stderr.trim();
+    assert!(
+        said.starts_with(&format!(
+            "weir: cluster: postgres://weir@127.0.0.1:{port}/weir: the cluster database is unavailable: "
+        )),
+        "{said}"
+    );
+    assert!(
+        said.ends_with("Connection refused (os error 111)"),
+        "{said}"
+    );
+    assert!(!said.contains("hunter2"), "{said}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_back_into_its_chain_through_another_node_is_refused_at_once() {
     // Actor A on n1 calls B on n2, which calls A back: the chain travels

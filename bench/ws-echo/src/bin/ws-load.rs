@@ -94,7 +94,9 @@ async fn main() {
             .collect();
         let mut ended = std::collections::BTreeMap::<String, u64>::new();
         for end in ends {
-            *ended.entry(end.await.expect("a socket's task")).or_default() += 1;
+            *ended
+                .entry(end.await.expect("a socket's task"))
+                .or_default() += 1;
         }
         let ended: Vec<String> = ended
             .iter()
