@@ -8,7 +8,9 @@
 //!   refused with the cause, and nothing starts. The row lives as long as
 //!   the process: it is deleted, durably, when the process ends — in the
 //!   owner's turn when the owner kills it (so a crash a moment later cannot
-//!   bring back a process its owner saw end), after its own end otherwise;
+//!   bring back a process its owner saw end), after its own end otherwise.
+//!   A process the server stops as it shuts down keeps its row: a graceful
+//!   restart brings it back as a crash's would;
 //! - after a restart, every owner with rows is recovered at once, on its
 //!   own, without waiting for a request. Recovery adopts a fresh
 //!   incarnation, so every row's pid is at or below the new pid base: owed

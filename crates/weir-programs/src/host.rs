@@ -117,7 +117,18 @@ pub struct ProgramsHost {
     pub(crate) fence: Arc<Fence>,
     /// The resident processes, by owner.
     pub table: Arc<ProcessTable>,
+    /// Set as the server shuts down: no process starts after it.
+    stopping: std::sync::atomic::AtomicBool,
 }
+
+/// How long a server's shutdown waits for its processes to end: a kill
+/// ends a process at its next epoch tick, or as soon as the request it
+/// serves is cut, so this is reached only by a process whose host call
+/// does not return.
+pub const PROCESS_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What a spawn that comes after the server began to shut down is told.
+pub const SHUTTING_DOWN: &str = "the server is shutting down; spawn again once it is back";
 
 impl ProgramsHost {
     pub fn new(config: ProgramsConfig) -> Arc<ProgramsHost> {
@@ -132,7 +143,47 @@ impl ProgramsHost {
             threads: OnceLock::new(),
             fence: Arc::new(Fence::default()),
             table,
+            stopping: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// True once the server began to shut down.
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The server is shutting down (its requests are answered): no process
+    /// starts from now on, and every live one ends, each with a receipt
+    /// (`stopped`), its launch journal row kept, so that the next start
+    /// brings it back as after a crash. A spawn that was booting when this
+    /// began is stopped once it is up. Bounded by [`PROCESS_STOP_GRACE`].
+    pub async fn stop_with_server(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let stop_all = async {
+            // Until no slot is held: a spawn that was booting is stopped
+            // once it runs (the flag keeps any later one from starting).
+            loop {
+                let mut stops = tokio::task::JoinSet::new();
+                for process in self.table.all() {
+                    stops.spawn(async move { process.stop_with_server().await });
+                }
+                stops.join_all().await;
+                if self.table.counts().1 == 0 {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        if tokio::time::timeout(PROCESS_STOP_GRACE, stop_all)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                left = self.table.all().len(),
+                "resident processes did not end within the shutdown's grace; they end with the server"
+            );
+        }
     }
 
     /// Where processes run (see [`crate::program_threads`]).

@@ -247,7 +247,7 @@ pub async fn spawn(spawn: Spawn, code: Arc<CommandCode>) -> Result<Arc<Process>,
         let exit = match end {
             None => Exit {
                 exit_code: EXIT_KILLED,
-                stopped: Some("killed".into()),
+                stopped: Some(crate::process::KILLED.into()),
                 detail: None,
             },
             Some(RunEnd::Exited(code)) => Exit {

@@ -9,8 +9,10 @@
 //! - a process ends once, in one order: its instance is dropped, then its
 //!   image's root, then its ephemeral slot's directory, and only then is
 //!   its slot given back; its journal row goes (unless its owner deleted
-//!   it in its own turn), and it leaves one receipt (pid, owner, image,
-//!   contract, outcome, exit code, requests, CPU time, peak memory);
+//!   it in its own turn, or the server stopped it: then the row stays, and
+//!   the next start brings it back), and it leaves one receipt (pid,
+//!   owner, image, contract, outcome, exit code, requests, CPU time, peak
+//!   memory);
 //! - kill is idempotent and returns once the process is fully gone.
 
 use std::path::PathBuf;
@@ -180,6 +182,7 @@ impl Spawn {
             requests: AtomicU64::new(0),
             memory: Arc::new(AtomicU64::new(0)),
             released_by_owner: AtomicBool::new(false),
+            stopped_with_server: AtomicBool::new(false),
             ended: Mutex::new(None),
             kill,
             done,
@@ -222,6 +225,8 @@ pub struct Process {
     /// Its owner deletes its journal row itself (a kill in the owner's
     /// turn); otherwise its end does.
     released_by_owner: AtomicBool,
+    /// The server stops it as it shuts down: its journal row stays.
+    stopped_with_server: AtomicBool,
     /// How it ended; none while it runs.
     ended: Mutex<Option<String>>,
     kill: watch::Sender<bool>,
@@ -272,6 +277,14 @@ impl Process {
         self.released_by_owner.store(true, Ordering::Relaxed);
     }
 
+    /// Ends the process because the server is shutting down: as a kill,
+    /// but its journal row stays, so the next start re-drives it, and its
+    /// receipt says `stopped`.
+    pub async fn stop_with_server(&self) -> bool {
+        self.stopped_with_server.store(true, Ordering::Relaxed);
+        self.kill().await
+    }
+
     /// Ends the process; true if it was running. Returns once its instance
     /// is dropped and its slot is free.
     pub async fn kill(&self) -> bool {
@@ -311,7 +324,14 @@ impl Afterlife {
     /// back, its receipt written, then `settle` (what the contract tells
     /// its waiters), and only then may [`Process::kill`] return, so whoever
     /// killed it finds the exit settled.
-    pub(crate) async fn finish(self, process: &Process, ended: Ended, settle: impl FnOnce()) {
+    pub(crate) async fn finish(self, process: &Process, mut ended: Ended, settle: impl FnOnce()) {
+        // Killed because the server stops (not failed on its own meanwhile).
+        let kept = ended.why == KILLED && process.stopped_with_server.load(Ordering::Relaxed);
+        if kept {
+            ended.why = STOPPED.to_string();
+            // Its contract marked it killed; the server's stop says why.
+            *process.ended.lock().unwrap_or_else(|p| p.into_inner()) = Some(ended.why.clone());
+        }
         process.mark_ended(&ended.why);
         drop(self.root);
         if let Some(slot) = process.storage.clone().filter(|s| !s.durable) {
@@ -322,7 +342,7 @@ impl Afterlife {
             slot: process.slot,
         };
         self.table.ended(&process.owner, reservation, &ended.why);
-        if !process.released_by_owner.load(Ordering::Relaxed) {
+        if !kept && !process.released_by_owner.load(Ordering::Relaxed) {
             self.fence.release_later(&process.owner, process.pid);
         }
         let outcome = outcome(&ended.why);
@@ -335,11 +355,19 @@ impl Afterlife {
     }
 }
 
-/// A receipt's outcome: `killed`, `exited` (a command that ended by
-/// itself), or `failed`.
+/// How a killed process ended.
+pub(crate) const KILLED: &str = "killed";
+
+/// How a process the server stopped as it shut down ended.
+pub(crate) const STOPPED: &str =
+    "stopped: the server shut down; its launch is kept, and it starts again with the server";
+
+/// A receipt's outcome: `killed`, `stopped` (with the server, to start
+/// again with it), `exited` (a command that ended by itself), or `failed`.
 fn outcome(why: &str) -> &'static str {
     match why {
-        "killed" => "killed",
+        KILLED => "killed",
+        STOPPED => "stopped",
         _ if why.starts_with("exited") => "exited",
         _ => "failed",
     }
@@ -369,6 +397,7 @@ fn write_process_receipt(
     started: Instant,
 ) {
     let failed = outcome == "failed";
+    let detail = (failed || outcome == "stopped").then_some(ended.why.as_str());
     let cpu_us = ended.cpu.as_micros() as u64;
     write_receipt(
         sink,
@@ -396,7 +425,7 @@ fn write_process_receipt(
             total_us: started.elapsed().as_micros() as u64,
             operations: 0,
             operations_refused: 0,
-            detail: failed.then_some(ended.why.as_str()),
+            detail,
         },
     );
 }

@@ -49,6 +49,9 @@ impl ProgramsHost {
         if let Some(why) = self.config.spawns_refused {
             return Err(types::Error::Failed(why.to_string()));
         }
+        if self.stopping() {
+            return Err(types::Error::Failed(crate::host::SHUTTING_DOWN.to_string()));
+        }
         let (scope, _op) = operation(scope)?;
         let digest = parse_digest(&spec.image)?;
         let spec_bytes = spec_bytes(&spec);

@@ -81,7 +81,7 @@ impl ProgramsHost {
             let image = LaunchSpec::decode(&row.spec)
                 .map(|s| s.image)
                 .unwrap_or_default();
-            tracing::warn!(%owner, pid = row.pid, why, "a resident process was lost in a crash");
+            tracing::warn!(%owner, pid = row.pid, why, "a resident process that was running when the server last stopped is not started again");
             receipt(row.pid, None, &image, Some(why));
         }
         for (row, launch) in plan.redrive {
@@ -104,7 +104,7 @@ impl ProgramsHost {
                     if let Err(e) = fenced_work::settled(&mut held, resident.pid, &row.spec) {
                         tracing::warn!(%owner, pid = resident.pid, error = %e, "cannot settle a re-driven launch");
                     }
-                    tracing::info!(%owner, old_pid = row.pid, new_pid = resident.pid, "a resident process was started again after a crash");
+                    tracing::info!(%owner, old_pid = row.pid, new_pid = resident.pid, "a resident process that was running when the server last stopped was started again");
                     receipt(row.pid, Some(resident.pid), &launch.image, None);
                 }
                 Err(e) => {

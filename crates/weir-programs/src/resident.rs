@@ -227,10 +227,10 @@ async fn serve(
     loop {
         let job = tokio::select! {
             biased;
-            _ = killed.wait_for(|k| *k) => return "killed".into(),
+            _ = killed.wait_for(|k| *k) => return crate::process::KILLED.into(),
             job = queue.recv() => match job {
                 Some(job) => job,
-                None => return "killed".into(),
+                None => return crate::process::KILLED.into(),
             },
         };
         let deadline = Instant::now() + limits.event_limit;
@@ -239,7 +239,7 @@ async fn serve(
         generation.store.data_mut().set_scope(Some(scope.clone()));
         let call = tokio::select! {
             biased;
-            _ = killed.wait_for(|k| *k) => return "killed".into(),
+            _ = killed.wait_for(|k| *k) => return crate::process::KILLED.into(),
             call = Timed::new(buffered::call(generation, &scope, job.request, limits, deadline), cpu) => call,
         };
         generation.store.data_mut().set_scope(None);

@@ -557,7 +557,12 @@ impl Server {
         if let Some(task) = keeping_up {
             task.abort();
         }
-        // Everything answered: this node's actors go to the others now,
+        // Everything answered: resident processes end, each with its
+        // receipt, their launches kept for the next start.
+        for tenant in apps.tenants().await {
+            tenant.programs.stop_with_server().await;
+        }
+        // This node's actors go to the others now,
         // not after its lease.
         if let Some(cluster) = cluster {
             cluster.stop().await;

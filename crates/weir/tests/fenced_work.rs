@@ -1,5 +1,6 @@
 //! Fenced work from outside: resident processes survive `SIGKILL` of the
-//! server through their owners' launch journals. A durable app comes back
+//! server through their owners' launch journals, and a graceful stop ends
+//! them with a receipt each and brings them back at the next start. A durable app comes back
 //! under a new pid with no request arriving; a re-drive cut short by
 //! another `SIGKILL` is abandoned loudly, never run twice; many kill
 //! cycles start the program exactly once per cycle and lose nothing.
@@ -169,6 +170,47 @@ async fn after_sigkill_a_durable_app_is_back_under_a_new_pid_without_a_request()
         "the row names the new pid, its re-drive settled"
     );
     assert_eq!(journal(&data, "other"), [], "the lost one's row is gone");
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_ends_each_process_with_a_receipt_and_the_next_start_brings_it_back() {
+    let data = data_dir("graceful");
+    let mut weir = serve(&data, &[]);
+    let image = push(&weir, &guest("resident")).await;
+    let spawned = call(
+        &weir,
+        "POST",
+        &format!("/r/owner/spawn/{image}?slot=app&durable=1"),
+        b"",
+    )
+    .await;
+    let pid = spawned.json()["pid"].as_u64().unwrap();
+    weir.signal("TERM");
+    assert!(weir.wait_exit(Duration::from_secs(30)).is_some());
+    // It ended with the server, and said so: not killed, not failed.
+    let ended = weir
+        .first_logged("weir::process", |r| r["message"] == "process")
+        .await;
+    assert_eq!(ended["pid"], pid, "{ended}");
+    assert_eq!(ended["outcome"], "stopped", "{ended}");
+    assert_eq!(
+        ended["detail"],
+        "stopped: the server shut down; its launch is kept, and it starts again with the server"
+    );
+    assert_eq!(journal(&data, "owner"), [(pid, 0)], "its launch is kept");
+    // The next start brings it back, over its slot, before any request.
+    let weir = serve(&data, &[]);
+    let back = wait_running(&weir, 1).await;
+    let new_pid = back[0]["pid"].as_u64().unwrap();
+    assert!(new_pid > 2_000_000, "{new_pid}");
+    let recovered = weir
+        .first_logged("weir::process", |r| r["outcome"] == "recovered")
+        .await;
+    assert_eq!(recovered["old_pid"], pid);
+    assert_eq!(recovered["new_pid"], new_pid);
+    assert_eq!(starts(&data), 2, "started once, then once with the server");
+    kill(weir);
     let _ = std::fs::remove_dir_all(&data);
 }
 
