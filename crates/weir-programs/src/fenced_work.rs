@@ -238,7 +238,12 @@ pub fn journaled_images(
             let rows = directory
                 .open(&actor)
                 .and_then(|db| Ok(db.journal()?))
-                .map_err(|e| format!("cannot read the launch journal of {actor}: {e}"))?;
+                .map_err(|e| {
+                    format!(
+                        "cannot read the launch journal of actor {}/{}: {e}",
+                        actor.class, actor.name
+                    )
+                })?;
             images.extend(rows.iter().filter_map(|row| {
                 LaunchSpec::decode(&row.spec)?
                     .image

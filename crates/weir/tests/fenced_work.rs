@@ -412,6 +412,10 @@ async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
         stderr.contains("Sweep through its admin address"),
         "{stderr}"
     );
+    assert!(
+        stderr.starts_with("weir: cannot read the launch journal of actor runner/owner: "),
+        "the actor named as operators name it: {stderr}"
+    );
 
     // Down after a crash, the journal names the image: spared for recovery.
     kill(weir);
