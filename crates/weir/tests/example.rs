@@ -219,7 +219,7 @@ async fn the_rate_limiter_keeps_one_bucket_per_client_across_restarts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_durable_app_keeps_its_notes_across_sigkill_and_comes_back_under_a_new_pid() {
+async fn the_durable_app_keeps_its_notes_across_sigkill_and_a_kill_and_comes_back_each_time() {
     guest("notes_owner");
     let data = weir_scratch::dir("example-notes");
     let config = root().join("guests/notes-owner/weir.toml");
@@ -274,6 +274,24 @@ async fn the_durable_app_keeps_its_notes_across_sigkill_and_comes_back_under_a_n
     let status = weir.admin_get("/processes").await.json();
     let pid = status["processes"][0]["pid"].as_u64().unwrap();
     assert!(pid > 2_000_000, "a new incarnation's pid: {pid}");
+
+    // Killed by an operator: the owner's next request starts it again
+    // over the same slot, not to the process that ended.
+    let killed = weir
+        .admin_send("DELETE", &format!("/processes/notes/mine/{pid}"))
+        .await;
+    assert_eq!(killed.json()["killed"], true, "{:?}", killed.body);
+    let read = call(&weir, "GET", "/notes/mine/notes/todo", b"").await;
+    assert_eq!(
+        (read.status.as_u16(), read.text()),
+        (200, "buy milk".to_string())
+    );
+    let status = weir.admin_get("/processes").await.json();
+    let again = status["processes"][0]["pid"].as_u64().unwrap();
+    assert!(
+        again > pid,
+        "started again by the owner: {again} after {pid}"
+    );
     let _ = std::fs::remove_dir_all(&data);
 }
 

@@ -10,7 +10,7 @@
 use wasi::http::types::{IncomingRequest, ResponseOutparam};
 use weir_guest::actor::storage;
 use weir_guest::http::{forward, respond};
-use weir_guest::process::{processes, RecoveryOutcome, SpawnSpec, StorageSlot};
+use weir_guest::process::{processes, RecoveryOutcome, SpawnSpec, State, StorageSlot};
 
 const MAX_BODY: usize = 1 << 20;
 
@@ -51,7 +51,9 @@ weir_guest::supervisor!(recovered);
 /// The running app's pid, starting it if it is not running.
 fn running() -> Result<u64, String> {
     if let Some(pid) = storage::get::<u64>("pid").map_err(|e| e.to_string())? {
-        if processes::status(pid).is_ok() {
+        // `status` also answers for a process that ended a moment ago
+        // (killed, failed): only a running one is reached.
+        if processes::status(pid).is_ok_and(|info| matches!(info.state, State::Running)) {
             return Ok(pid);
         }
     }
