@@ -48,7 +48,7 @@ impl ProgramMetrics {
         );
         metrics.register(
             "process_exits",
-            "Resident processes ended, by outcome (killed, exited, failed)",
+            "Resident processes ended, by outcome (killed, stopped with the server, exited, failed)",
             m.exits.clone(),
         );
         metrics.register(
