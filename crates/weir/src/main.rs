@@ -183,10 +183,42 @@ struct BuildArgs {
     features: Vec<String>,
 }
 
+/// What a command line that names no command (or a command without one
+/// of its own) is told, in one line: the commands it may name.
+fn missing_command() -> String {
+    use clap::CommandFactory;
+    let top = Cli::command();
+    let named = std::env::args().nth(1).unwrap_or_default();
+    let (within, path) = match top.find_subcommand(&named) {
+        Some(command) => (command.clone(), format!("weir {named}")),
+        None => (top, "weir".to_string()),
+    };
+    let commands: Vec<&str> = within
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set())
+        .map(|c| c.get_name())
+        .filter(|name| *name != "help")
+        .collect();
+    format!(
+        "`{path}` needs one of its commands: {} (see `{path} --help`)",
+        commands.join(", ")
+    )
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => e.exit(), // --help, --version
+        Err(e)
+            if matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+                    | clap::error::ErrorKind::MissingSubcommand
+            ) =>
+        {
+            eprintln!("weir: {}", missing_command());
+            return ExitCode::from(EXIT_USAGE);
+        }
         Err(e) => {
             // One clear line, like every other usage error.
             let text = e.to_string();

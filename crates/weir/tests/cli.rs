@@ -264,6 +264,28 @@ async fn build_produces_a_checked_component() {
 }
 
 #[test]
+fn a_missing_command_is_a_usage_error_naming_the_commands_in_one_line() {
+    let out = run_weir(&[]);
+    assert_eq!(out.code, Some(2));
+    assert_eq!(
+        out.stderr.trim(),
+        "weir: `weir` needs one of its commands: serve, build, actors, run, images, processes, apps, deploy (see `weir --help`)"
+    );
+    let out = run_weir(&["actors"]);
+    assert_eq!(out.code, Some(2));
+    assert_eq!(
+        out.stderr.trim(),
+        "weir: `weir actors` needs one of its commands: list, inspect, delete (see `weir actors --help`)"
+    );
+    let out = run_weir(&["apps", "--admin", "127.0.0.1:1"]);
+    assert_eq!(out.code, Some(2));
+    assert_eq!(
+        out.stderr.trim(),
+        "weir: `weir apps` needs one of its commands: list (see `weir apps --help`)"
+    );
+}
+
+#[test]
 fn build_usage_errors_exit_2_with_one_line() {
     let out = run_weir(&["build", "--manifest", "/nonexistent/Cargo.toml"]);
     assert_eq!(out.code, Some(2));
