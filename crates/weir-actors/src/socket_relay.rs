@@ -39,6 +39,14 @@ pub const RELAYER_HEADER: &str = "x-weir-cluster-relayer";
 /// The longest relayer mark an owner keeps: a node's name and a number.
 pub const MAX_RELAYER_BYTES: usize = 256;
 
+/// The relayer's mark `headers` carry, if they carry a usable one.
+pub fn relayer_mark(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get(RELAYER_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|m| !m.is_empty() && m.len() <= MAX_RELAYER_BYTES)
+}
+
 /// A relayed socket's connection to the actor's owner.
 pub trait RelayIo: AsyncRead + AsyncWrite + Send + Unpin {}
 

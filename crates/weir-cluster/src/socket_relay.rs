@@ -31,7 +31,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::sync::OnceCell;
-use weir_actors::socket_relay::{CLUSTER_HEADER_PREFIX, MAX_RELAYER_BYTES, RELAYER_HEADER};
+use weir_actors::socket_relay::{CLUSTER_HEADER_PREFIX, RELAYER_HEADER, relayer_mark};
 use weir_actors::{ActorAddress, Relayed, TurnError};
 
 use crate::counters::add;
@@ -181,12 +181,7 @@ pub(crate) fn relayer_leaving(
     request: &Request<Incoming>,
     served: &Served,
 ) -> Response<Full<Bytes>> {
-    let mark = request
-        .headers()
-        .get(RELAYER_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .filter(|m| !m.is_empty() && m.len() <= MAX_RELAYER_BYTES);
-    let Some(mark) = mark else {
+    let Some(mark) = relayer_mark(request.headers()) else {
         let mut response = Response::new(Full::new(Bytes::from_static(
             b"a relayer's leaving names no relayer\n",
         )));
@@ -391,6 +386,7 @@ impl Forwarder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weir_actors::socket_relay::MAX_RELAYER_BYTES;
 
     #[test]
     fn a_relayed_head_keeps_the_clients_headers_but_weirs_own_and_names_its_actor() {

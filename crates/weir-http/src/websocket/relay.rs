@@ -36,9 +36,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use weir_actors::placement::BoxFuture;
-use weir_actors::socket_relay::{
-    CLUSTER_HEADER_PREFIX, MAX_RELAYER_BYTES, RELAYER_HEADER, RelayIo,
-};
+use weir_actors::socket_relay::{CLUSTER_HEADER_PREFIX, RelayIo, relayer_mark};
 use weir_actors::{ActorAddress, ActorHost, Location, Placement, Relayed, SocketDoor, TurnError};
 use weir_runtime::ErrorCode;
 use weir_runtime::error_code::error_response;
@@ -266,12 +264,7 @@ impl SocketDoor for RelayDoor {
             let host = served.actors.clone()?;
             let app = &served.app;
             // Read before the headers nodes send each other go.
-            let relayer = request
-                .headers()
-                .get(RELAYER_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .filter(|m| !m.is_empty() && m.len() <= MAX_RELAYER_BYTES)
-                .map(Arc::<str>::from);
+            let relayer = relayer_mark(request.headers()).map(Arc::<str>::from);
             // What nodes tell each other is not the actor's to read.
             let theirs: Vec<_> = request
                 .headers()
