@@ -5,6 +5,8 @@
 
 mod common;
 
+use std::path::Path;
+
 use bytes::Bytes;
 use common::cluster::{Postgres, actor_key, incr, node, node_dir, node_with_app, until_ok};
 use common::{Weir, guest, try_send_to};
@@ -287,25 +289,11 @@ async fn what_does_not_run_in_cluster_mode_is_refused_by_name() {
     assert!(!listed.text().contains("\"pid\""), "{}", listed.text());
     // A database bound past what one PostgreSQL value holds (a snapshot
     // is one): refused at start, naming the limit and the most allowed.
-    let (url, dir, app) = (pg.url(), node_dir("refused", "n2"), guest("gateway"));
-    let out = common::run_weir_with_env(
-        &[
-            "serve",
-            app.to_str().unwrap(),
-            "--data-dir",
-            dir.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-            "--cluster",
-            &url,
-            "--node",
-            "n2",
-            "--cluster-listen",
-            "127.0.0.1:0",
-            "--limit",
-            "max_database_bytes=1073741824",
-        ],
-        &[("WEIR_CLUSTER_SECRET", common::cluster::SECRET)],
+    let out = node_that_stops_at_start(
+        &pg.url(),
+        "n2",
+        &node_dir("refused", "n2"),
+        &["--limit", "max_database_bytes=1073741824"],
     );
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(
@@ -317,30 +305,35 @@ async fn what_does_not_run_in_cluster_mode_is_refused_by_name() {
     );
 }
 
+/// Runs node `name` of the cluster at `url` (the gateway app, data in
+/// `dir`, with `extra` arguments) to its end: for starts that must fail.
+fn node_that_stops_at_start(url: &str, name: &str, dir: &Path, extra: &[&str]) -> common::Exited {
+    let app = guest("gateway");
+    let mut args = vec![
+        "serve",
+        app.to_str().unwrap(),
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--cluster",
+        url,
+        "--node",
+        name,
+        "--cluster-listen",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    common::run_weir_with_env(&args, &[("WEIR_CLUSTER_SECRET", common::cluster::SECRET)])
+}
+
 #[test]
 fn a_node_whose_database_cannot_be_reached_exits_naming_it_and_why() {
     // Nothing listens on the port: the start fails, naming the database
     // (its port included, its password not) and why it cannot be reached.
     let port = common::cluster::free_port();
     let url = format!("postgres://weir:hunter2@127.0.0.1:{port}/weir");
-    let (dir, app) = (node_dir("unreachable", "n1"), guest("gateway"));
-    let out = common::run_weir_with_env(
-        &[
-            "serve",
-            app.to_str().unwrap(),
-            "--data-dir",
-            dir.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-            "--cluster",
-            &url,
-            "--node",
-            "n1",
-            "--cluster-listen",
-            "127.0.0.1:0",
-        ],
-        &[("WEIR_CLUSTER_SECRET", common::cluster::SECRET)],
-    );
+    let out = node_that_stops_at_start(&url, "n1", &node_dir("unreachable", "n1"), &[]);
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     let said = out.stderr.trim();
     assert!(

@@ -73,6 +73,19 @@ fn journal(data: &Path, owner: &str) -> Vec<(u64, u32)> {
         .collect()
 }
 
+/// Spawns `image` for owner `owner` over its durable slot `app`: the pid.
+async fn spawn_durable(weir: &Weir, image: &str) -> u64 {
+    let spawned = call(
+        weir,
+        "POST",
+        &format!("/r/owner/spawn/{image}?slot=app&durable=1"),
+        b"",
+    )
+    .await;
+    assert_eq!(spawned.status, 200, "{}", spawned.text());
+    spawned.json()["pid"].as_u64().unwrap()
+}
+
 /// How often the program's `start` ran over the owner's durable slot `app`
 /// (it appends a line each time).
 fn starts(data: &Path) -> usize {
@@ -93,14 +106,7 @@ async fn after_sigkill_a_durable_app_is_back_under_a_new_pid_without_a_request()
     let data = data_dir("back");
     let weir = serve(&data, &[]);
     let image = push(&weir, &guest("resident")).await;
-    let spawned = call(
-        &weir,
-        "POST",
-        &format!("/r/owner/spawn/{image}?slot=app&durable=1"),
-        b"",
-    )
-    .await;
-    let pid = spawned.json()["pid"].as_u64().unwrap();
+    let pid = spawn_durable(&weir, &image).await;
     assert_eq!(pid, 1_000_001);
     call(
         &weir,
@@ -178,14 +184,7 @@ async fn a_graceful_stop_ends_each_process_with_a_receipt_and_the_next_start_bri
     let data = data_dir("graceful");
     let mut weir = serve(&data, &[]);
     let image = push(&weir, &guest("resident")).await;
-    let spawned = call(
-        &weir,
-        "POST",
-        &format!("/r/owner/spawn/{image}?slot=app&durable=1"),
-        b"",
-    )
-    .await;
-    let pid = spawned.json()["pid"].as_u64().unwrap();
+    let pid = spawn_durable(&weir, &image).await;
     weir.signal("TERM");
     assert!(weir.wait_exit(Duration::from_secs(30)).is_some());
     // It ended with the server, and said so: not killed, not failed.
@@ -272,16 +271,8 @@ async fn many_kill_cycles_start_the_program_once_each_and_lose_nothing() {
     let data = data_dir("cycles");
     let weir = serve(&data, &[]);
     let image = push(&weir, &guest("resident")).await;
-    let spawned = call(
-        &weir,
-        "POST",
-        &format!("/r/owner/spawn/{image}?slot=app&durable=1"),
-        b"",
-    )
-    .await;
-    assert_eq!(spawned.status, 200);
     let mut weir = weir;
-    let mut pids = vec![spawned.json()["pid"].as_u64().unwrap()];
+    let mut pids = vec![spawn_durable(&weir, &image).await];
     for cycle in 1..=cycles {
         kill(weir);
         weir = serve(&data, &[]);
