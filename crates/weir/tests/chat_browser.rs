@@ -1,13 +1,16 @@
 //! The chat example in a real browser: headless Chromium (Debian's
 //! `chromium`, driven by playwright-core from npm) opens two pages of the
 //! page the worker serves; they join one room (an actor owning both
-//! WebSockets) and exchange messages. The test asserts on each page's DOM
-//! text and saves a screenshot to `target/test-artifacts/chat.png`.
+//! WebSockets) and exchange messages. The room's code is then replaced:
+//! both pages see 1012, come back by themselves, find the history once,
+//! and chat on. The test asserts on each page's DOM text and saves a
+//! screenshot to `target/test-artifacts/chat.png`.
 
 mod common;
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use common::{Weir, root};
 use serde_json::Value;
@@ -59,27 +62,36 @@ async fn two_browser_pages_chat_through_a_room_actor() {
     std::fs::create_dir_all(&artifacts).unwrap();
     let screenshot = artifacts.join("chat.png");
     let _ = std::fs::remove_file(&screenshot);
-    let out = Command::new("node")
+    let mut script = Command::new("node")
         .arg(root().join("crates/weir/tests/browser/chat.mjs"))
         .arg(format!("http://{}", weir.addr))
         .arg(&screenshot)
         .env("NODE_PATH", &modules)
         .env("CHROMIUM", &chromium)
-        .output()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("node runs");
-    assert!(
-        out.status.success(),
-        "the browser script failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let pages: Value = serde_json::from_slice(
-        out.stdout
-            .split(|b| *b == b'\n')
-            .find(|l| l.starts_with(b"{"))
-            .expect("a JSON line"),
-    )
-    .unwrap();
+    let mut said = BufReader::new(script.stdout.take().unwrap()).lines();
+    let mut next_json = move || -> Option<Value> {
+        said.by_ref()
+            .map_while(Result::ok)
+            .find(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str(&l).unwrap())
+    };
+    let failed = |script: std::process::Child| -> String {
+        let out = script.wait_with_output().unwrap();
+        format!(
+            "the browser script failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let Some(first) = next_json() else {
+        panic!("{}", failed(script))
+    };
+    let pages = &first["exchanged"];
     for page in ["ada", "bob"] {
         let log = pages[page]["log"].as_str().unwrap();
         assert!(log.contains("ada: hello from ada"), "{page}: {log}");
@@ -89,6 +101,35 @@ async fn two_browser_pages_chat_through_a_room_actor() {
     }
     let png = std::fs::read(&screenshot).expect("the screenshot was saved");
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
+
+    // The room's code replaced under both pages: they come back by
+    // themselves, each history shown once, and chat on.
+    let bytes = std::fs::read(&room).unwrap();
+    let done = common::apps::deploy(&weir, "chat", &bytes, "?class=room&label=room-2").await;
+    assert_eq!(done.status, 200, "{:?}", done.body);
+    let mut stdin = script.stdin.take().unwrap();
+    stdin.write_all(b"deployed\n").unwrap();
+    drop(stdin);
+    let Some(last) = next_json() else {
+        panic!("{}", failed(script))
+    };
+    assert!(script.wait().unwrap().success());
+    for page in ["ada", "bob"] {
+        assert_eq!(
+            last["closed"][page], "reconnecting in 0.5 s (1012: the code was updated)",
+            "{page}"
+        );
+        let after = &last["after"][page];
+        let log = after["log"].as_str().unwrap();
+        assert_eq!(
+            log.matches("ada: hello from ada").count(),
+            1,
+            "{page}: {log}"
+        );
+        assert!(log.contains("ada: back again"), "{page}: {log}");
+        assert_eq!(after["status"], format!("in browser as {page}"));
+        assert_eq!(after["presence"], "here: ada, bob", "{page}");
+    }
     // Both messages are in the room's storage.
     let history = weir.get("/rooms/browser/history").await.json();
     let texts: Vec<&str> = history
@@ -97,5 +138,5 @@ async fn two_browser_pages_chat_through_a_room_actor() {
         .iter()
         .map(|m| m["text"].as_str().unwrap())
         .collect();
-    assert_eq!(texts, ["hello from ada", "hi ada"]);
+    assert_eq!(texts, ["hello from ada", "hi ada", "back again"]);
 }

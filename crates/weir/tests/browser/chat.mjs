@@ -1,8 +1,13 @@
 // Two pages of the chat example in headless Chromium exchange messages.
 // Usage: node chat.mjs BASE_URL SCREENSHOT_PATH (playwright-core on
-// NODE_PATH, Chromium at $CHROMIUM or /usr/bin/chromium). Prints one JSON
-// line: what each page's log and presence line say.
+// NODE_PATH, Chromium at $CHROMIUM or /usr/bin/chromium). Prints a JSON
+// line once the pages chatted ({"exchanged": …}: what each page's log and
+// presence line say), then waits for a line on stdin: the room's code was
+// replaced meanwhile. It then waits for both pages to reconnect by
+// themselves, has them chat once more, and prints a last JSON line
+// ({"after": …}).
 import { createRequire } from "node:module";
+import { createInterface } from "node:readline";
 const require = createRequire(import.meta.url);
 const { chromium } = require("playwright-core");
 
@@ -37,7 +42,30 @@ try {
     presence: document.getElementById("presence").textContent,
     status: document.getElementById("status").textContent,
   }));
-  console.log(JSON.stringify({ ada: await read(ada), bob: await read(bob) }));
+  console.log(JSON.stringify({ exchanged: { ada: await read(ada), bob: await read(bob) } }));
+
+  // The room's code is replaced: each page sees its socket closed with
+  // 1012 and comes back by itself.
+  // What each page said while it waited to reconnect.
+  const reconnecting = (page) => page.waitForFunction(() => {
+    const status = document.getElementById("status").textContent;
+    return status.startsWith("reconnecting") && status;
+  }, null, { polling: 10 }).then((said) => said.jsonValue());
+  const waiting = [reconnecting(ada), reconnecting(bob)];
+  const lines = createInterface({ input: process.stdin });
+  for await (const _ of lines) break;
+  const [adaSaw, bobSaw] = await Promise.all(waiting);
+  const seen = { ada: adaSaw, bob: bobSaw };
+  for (const page of [ada, bob]) {
+    await page.waitForFunction(() => document.getElementById("status").textContent.startsWith("in browser"));
+  }
+  await ada.waitForFunction(() => document.getElementById("presence").textContent === "here: ada, bob");
+  await ada.fill("#text", "back again");
+  await ada.click("#say button");
+  for (const page of [ada, bob]) {
+    await page.waitForFunction(() => document.getElementById("log").textContent.includes("ada: back again"));
+  }
+  console.log(JSON.stringify({ after: { ada: await read(ada), bob: await read(bob) }, closed: seen }));
 } finally {
   await browser.close();
 }
