@@ -558,10 +558,14 @@ impl Server {
             task.abort();
         }
         // Everything answered: resident processes end, each with its
-        // receipt, their launches kept for the next start.
+        // receipt, their launches kept for the next start (every app's at
+        // once: each is bounded by its own grace).
+        let mut stopping = tokio::task::JoinSet::new();
         for tenant in apps.tenants().await {
-            tenant.programs.stop_with_server().await;
+            let programs = tenant.programs.clone();
+            stopping.spawn(async move { programs.stop_with_server().await });
         }
+        stopping.join_all().await;
         // This node's actors go to the others now,
         // not after its lease.
         if let Some(cluster) = cluster {
