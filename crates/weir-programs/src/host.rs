@@ -155,7 +155,7 @@ impl ProgramsHost {
     /// The server is shutting down (its requests are answered): no process
     /// starts from now on, and every live one ends, each with a receipt
     /// (`stopped`), its launch journal row kept, so that the next start
-    /// brings it back as after a crash. A spawn that was booting when this
+    /// recovers it as after a crash (by its `on_crash`). A spawn that was booting when this
     /// began is stopped once it is up. Bounded by [`PROCESS_STOP_GRACE`].
     pub async fn stop_with_server(&self) {
         self.stopping

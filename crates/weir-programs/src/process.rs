@@ -10,7 +10,7 @@
 //!   image's root, then its ephemeral slot's directory, and only then is
 //!   its slot given back; its journal row goes (unless its owner deleted
 //!   it in its own turn, or the server stopped it: then the row stays, and
-//!   the next start brings it back), and it leaves one receipt (pid,
+//!   the next start recovers it by its `on_crash`), and it leaves one receipt (pid,
 //!   owner, image, contract, outcome, exit code, requests, CPU time, peak
 //!   memory);
 //! - kill is idempotent and returns once the process is fully gone.
@@ -278,8 +278,8 @@ impl Process {
     }
 
     /// Ends the process because the server is shutting down: as a kill,
-    /// but its journal row stays, so the next start re-drives it, and its
-    /// receipt says `stopped`.
+    /// but its journal row stays, so the next start recovers it (by its
+    /// `on_crash`), and its receipt says `stopped`.
     pub async fn stop_with_server(&self) -> bool {
         self.stopped_with_server.store(true, Ordering::Relaxed);
         self.kill().await
@@ -360,10 +360,11 @@ pub(crate) const KILLED: &str = "killed";
 
 /// How a process the server stopped as it shut down ended.
 pub(crate) const STOPPED: &str =
-    "stopped: the server shut down; its launch is kept, and it starts again with the server";
+    "stopped: the server shut down; its launch is kept for the server's next start";
 
-/// A receipt's outcome: `killed`, `stopped` (with the server, to start
-/// again with it), `exited` (a command that ended by itself), or `failed`.
+/// A receipt's outcome: `killed`, `stopped` (with the server, its launch
+/// kept for the next start), `exited` (a command that ended by itself), or
+/// `failed`.
 fn outcome(why: &str) -> &'static str {
     match why {
         KILLED => "killed",

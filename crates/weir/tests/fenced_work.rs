@@ -195,7 +195,7 @@ async fn a_graceful_stop_ends_each_process_with_a_receipt_and_the_next_start_bri
     assert_eq!(ended["outcome"], "stopped", "{ended}");
     assert_eq!(
         ended["detail"],
-        "stopped: the server shut down; its launch is kept, and it starts again with the server"
+        "stopped: the server shut down; its launch is kept for the server's next start"
     );
     assert_eq!(journal(&data, "owner"), [(pid, 0)], "its launch is kept");
     // The next start brings it back, over its slot, before any request.
