@@ -214,6 +214,48 @@ async fn a_graceful_stop_ends_each_process_with_a_receipt_and_the_next_start_bri
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_during_a_spawn_answers_it_and_then_stops_the_process_with_a_receipt() {
+    let data = data_dir("graceful-boot");
+    let mut weir = serve(&data, &["event_limit_ms=10000"]);
+    let image = push(&weir, &guest("resident")).await;
+    // A spawn whose start takes 3 s, in flight when the stop begins.
+    let spawning = {
+        let (addr, path) = (
+            weir.addr,
+            format!("/r/owner/spawn/{image}?slot=app&durable=1&start=slow"),
+        );
+        tokio::spawn(async move {
+            let req = Request::post(path)
+                .header("host", addr.to_string())
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            send_to(addr, req).await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while starts(&data) < 1 {
+        assert!(Instant::now() < deadline, "the start did not begin");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    weir.signal("TERM");
+    // The request in flight is answered: its process started.
+    let spawned = spawning.await.unwrap();
+    assert_eq!(spawned.status, 200, "{}", spawned.text());
+    let pid = spawned.json()["pid"].as_u64().unwrap();
+    // Then it ends with the server, with its receipt, its launch kept.
+    assert!(weir.wait_exit(Duration::from_secs(30)).is_some());
+    let ended = weir
+        .first_logged("weir::process", |r| r["message"] == "process")
+        .await;
+    assert_eq!(
+        (ended["pid"].as_u64(), ended["outcome"].as_str()),
+        (Some(pid), Some("stopped"))
+    );
+    assert_eq!(journal(&data, "owner"), [(pid, 0)]);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkill_during_the_re_drive_abandons_the_launch_loudly_not_twice() {
     let data = data_dir("redrive");
     // The re-drive's start sleeps 3 s: room to kill the server during it.
