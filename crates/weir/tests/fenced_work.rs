@@ -86,6 +86,33 @@ async fn spawn_durable(weir: &Weir, image: &str) -> u64 {
     spawned.json()["pid"].as_u64().unwrap()
 }
 
+/// Starts a spawn of `image` for `owner` over its durable slot `app` whose
+/// start takes 3 s, and returns once that start began: the request's
+/// answer, to come.
+async fn spawn_slowly(
+    weir: &Weir,
+    data: &Path,
+    image: &str,
+) -> tokio::task::JoinHandle<common::Resp> {
+    let (addr, path) = (
+        weir.addr,
+        format!("/r/owner/spawn/{image}?slot=app&durable=1&start=slow"),
+    );
+    let spawning = tokio::spawn(async move {
+        let req = Request::post(path)
+            .header("host", addr.to_string())
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        send_to(addr, req).await
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while starts(data) < 1 {
+        assert!(Instant::now() < deadline, "the start did not begin");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    spawning
+}
+
 /// How often the program's `start` ran over the owner's durable slot `app`
 /// (it appends a line each time).
 fn starts(data: &Path) -> usize {
@@ -219,24 +246,7 @@ async fn a_graceful_stop_during_a_spawn_answers_it_and_then_stops_the_process_wi
     let mut weir = serve(&data, &["event_limit_ms=10000"]);
     let image = push(&weir, &guest("resident")).await;
     // A spawn whose start takes 3 s, in flight when the stop begins.
-    let spawning = {
-        let (addr, path) = (
-            weir.addr,
-            format!("/r/owner/spawn/{image}?slot=app&durable=1&start=slow"),
-        );
-        tokio::spawn(async move {
-            let req = Request::post(path)
-                .header("host", addr.to_string())
-                .body(Full::new(Bytes::new()))
-                .unwrap();
-            send_to(addr, req).await
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while starts(&data) < 1 {
-        assert!(Instant::now() < deadline, "the start did not begin");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let spawning = spawn_slowly(&weir, &data, &image).await;
     weir.signal("TERM");
     // The request in flight is answered: its process started.
     let spawned = spawning.await.unwrap();
@@ -399,24 +409,7 @@ async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
     let image = push(&weir, &guest("resident")).await;
     let orphan = push(&weir, &guest("cmdprobe")).await;
     // A spawn whose start takes 3 s: swept while it boots.
-    let spawning = {
-        let (addr, path) = (
-            weir.addr,
-            format!("/r/owner/spawn/{image}?slot=app&durable=1&start=slow"),
-        );
-        tokio::spawn(async move {
-            let req = Request::post(path)
-                .header("host", addr.to_string())
-                .body(Full::new(Bytes::new()))
-                .unwrap();
-            send_to(addr, req).await
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while starts(&data) < 1 {
-        assert!(Instant::now() < deadline, "the start did not begin");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let spawning = spawn_slowly(&weir, &data, &image).await;
     let addr = weir.admin.unwrap();
     let sweep = Request::post("/images/sweep")
         .header("host", addr.to_string())
