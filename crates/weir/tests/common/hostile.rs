@@ -85,8 +85,16 @@ pub fn compile_bomb(functions: usize, additions: usize) -> PathBuf {
     let wat = std::fs::read_to_string(root().join("guests/wat/compile-bomb.wat"))
         .unwrap()
         .replace("FUNCTIONS", &bodies);
-    let path = weir_scratch::dir(&format!("compile-bomb-{functions}x{additions}.wasm"));
-    std::fs::write(&path, wat::parse_str(&wat).unwrap()).unwrap();
+    // Tests of one binary build the same bomb at once: each writes its own
+    // file and renames it into place, so no test clears or reads another's
+    // half-written one (clearing the shared name made a reader miss it).
+    let name = format!("compile-bomb-{functions}x{additions}.wasm");
+    let path = weir_scratch::path(&name);
+    let own = weir_scratch::dir(
+        &format!("{name}.{:?}", std::thread::current().id()).replace(['(', ')'], ""),
+    );
+    std::fs::write(&own, wat::parse_str(&wat).unwrap()).unwrap();
+    std::fs::rename(&own, &path).unwrap();
     path
 }
 
