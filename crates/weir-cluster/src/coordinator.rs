@@ -200,6 +200,12 @@ pub trait Coordinator: Send + Sync + 'static {
     /// once, and its lease is gone.
     async fn release(&self, session: SessionId) -> Result<(), CoordError>;
 
+    /// Whether every node that held a lease at `address` released it: no
+    /// session there is live, or lapsed without being released. (A
+    /// lapsed session's row stays until its node starts again under its
+    /// name and owns nothing.)
+    async fn left(&self, address: &str) -> Result<bool, CoordError>;
+
     /// Who owns `key` now, from `session`'s point of view.
     async fn lookup(&self, key: &str, session: SessionId) -> Result<Owner, CoordError>;
 

@@ -35,6 +35,10 @@ pub struct Counters {
     /// Calls that did not run where they were sent (not the owner, or the
     /// owner unreachable before they left).
     pub not_run: AtomicU64,
+    /// Calls sent to a node whose connection broke before an answer, the
+    /// node having left the cluster: they did not run there, and were
+    /// handed on.
+    pub cut_not_run: AtomicU64,
     /// Calls handed to a node of the previous build, as the older version
     /// of the envelope it speaks (while a cluster is being upgraded).
     pub sent_older: AtomicU64,
@@ -60,6 +64,7 @@ pub struct CounterValues {
     pub forwarded: u64,
     pub served: u64,
     pub not_run: u64,
+    pub cut_not_run: u64,
     pub sent_older: u64,
     pub sockets_relayed: u64,
     pub sockets_taken: u64,
@@ -85,6 +90,7 @@ impl Counters {
             forwarded: v(&self.forwarded),
             served: v(&self.served),
             not_run: v(&self.not_run),
+            cut_not_run: v(&self.cut_not_run),
             sent_older: v(&self.sent_older),
             sockets_relayed: v(&self.sockets_relayed),
             sockets_taken: v(&self.sockets_taken),

@@ -1,6 +1,8 @@
 //! The errors Weir answers for what cluster mode adds, each with one
 //! stable code and status, answered like every other of Weir's errors.
 //!
+//! Also: how an error is said in a log line, with its causes.
+//!
 //! Invariant owned here: no cluster code is also a runtime's or an actor's
 //! code; the README's error table lists them all.
 
@@ -62,6 +64,24 @@ impl WeirError for ClusterErrorCode {
     }
 }
 
+/// An error and the causes under it, each once: a pool's "error
+/// connecting to server" says why only in its source (connection refused,
+/// a name that does not resolve, a password refused), and an operator
+/// needs the why.
+pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut said = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !said.contains(&more) {
+            said.push_str(": ");
+            said.push_str(&more);
+        }
+        cause = c.source();
+    }
+    said
+}
+
 impl From<ClusterErrorCode> for TurnError {
     fn from(code: ClusterErrorCode) -> Self {
         TurnError::Placement(code.refusal())
@@ -96,5 +116,27 @@ mod tests {
             let v: serde_json::Value = serde_json::from_str(&code.body()).unwrap();
             assert_eq!(v["error"], code.as_str());
         }
+    }
+
+    #[test]
+    fn an_error_is_said_with_its_causes_once() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("error connecting to server")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let said = with_causes(&Outer(refused));
+        assert_eq!(said, "error connecting to server: connection refused");
+        // A cause its error already names is not said twice.
+        let io = std::io::Error::other("no route");
+        assert_eq!(with_causes(&io), "no route");
     }
 }

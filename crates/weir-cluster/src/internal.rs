@@ -14,7 +14,13 @@
 //!   ([`crate::socket_relay`]);
 //! - a call that was sent and got no answer (the connection broke, the
 //!   node did not answer in time) is reported as possibly run, never
-//!   retried; only a call that never left (no connection) may be.
+//!   retried; only a call that never left (no connection) may be, or one
+//!   whose connection broke before any answer came back from a node that
+//!   has since left the cluster: a leaving node answers every call it ran
+//!   before it lets a connection go, so that call did not run there;
+//! - this node, leaving, lets every connection from another node go only
+//!   once the answer in flight on it was written (at most
+//!   [`CLOSE_TIMEOUT`]).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -34,11 +40,13 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use weir_actors::call_chain::CallChain;
 use weir_actors::{ActorAddress, ActorHost, Forwarded, SocketDoor};
+use weir_http::shutdown::Stops;
 
 use crate::call_versions::{self, Spoken, VERSIONS_HEADER};
+use crate::coordinator::Coordinator;
 use crate::counters::{Counters, add};
 use crate::envelope::{self, Answer, Target};
-use crate::error_code::ClusterErrorCode;
+use crate::error_code::{ClusterErrorCode, with_causes};
 use crate::leaving::Leaving;
 use crate::socket_relay;
 use crate::stores::StorePlacement;
@@ -69,6 +77,11 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// and its wait in the owner's mailbox, so only a node that stopped
 /// answering reaches it.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long the connections from other nodes have, once this node has
+/// left, to take the answers being written to them: the calls ran already
+/// ([`crate::leaving`]), so this only carries bytes.
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The secret as compared: its digest, so a comparison's time does not
 /// depend on how much of a guess was right.
@@ -279,16 +292,18 @@ async fn handle(
 }
 
 /// Serves the internal listener until this node has left the cluster
-/// ([`Leaving::closed`]).
+/// ([`Leaving::closed`]), then lets each connection go once the answer
+/// in flight on it is written (at most [`CLOSE_TIMEOUT`]).
 pub async fn serve(listener: TcpListener, secret: Secret, served: Arc<Served>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let stops = Arc::new(Stops::default());
     loop {
         let permit = tokio::select! {
             permit = slots.clone().acquire_owned() => match permit {
                 Ok(permit) => permit,
                 Err(_) => return,
             },
-            _ = served.leaving.closed() => return,
+            _ = served.leaving.closed() => break,
         };
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -299,11 +314,12 @@ pub async fn serve(listener: TcpListener, secret: Secret, served: Arc<Served>) {
                     continue;
                 }
             },
-            _ = served.leaving.closed() => return,
+            _ = served.leaving.closed() => break,
         };
         let _ = stream.set_nodelay(true);
         let secret = secret.clone();
         let served = served.clone();
+        let (ticket, stop) = stops.register();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| {
                 let secret = secret.clone();
@@ -312,12 +328,36 @@ pub async fn serve(listener: TcpListener, secret: Secret, served: Arc<Served>) {
             });
             // With upgrades: a relayed socket takes its connection over
             // (and gives its place among the connections back).
-            let _ = hyper::server::conn::http1::Builder::new()
+            let connection = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
-                .with_upgrades()
-                .await;
+                .with_upgrades();
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                biased;
+                _ = connection.as_mut() => {}
+                _ = stop => {
+                    // No new call on this connection; the answer in flight
+                    // is written first.
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+            drop(ticket);
             drop(permit);
         });
+    }
+    drop(listener);
+    stops.stop();
+    // Every connection has gone when each has given its place back.
+    let all = u32::try_from(MAX_CONNECTIONS).unwrap_or(u32::MAX);
+    if tokio::time::timeout(CLOSE_TIMEOUT, slots.acquire_many(all))
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            open = MAX_CONNECTIONS - slots.available_permits(),
+            "connections from other nodes still open as this node stops (an answer not taken in time); they are cut"
+        );
     }
 }
 
@@ -331,11 +371,19 @@ pub struct Forwarder {
     spoken: Arc<Spoken>,
     /// What this node relays sockets as, and the owners told it is leaving.
     pub(crate) relays: Arc<socket_relay::Relayer>,
+    /// Asked, when a connection breaks before an answer, whether its node
+    /// has left the cluster.
+    coordinator: Arc<dyn Coordinator>,
 }
 
 impl Forwarder {
     /// The forwarder of node `node` (its name in the cluster).
-    pub fn new(secret: &str, node: &str, counters: Arc<Counters>) -> Forwarder {
+    pub fn new(
+        secret: &str,
+        node: &str,
+        counters: Arc<Counters>,
+        coordinator: Arc<dyn Coordinator>,
+    ) -> Forwarder {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
@@ -345,6 +393,7 @@ impl Forwarder {
             counters,
             spoken: Arc::default(),
             relays: Arc::new(socket_relay::Relayer::new(node)),
+            coordinator,
         }
     }
 
@@ -382,8 +431,8 @@ impl Forwarder {
                 match tokio::time::timeout(FORWARD_TIMEOUT, self.client.request(call)).await {
                     Ok(Ok(response)) => response,
                     // No connection was made: the call never left.
-                    Ok(Err(e)) if e.is_connect() => return failed(&e.to_string(), false),
-                    Ok(Err(e)) => return failed(&e.to_string(), true),
+                    Ok(Err(e)) if e.is_connect() => return failed(&with_causes(&e), false),
+                    Ok(Err(e)) => return self.cut(node, &with_causes(&e)).await,
                     Err(_) => return failed("no answer in time", true),
                 };
             if response.status() == StatusCode::OK {
@@ -445,6 +494,36 @@ impl Forwarder {
             Ok(Answer::Answered(response)) => Forwarded::Answered(response),
             Ok(Answer::NotRun) => Forwarded::NotRun(ClusterErrorCode::OwnerUnreachable.into()),
             Err(e) => failed(&e.to_string(), true),
+        }
+    }
+}
+
+impl Forwarder {
+    /// A call whose connection broke before any answer came back: not run
+    /// if its node has left the cluster since (a leaving node writes the
+    /// answer of every call it ran before it lets a connection go, and
+    /// runs none once it starts leaving: this one came too late, on a
+    /// connection it was letting go); otherwise perhaps run.
+    async fn cut(&self, node: &str, why: &str) -> Forwarded {
+        let code = ClusterErrorCode::OwnerUnreachable.into();
+        match self.coordinator.left(node).await {
+            Ok(true) => {
+                tracing::info!(
+                    node,
+                    why,
+                    "a call to a node that has left the cluster did not run there; it is handed on"
+                );
+                add(&self.counters.cut_not_run, 1);
+                Forwarded::NotRun(code)
+            }
+            Ok(false) => {
+                tracing::warn!(node, why, sent = true, "a call to another node failed");
+                Forwarded::Failed(code)
+            }
+            Err(e) => {
+                tracing::warn!(node, why, sent = true, error = %e, "a call to another node failed (whether its node left the cluster cannot be told)");
+                Forwarded::Failed(code)
+            }
         }
     }
 }

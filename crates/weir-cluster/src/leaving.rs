@@ -12,7 +12,11 @@
 //! - the internal listener takes connections until every waiting call has
 //!   been answered (at most [`ANSWER_TIMEOUT`] after the release): no
 //!   sender finds it closed while this node still owns anything, which
-//!   would fail the call instead of handing it on.
+//!   would fail the call instead of handing it on; then it lets each
+//!   connection go once the answer in flight on it is written
+//!   ([`crate::internal::CLOSE_TIMEOUT`]), so a sender whose connection
+//!   breaks before an answer, and which finds this node gone from the
+//!   cluster, knows its call did not run here and hands it on.
 
 use std::time::Duration;
 

@@ -165,7 +165,7 @@ impl Cluster {
         let records = Arc::new(Records::default());
         let (stop, stopped) = watch::channel(false);
         let served = Arc::new(Served::new(ownership.counters().clone()));
-        let keeper = tokio::spawn(lease.clone().keep(coordinator, stopped.clone()));
+        let keeper = tokio::spawn(lease.clone().keep(coordinator.clone(), stopped.clone()));
         let listening = tokio::spawn(internal::serve(
             listener,
             Secret::new(&config.secret),
@@ -173,7 +173,12 @@ impl Cluster {
         ));
         Ok(Arc::new(Cluster {
             images: Arc::new(images::ClusterImages { postgres }),
-            forwarder: Forwarder::new(&config.secret, &config.node, ownership.counters().clone()),
+            forwarder: Forwarder::new(
+                &config.secret,
+                &config.node,
+                ownership.counters().clone(),
+                coordinator.clone(),
+            ),
             replicas: Arc::new(Replicas {
                 ownership: ownership.clone(),
                 records: records.clone(),

@@ -25,6 +25,7 @@ use crate::coordinator::{
     Claimed, CoordError, Coordinator, Deleted, DueObject, Fence, History, Listed, NodeInfo,
     ObjectState, Owner, Registration, Renewal, SessionId, ShipBatch,
 };
+use crate::error_code::with_causes;
 
 /// Connections one node keeps to PostgreSQL at most: every actor shipping
 /// at once shares them, and PostgreSQL's default allows 100 in all.
@@ -49,24 +50,6 @@ pub struct Postgres {
 
 fn unavailable(e: impl std::error::Error) -> CoordError {
     CoordError::Unavailable(with_causes(&e))
-}
-
-/// An error and the causes under it, each once: a pool's "error
-/// connecting to server" says why only in its source (connection refused,
-/// a name that does not resolve, a password refused), and an operator
-/// needs the why.
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut said = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let more = c.to_string();
-        if !said.contains(&more) {
-            said.push_str(": ");
-            said.push_str(&more);
-        }
-        cause = c.source();
-    }
-    said
 }
 
 /// Sorts a database error: what says the server or the connection is gone
@@ -295,6 +278,22 @@ impl Coordinator for Postgres {
                 .await
                 .map_err(classify)?;
             tx.commit().await.map_err(classify)
+        })
+        .await
+    }
+
+    async fn left(&self, address: &str) -> Result<bool, CoordError> {
+        timed(async {
+            let client = self.client().await?;
+            let stmt = client
+                .prepare_cached("SELECT NOT EXISTS (SELECT 1 FROM weir_nodes WHERE address = $1)")
+                .await
+                .map_err(classify)?;
+            let row = client
+                .query_one(&stmt, &[&address])
+                .await
+                .map_err(classify)?;
+            Ok(row.get(0))
         })
         .await
     }
@@ -634,27 +633,5 @@ mod tests {
             "postgres://weir@a:5433,b:5434/weir"
         );
         assert!(!redacted("postgres://weir:hunter2@db:1/weir").contains("hunter2"));
-    }
-
-    #[test]
-    fn an_unavailable_database_says_why_once() {
-        #[derive(Debug)]
-        struct Outer(std::io::Error);
-        impl std::fmt::Display for Outer {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("error connecting to server")
-            }
-        }
-        impl std::error::Error for Outer {
-            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-                Some(&self.0)
-            }
-        }
-        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        let said = with_causes(&Outer(refused));
-        assert_eq!(said, "error connecting to server: connection refused");
-        // A cause its error already names is not said twice.
-        let io = std::io::Error::other("no route");
-        assert_eq!(with_causes(&io), "no route");
     }
 }

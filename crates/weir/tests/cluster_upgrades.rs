@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use bytes::Bytes;
 use common::apps::deploy;
 use common::cluster::{
-    Postgres, SECRET, actor_key, free_port, incr, node, node_dir, node_listening,
+    Postgres, SECRET, actor_key, actor_of, free_port, incr, incr_at, node, node_dir, node_listening,
 };
 use common::{guest, try_send_to};
 use http::{Request, Response};
@@ -213,12 +213,6 @@ async fn a_node_serves_calls_of_the_previous_version_and_refuses_others_naming_i
     assert_eq!(incr_at(&n1, "older").await, "4", "none of the refused ran");
 }
 
-async fn incr_at(node: &common::Weir, actor: &str) -> String {
-    let r = incr(node, actor).await;
-    assert_eq!(r.status, 200, "{:?}", r.body);
-    r.text()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_of_the_previous_build_is_sent_the_version_it_speaks_and_no_call_it_cannot_carry() {
     let pg = Postgres::start();
@@ -245,16 +239,7 @@ async fn a_node_of_the_previous_build_is_sent_the_version_it_speaks_and_no_call_
     );
     // An actor n2 owns (called through n2, which hands a name the
     // rendezvous hash gives n1 to n1 directly, not through the door).
-    let mut owned = None;
-    for i in 0..32 {
-        let name = format!("kept{i}");
-        assert_eq!(incr_at(&n2, &name).await, "1");
-        if pg.owner(&actor_key(&name)).as_deref() == Some("n2") {
-            owned = Some(name);
-            break;
-        }
-    }
-    let kept = owned.expect("an actor of n2's among 32 names");
+    let kept = actor_of(&pg, &n2, "n2", "kept").await;
     assert_eq!(door.refused.load(Ordering::SeqCst), 0);
     // Through n1: the first call is refused as version 3, goes again as
     // version 2 and runs once; the next ones go as version 2 at once.
@@ -323,20 +308,6 @@ async fn a_node_of_the_previous_build_is_sent_the_version_it_speaks_and_no_call_
     assert_eq!(counters["sent_older"], 6, "{counters}");
 }
 
-/// The name of an actor `owner` owns, found by calling names through
-/// `through` until one's owner is `owner`.
-async fn actor_of(pg: &Postgres, through: &common::Weir, owner: &str, prefix: &str) -> String {
-    for i in 0..32 {
-        let name = format!("{prefix}{i}");
-        let r = incr(through, &name).await;
-        assert_eq!(r.status, 200, "{:?}", r.body);
-        if pg.owner(&actor_key(&name)).as_deref() == Some(owner) {
-            return name;
-        }
-    }
-    panic!("no actor of {owner}'s among 32 names");
-}
-
 /// What build of the probe class answered a call to `actor` through `node`.
 async fn build_of(node: &common::Weir, actor: &str) -> String {
     let r = node.get(&format!("/probe/{actor}/whoami")).await;
@@ -398,57 +369,4 @@ async fn a_class_deploy_rolled_over_a_cluster_drops_no_call_and_actors_run_their
         assert!(n > 10, "{actor}: calls ran through both deploys");
         assert_eq!(acked, (2..=n + 1).collect::<Vec<_>>(), "{actor}");
     }
-}
-
-/// A node stopped gracefully (SIGTERM, as for an upgrade) and started
-/// again on its data directory under a stream of writes through the other
-/// node to an actor it owns: no call fails, none is lost.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_restarted_gracefully_under_writes_fails_no_call_through_the_other() {
-    let pg = Postgres::start();
-    let n1 = Arc::new(node(&pg, "n1", &node_dir("restarted", "n1"), &[]));
-    let mut n2 = node(&pg, "n2", &node_dir("restarted", "n2"), &[]);
-    let actor = actor_of(&pg, &n2, "n2", "moved").await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let caller = {
-        let (stop, n1, actor) = (stop.clone(), n1.clone(), actor.clone());
-        tokio::spawn(async move {
-            let mut answers = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let r = incr(&n1, &actor).await;
-                answers.push((r.status.as_u16(), r.text()));
-            }
-            answers
-        })
-    };
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    n2.signal("TERM");
-    assert!(
-        n2.wait_exit(std::time::Duration::from_secs(30))
-            .is_some_and(|s| s.success()),
-        "a graceful stop"
-    );
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let n2 = node(
-        &pg,
-        "n2",
-        &common::cluster::node_path("restarted", "n2"),
-        &[],
-    );
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
-    stop.store(true, Ordering::Relaxed);
-    let answers = caller.await.unwrap();
-    let failed: Vec<_> = answers.iter().filter(|(s, _)| *s != 200).collect();
-    assert!(
-        failed.is_empty(),
-        "{} of {} failed: {:?}",
-        failed.len(),
-        answers.len(),
-        &failed[..failed.len().min(5)]
-    );
-    let acked: Vec<u64> = answers.iter().map(|(_, t)| t.parse().unwrap()).collect();
-    let n = acked.len() as u64;
-    assert!(n > 10, "calls ran through the restart");
-    assert_eq!(acked, (2..=n + 1).collect::<Vec<_>>());
-    assert_eq!(incr_at(&n2, &actor).await, (n + 2).to_string());
 }

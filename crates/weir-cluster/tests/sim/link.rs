@@ -166,6 +166,11 @@ impl Coordinator for Link {
         self.call(move |m| m.release(session)).await
     }
 
+    async fn left(&self, address: &str) -> Result<bool, CoordError> {
+        let address = address.to_string();
+        self.call(move |m| m.left(&address)).await
+    }
+
     async fn lookup(&self, key: &str, session: SessionId) -> Result<Owner, CoordError> {
         let key = key.to_string();
         self.call(move |m| m.lookup(&key, session)).await

@@ -171,6 +171,10 @@ impl Model {
         s.nodes.remove(&session);
     }
 
+    pub fn left(&self, address: &str) -> bool {
+        !self.lock().nodes.values().any(|n| n.address == address)
+    }
+
     fn lookup_locked(s: &State, key: &str, session: SessionId) -> Owner {
         let Some(row) = s.rows.get(key) else {
             return Owner::Nobody;

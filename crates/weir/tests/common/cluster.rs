@@ -330,6 +330,28 @@ pub async fn incr(node: &Weir, actor: &str) -> Resp {
     .await
 }
 
+/// Increments `actor`'s counter through `node`, which must answer 200;
+/// the counter after.
+pub async fn incr_at(node: &Weir, actor: &str) -> String {
+    let r = incr(node, actor).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    r.text()
+}
+
+/// The name of an actor `owner` owns, found by calling names through
+/// `through` until one's owner is `owner`.
+pub async fn actor_of(pg: &Postgres, through: &Weir, owner: &str, prefix: &str) -> String {
+    for i in 0..32 {
+        let name = format!("{prefix}{i}");
+        let r = incr(through, &name).await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        if pg.owner(&actor_key(&name)).as_deref() == Some(owner) {
+            return name;
+        }
+    }
+    panic!("no actor of {owner}'s among 32 names");
+}
+
 /// Sends until the answer is 200 (a node may still be failing over),
 /// for at most 30 s; the last answer.
 pub async fn until_ok(node: &Weir, method: &str, path: &str, body: &str) -> Resp {
