@@ -37,7 +37,8 @@ pub enum AdminError {
     UnknownClass(String),
     #[error(transparent)]
     Address(#[from] AddressError),
-    #[error("actor {0} does not exist")]
+    /// Named as operators name it, `CLASS/NAME`.
+    #[error("actor {}/{} does not exist", .0.class, .0.name)]
     NotFound(ActorAddress),
     #[error("{0}")]
     Storage(String),
@@ -118,6 +119,11 @@ pub struct ActorDetail {
     pub incarnation: u64,
     pub entries: u64,
     pub timers: Vec<TimerView>,
+    /// Its launch journal: the resident processes it started that have
+    /// not ended, each brought back by the server's next start. (Absent
+    /// from a node of an older build: none shown.)
+    #[serde(default)]
+    pub launches: Vec<LaunchView>,
     /// Entries (up to [`MAX_INSPECT_ENTRIES`]) when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keys: Option<Vec<EntryView>>,
@@ -128,6 +134,18 @@ pub struct TimerView {
     pub reason: String,
     pub at_ms: i64,
     pub attempt: u32,
+}
+
+/// A launch journal row, as an operator sees it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct LaunchView {
+    pub pid: u64,
+    /// Re-drives spent on it.
+    pub attempt: u32,
+    /// The launch spec as the programs layer wrote it (its image, its
+    /// arguments and environment, its storage slot, what a crash does):
+    /// JSON, or the text itself should it not be.
+    pub spec: serde_json::Value,
 }
 
 /// An entry: its value as UTF-8 text when it is, else as hex.
@@ -406,10 +424,22 @@ impl ActorHost {
         } else {
             None
         };
+        let launches = db
+            .journal()
+            .map_err(storage)?
+            .into_iter()
+            .map(|row| LaunchView {
+                pid: row.pid,
+                attempt: row.attempt,
+                spec: serde_json::from_str(&row.spec)
+                    .unwrap_or(serde_json::Value::String(row.spec)),
+            })
+            .collect();
         Ok(ActorDetail {
             incarnation: db.incarnation().map_err(storage)?,
             entries: db.entry_count().map_err(storage)?,
             timers,
+            launches,
             keys,
             summary: self.summary(actor),
         })
@@ -438,7 +468,7 @@ impl ActorHost {
             holdings
                 .let_go(actor)
                 .await
-                .map_err(|why| AdminError::Storage(format!("{actor}: {why}")))?;
+                .map_err(|why| AdminError::Storage(format!("actor {}/{}: {why}", actor.class, actor.name)))?;
         }
         let gate = live.gate.take();
         live.reset();

@@ -18,7 +18,8 @@ enum ActorsCommand {
     /// Actors of every class (or of CLASS): live or hibernated, storage
     /// size, next timer.
     List { class: Option<String> },
-    /// One actor: incarnation, entries, timers; `--keys` dumps its entries.
+    /// One actor: incarnation, entries, timers, launch journal; `--keys`
+    /// dumps its entries.
     Inspect {
         class: String,
         name: String,

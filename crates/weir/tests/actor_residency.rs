@@ -153,7 +153,9 @@ async fn operators_list_inspect_and_delete_actors() {
     assert!(out.status.success());
     let out = cli(&["inspect", "probe", "x"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("actor_not_found"));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("actor_not_found"), "{said}");
+    assert!(said.contains("actor probe/x does not exist"), "{said}");
     // Used again, it starts over.
     assert_eq!(post(&weir, "/probe/x/incr", Vec::new()).await.text(), "1");
     let out = cli(&["inspect", "nope", "x"]);

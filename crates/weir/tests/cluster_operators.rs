@@ -105,6 +105,7 @@ async fn an_operator_inspects_and_deletes_an_actor_through_any_node_and_its_hist
         let r = n.admin_get("/actors/probe/never").await;
         assert_eq!(r.status, 404, "{:?}", r.body);
         assert_eq!(r.json()["error"], "actor_not_found");
+        assert_eq!(r.json()["message"], "actor probe/never does not exist");
     }
     // Listed through either node from the cluster's database, with its
     // owner; a name only looked up (no history) is not an actor.

@@ -59,6 +59,14 @@ async fn wait_running(weir: &Weir, n: usize) -> Vec<Value> {
     }
 }
 
+/// The launch journal of `owner` of the `runner` class, as an operator's
+/// inspection shows it.
+async fn launches_of(weir: &Weir, owner: &str) -> Vec<Value> {
+    let r = weir.admin_get(&format!("/actors/runner/{owner}")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["launches"].as_array().unwrap().clone()
+}
+
 /// The owner's journal rows (pid, attempt), read from its database with
 /// the server stopped.
 fn journal(data: &Path, owner: &str) -> Vec<(u64, u32)> {
@@ -150,6 +158,19 @@ async fn after_sigkill_a_durable_app_is_back_under_a_new_pid_without_a_request()
     )
     .await;
     assert_eq!(reported.status, 200);
+    // An operator sees what a restart would bring back.
+    let launches = launches_of(&weir, "owner").await;
+    assert_eq!(launches.len(), 1, "{launches:?}");
+    assert_eq!(
+        (launches[0]["pid"].as_u64(), launches[0]["attempt"].as_u64()),
+        (Some(pid), Some(0))
+    );
+    assert_eq!(launches[0]["spec"]["image"], image.as_str());
+    assert_eq!(
+        launches[0]["spec"]["storage"],
+        serde_json::json!(["app", true])
+    );
+    assert_eq!(launches[0]["spec"]["on_crash"], "restart_once");
     kill(weir);
     assert_eq!(
         journal(&data, "owner"),
@@ -186,6 +207,14 @@ async fn after_sigkill_a_durable_app_is_back_under_a_new_pid_without_a_request()
         .await;
     assert_eq!(recovered["old_pid"], pid);
     assert_eq!(recovered["new_pid"], new_pid);
+    let launches = launches_of(&weir, "owner").await;
+    assert_eq!(launches.len(), 1, "{launches:?}");
+    assert_eq!(launches[0]["pid"].as_u64(), Some(new_pid));
+    assert_eq!(
+        launches_of(&weir, "other").await,
+        Vec::<Value>::new(),
+        "the lost one's row is gone"
+    );
 
     // Its slot still holds what it wrote; its owner reaches it.
     let read = call(
