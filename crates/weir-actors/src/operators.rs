@@ -465,10 +465,9 @@ impl ActorHost {
         let claim = self.claim_always(actor, &class);
         let mut live = claim.cell.live.lock().await;
         for holdings in self.holdings() {
-            holdings
-                .let_go(actor)
-                .await
-                .map_err(|why| AdminError::Storage(format!("actor {}/{}: {why}", actor.class, actor.name)))?;
+            holdings.let_go(actor).await.map_err(|why| {
+                AdminError::Storage(format!("actor {}/{}: {why}", actor.class, actor.name))
+            })?;
         }
         let gate = live.gate.take();
         live.reset();
