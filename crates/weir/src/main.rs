@@ -367,6 +367,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let runtime = async_runtime::build()?;
     runtime.block_on(async move {
+        // Watched from before anything starts: the default action of
+        // SIGTERM or SIGINT ends the process at once, with no graceful stop
+        // (requests in flight dropped, a cluster lease left to lapse).
+        let shutdown = shutdown_signal();
         let server = Server::build(server_config).await?;
         if let Some(admin) = server.admin_addr() {
             if !admin.ip().is_loopback() {
@@ -400,7 +404,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         server
             .serve(async {
-                shutdown_signal().await;
+                shutdown.await;
                 eprintln!("weir: shutting down");
             })
             .await;
@@ -480,22 +484,37 @@ async fn reload_loop(
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Resolves at the first `SIGTERM` or `SIGINT` (Ctrl-C). Both are watched
+/// from the call, before the returned future first runs.
+fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return ctrl_c.await.unwrap_or(()),
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+        use tokio::signal::unix::{SignalKind, signal};
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
+                }
+                (Ok(mut one), Err(e)) | (Err(e), Ok(mut one)) => {
+                    tracing::warn!(error = %e, "cannot watch for one of SIGTERM and SIGINT");
+                    one.recv().await;
+                }
+                (Err(e), Err(_)) => {
+                    tracing::warn!(error = %e, "cannot watch for SIGTERM or SIGINT: stop the server with SIGKILL");
+                    std::future::pending::<()>().await;
+                }
+            }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = ctrl_c.await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
