@@ -22,10 +22,19 @@ bench/websockets.py), on two nodes, with the sockets on the room's owner
 and through the other node (relayed to the owner), over --rounds rounds
 in alternating order; the medians and what the relay costs.
 
+With --restarts N, only the graceful-restart row runs: the hot actor's
+owner is stopped with SIGTERM (as for an upgrade) and started again N
+times under writes spread over three nodes; every call sent must be
+answered 200 and the counter must hold exactly the acknowledged writes
+(the script exits 1 otherwise), and the time from SIGTERM to exit and
+the pause in acknowledgements each restart causes are printed.
+
 With --baseline BIN, only the owner row runs, for this build and BIN in
 alternating order over --rounds rounds (each on fresh nodes and a fresh
 database), and the medians and their ratio are printed: an A/B of two
-builds on the path the p99 bar is about.
+builds on the path the p99 bar is about. With --hop as well, the load
+goes to a node that forwards every call to the owner instead: an A/B of
+the path between nodes.
 
 Each load row also prints the share of the machine's CPU time the
 hypervisor took while it ran (steal, from /proc/stat): on this virtual
@@ -36,8 +45,9 @@ unprivileged user when run as root). workerd comes from npm as in
 bench/actors.py; without it (or with --no-workerd) its row is skipped.
 
 Usage: python3 bench/cluster.py [--duration 8] [--connections 32] [--kills 50]
-       python3 bench/cluster.py --baseline /path/to/weir [--rounds 6]
+       python3 bench/cluster.py --baseline /path/to/weir [--rounds 6] [--hop]
        python3 bench/cluster.py --sockets [--rounds 6] [--duration 8]
+       python3 bench/cluster.py --restarts 20
 """
 
 import argparse
@@ -275,8 +285,96 @@ def failover(pg, tmp, kills):
     return times, len(acks), counted, sent[0]
 
 
-def owner_row(pg, tmp, label, binary, d, c, t, hot):
-    """The owner row on fresh nodes of `binary` and a fresh database."""
+def send(port, path):
+    """One POST on a connection of its own: its status, "refused" when no
+    connection was made (the request never left), or the error that ended
+    it after it was sent."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        try:
+            c.connect()
+        except ConnectionRefusedError:
+            return "refused", b""
+        c.request("POST", path, body=b"")
+        r = c.getresponse()
+        return r.status, r.read()
+    except OSError as e:
+        return f"error: {e}", b""
+    finally:
+        c.close()
+
+
+def restarts(pg, tmp, n):
+    """Stops the hot actor's owner gracefully (SIGTERM, as for an upgrade)
+    and starts it again, `n` times, under writes spread over the three
+    nodes: every call sent must be answered 200, and the counter must hold
+    exactly the acknowledged writes."""
+    names = ["r1", "r2", "r3"]
+    nodes = {m: start_weir(tmp / f"restart-{m}", pg.url(), m, 1000) for m in names}
+    for port, proc in nodes.values():
+        wait_ready(port, proc, method="POST", path="/direct/warm/incr", timeout=120)
+    acks, failed, refused = [], [], [0]
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def writer(seed):
+        rng = random.Random(seed)
+        while not stop.is_set():
+            with lock:
+                port = rng.choice([p for p, _ in nodes.values()])
+            status, _ = send(port, "/direct/rr/incr")
+            with lock:
+                if status == 200:
+                    acks.append(time.monotonic())
+                elif status == "refused":
+                    refused[0] += 1
+                else:
+                    failed.append(status)
+
+    post(nodes["r1"][0], "/direct/rr/incr")
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    exits, gaps = [], []
+    try:
+        for _ in range(n):
+            time.sleep(0.3)
+            owner = pg.owner("actor/gateway/probe/rr")
+            if owner not in nodes:
+                continue
+            with lock:
+                port, proc = nodes.pop(owner)
+            termed = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+            exits.append(time.monotonic() - termed)
+            with lock:
+                after = [a for a in acks if a > termed]
+                before = [a for a in acks if a <= termed]
+            if after and before:
+                gaps.append(after[0] - before[-1])
+            port, proc = start_weir(tmp / f"restart-{owner}", pg.url(), owner, 1000)
+            wait_ready(port, proc, method="POST", path="/direct/warm/incr", timeout=120)
+            with lock:
+                nodes[owner] = (port, proc)
+        stop.set()
+        for t in threads:
+            t.join()
+        status, data = post(next(iter(nodes.values()))[0], "/direct/rr/incr", body=True)
+        counted = int(data) - 2 if status == 200 else None
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        for _, proc in nodes.values():
+            kill(proc)
+    return {"restarts": len(exits), "acks": len(acks), "failed": failed, "refused": refused[0],
+            "counted": counted, "exits": sorted(exits), "gaps": sorted(gaps)}
+
+
+def owner_row(pg, tmp, label, binary, d, c, t, hot, hop=False):
+    """The owner row on fresh nodes of `binary` and a fresh database (with
+    `hop`, the load on a node that forwards every call to the owner)."""
     pg.psql("postgres", "DROP DATABASE IF EXISTS weir WITH (FORCE)")
     pg.psql("postgres", "CREATE DATABASE weir")
     nodes = []
@@ -289,22 +387,24 @@ def owner_row(pg, tmp, label, binary, d, c, t, hot):
             wait_ready(port, proc, method="POST", path="/probe/warm/incr", timeout=120)
         post(nodes[0][1], "/probe/hot/incr")
         owner = pg.owner("actor/gateway/probe/hot")
-        owner_port = next(p for n, p, _ in nodes if n == owner)
-        return run_wrk_script(owner_port, d, c, t, hot, "/probe/hot/incr")
+        port = next(p for n, p, _ in nodes if (n != owner if hop else n == owner))
+        return run_wrk_script(port, d, c, t, hot, "/probe/hot/incr")
     finally:
         for _, _, proc in nodes:
             kill(proc)
 
 
-def ab(pg, tmp, baseline, rounds, d, c, t, hot):
-    """This build against `baseline` on the owner row, alternating order."""
+def ab(pg, tmp, baseline, rounds, d, c, t, hot, hop=False):
+    """This build against `baseline` on the owner row (or, with `hop`,
+    through another node), alternating order."""
     runs = {"this build": [], "baseline": []}
     builds = [("this build", WEIR), ("baseline", Path(baseline))]
     for i in range(rounds):
         for label, binary in (builds if i % 2 == 0 else builds[::-1]):
-            r = owner_row(pg, tmp, label.replace(" ", "-"), binary, d, c, t, hot)
+            r = owner_row(pg, tmp, label.replace(" ", "-"), binary, d, c, t, hot, hop)
             runs[label].append(r)
-            report(f"round {i + 1}: {label}, one hot actor on its owner", r)
+            where = "through another node" if hop else "on its owner"
+            report(f"round {i + 1}: {label}, one hot actor {where}", r)
     med = {k: {m: pct([r[m] for r in v], 50) for m in ("rps", "p50", "p99", "steal")} for k, v in runs.items()}
     print()
     for k, m in med.items():
@@ -395,8 +495,12 @@ def main():
     ap.add_argument("--kills", type=int, default=50)
     ap.add_argument("--no-workerd", action="store_true")
     ap.add_argument("--baseline", help="another weir binary: A/B of the owner row only")
+    ap.add_argument("--hop", action="store_true",
+                    help="with --baseline: the load through a node that forwards to the owner")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--sockets", action="store_true", help="only the WebSocket row")
+    ap.add_argument("--restarts", type=int, default=0,
+                    help="only the graceful-restart row: the owner stopped (SIGTERM) and started N times")
     args = ap.parse_args()
 
     subprocess.run(["cargo", "build", "--release", "-p", "weir", "-p", "ws-echo"], cwd=ROOT, check=True)
@@ -418,10 +522,30 @@ def main():
             shutil.rmtree(tmp, ignore_errors=True)
         return
 
+    if args.restarts:
+        pg = Postgres(tmp)
+        try:
+            r = restarts(pg, tmp, args.restarts)
+        finally:
+            pg.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+        ms = [e * 1e3 for e in r["exits"]]
+        gaps = [g * 1e3 for g in r["gaps"]]
+        print(f"graceful restarts of the owner under writes: {r['restarts']}, {r['acks']} writes acknowledged, "
+              f"{len(r['failed'])} failed, {r['refused']} not sent (a stopping node's closed port)")
+        print(f"  SIGTERM to exit: p50 {pct(ms, 50):.0f} ms, max {max(ms):.0f} ms; "
+              f"longest pause in acknowledgements per restart: p50 {pct(gaps, 50):.0f} ms, max {max(gaps):.0f} ms")
+        print(f"  the counter holds {r['counted']} writes; {r['acks']} were acknowledged")
+        if r["failed"]:
+            print(f"  failed: {r['failed'][:10]}")
+        if r["failed"] or r["counted"] != r["acks"]:
+            sys.exit(1)
+        return
+
     if args.baseline:
         pg = Postgres(tmp)
         try:
-            ab(pg, tmp, args.baseline, args.rounds, d, c, t, hot)
+            ab(pg, tmp, args.baseline, args.rounds, d, c, t, hot, args.hop)
         finally:
             pg.stop()
             shutil.rmtree(tmp, ignore_errors=True)

@@ -12,7 +12,12 @@
 //!    read; a refused request leaves its body unread;
 //! 3. the body is read while the lane is held, under its own timeout;
 //! 4. responses to HEAD and with status 204, 205 or 304 carry no body, even
-//!    when the guest writes one (what it writes is drained and discarded).
+//!    when the guest writes one (what it writes is drained and discarded);
+//! 5. at shutdown, every connection open or already completed by the
+//!    kernel (waiting in the listen backlog) has its request in flight, or
+//!    its first (arriving within [`FIRST_REQUEST_GRACE`]), answered before
+//!    it closes (within [`SHUTDOWN_GRACE`]); an idle keep-alive connection
+//!    closes at once.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -123,6 +128,18 @@ pub const REFUSAL_LINGER: std::time::Duration = std::time::Duration::from_millis
 /// longer is cut off (its client sees an incomplete body).
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long a connection that has had no request yet is given, once the
+/// server stops, for its first one to arrive before it is closed: a
+/// request sent on a connection made a moment before the stop is on its
+/// way (microseconds on a LAN, a round trip or two over a WAN); a client
+/// that connected and says nothing holds the shutdown no longer.
+pub const FIRST_REQUEST_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Connections taken from the backlog at shutdown, at most: the kernel's
+/// default backlog (`somaxconn`), so a flood of new connections cannot
+/// hold the shutdown in that loop.
+pub const MAX_BACKLOG_TAKEN: usize = 4096;
+
 /// What every request of one connection needs. Cloned per request, it
 /// touches a count that only this connection writes; the router's and the
 /// options' own counts, written by every connection on every core, are
@@ -130,11 +147,13 @@ pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(1
 struct ConnectionScope {
     router: Arc<Router>,
     options: Arc<ServeOptions>,
+    /// Whether a request has arrived on this connection yet.
+    asked: std::sync::atomic::AtomicBool,
 }
 
 /// Serves the apps of `router` on `listener` until `shutdown` resolves,
-/// then stops accepting, lets in-flight requests finish (up to
-/// [`SHUTDOWN_GRACE`]) and returns.
+/// then stops accepting (taking the connections already waiting), lets
+/// in-flight requests finish (up to [`SHUTDOWN_GRACE`]) and returns.
 pub async fn serve(
     listener: TcpListener,
     router: Arc<Router>,
@@ -162,32 +181,28 @@ pub async fn serve(
             (limits.max_request_head_bytes * PARSER_BUFFER_HEAD_MULTIPLE)
                 .max(MIN_PARSER_BUFFER_BYTES),
         );
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = &mut shutdown => break,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                // Running out of file descriptors must not end the server.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                continue;
-            }
-        };
+    // Takes one accepted connection: served, or refused past
+    // `max_connections`.
+    let take = |stream: tokio::net::TcpStream, peer: SocketAddr| {
         let Ok(permit) = connections.clone().try_acquire_owned() else {
             refuse_connection(stream, &refusals);
-            continue;
+            return;
         };
         let _ = stream.set_nodelay(true);
         let scope = Arc::new(ConnectionScope {
             router: router.clone(),
             options: options.clone(),
+            asked: std::sync::atomic::AtomicBool::new(false),
         });
-        let service = service_fn(move |req| {
+        let service = service_fn({
             let scope = scope.clone();
-            async move { Ok::<_, Infallible>(handle(&scope.router, &scope.options, req).await) }
+            move |req| {
+                let scope = scope.clone();
+                scope
+                    .asked
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                async move { Ok::<_, Infallible>(handle(&scope.router, &scope.options, req).await) }
+            }
         });
         let (stop_ticket, stop) = stops.register();
         let connection = builder
@@ -201,18 +216,46 @@ pub async fn serve(
                 biased;
                 ended = connection.as_mut() => ended,
                 _ = stop => {
+                    // A connection that has had no request yet (one just
+                    // made, its request perhaps on its way) has a moment
+                    // for it: told to stop now, it would close unread.
+                    if !scope.asked.load(std::sync::atomic::Ordering::Relaxed) {
+                        let first = tokio::time::sleep(FIRST_REQUEST_GRACE);
+                        tokio::select! {
+                            biased;
+                            ended = connection.as_mut() => return log_end(peer, ended),
+                            _ = first => {}
+                        }
+                    }
                     // No new request on this connection; the one in
                     // flight finishes.
                     connection.as_mut().graceful_shutdown();
                     connection.await
                 }
             };
-            if let Err(e) = ended {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
+            log_end(peer, ended);
         });
+    };
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = &mut shutdown => break,
+        };
+        match accepted {
+            Ok((stream, peer)) => take(stream, peer),
+            Err(e) => {
+                // Running out of file descriptors must not end the server.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
     }
-    drop(listener);
+    // The connections the kernel completed and this server had not taken
+    // yet would be reset when the listener closes, after their clients
+    // sent their requests: each is taken too, and served its first.
+    for (stream, peer) in backlog(listener) {
+        take(stream, peer);
+    }
     stops.stop();
     // Open sockets close with 1001, so their events end too.
     if let Some(sockets) = &options.sockets {
@@ -231,6 +274,41 @@ pub async fn serve(
     if tokio::time::timeout(SHUTDOWN_GRACE, ended).await.is_err() {
         tracing::warn!("shutdown grace passed with requests still in flight");
     }
+}
+
+/// Notes how a connection ended, if with an error.
+fn log_end(peer: SocketAddr, ended: Result<(), hyper::Error>) {
+    if let Err(e) = ended {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
+/// The connections waiting in `listener`'s backlog (at most
+/// [`MAX_BACKLOG_TAKEN`]); the listener is closed after.
+fn backlog(listener: TcpListener) -> Vec<(tokio::net::TcpStream, SocketAddr)> {
+    let mut taken = Vec::new();
+    let listener = match listener.into_std() {
+        Ok(listener) => listener,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot take the connections waiting at shutdown");
+            return taken;
+        }
+    };
+    while taken.len() < MAX_BACKLOG_TAKEN {
+        // Non-blocking (the listener was tokio's): `WouldBlock` once the
+        // backlog is empty.
+        let Ok((stream, peer)) = listener.accept() else {
+            break;
+        };
+        let stream = stream
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::TcpStream::from_std(stream));
+        match stream {
+            Ok(stream) => taken.push((stream, peer)),
+            Err(e) => tracing::debug!(%peer, error = %e, "a waiting connection cannot be taken"),
+        }
+    }
+    taken
 }
 
 /// Answers a connection past `max_connections` with a JSON 503 and closes

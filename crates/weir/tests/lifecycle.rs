@@ -482,6 +482,61 @@ async fn sigterm_closes_idle_keep_alive_connections_while_events_finish() {
     );
 }
 
+/// Connections the kernel completed while the server could not take them
+/// (here, while it was stopped, the moment it said it serves), each with
+/// its request sent, are served at a `SIGTERM`, not reset when the
+/// listener closes.
+#[tokio::test]
+async fn sigterm_serves_the_connections_waiting_in_the_backlog() {
+    const WAITING: usize = 40;
+    let mut weir = Weir::start(&probe(), &[]);
+    let addr = weir.addr;
+    weir.signal("STOP");
+    // Stopped the moment it says it serves, it already catches SIGTERM and
+    // SIGINT (their default action would end it with no graceful stop).
+    let status = std::fs::read_to_string(format!("/proc/{}/status", weir.pid())).unwrap();
+    let caught = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .map(|mask| u64::from_str_radix(mask.trim(), 16).unwrap())
+        .unwrap();
+    assert_eq!(caught & (1 << (15 - 1)), 1 << (15 - 1), "SIGTERM is caught");
+    assert_eq!(caught & (1 << (2 - 1)), 1 << (2 - 1), "SIGINT is caught");
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let clients: Vec<_> = (0..WAITING)
+        .map(|_| {
+            let sent = sent.clone();
+            std::thread::spawn(move || {
+                let mut c = std::net::TcpStream::connect(addr).unwrap();
+                c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                c.write_all(b"GET /counter HTTP/1.1\r\nhost: x\r\n\r\n")
+                    .unwrap();
+                sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut answer = Vec::new();
+                let ended = c.read_to_end(&mut answer);
+                (ended.map_err(|e| e.kind()), answer)
+            })
+        })
+        .collect();
+    // Every request is in the server's socket buffers before it wakes (a
+    // connection that has sent nothing yet is closed like an idle one).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sent.load(std::sync::atomic::Ordering::SeqCst) < WAITING {
+        assert!(Instant::now() < deadline, "the clients connected and sent");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    weir.signal("TERM");
+    weir.signal("CONT");
+    for client in clients {
+        let (ended, answer) = client.join().unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(ended.is_ok(), "{ended:?} after {answer:?}");
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    }
+    let status = weir.wait_exit(Duration::from_secs(10)).expect("weir exits");
+    assert!(status.success(), "{status:?}");
+}
+
 /// Sends `request` on a connection its client drops while the guest runs
 /// (with 3 s of cancellation grace), and checks that the guest finished
 /// in its grace: the receipt says `cancelled`, nothing was abandoned, and
