@@ -15,9 +15,9 @@
 //!    when the guest writes one (what it writes is drained and discarded);
 //! 5. at shutdown, every connection open or already completed by the
 //!    kernel (waiting in the listen backlog) has its request in flight, or
-//!    its first (arriving within [`FIRST_REQUEST_GRACE`]), answered before
-//!    it closes (within [`SHUTDOWN_GRACE`]); an idle keep-alive connection
-//!    closes at once.
+//!    its first (arriving within [`FIRST_REQUEST_GRACE`] of its taking),
+//!    answered before it closes (within [`SHUTDOWN_GRACE`]); an idle
+//!    keep-alive connection older than that closes at once.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -128,11 +128,11 @@ pub const REFUSAL_LINGER: std::time::Duration = std::time::Duration::from_millis
 /// longer is cut off (its client sees an incomplete body).
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// How long a connection that has had no request yet is given, once the
-/// server stops, for its first one to arrive before it is closed: a
-/// request sent on a connection made a moment before the stop is on its
-/// way (microseconds on a LAN, a round trip or two over a WAN); a client
-/// that connected and says nothing holds the shutdown no longer.
+/// How long after it was taken a connection is given, when the server
+/// stops, for its first request to arrive: a request sent on a connection
+/// made a moment before the stop is on its way (microseconds on a LAN, a
+/// round trip or two over a WAN); a client that connected and says
+/// nothing holds the shutdown no longer.
 pub const FIRST_REQUEST_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Connections taken from the backlog at shutdown, at most: the kernel's
@@ -147,8 +147,6 @@ pub const MAX_BACKLOG_TAKEN: usize = 4096;
 struct ConnectionScope {
     router: Arc<Router>,
     options: Arc<ServeOptions>,
-    /// Whether a request has arrived on this connection yet.
-    asked: std::sync::atomic::AtomicBool,
 }
 
 /// Serves the apps of `router` on `listener` until `shutdown` resolves,
@@ -189,20 +187,14 @@ pub async fn serve(
             return;
         };
         let _ = stream.set_nodelay(true);
+        let taken = tokio::time::Instant::now();
         let scope = Arc::new(ConnectionScope {
             router: router.clone(),
             options: options.clone(),
-            asked: std::sync::atomic::AtomicBool::new(false),
         });
-        let service = service_fn({
+        let service = service_fn(move |req| {
             let scope = scope.clone();
-            move |req| {
-                let scope = scope.clone();
-                scope
-                    .asked
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-                async move { Ok::<_, Infallible>(handle(&scope.router, &scope.options, req).await) }
-            }
+            async move { Ok::<_, Infallible>(handle(&scope.router, &scope.options, req).await) }
         });
         let (stop_ticket, stop) = stops.register();
         let connection = builder
@@ -216,15 +208,18 @@ pub async fn serve(
                 biased;
                 ended = connection.as_mut() => ended,
                 _ = stop => {
-                    // A connection that has had no request yet (one just
-                    // made, its request perhaps on its way) has a moment
-                    // for it: told to stop now, it would close unread.
-                    if !scope.asked.load(std::sync::atomic::Ordering::Relaxed) {
-                        let first = tokio::time::sleep(FIRST_REQUEST_GRACE);
+                    // A connection made a moment ago may have its first
+                    // request on its way: told to stop before it has read
+                    // one, hyper closes it unread. It has until
+                    // FIRST_REQUEST_GRACE after it was taken (a connection
+                    // is not asked per request whether it had one: that
+                    // would put a write on every request's path).
+                    let first_by = taken + FIRST_REQUEST_GRACE;
+                    if tokio::time::Instant::now() < first_by {
                         tokio::select! {
                             biased;
                             ended = connection.as_mut() => return log_end(peer, ended),
-                            _ = first => {}
+                            _ = tokio::time::sleep_until(first_by) => {}
                         }
                     }
                     // No new request on this connection; the one in
