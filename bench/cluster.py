@@ -206,13 +206,18 @@ def spread_over(ports, duration, connections, script, path):
     }
 
 
+def three_nodes(pg, tmp, prefix, names):
+    """Nodes `names` (lease 1 s), each answering: {name: (port, process)}."""
+    nodes = {n: start_weir(tmp / f"{prefix}{n}", pg.url(), n, 1000) for n in names}
+    for port, proc in nodes.values():
+        wait_ready(port, proc, method="POST", path="/direct/warm/incr", timeout=120)
+    return nodes
+
+
 def failover(pg, tmp, kills):
     """SIGKILLs the hot actor's owner `kills` times under writes; the time
     from each kill to the next acknowledged write."""
-    names = ["f1", "f2", "f3"]
-    nodes = {n: start_weir(tmp / f"fail-{n}", pg.url(), n, 1000) for n in names}
-    for n, (port, proc) in nodes.items():
-        wait_ready(port, proc, method="POST", path="/direct/warm/incr")
+    nodes = three_nodes(pg, tmp, "fail-", ["f1", "f2", "f3"])
     acks = []
     sent = [0]
     lock = threading.Lock()
@@ -309,10 +314,7 @@ def restarts(pg, tmp, n):
     and starts it again, `n` times, under writes spread over the three
     nodes: every call sent must be answered 200, and the counter must hold
     exactly the acknowledged writes."""
-    names = ["r1", "r2", "r3"]
-    nodes = {m: start_weir(tmp / f"restart-{m}", pg.url(), m, 1000) for m in names}
-    for port, proc in nodes.values():
-        wait_ready(port, proc, method="POST", path="/direct/warm/incr", timeout=120)
+    nodes = three_nodes(pg, tmp, "restart-", ["r1", "r2", "r3"])
     acks, failed, refused = [], [], [0]
     lock = threading.Lock()
     stop = threading.Event()
