@@ -1,6 +1,7 @@
 //! The operators' commands' one way to a running server: through its admin
 //! address, with its admin token (`--token`, `WEIR_ADMIN_TOKEN`, or the
-//! data dir's `admin-token`), printing the JSON answer. `weir actors`,
+//! data dir's `admin-token`), printing the JSON answer, or reading it for
+//! a command that shows it as a table ([`crate::table`]). `weir actors`,
 //! `weir processes`, `weir apps` and `weir deploy` are its callers; nothing
 //! here opens the server's data.
 
@@ -43,14 +44,42 @@ pub struct AdminArgs {
     app: Option<String>,
 }
 
-/// Sends `method path` to the admin address and prints the answer; a 400,
-/// 401 or 404 is a usage error (exit 2), another failure exits 1.
+/// Sends `method path` to the admin address and prints the answer;
+/// a 400, 401 or 404 is a usage error (exit 2), another failure exits 1.
 pub fn call(args: &AdminArgs, method: &str, path: &str) -> anyhow::Result<()> {
     call_with(args, method, path, Bytes::new())
 }
 
 /// [`call`] with a request body.
 pub fn call_with(args: &AdminArgs, method: &str, path: &str, body: Bytes) -> anyhow::Result<()> {
+    let answer = answer(args, method, path, body)?;
+    println!("{}", pretty(&answer));
+    Ok(())
+}
+
+/// `GET path`, its answer read as a `T` (for a command that shows it its
+/// own way); fails as [`call`] does.
+pub fn get<T: serde::de::DeserializeOwned>(args: &AdminArgs, path: &str) -> anyhow::Result<T> {
+    let answer = answer(args, "GET", path, Bytes::new())?;
+    serde_json::from_slice(&answer).with_context(|| {
+        format!(
+            "the server's answer to GET {path} is not what this build reads (is it a build of another version?): {}",
+            String::from_utf8_lossy(&answer)
+        )
+    })
+}
+
+/// The answer's body, indented if it is JSON.
+fn pretty(body: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| serde_json::to_string_pretty(&v).ok())
+        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned())
+}
+
+/// Sends `method path` with the admin token; the body of a success, or
+/// the error the answer names.
+fn answer(args: &AdminArgs, method: &str, path: &str, body: Bytes) -> anyhow::Result<Bytes> {
     let path = match &args.app {
         Some(app) if path.contains('?') => format!("{path}&app={app}"),
         Some(app) => format!("{path}?app={app}"),
@@ -70,19 +99,14 @@ pub fn call_with(args: &AdminArgs, method: &str, path: &str, body: Bytes) -> any
         .enable_all()
         .build()?;
     let (status, body) = runtime.block_on(request(args.admin, method, &path, &token, body))?;
-    let text = String::from_utf8_lossy(&body);
-    let pretty = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| serde_json::to_string_pretty(&v).ok())
-        .unwrap_or_else(|| text.to_string());
     if status >= 400 {
+        let pretty = pretty(&body);
         if status == 404 || status == 400 || status == 401 {
             return Err(UsageError(pretty).into());
         }
         bail!("{status}: {pretty}");
     }
-    println!("{pretty}");
-    Ok(())
+    Ok(body)
 }
 
 async fn request(

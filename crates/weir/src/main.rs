@@ -15,6 +15,7 @@ mod config;
 mod logging;
 mod processes_cli;
 mod programs_cli;
+mod table;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

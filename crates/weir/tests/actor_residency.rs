@@ -133,6 +133,25 @@ async fn operators_list_inspect_and_delete_actors() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // A table for the eye: a row per actor, its timer relative to now.
+    let table = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        [
+            "CLASS", "NAME", "STATE", "WAITING", "STORAGE", "NEXT", "TIMER"
+        ],
+        "{table}"
+    );
+    let x: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(x[..4], ["probe", "x", "live", "0"], "{table}");
+    assert_eq!(x.last(), Some(&"-"), "x has no timer: {table}");
+    assert!(
+        lines[2].ends_with(" in 59m") || lines[2].ends_with(" in 1h"),
+        "y's timer in an hour: {table}"
+    );
+    assert!(lines[3].starts_with("2 actors, 2 live, "), "{table}");
+    let out = cli(&["list", "--json"]);
     let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
     let actors = listed["actors"].as_array().unwrap();
     assert_eq!(actors.len(), 2);

@@ -115,6 +115,22 @@ async fn an_operator_inspects_and_deletes_an_actor_through_any_node_and_its_hist
         assert_eq!(actors.len(), 1, "{listed}");
         assert_eq!(actors[0]["name"], "gone");
         assert_eq!(actors[0]["owner"], owner.as_str());
+        // `weir actors list` shows the owner as a column of its own.
+        let out = common::weir_command()
+            .arg("actors")
+            .args(["--admin", &n.admin.unwrap().to_string()])
+            .args(["--token", n.token.as_ref().unwrap(), "list", "probe"])
+            .output()
+            .unwrap();
+        let table = String::from_utf8(out.stdout).unwrap();
+        let rows: Vec<Vec<&str>> = table
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(rows[0].last(), Some(&"OWNER"), "{table}");
+        assert_eq!(rows[1][..2], ["probe", "gone"], "{table}");
+        assert_eq!(rows[1].last(), Some(&owner.as_str()), "{table}");
+        assert!(table.ends_with(" of storage on this node\n"), "{table}");
     }
     let owner_dir = node_path("operators", &owner);
     assert!(holds_file(&owner_dir, "gone.sqlite3"), "the owner's copy");

@@ -185,17 +185,30 @@ async fn rollback_returns_to_the_previous_version_the_same_way() {
     ]);
     assert_eq!(exited.code, Some(0), "{}", exited.stderr);
     assert_eq!(weir.get("/").await.text(), V2);
-    let exited = run_weir(&[
-        "apps",
-        "list",
-        "--admin",
-        &admin.to_string(),
-        "--token",
-        weir.token.as_ref().unwrap(),
-    ]);
-    let listed: Value = serde_json::from_str(&exited.stdout).unwrap();
+    let admin_text = admin.to_string();
+    let list = |more: &[&str]| {
+        let mut args = vec![
+            "apps",
+            "list",
+            "--admin",
+            &admin_text,
+            "--token",
+            weir.token.as_ref().unwrap(),
+        ];
+        args.extend_from_slice(more);
+        run_weir(&args)
+    };
+    let listed: Value = serde_json::from_str(&list(&["--json"]).stdout).unwrap();
     assert_eq!(listed["apps"][0]["version"], "v3");
     assert_eq!(listed["apps"][0]["number"], 4);
+    let table = list(&[]).stdout;
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0][..3], ["APP", "VERSION", "DEPLOYED"], "{table}");
+    assert_eq!(rows[1][..3], ["site", "#4", "v3"], "{table}");
+    assert_eq!(rows.len(), 2, "{table}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

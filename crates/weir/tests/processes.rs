@@ -469,6 +469,46 @@ async fn operators_list_inspect_and_kill_processes_and_read_their_metrics() {
         command.output().unwrap()
     };
     let b_ = b.to_string();
+    // `list` prints a table: a row per process, owner first; `--json` the
+    // answer whole.
+    let out = cli(&["list"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines[0],
+        [
+            "CLASS", "NAME", "PID", "CONTRACT", "STATE", "REQUESTS", "MEMORY", "IMAGE"
+        ],
+        "{table}"
+    );
+    let short_image = &o.resident.strip_prefix("sha256:").unwrap()[..12];
+    assert_eq!(
+        lines[1][..6],
+        ["runner", "one", &a.to_string(), "boot", "running", "1"],
+        "{table}"
+    );
+    assert_eq!(lines[1][8], short_image, "{table}");
+    assert_eq!(
+        lines[2][..6],
+        ["runner", "two", &b_, "boot", "running", "0"],
+        "{table}"
+    );
+    assert_eq!(
+        lines[3],
+        ["2", "processes", "running,", "2", "slots", "held"],
+        "{table}"
+    );
+    let out = cli(&["list", "--json"]);
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed["processes"][1]["pid"], b);
     let out = cli(&["inspect", "runner", "two", &b_]);
     assert!(
         out.status.success(),
