@@ -140,6 +140,57 @@ async fn config_file_sets_limits_and_the_command_line_overrides_them() {
 }
 
 #[test]
+fn paths_in_a_config_file_are_named_from_its_directory_without_dot_dots() {
+    use std::io::BufRead;
+    let dir = tempdir("config-paths");
+    std::fs::create_dir_all(dir.join("conf")).unwrap();
+    std::fs::copy(probe(), dir.join("app.wasm")).unwrap();
+    std::fs::write(
+        dir.join("conf/weir.toml"),
+        "app = \"../app.wasm\"\ndata_dir = \"./../data\"\nadmin = \"127.0.0.1:0\"\nlisten = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    // Reached through `..`, its own paths going up: what the server names
+    // is where the system finds it.
+    let roundabout = dir.join("conf/../conf/weir.toml");
+    let mut child = common::weir_command()
+        .arg("serve")
+        .arg("--config")
+        .arg(&roundabout)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = Vec::new();
+    for line in std::io::BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        let serving = line.starts_with("weir: serving ");
+        said.push(line);
+        if serving {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let said = said.join("\n");
+    let dir = std::fs::canonicalize(&dir).unwrap();
+    let token = dir.join("data/admin-token");
+    assert!(
+        said.contains(&format!("(token in {})", token.display())),
+        "{said}"
+    );
+    assert!(token.exists(), "the token is where the line says");
+    assert!(
+        said.contains(&format!(
+            "weir: serving {} on",
+            dir.join("app.wasm").display()
+        )),
+        "{said}"
+    );
+}
+
+#[test]
 fn a_component_with_a_missing_import_is_refused_at_start() {
     let dir = tempdir("link");
     let path = dir.join("missing.wasm");

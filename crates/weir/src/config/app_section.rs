@@ -99,12 +99,43 @@ pub(super) struct AppSection {
     pub limits: toml::Table,
 }
 
-/// A path written in the config file: relative to the file.
+/// A path written in the config file: relative to the file's directory
+/// (`base`, as [`config_dir`] names it). Its leading `..` and `.` are
+/// folded into `base`, which holds no symbolic link, so the path is shown
+/// as the system resolves it (`/srv/app/.weir`, not
+/// `/srv/app/conf/../.weir`); a `..` after a name is kept, since that name
+/// may be a link.
 pub(super) fn relative(base: Option<&Path>, path: &Path) -> PathBuf {
-    match base {
-        Some(base) if path.is_relative() => base.join(path),
-        _ => path.to_path_buf(),
+    use std::path::Component;
+    let Some(base) = base.filter(|_| path.is_relative()) else {
+        return path.to_path_buf();
+    };
+    let mut joined = base.to_path_buf();
+    let mut components = path.components().peekable();
+    while let Some(leading) = components.peek() {
+        match leading {
+            Component::CurDir => {}
+            Component::ParentDir if joined.parent().is_some() => {
+                joined.pop();
+            }
+            // The root's parent is the root.
+            Component::ParentDir if joined.has_root() => {}
+            _ => break,
+        }
+        components.next();
     }
+    joined.extend(components);
+    joined
+}
+
+/// The directory a config file's paths are relative to, with symbolic
+/// links resolved (as it was named, if it cannot be resolved).
+pub(super) fn config_dir(file: &Path) -> PathBuf {
+    let dir = match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf())
 }
 
 /// A `[limits]` table as `(name, value)` pairs.

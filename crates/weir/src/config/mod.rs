@@ -16,8 +16,8 @@ use weir_server::{AppSpec, ServerLimits};
 use weir_store::Durability;
 
 use app_section::{
-    ActorSection, AppParts, AppSection, DatabasesSection, SecretSource, app_spec, limit_pairs,
-    relative,
+    ActorSection, AppParts, AppSection, DatabasesSection, SecretSource, app_spec, config_dir,
+    limit_pairs, relative,
 };
 
 /// A mistake in how Weir was invoked or configured; exits with code 2.
@@ -154,7 +154,7 @@ impl Config {
                 let parsed: File = toml::from_str(&text).map_err(|e| {
                     UsageError(format!("config {}: {}", path.display(), e.message()))
                 })?;
-                (parsed, path.parent().map(Path::to_path_buf))
+                (parsed, Some(config_dir(path)))
             }
             None => (File::default(), None),
         };
@@ -471,6 +471,54 @@ mod secrets {
             "a literal value is refused: {}",
             literal.0
         );
+    }
+}
+
+#[cfg(test)]
+mod paths {
+    use super::app_section::relative;
+    use super::*;
+
+    #[test]
+    fn leading_parents_fold_into_the_config_dir_and_later_ones_stay() {
+        let base = Path::new("/srv/app/conf");
+        let shown = |p: &str| relative(Some(base), Path::new(p));
+        assert_eq!(shown("../../.weir"), Path::new("/srv/.weir"));
+        assert_eq!(shown("./../data"), Path::new("/srv/app/data"));
+        assert_eq!(shown("app.wasm"), Path::new("/srv/app/conf/app.wasm"));
+        assert_eq!(shown("link/../x"), Path::new("/srv/app/conf/link/../x"));
+        assert_eq!(
+            shown("../../../../x"),
+            Path::new("/x"),
+            "no further than the root"
+        );
+        assert_eq!(
+            shown("/abs/../x"),
+            Path::new("/abs/../x"),
+            "absolute: as written"
+        );
+        assert_eq!(relative(None, Path::new("../x")), Path::new("../x"));
+    }
+
+    #[test]
+    fn a_config_reached_through_a_link_names_paths_where_the_link_points() {
+        let dir = weir_scratch::dir("config-link");
+        let real = dir.join("real/conf");
+        std::fs::create_dir_all(&real).unwrap();
+        std::fs::write(real.join("app.wasm"), b"").unwrap();
+        std::fs::write(
+            real.join("weir.toml"),
+            "app = \"app.wasm\"\ndata_dir = \"../data\"\n",
+        )
+        .unwrap();
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let config =
+            Config::resolve(Some(&link.join("weir.toml")), None, Overrides::default()).unwrap();
+        let real = std::fs::canonicalize(&real).unwrap();
+        assert_eq!(config.data_dir, real.parent().unwrap().join("data"));
+        assert_eq!(config.apps[0].component, real.join("app.wasm"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
