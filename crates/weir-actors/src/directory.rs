@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use weir_store::actor::{ActorDb, ActorStoreError};
+use weir_store::journal::{LAUNCH_MARK_SUFFIX, launch_mark};
 use weir_store::{Durability, StoreError};
 
 use crate::address::ActorAddress;
@@ -63,6 +64,24 @@ struct Census {
 pub struct Unreadable {
     pub path: PathBuf,
     pub error: String,
+}
+
+/// What a launch mark's file name ends with (after the actor's name).
+const MARKED_DATABASE: &str = ".sqlite3-launches";
+
+/// The file that says the directory's launch marks are whole.
+const MARKS_KEPT: &str = ".launch-marks";
+
+/// One listing of a class's directory ([`ActorDirectory::scan`]).
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Actors with a database, in name order.
+    pub actors: Vec<ActorAddress>,
+    /// Those of them with a launch mark: their launch journal may have
+    /// rows.
+    pub marked: Vec<ActorAddress>,
+    /// Database files whose names are not actor names.
+    pub strangers: Vec<Unreadable>,
 }
 
 /// The on-disk directory of every actor of one Weir data dir.
@@ -239,37 +258,85 @@ impl ActorDirectory {
 
     /// The actors of a class that have a database, in name order.
     pub fn list(&self, class: &str) -> std::io::Result<Vec<ActorAddress>> {
-        Ok(self.scan(class)?.0)
+        Ok(self.scan(class)?.actors)
     }
 
-    /// [`ActorDirectory::list`], and the database files of the class
-    /// whose names are not actor names (left by something else), each
-    /// with why.
-    pub fn scan(&self, class: &str) -> std::io::Result<(Vec<ActorAddress>, Vec<Unreadable>)> {
+    /// What one listing of a class's directory finds (no database is
+    /// opened): its actors, those with a launch mark, and the files whose
+    /// names are not actor names (left by something else), each with why.
+    /// A mark whose database is gone is removed.
+    pub fn scan(&self, class: &str) -> std::io::Result<Scan> {
         let dir = self.root.join(class);
-        let mut actors = Vec::new();
-        let mut strangers = Vec::new();
+        let mut found = Scan::default();
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((actors, strangers)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
             Err(e) => return Err(e),
         };
+        let mut marks = Vec::new();
         for entry in entries {
             let entry = entry?;
             let file = entry.file_name();
-            let Some(name) = file.to_str().and_then(|f| f.strip_suffix(".sqlite3")) else {
+            let Some(file) = file.to_str() else { continue };
+            if let Some(name) = file.strip_suffix(MARKED_DATABASE) {
+                marks.push(name.to_string());
+                continue;
+            }
+            let Some(name) = file.strip_suffix(".sqlite3") else {
                 continue;
             };
             match ActorAddress::new(class, name) {
-                Ok(actor) => actors.push(actor),
-                Err(e) => strangers.push(Unreadable {
+                Ok(actor) => found.actors.push(actor),
+                Err(e) => found.strangers.push(Unreadable {
                     path: entry.path(),
                     error: e.to_string(),
                 }),
             }
         }
-        actors.sort();
-        Ok((actors, strangers))
+        found.actors.sort();
+        for name in marks {
+            let Ok(actor) = ActorAddress::new(class, &name) else {
+                continue;
+            };
+            if found.actors.binary_search(&actor).is_ok() {
+                found.marked.push(actor);
+            } else {
+                self.unmark(&actor);
+            }
+        }
+        found.marked.sort();
+        Ok(found)
+    }
+
+    /// Removes an actor's launch mark (its journal was found empty under
+    /// its owner's hold, or its database is gone).
+    pub fn unmark(&self, actor: &ActorAddress) {
+        let mark = launch_mark(&self.path(actor));
+        if let Err(e) = std::fs::remove_file(&mark)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %mark.display(), error = %e, "cannot remove a launch mark");
+        }
+    }
+
+    /// True once every actor here with launch journal rows has its launch
+    /// mark: the directory was made, or first listed, by a build that
+    /// keeps them ([`ActorDirectory::marks_kept`]). An older build's data
+    /// dir is searched by opening each database once instead.
+    pub fn marks_kept(&self) -> bool {
+        self.root.join(MARKS_KEPT).exists()
+    }
+
+    /// Records that every actor here with journal rows has its mark.
+    pub fn keep_marks(&self) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.root)?;
+        let file = self.root.join(MARKS_KEPT);
+        std::fs::write(
+            &file,
+            "Every actor database here with launch journal rows has its NAME.sqlite3-launches mark.\n",
+        )?;
+        std::fs::File::open(&file)?.sync_all()?;
+        std::fs::File::open(&self.root)?.sync_all()
     }
 
     /// Deletes a hibernated actor: its database and WAL files, its place
@@ -292,7 +359,7 @@ impl ActorDirectory {
         let path = self.path(actor);
         let existed = path.is_file();
         let took = if counted { files_bytes(&path) } else { 0 };
-        for suffix in ["", "-wal", "-shm"] {
+        for suffix in ["", "-wal", "-shm", LAUNCH_MARK_SUFFIX] {
             let file = PathBuf::from(format!("{}{suffix}", path.display()));
             match std::fs::remove_file(&file) {
                 Ok(()) => {}
@@ -340,6 +407,27 @@ mod tests {
         assert!(!directory.exists(&a));
         assert!(!directory.delete(&a).unwrap());
         assert_eq!(directory.list("counter").unwrap(), vec![b]);
+    }
+
+    #[test]
+    fn a_listing_finds_the_marked_actors_and_drops_a_mark_without_a_database() {
+        assert_eq!(MARKED_DATABASE, format!(".sqlite3{LAUNCH_MARK_SUFFIX}"));
+        let data = weir_scratch::dir("actors-marks");
+        let directory = ActorDirectory::new(&data, Durability::Process);
+        let [a, b, gone] = ["a", "b", "gone"].map(|n| ActorAddress::new("c", n).unwrap());
+        directory.open(&a).unwrap();
+        directory.open(&b).unwrap();
+        weir_store::journal::make_launch_mark(&directory.path(&a)).unwrap();
+        directory.open(&gone).unwrap();
+        weir_store::journal::make_launch_mark(&directory.path(&gone)).unwrap();
+        std::fs::remove_file(directory.path(&gone)).unwrap();
+        let found = directory.scan("c").unwrap();
+        assert_eq!(found.actors, [a.clone(), b]);
+        assert_eq!(found.marked, [a.clone()]);
+        assert!(!launch_mark(&directory.path(&gone)).exists());
+        // A deletion takes the mark with the database.
+        assert!(directory.delete(&a).unwrap());
+        assert!(!launch_mark(&directory.path(&a)).exists());
     }
 
     #[test]

@@ -72,6 +72,17 @@ impl Exclusive {
         f(self.db.as_mut().expect("opened above")).map_err(storage)
     }
 
+    /// Removes the actor's launch mark if its launch journal has no rows
+    /// (see `weir_store::journal`); true if it had none. Under the hold no
+    /// turn can write a row meanwhile.
+    pub fn unmark_if_unjournaled(&mut self) -> Result<bool, AdminError> {
+        let empty = self.storage(|db| Ok(db.journal()?.is_empty()))?;
+        if empty {
+            self.directory.unmark(&self.actor);
+        }
+        Ok(empty)
+    }
+
     /// Closes the holder's own connection, if it opened one: what the
     /// holder wrote is counted in the storage room before any turn opens
     /// the database again (a wake counts from what the room counted).

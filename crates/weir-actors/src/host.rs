@@ -145,10 +145,13 @@ pub struct ActorHost {
     pub(crate) closing: Arc<AtomicUsize>,
     /// Hands out [`Cell::last_turn`].
     turn_order: AtomicU64,
-    /// Database files found at start that could not be used: skipped.
-    pub(crate) unreadable: Vec<Unreadable>,
-    /// Actors whose launch journal had rows at start: owners of resident
-    /// processes the last run did not see end.
+    /// Database files that could not be used, found at start or by the
+    /// timer pass: skipped.
+    pub(crate) unreadable: std::sync::Mutex<Vec<Unreadable>>,
+    /// The timer pass's progress ([`crate::timer_pass`]).
+    pub(crate) pass: crate::timer_pass::TimerPass,
+    /// Actors with a launch mark at start: owners whose launch journal may
+    /// have rows, of resident processes the last run did not see end.
     journaled: Vec<ActorAddress>,
     /// Where actors run and their commits become durable, when that is
     /// decided beyond this process (cluster mode).
@@ -159,8 +162,11 @@ pub struct ActorHost {
 }
 
 impl ActorHost {
-    /// A host for `classes`, with actors' databases under `directory`. The
-    /// timers of every existing actor are indexed before it returns.
+    /// A host for `classes`, with actors' databases under `directory`:
+    /// the actors on disk counted (census and storage room) and the owners
+    /// with launch journal rows found from one listing per class, without
+    /// opening their databases. Their timers are indexed by the timer pass
+    /// [`ActorHost::start`] begins.
     pub fn new(
         classes: Vec<ActorClass>,
         directory: ActorDirectory,
@@ -185,7 +191,8 @@ impl ActorHost {
             closer: crate::residency::start_closer(closing.clone()),
             closing,
             turn_order: AtomicU64::new(1),
-            unreadable: Vec::new(),
+            unreadable: Default::default(),
+            pass: Default::default(),
             journaled: Vec::new(),
             placement,
             holdings: std::sync::Mutex::new(Vec::new()),
@@ -193,46 +200,65 @@ impl ActorHost {
         let mut journaled = Vec::new();
         let mut unreadable = Vec::new();
         let mut census = 0;
+        // A data dir last served by a build before launch marks: its
+        // journals are found by opening each database once, and marked.
+        let unmarked = !host.directory.marks_kept();
         for class in host.classes.keys() {
-            let (actors, strangers) = host
+            let found = host
                 .directory
                 .scan(class)
                 .map_err(|e| AdminError::Storage(e.to_string()))?;
-            unreadable.extend(strangers);
-            census += actors.len();
-            for actor in actors {
-                // No actor runs yet: open each briefly, as its own turn
-                // would. One that cannot be opened is reported and skipped;
-                // the others are served.
-                let opened = host.directory.open(&actor).and_then(|db| {
-                    let next = db.next_deadline()?;
-                    Ok((next, !db.journal()?.is_empty()))
-                });
-                // Closed again, readable or not, its files take room.
-                let files = host.directory.files_bytes(&actor);
-                host.directory.room().moved(0, files);
-                match opened {
-                    Ok((next, has_journal)) => {
-                        host.timers.set(&actor, next);
-                        if has_journal {
-                            journaled.push(actor.clone());
-                        }
-                    }
-                    Err(e) => unreadable.push(Unreadable {
-                        path: host.directory.path(&actor),
-                        error: e.to_string(),
-                    }),
-                }
+            unreadable.extend(found.strangers);
+            census += found.actors.len();
+            if unmarked {
+                journaled.extend(
+                    found
+                        .actors
+                        .iter()
+                        .filter(|a| host.mark_if_journaled(a))
+                        .cloned(),
+                );
+            } else {
+                journaled.extend(found.marked);
             }
+            for actor in &found.actors {
+                host.directory
+                    .room()
+                    .moved(0, host.directory.files_bytes(actor));
+            }
+        }
+        if unmarked {
+            host.directory.keep_marks().map_err(|e| {
+                AdminError::Storage(format!("cannot record the launch marks as kept: {e}"))
+            })?;
         }
         for u in &unreadable {
             tracing::warn!(path = %u.path.display(), error = %u.error, "skipping an actor database that cannot be used");
         }
-        host.unreadable = unreadable;
+        host.unreadable = std::sync::Mutex::new(unreadable);
         host.journaled = journaled;
         host.directory.recount(census);
         host.apply_app_limits();
         Ok(Arc::new(host))
+    }
+
+    /// For a data dir without launch marks: opens `actor`'s database to
+    /// see whether its launch journal has rows, and marks it if so. One
+    /// that cannot be opened is left to the timer pass to report.
+    fn mark_if_journaled(&self, actor: &ActorAddress) -> bool {
+        let journaled = self
+            .directory
+            .open(actor)
+            .and_then(|db| Ok(!db.journal()?.is_empty()));
+        match journaled {
+            Ok(true) => {
+                if let Err(e) = weir_store::journal::make_launch_mark(&self.directory.path(actor)) {
+                    tracing::warn!(%actor, error = %e, "cannot mark an owner of resident processes");
+                }
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Binds a layer that keeps something in actors' names (processes and
@@ -265,7 +291,9 @@ impl ActorHost {
         }
     }
 
-    /// Actors whose launch journal had rows when this host started.
+    /// Actors whose launch journal may have had rows when this host
+    /// started (those with a launch mark): each is recovered, or found to
+    /// have none and unmarked, under its hold.
     pub fn journaled(&self) -> &[ActorAddress] {
         &self.journaled
     }
@@ -284,6 +312,7 @@ impl ActorHost {
     /// Starts the timer dispatcher and the hibernation sweeper; they stop
     /// when the host is dropped.
     pub fn start(self: &Arc<Self>) {
+        tokio::spawn(self.clone().timer_pass());
         tokio::spawn(crate::dispatcher::dispatch(Arc::downgrade(self)));
         tokio::spawn(crate::residency::sweep(Arc::downgrade(self)));
     }
@@ -386,6 +415,29 @@ impl ActorHost {
                 return Err(ErrorCode::HostUnavailable.into());
             }
         }
+        self.claim_cell(&mut cells, address, class, limit)
+    }
+
+    /// Claims a cell for the timer pass ([`crate::timer_pass`]): never
+    /// refused, and never hibernates an actor to make room for it (the
+    /// pass holds one cell at a time, let go of at once).
+    pub(crate) fn claim_passing(&self, address: &ActorAddress, class: &ActorClass) -> Claim {
+        let mut cells = self.lock_cells();
+        match self.claim_cell(&mut cells, address, class, None) {
+            Ok(claim) => claim,
+            Err(_) => unreachable!("unlimited claims are never refused"),
+        }
+    }
+
+    /// Takes a place among the cell's callers, making the cell if the
+    /// actor has none.
+    fn claim_cell(
+        &self,
+        cells: &mut HashMap<ActorAddress, Arc<Cell>>,
+        address: &ActorAddress,
+        class: &ActorClass,
+        limit: Option<usize>,
+    ) -> Result<Claim, TurnError> {
         let cell = cells
             .entry(address.clone())
             .or_insert_with(|| {

@@ -198,6 +198,9 @@ pub struct HostStatus {
     pub closing: usize,
     /// Database files found at start that could not be used (skipped).
     pub unreadable: Vec<Unreadable>,
+    /// How far the timer pass of the actors on disk has come since the
+    /// start ([`crate::timer_pass`]).
+    pub timer_pass: crate::timer_pass::PassProgress,
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -234,7 +237,12 @@ impl ActorHost {
             max_concurrent_alarms: self.deliveries.max(),
             alarms_waiting: self.timers.due(crate::timers::now_ms()),
             closing: self.closing.load(Ordering::Acquire),
-            unreadable: self.unreadable.clone(),
+            unreadable: self
+                .unreadable
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            timer_pass: self.pass.progress(),
         }
     }
 

@@ -214,7 +214,10 @@ pub fn status_json(state: &AdminState) -> serde_json::Value {
         status[*name] = section();
     }
     // Per app, and at the top when one app has them (a single-app server).
-    let actors = |host: &ActorHost| json!({ "unreadable": host.status().unreadable });
+    let actors = |host: &ActorHost| {
+        let status = host.status();
+        json!({ "unreadable": status.unreadable, "timer_pass": status.timer_pass })
+    };
     let processes = |table: &ProcessTable| {
         let (live, slots) = table.counts();
         json!({ "live": live, "slots": slots, "holders": table.ledger() })

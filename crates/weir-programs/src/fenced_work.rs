@@ -12,7 +12,9 @@
 //!   A process the server stops as it shuts down keeps its row: a graceful
 //!   restart brings it back as a crash's would;
 //! - after a restart, every owner with rows is recovered at once, on its
-//!   own, without waiting for a request. Recovery adopts a fresh
+//!   own, without waiting for a request; such owners are found by their
+//!   launch marks (`weir_store::journal`), without opening every actor's
+//!   database. Recovery adopts a fresh
 //!   incarnation, so every row's pid is at or below the new pid base: owed
 //!   work, not live work. A row with no re-drive spent is re-driven once,
 //!   and the re-drive is spent durably before the program's first
@@ -125,7 +127,10 @@ impl Fence {
         let owner = owner.clone();
         tokio::spawn(async move {
             let deleted = match actors.exclusive(&owner.class, &owner.name).await {
-                Ok(mut held) => held.storage(|db| db.journal_delete(pid)).map(drop),
+                Ok(mut held) => held
+                    .storage(|db| db.journal_delete(pid))
+                    .and_then(|_| held.unmark_if_unjournaled())
+                    .map(drop),
                 Err(e) => Err(e),
             };
             // An owner deleted meanwhile took the row with it.

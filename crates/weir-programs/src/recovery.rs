@@ -1,6 +1,7 @@
 //! Recovery after a crash, as the programs see it: every owner whose
-//! launch journal has rows is held and recovered on its own at start (what
-//! is decided, and how durably, is [`crate::fenced_work`]).
+//! launch journal has rows (found by its launch mark) is held and
+//! recovered on its own at start (what is decided, and how durably, is
+//! [`crate::fenced_work`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -51,6 +52,16 @@ impl ProgramsHost {
     }
 
     async fn recover_owner(&self, mut held: Exclusive, owner: &Owner) {
+        // A mark may outlive its rows (a process its owner killed in a
+        // turn): such an owner has nothing to recover.
+        match held.unmark_if_unjournaled() {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(%owner, error = %e, "cannot read the launch journal");
+                return;
+            }
+        }
         let mut told = Vec::new();
         let mut receipt = |old: u64, new: Option<u64>, image: &str, lost: Option<&str>| {
             told.push((
@@ -113,6 +124,11 @@ impl ProgramsHost {
                     receipt(row.pid, None, &launch.image, Some(&why));
                 }
             }
+        }
+        // No row left (every one lost, or its re-drive failed): the next
+        // start need not look at this owner.
+        if let Err(e) = held.unmark_if_unjournaled() {
+            tracing::warn!(%owner, error = %e, "cannot read the launch journal after recovery");
         }
         // The owner hears of each, in its own turns, before any request
         // reaches it (it is still held).

@@ -2,8 +2,41 @@
 //! one per resident process of the actor that was started and has not
 //! ended. This module only keeps them; what they mean, and when they are
 //! written and read, is `weir_programs::fenced_work`'s.
+//!
+//! Invariant owned here: a database with journal rows has its **launch
+//! mark** beside it (`NAME.sqlite3-launches`, empty), made durably before
+//! the first row is written; so a start finds every owner with rows from a
+//! directory listing, without opening every actor's database. A mark may
+//! outlive its rows (whoever finds the journal empty under the owner's
+//! hold removes it); a row never outlives its mark.
+
+use std::path::{Path, PathBuf};
 
 use crate::actor::{ActorDb, ActorStoreError};
+
+/// What a database's launch mark adds to its path.
+pub const LAUNCH_MARK_SUFFIX: &str = "-launches";
+
+/// The launch mark of the database at `db`.
+pub fn launch_mark(db: &Path) -> PathBuf {
+    let mut mark = db.as_os_str().to_owned();
+    mark.push(LAUNCH_MARK_SUFFIX);
+    PathBuf::from(mark)
+}
+
+/// Makes the launch mark of the database at `db`, durably (the file and
+/// its directory entry synced), unless it is there.
+pub fn make_launch_mark(db: &Path) -> std::io::Result<()> {
+    let mark = launch_mark(db);
+    if mark.exists() {
+        return Ok(());
+    }
+    std::fs::File::create(&mark)?.sync_all()?;
+    if let Some(dir) = mark.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
 
 /// A launch journal row: a resident process of this actor that was
 /// started and has not ended (see `weir_programs::fenced_work`).
@@ -24,6 +57,13 @@ impl ActorDb {
         spec: &str,
         attempt: u32,
     ) -> Result<(), ActorStoreError> {
+        if let Some(path) = self.conn.path().filter(|p| !p.is_empty()) {
+            let db = Path::new(path);
+            make_launch_mark(db).map_err(|cause| crate::StoreError::Dir {
+                path: launch_mark(db),
+                cause,
+            })?;
+        }
         self.conn
             .prepare_cached(
                 "INSERT INTO _weir_journal (pid, spec, attempt) VALUES (?1, ?2, ?3)

@@ -1,5 +1,6 @@
 //! Actor timers from outside: re-arming, due sets, retries with backoff,
-//! waking a hibernated actor, and surviving SIGKILL.
+//! waking a hibernated actor, surviving SIGKILL, and the timer pass that
+//! indexes the timers of the actors on disk after a start.
 
 mod common;
 
@@ -191,7 +192,7 @@ async fn timers_survive_sigkill() {
     assert_eq!(r.status, 200);
     weir.signal("KILL");
     drop(weir);
-    // After the restart the timer fires from the index built at start.
+    // After the restart the timer fires, indexed by the timer pass.
     let weir = start(&dir, &["--limit", "actor_idle_ms=200"]);
     let woke = weir
         .actor_receipt_where(|r| r["name"] == "killed" && r["reason"] == "tick")
@@ -262,4 +263,42 @@ async fn an_alarm_due_while_its_actor_is_deleted_does_not_bring_it_back() {
     assert_eq!(r.status, 404, "{:?}", r.body);
     let listed = weir.admin_get("/actors/probe").await.json();
     assert_eq!(listed["actors"], serde_json::json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timers_of_actors_on_disk_are_indexed_by_a_pass_after_the_start_and_fire() {
+    let dir = data_dir("pass");
+    let weir = start(&dir, &[]);
+    // 200 actors on disk, every fourth with a timer.
+    for i in 0..200 {
+        let path = if i % 4 == 0 {
+            format!("/probe/a{i}/schedule?reason=tick&in_ms=1500")
+        } else {
+            format!("/probe/a{i}/incr")
+        };
+        assert_eq!(post(&weir, &path, Vec::new()).await.status, 200, "{path}");
+    }
+    weir.signal("KILL");
+    drop(weir);
+    let weir = start(&dir, &[]);
+    // Called while the pass may still run: served, its timer kept.
+    assert_eq!(post(&weir, "/probe/a8/incr", Vec::new()).await.text(), "1");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let status = weir.status().await;
+        if status["actors"]["timer_pass"]["done"] == true {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "{status}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status["actors"]["timer_pass"]["of"], 200, "{status}");
+    assert_eq!(status["actors"]["timer_pass"]["read"], 200, "{status}");
+    // Every timer fires, once.
+    for i in (0..200).step_by(4) {
+        let log = wait_log(&weir, &format!("a{i}"), |l| !l.is_empty()).await;
+        assert_eq!(log.len(), 1, "a{i}: {log:?}");
+        assert!(log[0].starts_with("tick@"), "a{i}: {log:?}");
+    }
+    assert_eq!(alarm_log(&weir, "a1").await.len(), 0, "no timer, no alarm");
 }

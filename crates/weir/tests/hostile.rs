@@ -298,7 +298,19 @@ async fn no_actor_name_can_break_storage_and_bad_files_never_stop_the_server() {
     let corrupt = dir.join("actors/probe/corrupt.sqlite3");
     std::fs::write(&corrupt, vec![0xA5u8; 8192]).unwrap();
     let weir = start(&dir, &[]);
-    let status = weir.status().await;
+    // The stray name is found by the start's listing; the corrupt database
+    // by the timer pass, which opens each one once the server serves.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        let status = weir.status().await;
+        if status["actors"]["timer_pass"]["done"] == true {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "{status}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status["actors"]["timer_pass"]["of"], 3, "{status}");
+    assert_eq!(status["actors"]["timer_pass"]["read"], 3, "{status}");
     let unreadable: Vec<String> = status["actors"]["unreadable"]
         .as_array()
         .unwrap()

@@ -162,7 +162,8 @@ async fn no_guest_can_grow_a_database_past_max_database_bytes_and_a_full_turn_ke
 /// The actors with a database under `dir`, by `class/name`.
 fn actor_files(dir: &std::path::Path) -> Vec<String> {
     let mut found = Vec::new();
-    for class in std::fs::read_dir(dir.join("actors")).unwrap().flatten() {
+    let classes = std::fs::read_dir(dir.join("actors")).unwrap().flatten();
+    for class in classes.filter(|c| c.path().is_dir()) {
         for file in std::fs::read_dir(class.path()).unwrap().flatten() {
             let file = file.file_name().into_string().unwrap();
             if let Some(name) = file.strip_suffix(".sqlite3") {

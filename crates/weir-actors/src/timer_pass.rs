@@ -1,0 +1,140 @@
+//! The timer pass: after a start, the timers of the actors on disk are
+//! indexed by one pass over their databases that runs while the server
+//! already serves, so that a start takes a directory listing per class,
+//! not an open of every actor's database (about 110 µs each on a warm
+//! cache, 350 µs on a cold one: half a minute for 100,000 actors).
+//!
+//! Invariants owned here:
+//! - every actor with a database when the pass began has its next timer
+//!   indexed by the time the pass ends (a timer that fell due meanwhile is
+//!   delivered then, late, never lost);
+//! - the pass reads an actor under its hold (as a turn, an operator or a
+//!   timer delivery does), so it never races a turn: a woken actor's next
+//!   timer is read from its open database, a hibernated one's by opening
+//!   it, which neither writes it nor changes its files (closing does not
+//!   checkpoint), and an actor deleted meanwhile is skipped, not made
+//!   again;
+//! - the pass never hibernates anything and leaves no actor in memory: the
+//!   hold it takes is let go of at once;
+//! - a database that cannot be opened is reported (`unreadable` in the
+//!   operators' status, and a warning), never fatal;
+//! - its progress is counted (`timer_pass` in the operators' status).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use crate::address::ActorAddress;
+use crate::directory::Unreadable;
+use crate::host::ActorHost;
+
+/// Actors the pass reads before it lets other tasks run on its thread.
+const PASS_BATCH: usize = 64;
+
+/// How far the pass has come.
+#[derive(Debug, Default)]
+pub struct TimerPass {
+    /// Actors read so far.
+    read: AtomicUsize,
+    /// Actors it found when it began.
+    of: AtomicUsize,
+    done: AtomicBool,
+}
+
+/// The pass's progress, as operators see it.
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
+pub struct PassProgress {
+    pub read: usize,
+    pub of: usize,
+    pub done: bool,
+}
+
+impl TimerPass {
+    pub fn progress(&self) -> PassProgress {
+        PassProgress {
+            read: self.read.load(Ordering::Relaxed),
+            of: self.of.load(Ordering::Relaxed),
+            done: self.done.load(Ordering::Acquire),
+        }
+    }
+}
+
+impl ActorHost {
+    /// Runs the timer pass over every class's actors on disk.
+    pub(crate) async fn timer_pass(self: Arc<Self>) {
+        let mut classes: Vec<String> = self.classes.keys().cloned().collect();
+        classes.sort();
+        let mut actors = Vec::new();
+        for class in &classes {
+            match self.directory.scan(class) {
+                Ok(found) => actors.extend(found.actors),
+                Err(e) => {
+                    tracing::warn!(class, error = %e, "cannot list the actors of a class for their timers")
+                }
+            }
+        }
+        self.pass.of.store(actors.len(), Ordering::Relaxed);
+        for (i, actor) in actors.into_iter().enumerate() {
+            self.arm_from_disk(&actor).await;
+            self.pass.read.fetch_add(1, Ordering::Relaxed);
+            if i % PASS_BATCH == PASS_BATCH - 1 {
+                tokio::task::yield_now().await;
+            }
+        }
+        self.pass.done.store(true, Ordering::Release);
+        tracing::info!(
+            actors = self.pass.of.load(Ordering::Relaxed),
+            timers = self.timers.len(),
+            "indexed the timers of the actors on disk"
+        );
+    }
+
+    /// Indexes one actor's next timer from its database, under its hold.
+    async fn arm_from_disk(&self, actor: &ActorAddress) {
+        let Ok(class) = self.class(&actor.class) else {
+            return;
+        };
+        let claim = self.claim_passing(actor, &class);
+        let read = {
+            let live = claim.cell.live.lock().await;
+            let next = match &live.gate {
+                Some(gate) => gate
+                    .with_db(|db| db.next_deadline())
+                    .map_err(|e| e.to_string()),
+                // Deleted since the listing: nothing to index, and
+                // opening it would make a new actor of its name.
+                None if !self.directory.exists(actor) => Ok(None),
+                None => {
+                    // Opening does not change its files, unless it is of
+                    // an older schema and is brought up to date: then the
+                    // room counts what they take now.
+                    let before = self.directory.files_bytes(actor);
+                    let next = self
+                        .directory
+                        .open(actor)
+                        .map_err(|e| e.to_string())
+                        .and_then(|db| db.next_deadline().map_err(|e| e.to_string()));
+                    let after = self.directory.files_bytes(actor);
+                    self.directory.room().moved(before, after);
+                    next
+                }
+            };
+            // Under the hold the database is the truth: no turn has
+            // changed it since, and the next one re-indexes what it
+            // changes.
+            if let Ok(Some(at)) = next {
+                self.timers.set(actor, Some(at));
+            }
+            next
+        };
+        drop(claim);
+        self.forget_unopened(actor);
+        if let Err(error) = read {
+            let path = self.directory.path(actor);
+            tracing::warn!(path = %path.display(), %error, "skipping an actor database that cannot be used");
+            self.unreadable
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(Unreadable { path, error });
+        }
+    }
+}
