@@ -203,6 +203,7 @@ impl ActorHost {
         // A data dir last served by a build before launch marks: its
         // journals are found by opening each database once, and marked.
         let unmarked = !host.directory.marks_kept();
+        let mut searched_all = true;
         for class in host.classes.keys() {
             let found = host
                 .directory
@@ -211,13 +212,13 @@ impl ActorHost {
             unreadable.extend(found.strangers);
             census += found.actors.len();
             if unmarked {
-                journaled.extend(
-                    found
-                        .actors
-                        .iter()
-                        .filter(|a| host.mark_if_journaled(a))
-                        .cloned(),
-                );
+                for actor in &found.actors {
+                    match host.mark_if_journaled(actor) {
+                        Some(true) => journaled.push(actor.clone()),
+                        Some(false) => {}
+                        None => searched_all = false,
+                    }
+                }
             } else {
                 journaled.extend(found.marked);
             }
@@ -227,7 +228,10 @@ impl ActorHost {
                     .moved(0, host.directory.files_bytes(actor));
             }
         }
-        if unmarked {
+        // Recorded only once every database was searched: one that could
+        // not be opened (reported by the timer pass) may hold rows, and is
+        // searched again at the next start.
+        if unmarked && searched_all {
             host.directory.keep_marks().map_err(|e| {
                 AdminError::Storage(format!("cannot record the launch marks as kept: {e}"))
             })?;
@@ -243,22 +247,21 @@ impl ActorHost {
     }
 
     /// For a data dir without launch marks: opens `actor`'s database to
-    /// see whether its launch journal has rows, and marks it if so. One
-    /// that cannot be opened is left to the timer pass to report.
-    fn mark_if_journaled(&self, actor: &ActorAddress) -> bool {
+    /// see whether its launch journal has rows, and marks it if so. `None`
+    /// when it cannot be opened (the timer pass reports it).
+    fn mark_if_journaled(&self, actor: &ActorAddress) -> Option<bool> {
         let journaled = self
             .directory
             .open(actor)
-            .and_then(|db| Ok(!db.journal()?.is_empty()));
-        match journaled {
-            Ok(true) => {
-                if let Err(e) = weir_store::journal::make_launch_mark(&self.directory.path(actor)) {
-                    tracing::warn!(%actor, error = %e, "cannot mark an owner of resident processes");
-                }
-                true
-            }
-            _ => false,
+            .and_then(|db| Ok(!db.journal()?.is_empty()))
+            .ok()?;
+        if journaled
+            && let Err(e) = weir_store::journal::make_launch_mark(&self.directory.path(actor))
+        {
+            tracing::warn!(%actor, error = %e, "cannot mark an owner of resident processes");
+            return None;
         }
+        Some(journaled)
     }
 
     /// Binds a layer that keeps something in actors' names (processes and

@@ -115,6 +115,21 @@ async fn owners_are_found_by_their_marks_and_an_older_data_dir_by_opening_each_d
     assert!(marks_kept(&data).is_file());
     assert!(!mark(&data, "plain0").exists());
     kill(weir);
+
+    // A database the search cannot open may hold rows: the search is not
+    // recorded as done, and the next start searches again.
+    std::fs::remove_file(marks_kept(&data)).unwrap();
+    let broken = data.join("actors/runner/broken.sqlite3");
+    std::fs::write(&broken, vec![0xA5u8; 8192]).unwrap();
+    let weir = serve_runner(&data, &[]);
+    wait_running(&weir, 1).await;
+    assert!(!marks_kept(&data).exists());
+    kill(weir);
+    std::fs::remove_file(&broken).unwrap();
+    let weir = serve_runner(&data, &[]);
+    wait_running(&weir, 1).await;
+    assert!(marks_kept(&data).is_file());
+    kill(weir);
     let _ = std::fs::remove_dir_all(&data);
 }
 
