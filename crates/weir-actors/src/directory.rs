@@ -423,7 +423,7 @@ mod tests {
         std::fs::remove_file(directory.path(&gone)).unwrap();
         let found = directory.scan("c").unwrap();
         assert_eq!(found.actors, [a.clone(), b]);
-        assert_eq!(found.marked, [a.clone()]);
+        assert_eq!(found.marked, std::slice::from_ref(&a));
         assert!(!launch_mark(&directory.path(&gone)).exists());
         // A deletion takes the mark with the database.
         assert!(directory.delete(&a).unwrap());
