@@ -315,7 +315,8 @@ impl ActorHost {
     /// Starts the timer dispatcher and the hibernation sweeper; they stop
     /// when the host is dropped.
     pub fn start(self: &Arc<Self>) {
-        tokio::spawn(self.clone().timer_pass());
+        let host = self.clone();
+        tokio::task::spawn_blocking(move || host.timer_pass());
         tokio::spawn(crate::dispatcher::dispatch(Arc::downgrade(self)));
         tokio::spawn(crate::residency::sweep(Arc::downgrade(self)));
     }

@@ -18,6 +18,8 @@
 //!   hold it takes is let go of at once;
 //! - a database that cannot be opened is reported (`unreadable` in the
 //!   operators' status, and a warning), never fatal;
+//! - it runs on a thread of its own, off the async workers: its reads
+//!   block on the disk, and requests are served meanwhile;
 //! - its progress is counted (`timer_pass` in the operators' status).
 
 use std::sync::Arc;
@@ -26,9 +28,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::address::ActorAddress;
 use crate::directory::Unreadable;
 use crate::host::ActorHost;
-
-/// Actors the pass reads before it lets other tasks run on its thread.
-const PASS_BATCH: usize = 64;
 
 /// How far the pass has come.
 #[derive(Debug, Default)]
@@ -59,8 +58,10 @@ impl TimerPass {
 }
 
 impl ActorHost {
-    /// Runs the timer pass over every class's actors on disk.
-    pub(crate) async fn timer_pass(self: Arc<Self>) {
+    /// Runs the timer pass over every class's actors on disk, on a thread
+    /// of its own (its reads block on the disk; the async workers serve
+    /// meanwhile).
+    pub(crate) fn timer_pass(self: Arc<Self>) {
         let mut classes: Vec<String> = self.classes.keys().cloned().collect();
         classes.sort();
         let mut actors = Vec::new();
@@ -73,12 +74,9 @@ impl ActorHost {
             }
         }
         self.pass.of.store(actors.len(), Ordering::Relaxed);
-        for (i, actor) in actors.into_iter().enumerate() {
-            self.arm_from_disk(&actor).await;
+        for actor in actors {
+            self.arm_from_disk(&actor);
             self.pass.read.fetch_add(1, Ordering::Relaxed);
-            if i % PASS_BATCH == PASS_BATCH - 1 {
-                tokio::task::yield_now().await;
-            }
         }
         self.pass.done.store(true, Ordering::Release);
         tracing::info!(
@@ -89,13 +87,13 @@ impl ActorHost {
     }
 
     /// Indexes one actor's next timer from its database, under its hold.
-    async fn arm_from_disk(&self, actor: &ActorAddress) {
+    fn arm_from_disk(&self, actor: &ActorAddress) {
         let Ok(class) = self.class(&actor.class) else {
             return;
         };
         let claim = self.claim_passing(actor, &class);
         let read = {
-            let live = claim.cell.live.lock().await;
+            let live = claim.cell.live.blocking_lock();
             let next = match &live.gate {
                 Some(gate) => gate
                     .with_db(|db| db.next_deadline())

@@ -283,15 +283,7 @@ async fn the_timers_of_actors_on_disk_are_indexed_by_a_pass_after_the_start_and_
     let weir = start(&dir, &[]);
     // Called while the pass may still run: served, its timer kept.
     assert_eq!(post(&weir, "/probe/a8/incr", Vec::new()).await.text(), "1");
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        let status = weir.status().await;
-        if status["actors"]["timer_pass"]["done"] == true {
-            break status;
-        }
-        assert!(std::time::Instant::now() < deadline, "{status}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = weir.status_after_timer_pass().await;
     assert_eq!(status["actors"]["timer_pass"]["of"], 200, "{status}");
     assert_eq!(status["actors"]["timer_pass"]["read"], 200, "{status}");
     // Every timer fires, once.

@@ -300,15 +300,7 @@ async fn no_actor_name_can_break_storage_and_bad_files_never_stop_the_server() {
     let weir = start(&dir, &[]);
     // The stray name is found by the start's listing; the corrupt database
     // by the timer pass, which opens each one once the server serves.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        let status = weir.status().await;
-        if status["actors"]["timer_pass"]["done"] == true {
-            break status;
-        }
-        assert!(std::time::Instant::now() < deadline, "{status}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = weir.status_after_timer_pass().await;
     assert_eq!(status["actors"]["timer_pass"]["of"], 3, "{status}");
     assert_eq!(status["actors"]["timer_pass"]["read"], 3, "{status}");
     let unreadable: Vec<String> = status["actors"]["unreadable"]

@@ -460,6 +460,23 @@ impl Weir {
         serde_json::from_slice(r.body.as_ref().expect("status body")).expect("status is JSON")
     }
 
+    /// `/status` once the timer pass over the actors on disk is done (at
+    /// most a minute after the start).
+    pub async fn status_after_timer_pass(&self) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let status = self.status().await;
+            if status["actors"]["timer_pass"]["done"] == true {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the timer pass did not end: {status}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// One raw exchange: writes `bytes`, then reads until the server closes
     /// or `wait` passes.
     pub fn raw(&self, bytes: &[u8], wait: Duration) -> String {
