@@ -103,7 +103,9 @@ def one_start(binary, data, cold):
         serving = time.perf_counter() - began
         first_answer(port, time.time() + 600)
         answered = time.perf_counter() - began
-        pass_done = None
+        # While the pass runs: actor calls on one connection, timed.
+        pass_done, during = None, []
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         deadline = time.time() + 600
         while time.time() < deadline:
             status = admin(data, admin_port, "/status").get("actors", {})
@@ -113,9 +115,13 @@ def one_start(binary, data, cold):
             if tp["done"]:
                 pass_done = time.perf_counter() - began
                 break
-            time.sleep(0.01)
+            for _ in range(20):
+                t = time.perf_counter()
+                c.request("POST", "/probe/a1/incr", body=b"")
+                c.getresponse().read()
+                during.append((time.perf_counter() - t) * 1e3)
         timers = admin(data, admin_port, "/actors")["status"]["pending_timers"]
-        return serving, answered, pass_done, timers
+        return serving, answered, pass_done, timers, during
     finally:
         proc.terminate()
         proc.wait()
@@ -150,8 +156,13 @@ def main():
                     r = one_start(binary, data, cache == "cold")
                     seen[(name, cache)].append(r)
                     done = f"{r[2]:.2f} s" if r[2] is not None else "before serving"
+                    calls = ""
+                    if r[4]:
+                        d = sorted(r[4])
+                        calls = (f"; {len(d)} actor calls meanwhile, p50 {d[len(d) // 2]:.2f} ms, "
+                                 f"p99 {d[min(len(d) - 1, int(len(d) * 0.99))]:.2f} ms, max {d[-1]:.2f} ms")
                     print(f"round {round_no} {cache} {name:10}: serving {r[0]:.3f} s, first answer {r[1]:.3f} s, "
-                          f"timers indexed {done} ({r[3]} pending)", flush=True)
+                          f"timers indexed {done} ({r[3]} pending){calls}", flush=True)
         print(f"\nmedians of {args.rounds} rounds, {args.actors} actors on disk:")
         for cache in caches:
             for name, _ in builds:
