@@ -232,14 +232,25 @@ pub fn drop_row(held: &mut Exclusive, pid: u64) -> Result<(), String> {
 }
 
 /// The images every launch journal under `directory` names: what a sweep
-/// must spare while the server is down, so that recovery finds them. An
-/// actor database that cannot be read (a server holds it) is an error.
+/// must spare while the server is down, so that recovery finds them. Only
+/// the databases with a launch mark are opened (every journal with rows
+/// has one, see `weir_store::journal`); in a data dir last served by a
+/// build before marks, every database is. One that cannot be read is an
+/// error: the images it names cannot be known. The caller holds the data
+/// dir, so no server changes a journal meanwhile.
 pub fn journaled_images(
     directory: &weir_actors::ActorDirectory,
 ) -> Result<std::collections::HashSet<crate::Digest>, String> {
     let mut images = std::collections::HashSet::new();
+    let marks_kept = directory.marks_kept();
     for class in directory.classes().map_err(|e| e.to_string())? {
-        for actor in directory.list(&class).map_err(|e| e.to_string())? {
+        let found = directory.scan(&class).map_err(|e| e.to_string())?;
+        let searched = if marks_kept {
+            found.marked
+        } else {
+            found.actors
+        };
+        for actor in searched {
             let rows = directory
                 .open(&actor)
                 .and_then(|db| Ok(db.journal()?))

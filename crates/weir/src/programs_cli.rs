@@ -18,6 +18,7 @@ use weir_runtime::memory_budget::MemoryBudget;
 use weir_runtime::outbound::{HostPattern, OutboundRules};
 use weir_runtime::receipt::ReceiptSink;
 use weir_runtime::{WeirEngine, WeirError};
+use weir_store::data_dir::{DataDir, DataDirError};
 
 use crate::config::UsageError;
 
@@ -247,15 +248,19 @@ pub fn images(args: ImagesArgs) -> anyhow::Result<()> {
         }
         ImagesCommand::Sweep { keep } => {
             let mut keep = keep.iter().map(parse).collect::<Result<HashSet<_>, _>>()?;
+            // Held for the whole sweep: no server starts on this data dir
+            // meanwhile, and none runs now (a running one sweeps itself).
+            let _held = DataDir::open(&args.data_dir).map_err(|e| match e {
+                DataDirError::InUse { .. } => anyhow::anyhow!(
+                    "{e}; sweep through its admin address instead (POST /images/sweep)"
+                ),
+                other => other.into(),
+            })?;
             // Launches a crash left in owners' journals are started again
             // at the next start: their images stay.
             let directory = weir_actors::ActorDirectory::new(&args.data_dir, Default::default());
-            let journaled = weir_programs::fenced_work::journaled_images(&directory).map_err(|e| {
-                anyhow::anyhow!(
-                    "{e}; is a server running on {}? Sweep through its admin address (POST /images/sweep) instead",
-                    args.data_dir.display()
-                )
-            })?;
+            let journaled = weir_programs::fenced_work::journaled_images(&directory)
+                .map_err(|e| anyhow::anyhow!("{e}; nothing was swept"))?;
             keep.extend(journaled.iter().copied());
             let report = store.sweep(&keep)?;
             for digest in &report.removed {

@@ -458,22 +458,48 @@ async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
     let spawned = spawning.await.unwrap();
     assert_eq!(spawned.status, 200, "{}", spawned.text());
 
-    // With the server running, the CLI cannot read the journals: it says
-    // where to sweep instead, and removes nothing.
+    // With the server running, the CLI does not sweep its store: it names
+    // the server and where to sweep instead, and removes nothing.
+    let pushed = images(&data, &["push", guest("cmdprobe").to_str().unwrap()]);
+    assert!(
+        pushed.status.success(),
+        "the store is shared with a running server"
+    );
+    let orphan = String::from_utf8_lossy(&pushed.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
     let out = images(&data, &["sweep"]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("Sweep through its admin address"),
+        stderr.contains(&format!("is in use by another weir (pid {})", weir.pid()))
+            && stderr.contains("sweep through its admin address instead (POST /images/sweep)"),
         "{stderr}"
     );
-    assert!(
-        stderr.starts_with("weir: cannot read the launch journal of actor runner/owner: "),
-        "the actor named as operators name it: {stderr}"
-    );
+    assert!(out.stdout.is_empty(), "nothing swept");
 
     // Down after a crash, the journal names the image: spared for recovery.
+    // Only databases with a launch mark are opened: an unmarked file that
+    // is not even a database is not read, while a marked one that cannot
+    // be read stops the sweep, since what it names cannot be known.
     kill(weir);
+    let class_dir = data.join("actors").join("runner");
+    let garbage = class_dir.join("garbage.sqlite3");
+    std::fs::write(&garbage, b"not a database, and no launch mark").unwrap();
+    let mark = class_dir.join("garbage.sqlite3-launches");
+    std::fs::write(&mark, b"").unwrap();
+    let out = images(&data, &["sweep"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("weir: cannot read the launch journal of actor runner/garbage: ")
+            && stderr.trim_end().ends_with("; nothing was swept"),
+        "the actor named as operators name it: {stderr}"
+    );
+    assert!(out.stdout.is_empty(), "nothing swept");
+    std::fs::remove_file(&mark).unwrap();
     let out = images(&data, &["sweep"]);
     assert!(
         out.status.success(),
@@ -483,8 +509,9 @@ async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         stdout,
-        format!("{image}  kept (a launch journal names it)\n")
+        format!("{orphan}  removed\n{image}  kept (a launch journal names it)\n")
     );
+    std::fs::remove_file(&garbage).unwrap();
     let weir = serve(&data, &["event_limit_ms=10000"]);
     assert_eq!(wait_running(&weir, 1).await[0]["image"], image.as_str());
     kill(weir);
