@@ -3,7 +3,9 @@
 //! databases; nothing here opens them). The admin token comes from
 //! `--token`, `WEIR_ADMIN_TOKEN`, or the server's data dir.
 
-use weir_actors::operators::ActorSummary;
+use std::fmt::Write as _;
+
+use weir_actors::operators::{ActorDetail, ActorSummary, EntryView, MAX_INSPECT_ENTRIES};
 
 use crate::admin_client::{self, AdminArgs};
 use crate::table::{self, Table};
@@ -37,6 +39,9 @@ enum ActorsCommand {
         /// First key of the dump.
         #[arg(long, value_name = "KEY")]
         start: Option<String>,
+        /// The server's JSON answer instead of the view.
+        #[arg(long)]
+        json: bool,
     },
     /// Delete an actor: its instance, database and timers.
     Delete { class: String, name: String },
@@ -106,24 +111,120 @@ fn render(actors: &[ActorSummary], now_ms: i64) -> String {
     }
 }
 
-pub fn run(args: ActorsArgs) -> anyhow::Result<()> {
-    if let ActorsCommand::List { class, json: false } = &args.command {
-        let path = match class {
-            None => "/actors".to_string(),
-            Some(c) => format!("/actors/{c}"),
-        };
-        let listed: Listed = admin_client::get(&args.admin, &path)?;
-        print!("{}", render(&listed.actors, table::now_ms()));
-        return Ok(());
+/// Characters of a value the view shows; the rest is cut (`--json` has
+/// it whole): a line stays readable at a terminal.
+const VALUE_CHARS: usize = 60;
+
+/// A value as the view shows it: text quoted and escaped, bytes as hex,
+/// cut to [`VALUE_CHARS`].
+fn value(entry: &EntryView) -> String {
+    let shown = match (&entry.text, &entry.hex) {
+        (Some(text), _) => format!("{text:?}"),
+        (None, Some(hex)) => format!("0x{hex}"),
+        (None, None) => "-".to_string(),
+    };
+    if shown.chars().count() > VALUE_CHARS {
+        let cut: String = shown.chars().take(VALUE_CHARS - 1).collect();
+        format!("{cut}…")
+    } else {
+        shown
     }
+}
+
+/// One actor: its facts, then its timers, its launch journal and (when
+/// asked for) its entries, each a table.
+fn render_detail(d: &ActorDetail, now_ms: i64) -> String {
+    let s = &d.summary;
+    let mut out = String::new();
+    let mut fact = |label: &str, value: String| {
+        let _ = writeln!(out, "{label:<12} {value}");
+    };
+    fact("actor", format!("{}/{}", s.class, s.name));
+    fact(
+        "state",
+        format!(
+            "{}, {} waiting",
+            if s.live { "live" } else { "hibernated" },
+            s.waiting
+        ),
+    );
+    if let Some(owner) = &s.owner {
+        fact("owner", owner.clone());
+    }
+    fact("incarnation", d.incarnation.to_string());
+    fact("entries", d.entries.to_string());
+    fact("storage", table::bytes(s.storage_bytes));
+    let mut timers = Table::new(&["TIMER", "DUE", "RETRIES>"]);
+    for t in &d.timers {
+        timers.row(vec![
+            t.reason.clone(),
+            table::relative(t.at_ms, now_ms),
+            t.attempt.to_string(),
+        ]);
+    }
+    let mut launches = Table::new(&["PID>", "CONTRACT", "IMAGE", "ON CRASH", "RE-DRIVES>"]);
+    for l in &d.launches {
+        let field = |name: &str| l.spec[name].as_str().unwrap_or("-").to_string();
+        launches.row(vec![
+            l.pid.to_string(),
+            field("contract"),
+            table::short_digest(&field("image")),
+            field("on_crash").replace('_', " "),
+            l.attempt.to_string(),
+        ]);
+    }
+    // Each table, what stands in for it when empty, and a line after it.
+    let mut sections = vec![
+        (timers, "no timers", None),
+        (launches, "no launches journaled", None),
+    ];
+    if let Some(keys) = &d.keys {
+        let mut entries = Table::new(&["KEY", "BYTES>", "VALUE"]);
+        for e in keys {
+            entries.row(vec![format!("{:?}", e.key), e.bytes.to_string(), value(e)]);
+        }
+        let more = (keys.len() as u32 >= MAX_INSPECT_ENTRIES).then(|| {
+            format!(
+                "the first {} keys from the start asked for; --start KEY shows those from KEY on",
+                keys.len()
+            )
+        });
+        sections.push((entries, "no entries", more));
+    }
+    for (table, empty, after) in sections {
+        out.push('\n');
+        if table.is_empty() {
+            let _ = writeln!(out, "{empty}");
+        } else {
+            out.push_str(&table.render());
+        }
+        if let Some(after) = after {
+            let _ = writeln!(out, "{after}");
+        }
+    }
+    out
+}
+
+pub fn run(args: ActorsArgs) -> anyhow::Result<()> {
     let (method, path) = match &args.command {
-        ActorsCommand::List { class: None, .. } => ("GET", "/actors".to_string()),
-        ActorsCommand::List { class: Some(c), .. } => ("GET", format!("/actors/{c}")),
+        ActorsCommand::List { class, json } => {
+            let path = match class {
+                None => "/actors".to_string(),
+                Some(c) => format!("/actors/{c}"),
+            };
+            if !json {
+                let listed: Listed = admin_client::get(&args.admin, &path)?;
+                print!("{}", render(&listed.actors, table::now_ms()));
+                return Ok(());
+            }
+            ("GET", path)
+        }
         ActorsCommand::Inspect {
             class,
             name,
             keys,
             start,
+            json,
         } => {
             let mut path = format!("/actors/{class}/{name}");
             if *keys {
@@ -131,6 +232,11 @@ pub fn run(args: ActorsArgs) -> anyhow::Result<()> {
                 if let Some(start) = start {
                     path.push_str(&format!("&start={}", encode(start)));
                 }
+            }
+            if !json {
+                let detail: ActorDetail = admin_client::get(&args.admin, &path)?;
+                print!("{}", render_detail(&detail, table::now_ms()));
+                return Ok(());
             }
             ("GET", path)
         }
@@ -178,5 +284,81 @@ mod tests {
         );
         assert!(clustered.ends_with("1 actor, 0 live, 2.0 KiB of storage on this node\n"));
         assert_eq!(render(&[], 0), "0 actors, 0 live, 0 B of storage\n");
+    }
+
+    #[test]
+    fn one_actor_as_facts_then_its_timers_launches_and_entries() {
+        use weir_actors::operators::{LaunchView, TimerView};
+        let mut detail = ActorDetail {
+            summary: actor("alice", false, Some(61_000), Some("n2")),
+            incarnation: 3,
+            entries: 2,
+            timers: vec![TimerView {
+                reason: "alarm".into(),
+                at_ms: 61_000,
+                attempt: 1,
+            }],
+            launches: vec![LaunchView {
+                pid: 3_000_001,
+                attempt: 0,
+                spec: serde_json::json!({
+                    "image": "sha256:6db19a4e192ff3ac98d379c04e6ff93b9926a217fb4510586019bcbbbb716a21",
+                    "contract": "boot",
+                    "on_crash": "restart_once",
+                }),
+            }],
+            keys: Some(vec![
+                EntryView {
+                    key: "greeting".into(),
+                    text: Some("hi\n".into()),
+                    hex: None,
+                    bytes: 3,
+                },
+                EntryView {
+                    key: "blob".into(),
+                    text: None,
+                    hex: Some("ff".repeat(40)),
+                    bytes: 40,
+                },
+            ]),
+        };
+        assert_eq!(
+            render_detail(&detail, 1_000),
+            format!(
+                "actor        bucket/alice\n\
+                 state        hibernated, 0 waiting\n\
+                 owner        n2\n\
+                 incarnation  3\n\
+                 entries      2\n\
+                 storage      2.0 KiB\n\
+                 \n\
+                 TIMER  DUE    RETRIES\n\
+                 alarm  in 1m        1\n\
+                 \n\
+                 \x20   PID  CONTRACT  IMAGE         ON CRASH      RE-DRIVES\n\
+                 3000001  boot      6db19a4e192f  restart once          0\n\
+                 \n\
+                 KEY         BYTES  VALUE\n\
+                 \"greeting\"      3  \"hi\\n\"\n\
+                 \"blob\"         40  0x{}…\n",
+                "f".repeat(57)
+            )
+        );
+        detail.summary.owner = None;
+        detail.timers.clear();
+        detail.launches.clear();
+        detail.keys = None;
+        assert_eq!(
+            render_detail(&detail, 0),
+            "actor        bucket/alice\n\
+             state        hibernated, 0 waiting\n\
+             incarnation  3\n\
+             entries      2\n\
+             storage      2.0 KiB\n\
+             \n\
+             no timers\n\
+             \n\
+             no launches journaled\n"
+        );
     }
 }

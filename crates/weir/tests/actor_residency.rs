@@ -160,7 +160,30 @@ async fn operators_list_inspect_and_delete_actors() {
     assert!(actors[0]["storage_bytes"].as_u64().unwrap() > 0);
     assert!(actors[1]["next_timer_ms"].as_u64().unwrap() > now_ms());
 
+    // One actor for the eye: its facts, then its timers, launches, keys.
     let out = cli(&["inspect", "probe", "x", "--keys"]);
+    assert!(out.status.success());
+    let view = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = view.lines().collect();
+    assert_eq!(lines[0], "actor        probe/x", "{view}");
+    assert_eq!(lines[1], "state        live, 0 waiting", "{view}");
+    assert_eq!(lines[2], "incarnation  1", "{view}");
+    assert_eq!(lines[3], "entries      1", "{view}");
+    assert!(lines[4].starts_with("storage      "), "{view}");
+    assert!(
+        view.contains(
+            "\nno timers\n\nno launches journaled\n\nKEY  BYTES  VALUE\n\"n\"      1  \"2\"\n"
+        ),
+        "{view}"
+    );
+    let out = cli(&["inspect", "probe", "y"]);
+    let view = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        view.contains("\nTIMER  DUE     RETRIES\ntick   in 59m        0\n")
+            || view.contains("\nTIMER  DUE    RETRIES\ntick   in 1h        0\n"),
+        "y's timer in an hour: {view}"
+    );
+    let out = cli(&["inspect", "probe", "x", "--keys", "--json"]);
     assert!(out.status.success());
     let detail: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(detail["incarnation"], 1);
