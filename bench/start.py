@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Start time with many actors on disk: how long `weir serve` takes from
 exec to serving (its "serving" line, then a first request answered), and
-until its timer pass has read every actor's next timer, for this build
-and, with --baseline, another build of Weir, rounds interleaved on one
-data dir.
+until its timer pass has read every actor's next timer, then how long
+`weir images sweep` takes on the stopped data dir, for this build and,
+with --baseline, another build of Weir, rounds interleaved on one data
+dir.
 
 The data dir is made once: N actors of the `actor-probe` class (every
 tenth with a timer an hour away), through a server of this build. Each
@@ -127,6 +128,18 @@ def one_start(binary, data, cold):
         proc.wait()
 
 
+def one_sweep(binary, data, cold):
+    """`weir images sweep` on the stopped data dir: it reads the launch
+    journals (of every actor, or of those with a launch mark)."""
+    if cold:
+        subprocess.run(["sync"], check=True)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    began = time.perf_counter()
+    subprocess.run([str(binary), "images", "--data-dir", str(data), "sweep"], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - began
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--actors", type=int, default=20000)
@@ -153,7 +166,7 @@ def main():
             order = builds if round_no % 2 else list(reversed(builds))
             for cache in caches:
                 for name, binary in order:
-                    r = one_start(binary, data, cache == "cold")
+                    r = one_start(binary, data, cache == "cold") + (one_sweep(binary, data, cache == "cold"),)
                     seen[(name, cache)].append(r)
                     done = f"{r[2]:.2f} s" if r[2] is not None else "before serving"
                     calls = ""
@@ -162,7 +175,7 @@ def main():
                         calls = (f"; {len(d)} actor calls meanwhile, p50 {d[len(d) // 2]:.2f} ms, "
                                  f"p99 {d[min(len(d) - 1, int(len(d) * 0.99))]:.2f} ms, max {d[-1]:.2f} ms")
                     print(f"round {round_no} {cache} {name:10}: serving {r[0]:.3f} s, first answer {r[1]:.3f} s, "
-                          f"timers indexed {done} ({r[3]} pending){calls}", flush=True)
+                          f"timers indexed {done} ({r[3]} pending){calls}; offline sweep {r[5]:.3f} s", flush=True)
         print(f"\nmedians of {args.rounds} rounds, {args.actors} actors on disk:")
         for cache in caches:
             for name, _ in builds:
@@ -170,7 +183,8 @@ def main():
                 med = lambda i: sorted(x[i] for x in rs)[len(rs) // 2]  # noqa: E731
                 passes = [x[2] for x in rs if x[2] is not None]
                 p = f"{sorted(passes)[len(passes) // 2]:.2f} s" if passes else "before serving"
-                print(f"{cache} {name:10}: serving {med(0):.3f} s, first answer {med(1):.3f} s, timers indexed {p}")
+                print(f"{cache} {name:10}: serving {med(0):.3f} s, first answer {med(1):.3f} s, timers indexed {p}, "
+                      f"offline sweep {med(5):.3f} s")
 
 
 if __name__ == "__main__":

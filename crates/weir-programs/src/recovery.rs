@@ -1,7 +1,9 @@
 //! Recovery after a crash, as the programs see it: every owner whose
 //! launch journal has rows (found by its launch mark) is held and
 //! recovered on its own at start (what is decided, and how durably, is
-//! [`crate::fenced_work`]).
+//! [`crate::fenced_work`]). The images those rows name are rooted before
+//! the server serves and until their re-drives have rooted them, so no
+//! sweep removes what recovery is about to start.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,6 +13,7 @@ use weir_actors::{ActorHost, Exclusive};
 
 use crate::fenced_work::{self, LaunchSpec};
 use crate::host::ProgramsHost;
+use crate::image_store::{Digest, Root};
 use crate::process_table::Owner;
 
 /// The export an owner may have to hear what recovery did.
@@ -39,19 +42,42 @@ impl ProgramsHost {
                 class: address.class.clone(),
                 name: address.name.clone(),
             };
-            let held = match actors.exclusive(&owner.class, &owner.name).await {
+            let mut held = match actors.exclusive(&owner.class, &owner.name).await {
                 Ok(held) => held,
                 Err(e) => {
                     tracing::warn!(%owner, error = %e, "cannot recover the launch journal");
                     continue;
                 }
             };
+            // Rooted before the server serves, and until the re-drives
+            // root them themselves: a sweep through the admin address
+            // meanwhile spares what recovery is about to start.
+            let roots = self.root_journaled(&mut held);
             let host = self.clone();
-            tokio::spawn(async move { host.recover_owner(held, &owner).await });
+            tokio::spawn(async move { host.recover_owner(held, &owner, roots).await });
         }
     }
 
-    async fn recover_owner(&self, mut held: Exclusive, owner: &Owner) {
+    /// Roots the images the held owner's journal names (one it cannot
+    /// read, or an image that is gone, is left to the recovery, which
+    /// reports it).
+    fn root_journaled(&self, held: &mut Exclusive) -> Vec<Root> {
+        let Ok(rows) = held.storage(|db| db.journal()) else {
+            return Vec::new();
+        };
+        if rows.is_empty() {
+            return Vec::new();
+        }
+        let Ok(loader) = self.loader() else {
+            return Vec::new();
+        };
+        rows.iter()
+            .filter_map(|row| LaunchSpec::decode(&row.spec)?.image.parse::<Digest>().ok())
+            .filter_map(|digest| loader.images.root(&digest).ok())
+            .collect()
+    }
+
+    async fn recover_owner(&self, mut held: Exclusive, owner: &Owner, _roots: Vec<Root>) {
         // A mark may outlive its rows (a process its owner killed in a
         // turn): such an owner has nothing to recover.
         match held.unmark_if_unjournaled() {

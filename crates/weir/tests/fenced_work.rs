@@ -431,14 +431,8 @@ fn images(data: &Path, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
-    let data = data_dir("sweep");
-    let weir = serve(&data, &["event_limit_ms=10000"]);
-    let image = push(&weir, &guest("resident")).await;
-    let orphan = push(&weir, &guest("cmdprobe")).await;
-    // A spawn whose start takes 3 s: swept while it boots.
-    let spawning = spawn_slowly(&weir, &data, &image).await;
+/// `POST /images/sweep` through the admin address: its report.
+async fn admin_sweep(weir: &Weir) -> serde_json::Value {
     let addr = weir.admin.unwrap();
     let sweep = Request::post("/images/sweep")
         .header("host", addr.to_string())
@@ -448,7 +442,18 @@ async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
         )
         .body(Full::new(Bytes::new()))
         .unwrap();
-    let swept = send_to(addr, sweep).await.json();
+    send_to(addr, sweep).await.json()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
+    let data = data_dir("sweep");
+    let weir = serve(&data, &["event_limit_ms=10000"]);
+    let image = push(&weir, &guest("resident")).await;
+    let orphan = push(&weir, &guest("cmdprobe")).await;
+    // A spawn whose start takes 3 s: swept while it boots.
+    let spawning = spawn_slowly(&weir, &data, &image).await;
+    let swept = admin_sweep(&weir).await;
     assert_eq!(swept["removed"], serde_json::json!([orphan]), "{swept}");
     assert_eq!(
         swept["rooted"],
@@ -457,6 +462,13 @@ async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
     );
     let spawned = spawning.await.unwrap();
     assert_eq!(spawned.status, 200, "{}", spawned.text());
+    // A second process, of another image: after a crash it is re-driven
+    // after the first, whose start takes 3 s again.
+    let second = push(&weir, &guest("hello")).await;
+    let r = call(&weir, "POST", &format!("/r/owner/spawn/{second}"), b"").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut journaled = [image.clone(), second.clone()];
+    journaled.sort();
 
     // With the server running, the CLI does not sweep its store: it names
     // the server and where to sweep instead, and removes nothing.
@@ -509,11 +521,25 @@ async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         stdout,
-        format!("{orphan}  removed\n{image}  kept (a launch journal names it)\n")
+        format!(
+            "{orphan}  removed\n{}  kept (a launch journal names it)\n{}  kept (a launch journal names it)\n",
+            journaled[0], journaled[1]
+        )
     );
     std::fs::remove_file(&garbage).unwrap();
+    // Swept through the server the moment it serves: recovery holds both
+    // images already, the second's while the first's start still runs.
     let weir = serve(&data, &["event_limit_ms=10000"]);
-    assert_eq!(wait_running(&weir, 1).await[0]["image"], image.as_str());
+    let swept = admin_sweep(&weir).await;
+    assert_eq!(swept["removed"], serde_json::json!([]), "{swept}");
+    assert_eq!(swept["rooted"], serde_json::json!(journaled), "{swept}");
+    let mut running: Vec<String> = wait_running(&weir, 2)
+        .await
+        .iter()
+        .map(|p| p["image"].as_str().unwrap().to_string())
+        .collect();
+    running.sort();
+    assert_eq!(running, journaled, "both came back");
     kill(weir);
     let _ = std::fs::remove_dir_all(&data);
 }
