@@ -231,8 +231,9 @@ pub fn drop_row(held: &mut Exclusive, pid: u64) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// The images every launch journal under `directory` names: what a sweep
-/// must spare while the server is down, so that recovery finds them. Only
+/// The images every launch journal under `directory` names, each with
+/// an owner whose journal names it: what a sweep must spare, and `rm`
+/// refuse, while the server is down, so that recovery finds them. Only
 /// the databases with a launch mark are opened (every journal with rows
 /// has one, see `weir_store::journal`); in a data dir last served by a
 /// build before marks, every database is. One that cannot be read is an
@@ -240,8 +241,8 @@ pub fn drop_row(held: &mut Exclusive, pid: u64) -> Result<(), String> {
 /// dir, so no server changes a journal meanwhile.
 pub fn journaled_images(
     directory: &weir_actors::ActorDirectory,
-) -> Result<std::collections::HashSet<crate::Digest>, String> {
-    let mut images = std::collections::HashSet::new();
+) -> Result<std::collections::BTreeMap<crate::Digest, Owner>, String> {
+    let mut images = std::collections::BTreeMap::new();
     let marks_kept = directory.marks_kept();
     for class in directory.classes().map_err(|e| e.to_string())? {
         let found = directory.scan(&class).map_err(|e| e.to_string())?;
@@ -260,12 +261,17 @@ pub fn journaled_images(
                         actor.class, actor.name
                     )
                 })?;
-            images.extend(rows.iter().filter_map(|row| {
-                LaunchSpec::decode(&row.spec)?
-                    .image
-                    .parse::<crate::Digest>()
-                    .ok()
-            }));
+            for row in rows {
+                let Some(digest) = LaunchSpec::decode(&row.spec)
+                    .and_then(|spec| spec.image.parse::<crate::Digest>().ok())
+                else {
+                    continue;
+                };
+                images.entry(digest).or_insert_with(|| Owner {
+                    class: actor.class.clone(),
+                    name: actor.name.clone(),
+                });
+            }
         }
     }
     Ok(images)

@@ -199,6 +199,18 @@ fn prepare_and_run(args: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(report.end.exit_code().clamp(0, 255) as u8))
 }
 
+/// What the launch journals of a stopped server's data dir name (the
+/// caller holds its lock); `refused` says what was not done if they
+/// cannot be read.
+fn journaled_images(
+    data_dir: &Path,
+    refused: &str,
+) -> anyhow::Result<std::collections::BTreeMap<Digest, weir_programs::process_table::Owner>> {
+    let directory = weir_actors::ActorDirectory::new(data_dir, Default::default());
+    weir_programs::fenced_work::journaled_images(&directory)
+        .map_err(|e| anyhow::anyhow!("{e}; {refused}"))
+}
+
 /// `weir images …`.
 pub fn images(args: ImagesArgs) -> anyhow::Result<()> {
     let limits = RunLimits::default();
@@ -237,8 +249,28 @@ pub fn images(args: ImagesArgs) -> anyhow::Result<()> {
             }
         }
         ImagesCommand::Rm { digests } => {
-            for digest in digests.iter().map(parse) {
-                let digest = digest?;
+            let digests = digests.iter().map(parse).collect::<Result<Vec<_>, _>>()?;
+            // With no server on the data dir, what a crash left in the
+            // launch journals is owed work: its images stay, as they stay
+            // rooted while a server runs (or recovers) them.
+            let journaled = match DataDir::open(&args.data_dir) {
+                Ok(held) => Some((
+                    held,
+                    journaled_images(&args.data_dir, "nothing was removed")?,
+                )),
+                Err(DataDirError::InUse { .. }) => None,
+                Err(e) => return Err(e.into()),
+            };
+            if let Some((_, journaled)) = &journaled
+                && let Some((digest, owner)) = digests
+                    .iter()
+                    .find_map(|d| journaled.get(d).map(|owner| (d, owner)))
+            {
+                return Err(anyhow::anyhow!(
+                    "image {digest} is in use: the launch journal of actor {owner} names it (the server's next start runs its process again); nothing was removed"
+                ));
+            }
+            for digest in digests {
                 if store.remove(&digest)? {
                     println!("{digest}  removed");
                 } else {
@@ -258,10 +290,8 @@ pub fn images(args: ImagesArgs) -> anyhow::Result<()> {
             })?;
             // Launches a crash left in owners' journals are started again
             // at the next start: their images stay.
-            let directory = weir_actors::ActorDirectory::new(&args.data_dir, Default::default());
-            let journaled = weir_programs::fenced_work::journaled_images(&directory)
-                .map_err(|e| anyhow::anyhow!("{e}; nothing was swept"))?;
-            keep.extend(journaled.iter().copied());
+            let journaled = journaled_images(&args.data_dir, "nothing was swept")?;
+            keep.extend(journaled.keys().copied());
             let report = store.sweep(&keep)?;
             for digest in &report.removed {
                 println!("{digest}  removed");
@@ -270,7 +300,7 @@ pub fn images(args: ImagesArgs) -> anyhow::Result<()> {
                 println!("{digest}  kept (in use)");
             }
             for digest in &report.declared {
-                if journaled.contains(digest) {
+                if journaled.contains_key(digest) {
                     println!("{digest}  kept (a launch journal names it)");
                 } else {
                     println!("{digest}  kept (--keep)");

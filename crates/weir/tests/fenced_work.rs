@@ -497,6 +497,18 @@ async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
     // is not even a database is not read, while a marked one that cannot
     // be read stops the sweep, since what it names cannot be known.
     kill(weir);
+    // Nor does `rm` remove what a journal names, with the others asked
+    // for in the same command (all or nothing).
+    let out = images(&data, &["rm", &orphan, &second]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "weir: image {second} is in use: the launch journal of actor runner/owner names it (the server's next start runs its process again); nothing was removed"
+        )
+    );
+    assert!(out.stdout.is_empty(), "nothing removed");
     let class_dir = data.join("actors").join("runner");
     let garbage = class_dir.join("garbage.sqlite3");
     std::fs::write(&garbage, b"not a database, and no launch mark").unwrap();
