@@ -60,10 +60,20 @@ pub fn call_with(args: &AdminArgs, method: &str, path: &str, body: Bytes) -> any
 /// `GET path`, its answer read as a `T` (for a command that shows it its
 /// own way); fails as [`call`] does.
 pub fn get<T: serde::de::DeserializeOwned>(args: &AdminArgs, path: &str) -> anyhow::Result<T> {
-    let answer = answer(args, "GET", path, Bytes::new())?;
+    send(args, "GET", path)
+}
+
+/// `method path` with no body, its answer read as a `T`; fails as
+/// [`call`] does.
+pub fn send<T: serde::de::DeserializeOwned>(
+    args: &AdminArgs,
+    method: &str,
+    path: &str,
+) -> anyhow::Result<T> {
+    let answer = answer(args, method, path, Bytes::new())?;
     serde_json::from_slice(&answer).with_context(|| {
         format!(
-            "the server's answer to GET {path} is not what this build reads (is it a build of another version?): {}",
+            "the server's answer to {method} {path} is not what this build reads (is it a build of another version?): {}",
             String::from_utf8_lossy(&answer)
         )
     })

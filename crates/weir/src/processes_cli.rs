@@ -28,12 +28,18 @@ enum ProcessesCommand {
         class: String,
         name: String,
         pid: u64,
+        /// The server's JSON answer instead of the view.
+        #[arg(long)]
+        json: bool,
     },
     /// End a process (idempotent); returns once it is gone.
     Kill {
         class: String,
         name: String,
         pid: u64,
+        /// The server's JSON answer instead of a line.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -82,19 +88,84 @@ fn render(listed: &Value) -> String {
     }
 }
 
-pub fn run(args: ProcessesArgs) -> anyhow::Result<()> {
-    if let ProcessesCommand::List { json: false } = &args.command {
-        let listed: Value = admin_client::get(&args.admin, "/processes")?;
-        print!("{}", render(&listed));
-        return Ok(());
+/// One process: a fact a line, its image digest whole.
+fn render_one(p: &Value) -> String {
+    let text = |v: &Value| v.as_str().unwrap_or("-").to_string();
+    let facts = [
+        (
+            "process",
+            format!(
+                "{}/{} {}",
+                text(&p["owner"]["class"]),
+                text(&p["owner"]["name"]),
+                p["pid"]
+            ),
+        ),
+        ("contract", text(&p["contract"])),
+        ("state", text(&p["state"])),
+        ("image", text(&p["image"])),
+        ("slot", p["slot"].to_string()),
+        ("requests", p["requests"].to_string()),
+        (
+            "memory",
+            p["memory_bytes"]
+                .as_u64()
+                .map_or_else(|| "-".to_string(), table::bytes),
+        ),
+    ];
+    facts
+        .iter()
+        .map(|(label, value)| format!("{label:<9} {value}\n"))
+        .collect()
+}
+
+/// What a kill did, in a line.
+fn render_kill(class: &str, name: &str, answer: &Value) -> String {
+    let pid = &answer["pid"];
+    if answer["killed"] == true {
+        format!("process {class}/{name} {pid} killed\n")
+    } else {
+        format!("process {class}/{name} {pid} was not running (nothing to kill)\n")
     }
+}
+
+pub fn run(args: ProcessesArgs) -> anyhow::Result<()> {
     let (method, path) = match &args.command {
-        ProcessesCommand::List { .. } => ("GET", "/processes".to_string()),
-        ProcessesCommand::Inspect { class, name, pid } => {
-            ("GET", format!("/processes/{class}/{name}/{pid}"))
+        ProcessesCommand::List { json } => {
+            if !json {
+                let listed: Value = admin_client::get(&args.admin, "/processes")?;
+                print!("{}", render(&listed));
+                return Ok(());
+            }
+            ("GET", "/processes".to_string())
         }
-        ProcessesCommand::Kill { class, name, pid } => {
-            ("DELETE", format!("/processes/{class}/{name}/{pid}"))
+        ProcessesCommand::Inspect {
+            class,
+            name,
+            pid,
+            json,
+        } => {
+            let path = format!("/processes/{class}/{name}/{pid}");
+            if !json {
+                let shown: Value = admin_client::get(&args.admin, &path)?;
+                print!("{}", render_one(&shown));
+                return Ok(());
+            }
+            ("GET", path)
+        }
+        ProcessesCommand::Kill {
+            class,
+            name,
+            pid,
+            json,
+        } => {
+            let path = format!("/processes/{class}/{name}/{pid}");
+            if !json {
+                let answer: Value = admin_client::send(&args.admin, "DELETE", &path)?;
+                print!("{}", render_kill(class, name, &answer));
+                return Ok(());
+            }
+            ("DELETE", path)
         }
     };
     admin_client::call(&args.admin, method, &path)
@@ -125,6 +196,37 @@ mod tests {
         assert_eq!(
             render(&serde_json::json!({"slots": 0, "processes": []})),
             "0 processes running, 0 slots held\n"
+        );
+    }
+
+    #[test]
+    fn one_process_a_fact_a_line_and_a_kill_in_a_line() {
+        let shown = serde_json::json!({
+            "contract": "boot",
+            "image": "sha256:6db19a4e192ff3ac98d379c04e6ff93b9926a217fb4510586019bcbbbb716a21",
+            "memory_bytes": 1376256,
+            "owner": {"class": "runner", "name": "owner"},
+            "pid": 1000001, "requests": 3, "slot": 0, "state": "running"
+        });
+        assert_eq!(
+            render_one(&shown),
+            "process   runner/owner 1000001\n\
+             contract  boot\n\
+             state     running\n\
+             image     sha256:6db19a4e192ff3ac98d379c04e6ff93b9926a217fb4510586019bcbbbb716a21\n\
+             slot      0\n\
+             requests  3\n\
+             memory    1.3 MiB\n"
+        );
+        let killed = serde_json::json!({"pid": 7, "killed": true});
+        assert_eq!(
+            render_kill("runner", "owner", &killed),
+            "process runner/owner 7 killed\n"
+        );
+        let gone = serde_json::json!({"pid": 7, "killed": false});
+        assert_eq!(
+            render_kill("runner", "owner", &gone),
+            "process runner/owner 7 was not running (nothing to kill)\n"
         );
     }
 }

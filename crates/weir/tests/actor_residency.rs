@@ -127,14 +127,8 @@ async fn operators_list_inspect_and_delete_actors() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("admin_token_required"));
-    let out = cli(&["list"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     // A table for the eye: a row per actor, its timer relative to now.
-    let table = String::from_utf8(out.stdout).unwrap();
+    let table = common::stdout_of(cli(&["list"]));
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(
         lines[0].split_whitespace().collect::<Vec<_>>(),

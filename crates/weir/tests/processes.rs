@@ -471,13 +471,7 @@ async fn operators_list_inspect_and_kill_processes_and_read_their_metrics() {
     let b_ = b.to_string();
     // `list` prints a table: a row per process, owner first; `--json` the
     // answer whole.
-    let out = cli(&["list"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let table = String::from_utf8(out.stdout).unwrap();
+    let table = common::stdout_of(cli(&["list"]));
     let lines: Vec<Vec<&str>> = table
         .lines()
         .map(|l| l.split_whitespace().collect())
@@ -509,18 +503,21 @@ async fn operators_list_inspect_and_kill_processes_and_read_their_metrics() {
     let out = cli(&["list", "--json"]);
     let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(listed["processes"][1]["pid"], b);
-    let out = cli(&["inspect", "runner", "two", &b_]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // `inspect` a fact a line, `kill` a line; `--json` the answers whole.
+    let shown = common::stdout_of(cli(&["inspect", "runner", "two", &b_]));
+    let facts: Vec<&str> = shown.lines().collect();
+    assert_eq!(facts[0], format!("process   runner/two {b}"), "{shown}");
+    assert_eq!(facts[1], "contract  boot", "{shown}");
+    assert_eq!(facts[2], "state     running", "{shown}");
+    assert!(facts[3].starts_with("image     sha256:"), "{shown}");
+    let out = cli(&["inspect", "runner", "two", &b_, "--json"]);
     let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(shown["owner"]["name"], "two");
-    let out = cli(&["kill", "runner", "two", &b_]);
-    let killed: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(killed["killed"], true);
-    let out = cli(&["kill", "runner", "two", &b_]);
+    assert_eq!(
+        common::stdout_of(cli(&["kill", "runner", "two", &b_])),
+        format!("process runner/two {b} killed\n")
+    );
+    let out = cli(&["kill", "runner", "two", &b_, "--json"]);
     let killed: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(killed["killed"], false, "idempotent");
     let out = cli(&["inspect", "runner", "two", &b_]);

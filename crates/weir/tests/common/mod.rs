@@ -108,6 +108,17 @@ pub fn weir_command() -> Command {
     Command::new(env!("CARGO_BIN_EXE_weir"))
 }
 
+/// The stdout of a command that must have succeeded (its stderr says why
+/// it did not).
+pub fn stdout_of(out: std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
 /// Waits for `child` to exit, at most `limit`; past it the child is
 /// killed and `None` returned.
 pub fn exit_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
