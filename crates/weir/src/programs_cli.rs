@@ -21,6 +21,7 @@ use weir_runtime::{WeirEngine, WeirError};
 use weir_store::data_dir::{DataDir, DataDirError};
 
 use crate::config::UsageError;
+use crate::table::{self, Table};
 
 /// The exit status of a program that could not be made ready (not found,
 /// corrupt, not a command): 126, the shell's "cannot execute".
@@ -66,7 +67,7 @@ pub struct ImagesArgs {
 enum ImagesCommand {
     /// Store components; prints each one's digest.
     Push { files: Vec<PathBuf> },
-    /// Stored images: digest, bytes, and whether a run or process holds it.
+    /// Stored images: digest, size, and whether a run or process holds it.
     List {
         /// One JSON document instead of a table.
         #[arg(long)]
@@ -199,6 +200,30 @@ fn prepare_and_run(args: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(report.end.exit_code().clamp(0, 255) as u8))
 }
 
+/// The store's images as a table (digests whole: the commands take
+/// them), and a line of totals.
+fn render_images(images: &[weir_programs::image_store::ImageInfo]) -> String {
+    let mut t = Table::new(&["DIGEST", "SIZE>", "STATE"]);
+    for image in images {
+        t.row(vec![
+            image.digest.to_string(),
+            table::bytes(image.bytes),
+            if image.rooted { "in use" } else { "-" }.to_string(),
+        ]);
+    }
+    let in_use = images.iter().filter(|i| i.rooted).count();
+    let totals = format!(
+        "{}, {}, {in_use} in use",
+        table::count(images.len(), "image"),
+        table::bytes(images.iter().map(|i| i.bytes).sum())
+    );
+    if t.is_empty() {
+        format!("{totals}\n")
+    } else {
+        format!("{}{totals}\n", t.render())
+    }
+}
+
 /// What the launch journals of a stopped server's data dir name (the
 /// caller holds its lock); `refused` says what was not done if they
 /// cannot be read.
@@ -238,14 +263,7 @@ pub fn images(args: ImagesArgs) -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::json!({ "images": images }));
             } else {
-                for image in images {
-                    println!(
-                        "{}  {:>12}  {}",
-                        image.digest,
-                        image.bytes,
-                        if image.rooted { "in use" } else { "" }
-                    );
-                }
+                print!("{}", render_images(&images));
             }
         }
         ImagesCommand::Rm { digests } => {
@@ -315,4 +333,37 @@ pub fn images(args: ImagesArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_programs::image_store::ImageInfo;
+
+    #[test]
+    fn the_images_as_a_table_then_totals() {
+        let digest = |b: u8| Digest::of(&[b]);
+        let images = [
+            ImageInfo {
+                digest: digest(1),
+                bytes: 73_214,
+                rooted: true,
+            },
+            ImageInfo {
+                digest: digest(2),
+                bytes: 900,
+                rooted: false,
+            },
+        ];
+        assert_eq!(
+            render_images(&images),
+            format!(
+                "DIGEST{}      SIZE  STATE\n{}  71.5 KiB  in use\n{}     900 B  -\n2 images, 72.4 KiB, 1 in use\n",
+                " ".repeat(71 - 6),
+                digest(1),
+                digest(2)
+            )
+        );
+        assert_eq!(render_images(&[]), "0 images, 0 B, 0 in use\n");
+    }
 }

@@ -146,7 +146,11 @@ fn the_sweep_spares_what_a_run_in_another_process_holds_and_removes_orphans() {
     let ran = weir(&data, &["images", "sweep", "--keep", &orphan], b"");
     assert_eq!(ran.out(), format!("{held}  removed\n"));
     let list = weir(&data, &["images", "list"], b"");
-    assert_eq!(list.out(), "", "the store is empty");
+    assert_eq!(
+        list.out(),
+        "0 images, 0 B, 0 in use\n",
+        "the store is empty"
+    );
     let _ = std::fs::remove_dir_all(&data);
 }
 
