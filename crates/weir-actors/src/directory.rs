@@ -14,6 +14,14 @@
 //! the number of files past it; an actor that already exists is never
 //! refused. The room's count moves with every file the directory makes or
 //! removes.
+//!
+//! Launch marks are trusted only as far as this build kept them: the
+//! file that says they are whole (`actors/.launch-marks`) names a nonce,
+//! and the data dir's lock file carries the same nonce as a stamp
+//! (`weir_store::data_dir`) for as long as only builds that keep marks
+//! hold the directory. A build from before marks, started on it even
+//! once, drops the stamp; the next start then searches every database
+//! again, so the journal rows that build wrote without a mark are found.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -91,7 +99,13 @@ pub struct ActorDirectory {
     durability: Durability,
     census: Arc<Census>,
     room: Arc<StorageRoom>,
+    /// The data dir whose lock file stamps the launch marks as whole
+    /// (held by this process); `None`: the marks file alone says so.
+    stamps: Option<PathBuf>,
 }
+
+/// What the marks file's nonce line starts with.
+const NONCE_LINE: &str = "nonce ";
 
 impl ActorDirectory {
     /// The directory under `data_dir`, with no bound on new actors until
@@ -106,7 +120,23 @@ impl ActorDirectory {
                 max: AtomicUsize::new(usize::MAX),
             }),
             room: Arc::default(),
+            stamps: None,
         }
+    }
+
+    /// The directory trusting its launch marks only while the lock file of
+    /// `data_dir` (which this process holds) carries their stamp.
+    pub fn with_stamps(mut self, data_dir: &Path) -> ActorDirectory {
+        self.stamps = Some(data_dir.to_path_buf());
+        self
+    }
+
+    /// This directory's stamp line in the lock file, and the prefix that
+    /// finds an older one of it.
+    fn stamp_line(&self, data_dir: &Path, nonce: &str) -> (String, String) {
+        let place = self.root.strip_prefix(data_dir).unwrap_or(&self.root);
+        let prefix = format!("launch-marks {} ", place.display());
+        (format!("{prefix}{nonce}"), prefix)
     }
 
     /// The directory counting its actors' files in `room`, which the
@@ -321,22 +351,46 @@ impl ActorDirectory {
 
     /// True once every actor here with launch journal rows has its launch
     /// mark: the directory was made, or first listed, by a build that
-    /// keeps them ([`ActorDirectory::marks_kept`]). An older build's data
-    /// dir is searched by opening each database once instead.
+    /// keeps them ([`ActorDirectory::keep_marks`]), and (with
+    /// [`ActorDirectory::with_stamps`]) no older build held the data dir
+    /// since. Otherwise it is searched by opening each database once.
     pub fn marks_kept(&self) -> bool {
-        self.root.join(MARKS_KEPT).exists()
+        let Ok(text) = std::fs::read_to_string(self.root.join(MARKS_KEPT)) else {
+            return false;
+        };
+        let Some(data_dir) = &self.stamps else {
+            return true;
+        };
+        text.lines()
+            .find_map(|line| line.strip_prefix(NONCE_LINE))
+            .is_some_and(|nonce| {
+                weir_store::data_dir::stamped(data_dir, &self.stamp_line(data_dir, nonce).0)
+            })
     }
 
-    /// Records that every actor here with journal rows has its mark.
+    /// Records that every actor here with journal rows has its mark: the
+    /// marks file with a new nonce, then (with stamps) the lock file's
+    /// stamp of it. A crash between the two leaves them unmatched, and
+    /// the next start searches again.
     pub fn keep_marks(&self) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.root)?;
+        let mut random = [0u8; 8];
+        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut random)?;
+        let nonce: String = random.iter().map(|b| format!("{b:02x}")).collect();
         let file = self.root.join(MARKS_KEPT);
         std::fs::write(
             &file,
-            "Every actor database here with launch journal rows has its NAME.sqlite3-launches mark.\n",
+            format!(
+                "Every actor database here with launch journal rows has its NAME.sqlite3-launches mark.\n{NONCE_LINE}{nonce}\n"
+            ),
         )?;
         std::fs::File::open(&file)?.sync_all()?;
-        std::fs::File::open(&self.root)?.sync_all()
+        std::fs::File::open(&self.root)?.sync_all()?;
+        if let Some(data_dir) = &self.stamps {
+            let (line, prefix) = self.stamp_line(data_dir, &nonce);
+            weir_store::data_dir::stamp(data_dir, &line, &prefix)?;
+        }
+        Ok(())
     }
 
     /// Deletes a hibernated actor: its database and WAL files, its place

@@ -302,7 +302,9 @@ impl Tenant {
                     &stores,
                 )?);
             }
-            let directory = ActorDirectory::new(&dir, shared.durability).with_room(room);
+            let directory = ActorDirectory::new(&dir, shared.durability)
+                .with_room(room)
+                .with_stamps(&shared.data_dir);
             // In cluster mode each actor runs on the node that owns it, its
             // storage shipped to the cluster's database.
             let placement = shared

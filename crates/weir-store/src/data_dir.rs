@@ -9,7 +9,13 @@
 //!   included), so a crash never leaves the directory locked;
 //! - the admin token is created once, at the first start, from the
 //!   operating system's random source, readable by its owner only (mode
-//!   0600), and never logged.
+//!   0600), and never logged;
+//! - the lock file holds the holder's pid on its first line, then
+//!   **stamps**: lines this build carries over from one holder to the
+//!   next. Every build that takes the lock rewrites the file, and builds
+//!   from before stamps write only their pid: a stamp still there proves
+//!   that no such build held the directory since it was written (see
+//!   `weir_actors::directory`'s launch marks).
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
@@ -62,12 +68,13 @@ impl DataDir {
             .mode(0o644)
             .open(&lock_path)
             .map_err(io)?;
-        match lock.try_lock() {
+        let locked = lock.try_lock();
+        let mut before = String::new();
+        let _ = lock.read_to_string(&mut before);
+        match locked {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
-                let mut holder = String::new();
-                let _ = lock.read_to_string(&mut holder);
-                let holder = holder.trim();
+                let holder = before.lines().next().unwrap_or("").trim();
                 return Err(DataDirError::InUse {
                     path: path.to_path_buf(),
                     holder: if holder.is_empty() {
@@ -79,9 +86,16 @@ impl DataDir {
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
         }
+        let mut content = format!("{}\n", std::process::id());
+        for stamp in before.lines().skip(1).filter(|l| !l.trim().is_empty()) {
+            content.push_str(stamp);
+            content.push('\n');
+        }
         lock.set_len(0).map_err(io)?;
         lock.rewind().map_err(io)?;
-        writeln!(lock, "{}", std::process::id()).map_err(io)?;
+        // Not synced: a rewrite a crash loses leaves stamps missing, which
+        // costs what a stamp saves, never more.
+        lock.write_all(content.as_bytes()).map_err(io)?;
         Ok(DataDir {
             path: path.to_path_buf(),
             _lock: lock,
@@ -129,6 +143,38 @@ impl DataDir {
     }
 }
 
+/// Serializes this process's changes to lock files' stamps (apps start
+/// side by side).
+static STAMPS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// True when the lock file of `data_dir` holds `stamp`.
+pub fn stamped(data_dir: &Path, stamp: &str) -> bool {
+    std::fs::read_to_string(data_dir.join(LOCK_FILE))
+        .is_ok_and(|content| content.lines().skip(1).any(|line| line == stamp))
+}
+
+/// Adds `stamp` to the lock file of `data_dir` (held by this process),
+/// durably, after removing the stamps that start with `replaces`.
+pub fn stamp(data_dir: &Path, stamp: &str, replaces: &str) -> std::io::Result<()> {
+    let _one = STAMPS.lock().unwrap_or_else(|p| p.into_inner());
+    let path = data_dir.join(LOCK_FILE);
+    let before = std::fs::read_to_string(&path)?;
+    let mut lines = before.lines();
+    let mut content = format!("{}\n", lines.next().unwrap_or(""));
+    for line in lines.filter(|l| !l.trim().is_empty() && !l.starts_with(replaces)) {
+        content.push_str(line);
+        content.push('\n');
+    }
+    content.push_str(stamp);
+    content.push('\n');
+    // Written in place: the file is the lock, held through this open
+    // file description's sibling.
+    let mut file = OpenOptions::new().write(true).open(&path)?;
+    file.set_len(0)?;
+    file.write_all(content.as_bytes())?;
+    file.sync_all()
+}
+
 /// Reads the admin token of a data directory another process serves (for
 /// `weir actors`).
 pub fn read_admin_token(data_dir: &Path) -> std::io::Result<String> {
@@ -163,5 +209,30 @@ mod tests {
         assert_eq!(read_admin_token(&dir).unwrap(), token);
         drop(held);
         DataDir::open(&dir).expect("free again once dropped");
+    }
+
+    #[test]
+    fn stamps_are_carried_from_holder_to_holder_and_an_older_build_drops_them() {
+        let dir = weir_scratch::dir("datadir-stamps");
+        let held = DataDir::open(&dir).unwrap();
+        stamp(&dir, "marks a1", "marks ").unwrap();
+        stamp(&dir, "other x", "other ").unwrap();
+        stamp(&dir, "marks b2", "marks ").unwrap();
+        assert!(stamped(&dir, "marks b2") && stamped(&dir, "other x"));
+        assert!(!stamped(&dir, "marks a1"), "replaced");
+        match DataDir::open(&dir) {
+            Err(DataDirError::InUse { holder, .. }) => {
+                assert_eq!(holder, std::process::id().to_string(), "the pid alone")
+            }
+            other => panic!("a second open: {:?}", other.err()),
+        }
+        drop(held);
+        let held = DataDir::open(&dir).unwrap();
+        assert!(stamped(&dir, "marks b2"), "carried to the next holder");
+        drop(held);
+        // A build from before stamps writes its pid alone.
+        std::fs::write(dir.join(LOCK_FILE), "4242\n").unwrap();
+        let _held = DataDir::open(&dir).unwrap();
+        assert!(!stamped(&dir, "marks b2"));
     }
 }

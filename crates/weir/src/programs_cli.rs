@@ -231,7 +231,8 @@ fn journaled_images(
     data_dir: &Path,
     refused: &str,
 ) -> anyhow::Result<std::collections::BTreeMap<Digest, weir_programs::process_table::Owner>> {
-    let directory = weir_actors::ActorDirectory::new(data_dir, Default::default());
+    let directory =
+        weir_actors::ActorDirectory::new(data_dir, Default::default()).with_stamps(data_dir);
     weir_programs::fenced_work::journaled_images(&directory)
         .map_err(|e| anyhow::anyhow!("{e}; {refused}"))
 }

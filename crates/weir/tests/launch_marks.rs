@@ -149,3 +149,55 @@ async fn a_deleted_owner_leaves_no_mark() {
     kill(weir);
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// What a build from before the marks does to a data dir it starts on: it
+/// takes the lock, writing its pid alone into the lock file, and its
+/// owners' first journal rows get no mark.
+fn as_an_older_build_left_it(data: &Path, owner: &str) {
+    std::fs::write(data.join("weir.lock"), "4242\n").unwrap();
+    std::fs::remove_file(mark(data, owner)).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_of_an_older_build_in_between_is_noticed_and_its_unmarked_owners_found() {
+    let data = data_dir("older-between");
+    let weir = serve_runner(&data, &[]);
+    let image = push_image(&weir, &guest("resident")).await;
+    let pid = spawn(&weir, "owner", &image).await;
+    kill(weir);
+    let kept = std::fs::read_to_string(marks_kept(&data)).unwrap();
+    let lock = std::fs::read_to_string(data.join("weir.lock")).unwrap();
+    let nonce = kept
+        .lines()
+        .find_map(|l| l.strip_prefix("nonce "))
+        .expect("the marks file names its nonce");
+    assert!(
+        lock.lines()
+            .skip(1)
+            .any(|l| l == format!("launch-marks actors {nonce}")),
+        "the lock file stamps it: {lock}"
+    );
+
+    // Back to an older build and forward again: the marks file is still
+    // there, but the stamp is gone, so every database is searched.
+    as_an_older_build_left_it(&data, "owner");
+    let weir = serve_runner(&data, &[]);
+    let back = wait_running(&weir, 1).await;
+    assert_eq!(back[0]["owner"]["name"], "owner");
+    assert!(back[0]["pid"].as_u64().unwrap() > pid, "re-driven");
+    assert!(mark(&data, "owner").is_file(), "marked as it was found");
+    let renewed = std::fs::read_to_string(marks_kept(&data)).unwrap();
+    assert_ne!(renewed, kept, "a new nonce");
+    kill(weir);
+
+    // Without that, a missing mark is trusted: nothing opens the owner's
+    // database, and its rows wait (the older build's caveat this closes).
+    std::fs::remove_file(mark(&data, "owner")).unwrap();
+    let weir = serve_runner(&data, &[]);
+    // A turn of the owner runs after any recovery of it (which holds it).
+    let r = call(&weir, "POST", "/r/owner/count", b"").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(wait_running(&weir, 0).await.len(), 0);
+    kill(weir);
+    let _ = std::fs::remove_dir_all(&data);
+}
