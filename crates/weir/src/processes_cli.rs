@@ -130,62 +130,59 @@ fn render_kill(class: &str, name: &str, answer: &Value) -> String {
 }
 
 pub fn run(args: ProcessesArgs) -> anyhow::Result<()> {
-    let (method, path) = match &args.command {
-        ProcessesCommand::List { json } => {
-            if !json {
-                let listed: Value = admin_client::get(&args.admin, "/processes")?;
-                print!("{}", render(&listed));
-                return Ok(());
-            }
-            ("GET", "/processes".to_string())
+    let (class, name, pid, json, method) = match &args.command {
+        ProcessesCommand::List { json: true } => {
+            return admin_client::call(&args.admin, "GET", "/processes");
+        }
+        ProcessesCommand::List { json: false } => {
+            let listed: Value = admin_client::get(&args.admin, "/processes")?;
+            print!("{}", render(&listed));
+            return Ok(());
         }
         ProcessesCommand::Inspect {
             class,
             name,
             pid,
             json,
-        } => {
-            let path = format!("/processes/{class}/{name}/{pid}");
-            if !json {
-                let shown: Value = admin_client::get(&args.admin, &path)?;
-                print!("{}", render_one(&shown));
-                return Ok(());
-            }
-            ("GET", path)
-        }
+        } => (class, name, pid, *json, "GET"),
         ProcessesCommand::Kill {
             class,
             name,
             pid,
             json,
-        } => {
-            let path = format!("/processes/{class}/{name}/{pid}");
-            if !json {
-                let answer: Value = admin_client::send(&args.admin, "DELETE", &path)?;
-                print!("{}", render_kill(class, name, &answer));
-                return Ok(());
-            }
-            ("DELETE", path)
-        }
+        } => (class, name, pid, *json, "DELETE"),
     };
-    admin_client::call(&args.admin, method, &path)
+    let path = format!("/processes/{class}/{name}/{pid}");
+    if json {
+        return admin_client::call(&args.admin, method, &path);
+    }
+    let answer: Value = admin_client::send(&args.admin, method, &path)?;
+    match method {
+        "GET" => print!("{}", render_one(&answer)),
+        _ => print!("{}", render_kill(class, name, &answer)),
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// One process as the server describes it.
+    fn sample() -> Value {
+        serde_json::json!({
+            "contract": "boot",
+            "image": "sha256:6db19a4e192ff3ac98d379c04e6ff93b9926a217fb4510586019bcbbbb716a21",
+            "memory_bytes": 1376256,
+            "owner": {"class": "runner", "name": "owner"},
+            "pid": 1000001, "requests": 3, "slot": 0, "state": "running"
+        })
+    }
+
     #[test]
     fn one_row_per_process_then_totals() {
         let listed = serde_json::json!({
-            "live": 1, "slots": 2, "holders": [],
-            "processes": [{
-                "contract": "boot",
-                "image": "sha256:6db19a4e192ff3ac98d379c04e6ff93b9926a217fb4510586019bcbbbb716a21",
-                "memory_bytes": 1376256,
-                "owner": {"class": "runner", "name": "owner"},
-                "pid": 1000001, "requests": 3, "slot": 0, "state": "running"
-            }]
+            "live": 1, "slots": 2, "holders": [], "processes": [sample()]
         });
         assert_eq!(
             render(&listed),
@@ -201,15 +198,8 @@ mod tests {
 
     #[test]
     fn one_process_a_fact_a_line_and_a_kill_in_a_line() {
-        let shown = serde_json::json!({
-            "contract": "boot",
-            "image": "sha256:6db19a4e192ff3ac98d379c04e6ff93b9926a217fb4510586019bcbbbb716a21",
-            "memory_bytes": 1376256,
-            "owner": {"class": "runner", "name": "owner"},
-            "pid": 1000001, "requests": 3, "slot": 0, "state": "running"
-        });
         assert_eq!(
-            render_one(&shown),
+            render_one(&sample()),
             "process   runner/owner 1000001\n\
              contract  boot\n\
              state     running\n\
