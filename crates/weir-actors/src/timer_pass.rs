@@ -16,6 +16,9 @@
 //!   again;
 //! - the pass never hibernates anything and leaves no actor in memory: the
 //!   hold it takes is let go of at once;
+//! - an actor held when the pass comes to it (an owner under recovery, a
+//!   long turn) is read at the end, so no hold delays the other actors'
+//!   timers;
 //! - a database that cannot be opened is reported (`unreadable` in the
 //!   operators' status, and a warning), never fatal;
 //! - it runs on a thread of its own, off the async workers: its reads
@@ -74,8 +77,19 @@ impl ActorHost {
             }
         }
         self.pass.of.store(actors.len(), Ordering::Relaxed);
+        let mut held = Vec::new();
         for actor in actors {
-            self.arm_from_disk(&actor);
+            if self.arm_from_disk(&actor, false) {
+                self.pass.read.fetch_add(1, Ordering::Relaxed);
+            } else {
+                held.push(actor);
+            }
+        }
+        // Those held when the pass came (a recovery, a turn): read last,
+        // waiting for each, so that one long hold delays no other
+        // actor's timers.
+        for actor in held {
+            self.arm_from_disk(&actor, true);
             self.pass.read.fetch_add(1, Ordering::Relaxed);
         }
         self.pass.done.store(true, Ordering::Release);
@@ -86,14 +100,24 @@ impl ActorHost {
         );
     }
 
-    /// Indexes one actor's next timer from its database, under its hold.
-    fn arm_from_disk(&self, actor: &ActorAddress) {
+    /// Indexes one actor's next timer from its database, under its hold;
+    /// unless `wait`, only if nobody holds it now (false when somebody
+    /// does: nothing was read).
+    fn arm_from_disk(&self, actor: &ActorAddress, wait: bool) -> bool {
         let Ok(class) = self.class(&actor.class) else {
-            return;
+            return true;
         };
         let claim = self.claim_passing(actor, &class);
         let read = {
-            let live = claim.cell.live.blocking_lock();
+            let live = if wait {
+                claim.cell.live.blocking_lock()
+            } else if let Ok(live) = claim.cell.live.try_lock() {
+                live
+            } else {
+                drop(claim);
+                self.forget_unopened(actor);
+                return false;
+            };
             let next = match &live.gate {
                 Some(gate) => gate
                     .with_db(|db| db.next_deadline())
@@ -134,5 +158,6 @@ impl ActorHost {
                 .unwrap_or_else(|p| p.into_inner())
                 .push(Unreadable { path, error });
         }
+        true
     }
 }

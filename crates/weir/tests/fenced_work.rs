@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::programs::{call, push_image, serve_runner};
+use common::programs::{call, push_image, serve_runner, serve_runner_with};
 use common::{Weir, guest, send_to};
 use http::Request;
 use http_body_util::Full;
@@ -715,5 +715,66 @@ async fn lifetime_launches_recover_by_their_on_crash_with_secrets_re_resolved_an
     kill(weir);
     assert_eq!(journal(&data, "owner"), [(new_pid, 0)]);
     assert_eq!(journal(&data, "other"), []);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+/// The runner (at /r) and the actor-probe as class `timers` (at /t),
+/// which the timer pass reads after the runner's actors.
+fn serve_with_timers(data: &Path, limits: &[&str]) -> Weir {
+    let timers = format!("timers={}", guest("actor_probe").display());
+    serve_runner_with(
+        data,
+        limits,
+        &["--actor", &timers, "--actor-route", "timers=/t"],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_under_recovery_delays_no_other_actors_timer() {
+    let data = data_dir("pass-recovery");
+    let limits = ["event_limit_ms=10000"];
+    let weir = serve_with_timers(&data, &limits);
+    let image = push(&weir, &guest("resident")).await;
+    // Its re-drive's start sleeps 3 s: the owner is held that long by its
+    // recovery after the next start.
+    let spawned = call(
+        &weir,
+        "POST",
+        &format!("/r/owner/spawn/{image}?slot=app&durable=1&start=slow-redrive"),
+        b"",
+    )
+    .await;
+    assert_eq!(spawned.status, 200, "{}", spawned.text());
+    let r = call(&weir, "POST", "/t/x/schedule?reason=tick&in_ms=300", b"").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    kill(weir);
+
+    // The pass comes to the held owner first, and reads it last: the
+    // timer fires while the owner's recovery still runs.
+    let weir = serve_with_timers(&data, &limits);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = call(&weir, "GET", "/t/x/log", b"").await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let log: Vec<String> = serde_json::from_value(r.json()).unwrap();
+        if !log.is_empty() {
+            assert!(log[0].starts_with("tick@"), "{log:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the timer did not fire");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let recovered = |weir: &Weir| {
+        weir.logged("weir::process")
+            .into_iter()
+            .any(|r| r["outcome"] == "recovered")
+    };
+    assert!(!recovered(&weir), "fired before the owner's recovery ended");
+    let status = weir.status_after_timer_pass().await;
+    assert_eq!(status["actors"]["timer_pass"]["read"], 2, "{status}");
+    weir.first_logged("weir::process", |r| r["outcome"] == "recovered")
+        .await;
+    assert_eq!(wait_running(&weir, 1).await[0]["image"], image.as_str());
+    kill(weir);
     let _ = std::fs::remove_dir_all(&data);
 }
