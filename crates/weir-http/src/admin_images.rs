@@ -1,6 +1,7 @@
 //! The image store through the admin address: `PUT /images` (the body is
 //! the component), `GET /images`, `DELETE /images/<digest>`, and
-//! `POST /images/sweep`. The admin token is checked before any of these
+//! `POST /images/sweep` (`?dry_run=1`: what it would remove, removing
+//! nothing). The admin token is checked before any of these
 //! is reached ([`crate::admin`]). In cluster mode each of them is about
 //! the images the nodes share as well as this node's store
 //! (`weir_programs::shared_images`).
@@ -69,10 +70,14 @@ pub async fn route(
             Err(e) => image_error(e),
         },
         (Method::POST, ["sweep"]) => {
+            let dry_run = req.uri().query().is_some_and(|q| {
+                q.split('&')
+                    .any(|p| p == "dry_run=1" || p == "dry_run=true")
+            });
             let swept = match doors.mirror {
                 // What the cluster still shares stays.
-                Some(mirror) => mirror.sweep(store).await,
-                None => store.sweep(&HashSet::new()),
+                Some(mirror) => mirror.sweep(store, dry_run).await,
+                None => store.sweep(&HashSet::new(), dry_run),
             };
             match swept {
                 Ok(report) => json_response(&report),

@@ -92,9 +92,12 @@ pub struct ImageInfo {
     pub rooted: bool,
 }
 
-/// What a sweep did.
+/// What a sweep did (or, dry, would do).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SweepReport {
+    /// Nothing was removed: `removed`, `partials_removed` and
+    /// `bytes_freed` say what a sweep now would remove and free.
+    pub dry_run: bool,
     /// Images removed.
     pub removed: Vec<Digest>,
     /// Images kept because something roots them.
@@ -295,7 +298,7 @@ impl ImageStore {
     /// Removes one image unless something roots it. False when it was not
     /// there.
     pub fn remove(&self, digest: &Digest) -> Result<bool, ImageError> {
-        match self.remove_unrooted(digest, &self.path_of(digest))? {
+        match self.remove_unrooted(digest, &self.path_of(digest), false)? {
             Removal::Removed(_) => Ok(true),
             Removal::Absent => Ok(false),
             Removal::Rooted => Err(ImageError::InUse(*digest)),
@@ -303,15 +306,23 @@ impl ImageStore {
     }
 
     /// Removes every image that nothing roots and `declared` does not name,
-    /// and every abandoned push.
-    pub fn sweep(&self, declared: &HashSet<Digest>) -> Result<SweepReport, ImageError> {
-        let mut report = SweepReport::default();
+    /// and every abandoned push; `dry_run`: removes nothing, and reports
+    /// what it would remove.
+    pub fn sweep(
+        &self,
+        declared: &HashSet<Digest>,
+        dry_run: bool,
+    ) -> Result<SweepReport, ImageError> {
+        let mut report = SweepReport {
+            dry_run,
+            ..SweepReport::default()
+        };
         for (digest, path) in self.images()? {
             if declared.contains(&digest) {
                 report.declared.push(digest);
                 continue;
             }
-            match self.remove_unrooted(&digest, &path)? {
+            match self.remove_unrooted(&digest, &path, dry_run)? {
                 Removal::Removed(bytes) => {
                     report.removed.push(digest);
                     report.bytes_freed += bytes;
@@ -331,7 +342,7 @@ impl ImageStore {
             };
             if file.try_lock().is_ok() {
                 let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
-                if std::fs::remove_file(entry.path()).is_ok() {
+                if dry_run || std::fs::remove_file(entry.path()).is_ok() {
                     report.partials_removed += 1;
                     report.bytes_freed += bytes;
                 }
@@ -343,7 +354,14 @@ impl ImageStore {
         Ok(report)
     }
 
-    fn remove_unrooted(&self, digest: &Digest, path: &Path) -> Result<Removal, ImageError> {
+    /// Removes the image unless something roots it; `dry`: only says
+    /// whether it would.
+    fn remove_unrooted(
+        &self,
+        digest: &Digest,
+        path: &Path,
+        dry: bool,
+    ) -> Result<Removal, ImageError> {
         let file = match File::open(path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Removal::Absent),
@@ -355,6 +373,9 @@ impl ImageStore {
             Err(TryLockError::Error(e)) => return Err(self.io(e)),
         }
         let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
+        if dry {
+            return Ok(Removal::Removed(bytes));
+        }
         match std::fs::remove_file(path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Removal::Absent),

@@ -369,8 +369,13 @@ impl ImageMirror {
     }
 
     /// Sweeps `store`, sparing every image the cluster shares (removing
-    /// nothing when the cluster cannot say which).
-    pub async fn sweep(&self, store: &ImageStore) -> Result<SweepReport, ImageError> {
+    /// nothing when the cluster cannot say which); `dry_run` as
+    /// [`ImageStore::sweep`].
+    pub async fn sweep(
+        &self,
+        store: &ImageStore,
+        dry_run: bool,
+    ) -> Result<SweepReport, ImageError> {
         let declared: HashSet<Digest> = self
             .shared
             .catalog()
@@ -380,7 +385,7 @@ impl ImageMirror {
             .map(|(digest, _)| digest)
             .collect();
         let swept = store.clone();
-        off_the_workers(store, move || swept.sweep(&declared)).await
+        off_the_workers(store, move || swept.sweep(&declared, dry_run)).await
     }
 }
 

@@ -80,6 +80,9 @@ enum ImagesCommand {
         /// A digest to keep; repeatable.
         #[arg(long = "keep", value_name = "DIGEST")]
         keep: Vec<String>,
+        /// Say what would be removed, and remove nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -297,13 +300,14 @@ pub fn images(args: ImagesArgs) -> anyhow::Result<()> {
                 }
             }
         }
-        ImagesCommand::Sweep { keep } => {
+        ImagesCommand::Sweep { keep, dry_run } => {
             let mut keep = keep.iter().map(parse).collect::<Result<HashSet<_>, _>>()?;
             // Held for the whole sweep: no server starts on this data dir
             // meanwhile, and none runs now (a running one sweeps itself).
             let _held = DataDir::open(&args.data_dir).map_err(|e| match e {
                 DataDirError::InUse { .. } => anyhow::anyhow!(
-                    "{e}; sweep through its admin address instead (POST /images/sweep)"
+                    "{e}; sweep through its admin address instead (POST /images/sweep{})",
+                    if dry_run { "?dry_run=1" } else { "" }
                 ),
                 other => other.into(),
             })?;
@@ -311,9 +315,14 @@ pub fn images(args: ImagesArgs) -> anyhow::Result<()> {
             // at the next start: their images stay.
             let journaled = journaled_images(&args.data_dir, "nothing was swept")?;
             keep.extend(journaled.keys().copied());
-            let report = store.sweep(&keep)?;
+            let report = store.sweep(&keep, dry_run)?;
+            let removed = if dry_run {
+                "would be removed"
+            } else {
+                "removed"
+            };
             for digest in &report.removed {
-                println!("{digest}  removed");
+                println!("{digest}  {removed}");
             }
             for digest in &report.rooted {
                 println!("{digest}  kept (in use)");
@@ -325,12 +334,21 @@ pub fn images(args: ImagesArgs) -> anyhow::Result<()> {
                     println!("{digest}  kept (--keep)");
                 }
             }
-            eprintln!(
-                "weir: swept {} images and {} unfinished pushes, {} bytes freed",
-                report.removed.len(),
-                report.partials_removed,
-                report.bytes_freed
-            );
+            if dry_run {
+                eprintln!(
+                    "weir: a sweep now would remove {} images and {} unfinished pushes and free {} bytes (nothing was removed)",
+                    report.removed.len(),
+                    report.partials_removed,
+                    report.bytes_freed
+                );
+            } else {
+                eprintln!(
+                    "weir: swept {} images and {} unfinished pushes, {} bytes freed",
+                    report.removed.len(),
+                    report.partials_removed,
+                    report.bytes_freed
+                );
+            }
         }
     }
     Ok(())

@@ -433,8 +433,12 @@ fn images(data: &Path, args: &[&str]) -> std::process::Output {
 
 /// `POST /images/sweep` through the admin address: its report.
 async fn admin_sweep(weir: &Weir) -> serde_json::Value {
+    admin_sweep_at(weir, "/images/sweep").await
+}
+
+async fn admin_sweep_at(weir: &Weir, path: &str) -> serde_json::Value {
     let addr = weir.admin.unwrap();
-    let sweep = Request::post("/images/sweep")
+    let sweep = Request::post(path)
         .header("host", addr.to_string())
         .header(
             "authorization",
@@ -453,8 +457,15 @@ async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
     let orphan = push(&weir, &guest("cmdprobe")).await;
     // A spawn whose start takes 3 s: swept while it boots.
     let spawning = spawn_slowly(&weir, &data, &image).await;
+    // A dry run says what a sweep would remove, and removes nothing.
+    let dry = admin_sweep_at(&weir, "/images/sweep?dry_run=1").await;
+    assert_eq!(dry["dry_run"], true, "{dry}");
+    assert_eq!(dry["removed"], serde_json::json!([orphan]), "{dry}");
+    assert!(dry["bytes_freed"].as_u64().unwrap() > 0, "{dry}");
     let swept = admin_sweep(&weir).await;
+    assert_eq!(swept["dry_run"], false, "{swept}");
     assert_eq!(swept["removed"], serde_json::json!([orphan]), "{swept}");
+    assert_eq!(swept["bytes_freed"], dry["bytes_freed"], "{swept}");
     assert_eq!(
         swept["rooted"],
         serde_json::json!([image]),
@@ -524,6 +535,25 @@ async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
     );
     assert!(out.stdout.is_empty(), "nothing swept");
     std::fs::remove_file(&mark).unwrap();
+    let kept = format!(
+        "{}  kept (a launch journal names it)\n{}  kept (a launch journal names it)\n",
+        journaled[0], journaled[1]
+    );
+    let out = images(&data, &["sweep", "--dry-run"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{orphan}  would be removed\n{kept}")
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).ends_with("(nothing was removed)\n"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = images(&data, &["sweep"]);
     assert!(
         out.status.success(),
@@ -533,10 +563,8 @@ async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         stdout,
-        format!(
-            "{orphan}  removed\n{}  kept (a launch journal names it)\n{}  kept (a launch journal names it)\n",
-            journaled[0], journaled[1]
-        )
+        format!("{orphan}  removed\n{kept}"),
+        "the dry run kept it"
     );
     std::fs::remove_file(&garbage).unwrap();
     // Swept through the server the moment it serves: recovery holds both
