@@ -205,13 +205,21 @@ fn prepare_and_run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 /// The store's images as a table (digests whole: the commands take
 /// them), and a line of totals.
-fn render_images(images: &[weir_programs::image_store::ImageInfo]) -> String {
+fn render_images(
+    images: &[weir_programs::image_store::ImageInfo],
+    journaled: &Journaled,
+) -> String {
     let mut t = Table::new(&["DIGEST", "SIZE>", "STATE"]);
     for image in images {
+        let state = match journaled.get(&image.digest) {
+            _ if image.rooted => "in use".to_string(),
+            Some(owner) => format!("journaled by {owner}"),
+            None => "-".to_string(),
+        };
         t.row(vec![
             image.digest.to_string(),
             table::bytes(image.bytes),
-            if image.rooted { "in use" } else { "-" }.to_string(),
+            state,
         ]);
     }
     let in_use = images.iter().filter(|i| i.rooted).count();
@@ -230,15 +238,20 @@ fn render_images(images: &[weir_programs::image_store::ImageInfo]) -> String {
 /// What the launch journals of a stopped server's data dir name (the
 /// caller holds its lock); `refused` says what was not done if they
 /// cannot be read.
-fn journaled_images(
-    data_dir: &Path,
-    refused: &str,
-) -> anyhow::Result<std::collections::BTreeMap<Digest, weir_programs::process_table::Owner>> {
+fn journaled_images(data_dir: &Path, refused: &str) -> anyhow::Result<Journaled> {
     let directory =
         weir_actors::ActorDirectory::new(data_dir, Default::default()).with_stamps(data_dir);
-    weir_programs::fenced_work::journaled_images(&directory)
-        .map_err(|e| anyhow::anyhow!("{e}; {refused}"))
+    weir_programs::fenced_work::journaled_images(&directory).map_err(|e| {
+        if refused.is_empty() {
+            anyhow::anyhow!("{e}")
+        } else {
+            anyhow::anyhow!("{e}; {refused}")
+        }
+    })
 }
+
+/// The images launch journals name, each with an owner that names it.
+type Journaled = std::collections::BTreeMap<Digest, weir_programs::process_table::Owner>;
 
 /// `weir images …`.
 pub fn images(args: ImagesArgs) -> anyhow::Result<()> {
@@ -263,11 +276,28 @@ pub fn images(args: ImagesArgs) -> anyhow::Result<()> {
             }
         }
         ImagesCommand::List { json } => {
+            // With no server on the data dir, the images its launch
+            // journals name are owed work (a server roots them).
+            let journaled = match DataDir::open(&args.data_dir) {
+                Ok(_held) => journaled_images(&args.data_dir, "").unwrap_or_else(|e| {
+                    eprintln!("weir: which images the launch journals name is not known: {e}");
+                    Default::default()
+                }),
+                Err(DataDirError::InUse { .. }) => Default::default(),
+                Err(e) => return Err(e.into()),
+            };
             let images = store.list()?;
             if json {
-                println!("{}", serde_json::json!({ "images": images }));
+                let journaled: serde_json::Map<String, serde_json::Value> = journaled
+                    .iter()
+                    .map(|(digest, owner)| (digest.to_string(), owner.to_string().into()))
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::json!({ "images": images, "journaled": journaled })
+                );
             } else {
-                print!("{}", render_images(&images));
+                print!("{}", render_images(&images, &journaled));
             }
         }
         ImagesCommand::Rm { digests } => {
@@ -374,15 +404,25 @@ mod tests {
                 rooted: false,
             },
         ];
+        let journaled = Journaled::from([(
+            digest(2),
+            weir_programs::process_table::Owner {
+                class: "runner".into(),
+                name: "owner".into(),
+            },
+        )]);
         assert_eq!(
-            render_images(&images),
+            render_images(&images, &journaled),
             format!(
-                "DIGEST{}      SIZE  STATE\n{}  71.5 KiB  in use\n{}     900 B  -\n2 images, 72.4 KiB, 1 in use\n",
+                "DIGEST{}      SIZE  STATE\n{}  71.5 KiB  in use\n{}     900 B  journaled by runner/owner\n2 images, 72.4 KiB, 1 in use\n",
                 " ".repeat(71 - 6),
                 digest(1),
                 digest(2)
             )
         );
-        assert_eq!(render_images(&[]), "0 images, 0 B, 0 in use\n");
+        assert_eq!(
+            render_images(&[], &Journaled::new()),
+            "0 images, 0 B, 0 in use\n"
+        );
     }
 }

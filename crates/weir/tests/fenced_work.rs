@@ -520,6 +520,17 @@ async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
         )
     );
     assert!(out.stdout.is_empty(), "nothing removed");
+    // The list says why.
+    let listed = common::stdout_of(images(&data, &["list"]));
+    for digest in &journaled {
+        assert!(
+            listed
+                .lines()
+                .any(|l| l.starts_with(digest.as_str())
+                    && l.ends_with("  journaled by runner/owner")),
+            "{listed}"
+        );
+    }
     let class_dir = data.join("actors").join("runner");
     let garbage = class_dir.join("garbage.sqlite3");
     std::fs::write(&garbage, b"not a database, and no launch mark").unwrap();
