@@ -121,6 +121,19 @@ async fn spawn_slowly(
     spawning
 }
 
+/// Spawns a process for `owner` whose start sleeps 3 s when it is a
+/// re-drive (it finds its durable slot `app` written by an earlier start).
+async fn spawn_slow_redrive(weir: &Weir, image: &str) {
+    let spawned = call(
+        weir,
+        "POST",
+        &format!("/r/owner/spawn/{image}?slot=app&durable=1&start=slow-redrive"),
+        b"",
+    )
+    .await;
+    assert_eq!(spawned.status, 200, "{}", spawned.text());
+}
+
 /// How often the program's `start` ran over the owner's durable slot `app`
 /// (it appends a line each time).
 fn starts(data: &Path) -> usize {
@@ -301,14 +314,7 @@ async fn a_sigkill_during_the_re_drive_abandons_the_launch_loudly_not_twice() {
     let limits = ["event_limit_ms=10000"];
     let weir = serve(&data, &limits);
     let image = push(&weir, &guest("resident")).await;
-    let spawned = call(
-        &weir,
-        "POST",
-        &format!("/r/owner/spawn/{image}?slot=app&durable=1&start=slow-redrive"),
-        b"",
-    )
-    .await;
-    assert_eq!(spawned.status, 200, "{}", spawned.text());
+    spawn_slow_redrive(&weir, &image).await;
     kill(weir);
     assert_eq!(starts(&data), 1);
 
@@ -776,14 +782,7 @@ async fn an_owner_under_recovery_delays_no_other_actors_timer() {
     let image = push(&weir, &guest("resident")).await;
     // Its re-drive's start sleeps 3 s: the owner is held that long by its
     // recovery after the next start.
-    let spawned = call(
-        &weir,
-        "POST",
-        &format!("/r/owner/spawn/{image}?slot=app&durable=1&start=slow-redrive"),
-        b"",
-    )
-    .await;
-    assert_eq!(spawned.status, 200, "{}", spawned.text());
+    spawn_slow_redrive(&weir, &image).await;
     let r = call(&weir, "POST", "/t/x/schedule?reason=tick&in_ms=300", b"").await;
     assert_eq!(r.status, 200, "{}", r.text());
     kill(weir);
