@@ -3,18 +3,20 @@
 //! them with a receipt each and brings them back at the next start. A durable app comes back
 //! under a new pid with no request arriving; a re-drive cut short by
 //! another `SIGKILL` is abandoned loudly, never run twice; many kill
-//! cycles start the program exactly once per cycle and lose nothing.
+//! cycles start the program exactly once per cycle and lose nothing; a
+//! held owner delays no other actor's timers. (What the journals' images
+//! are kept against: `journaled_images.rs`.)
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use common::programs::{call, push_image, serve_runner, serve_runner_with};
-use common::{Weir, guest, send_to};
-use http::Request;
-use http_body_util::Full;
+use common::programs::{
+    call, kill, push_image, running, serve_runner, serve_runner_with, spawn_slow_redrive,
+    spawn_slowly, starts, wait_running,
+};
+use common::{Weir, guest};
 use serde_json::Value;
 
 fn data_dir(name: &str) -> PathBuf {
@@ -25,38 +27,8 @@ fn serve(data: &Path, limits: &[&str]) -> Weir {
     serve_runner(data, limits)
 }
 
-fn kill(mut weir: Weir) {
-    weir.signal("KILL");
-    weir.wait_exit(Duration::from_secs(10));
-}
-
 async fn push(weir: &Weir, component: &Path) -> String {
     push_image(weir, component).await
-}
-
-/// The running processes, as the admin address lists them.
-async fn running(weir: &Weir) -> Vec<Value> {
-    weir.admin_get("/processes").await.json()["processes"]
-        .as_array()
-        .unwrap()
-        .clone()
-}
-
-/// Waits (at most a minute) until `n` processes run, asking only the admin
-/// address: nothing reaches the app or its owner.
-async fn wait_running(weir: &Weir, n: usize) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let now = running(weir).await;
-        if now.len() == n {
-            return now;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{n} processes did not come up: {now:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The launch journal of `owner` of the `runner` class, as an operator's
@@ -92,61 +64,6 @@ async fn spawn_durable(weir: &Weir, image: &str) -> u64 {
     .await;
     assert_eq!(spawned.status, 200, "{}", spawned.text());
     spawned.json()["pid"].as_u64().unwrap()
-}
-
-/// Starts a spawn of `image` for `owner` over its durable slot `app` whose
-/// start takes 3 s, and returns once that start began: the request's
-/// answer, to come.
-async fn spawn_slowly(
-    weir: &Weir,
-    data: &Path,
-    image: &str,
-) -> tokio::task::JoinHandle<common::Resp> {
-    let (addr, path) = (
-        weir.addr,
-        format!("/r/owner/spawn/{image}?slot=app&durable=1&start=slow"),
-    );
-    let spawning = tokio::spawn(async move {
-        let req = Request::post(path)
-            .header("host", addr.to_string())
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        send_to(addr, req).await
-    });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while starts(data) < 1 {
-        assert!(Instant::now() < deadline, "the start did not begin");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    spawning
-}
-
-/// Spawns a process for `owner` whose start sleeps 3 s when it is a
-/// re-drive (it finds its durable slot `app` written by an earlier start).
-async fn spawn_slow_redrive(weir: &Weir, image: &str) {
-    let spawned = call(
-        weir,
-        "POST",
-        &format!("/r/owner/spawn/{image}?slot=app&durable=1&start=slow-redrive"),
-        b"",
-    )
-    .await;
-    assert_eq!(spawned.status, 200, "{}", spawned.text());
-}
-
-/// How often the program's `start` ran over the owner's durable slot `app`
-/// (it appends a line each time).
-fn starts(data: &Path) -> usize {
-    let slots = data.join("slots/durable/runner");
-    let Ok(owners) = std::fs::read_dir(&slots) else {
-        return 0;
-    };
-    owners
-        .flatten()
-        .map(|o| o.path().join("app/starts.log"))
-        .filter_map(|log| std::fs::read_to_string(log).ok())
-        .map(|text| text.lines().count())
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -424,180 +341,6 @@ async fn a_journal_that_cannot_be_written_refuses_the_spawn_and_nothing_starts()
         1,
         "only the spawn that started has a row: {rows:?}"
     );
-    let _ = std::fs::remove_dir_all(&data);
-}
-
-fn images(data: &Path, args: &[&str]) -> std::process::Output {
-    common::weir_command()
-        .arg("images")
-        .args(args)
-        .arg("--data-dir")
-        .arg(data)
-        .output()
-        .unwrap()
-}
-
-/// `POST /images/sweep` through the admin address: its report.
-async fn admin_sweep(weir: &Weir) -> serde_json::Value {
-    admin_sweep_at(weir, "/images/sweep").await
-}
-
-async fn admin_sweep_at(weir: &Weir, path: &str) -> serde_json::Value {
-    let addr = weir.admin.unwrap();
-    let sweep = Request::post(path)
-        .header("host", addr.to_string())
-        .header(
-            "authorization",
-            format!("Bearer {}", weir.token.as_ref().unwrap()),
-        )
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    send_to(addr, sweep).await.json()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
-    let data = data_dir("sweep");
-    let weir = serve(&data, &["event_limit_ms=10000"]);
-    let image = push(&weir, &guest("resident")).await;
-    let orphan = push(&weir, &guest("cmdprobe")).await;
-    // A spawn whose start takes 3 s: swept while it boots.
-    let spawning = spawn_slowly(&weir, &data, &image).await;
-    // A dry run says what a sweep would remove, and removes nothing.
-    let dry = admin_sweep_at(&weir, "/images/sweep?dry_run=1").await;
-    assert_eq!(dry["dry_run"], true, "{dry}");
-    assert_eq!(dry["removed"], serde_json::json!([orphan]), "{dry}");
-    assert!(dry["bytes_freed"].as_u64().unwrap() > 0, "{dry}");
-    let swept = admin_sweep(&weir).await;
-    assert_eq!(swept["dry_run"], false, "{swept}");
-    assert_eq!(swept["removed"], serde_json::json!([orphan]), "{swept}");
-    assert_eq!(swept["bytes_freed"], dry["bytes_freed"], "{swept}");
-    assert_eq!(
-        swept["rooted"],
-        serde_json::json!([image]),
-        "the booting spawn holds its image"
-    );
-    let spawned = spawning.await.unwrap();
-    assert_eq!(spawned.status, 200, "{}", spawned.text());
-    // A second process, of another image: after a crash it is re-driven
-    // after the first, whose start takes 3 s again.
-    let second = push(&weir, &guest("hello")).await;
-    let r = call(&weir, "POST", &format!("/r/owner/spawn/{second}"), b"").await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    let mut journaled = [image.clone(), second.clone()];
-    journaled.sort();
-
-    // With the server running, the CLI does not sweep its store: it names
-    // the server and where to sweep instead, and removes nothing.
-    let pushed = images(&data, &["push", guest("cmdprobe").to_str().unwrap()]);
-    assert!(
-        pushed.status.success(),
-        "the store is shared with a running server"
-    );
-    let orphan = String::from_utf8_lossy(&pushed.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string();
-    let out = images(&data, &["sweep"]);
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains(&format!("is in use by another weir (pid {})", weir.pid()))
-            && stderr.contains("sweep through its admin address instead (POST /images/sweep)"),
-        "{stderr}"
-    );
-    assert!(out.stdout.is_empty(), "nothing swept");
-
-    // Down after a crash, the journal names the image: spared for recovery.
-    // Only databases with a launch mark are opened: an unmarked file that
-    // is not even a database is not read, while a marked one that cannot
-    // be read stops the sweep, since what it names cannot be known.
-    kill(weir);
-    // Nor does `rm` remove what a journal names, with the others asked
-    // for in the same command (all or nothing).
-    let out = images(&data, &["rm", &orphan, &second]);
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        stderr.trim_end(),
-        format!(
-            "weir: image {second} is in use: the launch journal of actor runner/owner names it (the server's next start runs its process again); nothing was removed"
-        )
-    );
-    assert!(out.stdout.is_empty(), "nothing removed");
-    // The list says why.
-    let listed = common::stdout_of(images(&data, &["list"]));
-    for digest in &journaled {
-        assert!(
-            listed
-                .lines()
-                .any(|l| l.starts_with(digest.as_str())
-                    && l.ends_with("  journaled by runner/owner")),
-            "{listed}"
-        );
-    }
-    let class_dir = data.join("actors").join("runner");
-    let garbage = class_dir.join("garbage.sqlite3");
-    std::fs::write(&garbage, b"not a database, and no launch mark").unwrap();
-    let mark = class_dir.join("garbage.sqlite3-launches");
-    std::fs::write(&mark, b"").unwrap();
-    let out = images(&data, &["sweep"]);
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.starts_with("weir: cannot read the launch journal of actor runner/garbage: ")
-            && stderr.trim_end().ends_with("; nothing was swept"),
-        "the actor named as operators name it: {stderr}"
-    );
-    assert!(out.stdout.is_empty(), "nothing swept");
-    std::fs::remove_file(&mark).unwrap();
-    let kept = format!(
-        "{}  kept (a launch journal names it)\n{}  kept (a launch journal names it)\n",
-        journaled[0], journaled[1]
-    );
-    let out = images(&data, &["sweep", "--dry-run"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        format!("{orphan}  would be removed\n{kept}")
-    );
-    assert!(
-        String::from_utf8_lossy(&out.stderr).ends_with("(nothing was removed)\n"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = images(&data, &["sweep"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        stdout,
-        format!("{orphan}  removed\n{kept}"),
-        "the dry run kept it"
-    );
-    std::fs::remove_file(&garbage).unwrap();
-    // Swept through the server the moment it serves: recovery holds both
-    // images already, the second's while the first's start still runs.
-    let weir = serve(&data, &["event_limit_ms=10000"]);
-    let swept = admin_sweep(&weir).await;
-    assert_eq!(swept["removed"], serde_json::json!([]), "{swept}");
-    assert_eq!(swept["rooted"], serde_json::json!(journaled), "{swept}");
-    let mut running: Vec<String> = wait_running(&weir, 2)
-        .await
-        .iter()
-        .map(|p| p["image"].as_str().unwrap().to_string())
-        .collect();
-    running.sort();
-    assert_eq!(running, journaled, "both came back");
-    kill(weir);
     let _ = std::fs::remove_dir_all(&data);
 }
 

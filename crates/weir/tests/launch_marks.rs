@@ -9,17 +9,12 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::programs::{call, push_image, serve_runner};
+use common::programs::{call, kill, push_image, serve_runner, wait_running};
 use common::{Weir, guest};
 use serde_json::Value;
 
 fn data_dir(name: &str) -> PathBuf {
     weir_scratch::dir(&format!("marks-{name}"))
-}
-
-fn kill(mut weir: Weir) {
-    weir.signal("KILL");
-    weir.wait_exit(Duration::from_secs(10));
 }
 
 fn mark(data: &Path, owner: &str) -> PathBuf {
@@ -28,23 +23,6 @@ fn mark(data: &Path, owner: &str) -> PathBuf {
 
 fn marks_kept(data: &Path) -> PathBuf {
     data.join("actors/.launch-marks")
-}
-
-/// Waits (at most a minute) until the running processes are `n`, and
-/// returns them.
-async fn wait_running(weir: &Weir, n: usize) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let now = weir.admin_get("/processes").await.json()["processes"]
-            .as_array()
-            .unwrap()
-            .clone();
-        if now.len() == n {
-            return now;
-        }
-        assert!(Instant::now() < deadline, "not {n} processes: {now:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn spawn(weir: &Weir, owner: &str, image: &str) -> u64 {

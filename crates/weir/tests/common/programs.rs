@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
+use serde_json::Value;
 
 use super::{Resp, Weir, exit_within, guest, send_to, weir_command};
 
@@ -249,4 +250,86 @@ impl Drop for Owners {
             let _ = std::fs::remove_dir_all(&self.data);
         }
     }
+}
+
+/// Ends the server at once (`SIGKILL`), as a crash would.
+pub fn kill(mut weir: Weir) {
+    weir.signal("KILL");
+    weir.wait_exit(Duration::from_secs(10));
+}
+
+/// The running processes, as the admin address lists them.
+pub async fn running(weir: &Weir) -> Vec<Value> {
+    weir.admin_get("/processes").await.json()["processes"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// Waits (at most a minute) until `n` processes run, asking only the admin
+/// address: nothing reaches the app or its owner.
+pub async fn wait_running(weir: &Weir, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = running(weir).await;
+        if now.len() == n {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} processes did not come up: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Starts a spawn of `image` for `owner` over its durable slot `app` whose
+/// start takes 3 s, and returns once that start began: the request's
+/// answer, to come.
+pub async fn spawn_slowly(weir: &Weir, data: &Path, image: &str) -> tokio::task::JoinHandle<Resp> {
+    let (addr, path) = (
+        weir.addr,
+        format!("/r/owner/spawn/{image}?slot=app&durable=1&start=slow"),
+    );
+    let spawning = tokio::spawn(async move {
+        let req = Request::post(path)
+            .header("host", addr.to_string())
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        send_to(addr, req).await
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while starts(data) < 1 {
+        assert!(Instant::now() < deadline, "the start did not begin");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    spawning
+}
+
+/// Spawns a process for `owner` whose start sleeps 3 s when it is a
+/// re-drive (it finds its durable slot `app` written by an earlier start).
+pub async fn spawn_slow_redrive(weir: &Weir, image: &str) {
+    let spawned = call(
+        weir,
+        "POST",
+        &format!("/r/owner/spawn/{image}?slot=app&durable=1&start=slow-redrive"),
+        b"",
+    )
+    .await;
+    assert_eq!(spawned.status, 200, "{}", spawned.text());
+}
+
+/// How often the program's `start` ran over the owner's durable slot `app`
+/// (it appends a line each time).
+pub fn starts(data: &Path) -> usize {
+    let slots = data.join("slots/durable/runner");
+    let Ok(owners) = std::fs::read_dir(&slots) else {
+        return 0;
+    };
+    owners
+        .flatten()
+        .map(|o| o.path().join("app/starts.log"))
+        .filter_map(|log| std::fs::read_to_string(log).ok())
+        .map(|text| text.lines().count())
+        .sum()
 }
