@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use wasmtime::component::{ComponentType, Lower};
 use weir_actors::{ActorHost, Exclusive};
+use weir_store::actor::JournalRow;
 
 use crate::fenced_work::{self, LaunchSpec};
 use crate::host::ProgramsHost;
@@ -49,25 +50,33 @@ impl ProgramsHost {
                     continue;
                 }
             };
+            let rows = match held.storage(|db| db.journal()) {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::warn!(%owner, error = %e, "cannot read the launch journal");
+                    continue;
+                }
+            };
+            // A mark may outlive its rows (a process its owner killed in a
+            // turn): such an owner has nothing to recover.
+            if rows.is_empty() {
+                if let Err(e) = held.unmark_if_unjournaled() {
+                    tracing::warn!(%owner, error = %e, "cannot read the launch journal");
+                }
+                continue;
+            }
             // Rooted before the server serves, and until the re-drives
             // root them themselves: a sweep through the admin address
             // meanwhile spares what recovery is about to start.
-            let roots = self.root_journaled(&mut held);
+            let roots = self.root_images(&rows);
             let host = self.clone();
             tokio::spawn(async move { host.recover_owner(held, &owner, roots).await });
         }
     }
 
-    /// Roots the images the held owner's journal names (one it cannot
-    /// read, or an image that is gone, is left to the recovery, which
-    /// reports it).
-    fn root_journaled(&self, held: &mut Exclusive) -> Vec<Root> {
-        let Ok(rows) = held.storage(|db| db.journal()) else {
-            return Vec::new();
-        };
-        if rows.is_empty() {
-            return Vec::new();
-        }
+    /// Roots the images `rows` name (an image that is gone, or a store
+    /// that cannot be opened, is left to the recovery, which reports it).
+    fn root_images(&self, rows: &[JournalRow]) -> Vec<Root> {
         let Ok(loader) = self.loader() else {
             return Vec::new();
         };
@@ -78,16 +87,6 @@ impl ProgramsHost {
     }
 
     async fn recover_owner(&self, mut held: Exclusive, owner: &Owner, _roots: Vec<Root>) {
-        // A mark may outlive its rows (a process its owner killed in a
-        // turn): such an owner has nothing to recover.
-        match held.unmark_if_unjournaled() {
-            Ok(true) => return,
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!(%owner, error = %e, "cannot read the launch journal");
-                return;
-            }
-        }
         let mut told = Vec::new();
         let mut receipt = |old: u64, new: Option<u64>, image: &str, lost: Option<&str>| {
             told.push((
