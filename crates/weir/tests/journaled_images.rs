@@ -133,6 +133,21 @@ async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
         "the actor named as operators name it: {stderr}"
     );
     assert!(out.stdout.is_empty(), "nothing swept");
+    // The list still lists, and says what it cannot tell.
+    let out = images(&data, &["list"]);
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(
+            "weir: which images the launch journals name is not known: cannot read the launch journal of actor runner/garbage: "
+        ),
+        "{stderr}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        5,
+        "header, 3 images, totals"
+    );
     std::fs::remove_file(&mark).unwrap();
     let kept = format!(
         "{}  kept (a launch journal names it)\n{}  kept (a launch journal names it)\n",
