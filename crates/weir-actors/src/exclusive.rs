@@ -72,6 +72,24 @@ impl Exclusive {
         f(self.db.as_mut().expect("opened above")).map_err(storage)
     }
 
+    /// The held actor.
+    pub fn actor(&self) -> &ActorAddress {
+        &self.actor
+    }
+
+    /// Waits until what the holder wrote is durable: in cluster mode,
+    /// accepted by the cluster's database (on one machine a commit is
+    /// already).
+    pub fn durable(&self) -> impl Future<Output = Result<(), String>> + Send + 'static {
+        let gate = self.live.gate.clone();
+        async move {
+            match gate {
+                None => Ok(()),
+                Some(gate) => gate.durable().await,
+            }
+        }
+    }
+
     /// Removes the actor's launch mark if its launch journal has no rows
     /// (see `weir_store::journal`); true if it had none. Under the hold no
     /// turn can write a row meanwhile.
@@ -121,6 +139,28 @@ impl ActorHost {
             replicated: self.placement.is_some(),
             _claim: claim,
         })
+    }
+
+    /// [`ActorHost::exclusive`] with the actor's storage open for the
+    /// holder: in cluster mode a hibernated actor's replica is opened here
+    /// (made current, its handover run) as a turn would open it, so the
+    /// holder reaches it; on one machine the holder opens the database
+    /// itself. An actor with no storage is `NotFound`: none is made.
+    pub async fn hold_open(&self, class: &str, name: &str) -> Result<Exclusive, AdminError> {
+        let mut held = self.exclusive(class, name).await?;
+        if self.placement.is_some() {
+            if held.live.gate.is_none() && !self.has_storage(&held.actor) {
+                return Err(AdminError::NotFound(held.actor.clone()));
+            }
+            let cell = held._claim.cell.clone();
+            let class = cell.class.load_full();
+            let ctx = self.context(&cell, &class);
+            let mut report = crate::turn::TurnReport::default();
+            crate::turn::open_if_closed(&ctx, &mut held.live, &mut report)
+                .await
+                .map_err(AdminError::Storage)?;
+        }
+        Ok(held)
     }
 
     /// Calls `function` of `interface`, an export of the held actor's

@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use weir_runtime::extension::OutputGate;
 use weir_store::actor::{ActorDb, ActorStoreError};
+use weir_store::replica::Mirror;
 use weir_store::statement_bounds::StopCheck;
 
 use crate::error_code::TurnError;
@@ -153,15 +154,18 @@ impl TurnGate {
     }
 
     /// Hands what the database committed since the last call to the
-    /// durable half, with the actor's earliest timer after it.
+    /// durable half, with what the actor's row mirrors after it.
     fn ship(&self, db: &mut ActorDb) -> Result<(), String> {
         let Some(durable) = &self.durable else {
             return Ok(());
         };
         let log = db.take_log().map_err(|e| e.to_string())?;
         if !log.is_empty() {
-            let alarm = db.next_deadline().map_err(|e| e.to_string())?;
-            durable.ship(log, alarm);
+            let mirror = Mirror {
+                alarm: db.next_deadline().map_err(|e| e.to_string())?,
+                journaled: db.journaled().map_err(|e| e.to_string())?,
+            };
+            durable.ship(log, mirror);
         }
         Ok(())
     }
@@ -194,6 +198,24 @@ impl TurnGate {
     /// machine, where a local commit is the end of it.
     pub fn settled(&self) -> Option<BoxFuture<'static, Result<(), TurnError>>> {
         self.durable.as_ref().map(|d| d.settled())
+    }
+
+    /// Waits until everything committed so far is durable (in cluster
+    /// mode, accepted by the cluster's database; on one machine a commit
+    /// already is), saying why not.
+    pub fn durable(&self) -> impl Future<Output = Result<(), String>> + Send + 'static {
+        let settled = self.settled();
+        async move {
+            match settled {
+                None => Ok(()),
+                Some(settled) => settled.await.map_err(|e| {
+                    format!(
+                        "the actor's commits did not become durable: {}",
+                        weir_runtime::WeirError::as_str(e)
+                    )
+                }),
+            }
+        }
     }
 
     /// Calls `done` once what the turn produced may leave (at once on one

@@ -159,6 +159,9 @@ pub struct ActorHost {
     /// What the layers above keep in actors' names, let go of when an
     /// actor is deleted ([`ActorHost::keep_holdings`]).
     pub(crate) holdings: std::sync::Mutex<Vec<Arc<dyn crate::holdings::Holdings>>>,
+    /// What takes over an actor's running work where its storage opens
+    /// (cluster mode; [`ActorHost::bind_handover`]).
+    pub(crate) handover: std::sync::OnceLock<Arc<dyn crate::handover::Handover>>,
 }
 
 impl ActorHost {
@@ -196,6 +199,7 @@ impl ActorHost {
             journaled: Vec::new(),
             placement,
             holdings: std::sync::Mutex::new(Vec::new()),
+            handover: std::sync::OnceLock::new(),
         };
         let mut journaled = Vec::new();
         let mut unreadable = Vec::new();
@@ -485,6 +489,7 @@ impl ActorHost {
             alarm: class.alarm.as_ref(),
             directory: &self.directory,
             placement: self.placement.as_ref(),
+            handover: self.handover.get(),
             metrics: &class.metrics,
             next_generation: &class.next_generation,
             install: class.install.load(Ordering::Relaxed),

@@ -15,7 +15,8 @@
 //! - [`host`]: the classes and the one map of actors in memory;
 //! - [`exclusive`]: an actor held between its turns by a layer above;
 //! - [`holdings`]: what layers above keep in an actor's name, let go of
-//!   when it is deleted;
+//!   when it is deleted, and [`handover`]: what they keep running in its
+//!   name, taken over where its storage opens (cluster mode);
 //! - [`mailbox`]: calls queued for an actor and run turn after turn;
 //! - [`call_chain`]: the actors a call passes through (cycles and depth);
 //! - [`dispatcher`]: due timers delivered as alarm turns;
@@ -38,6 +39,7 @@ pub mod dispatcher;
 pub mod error_code;
 pub mod exclusive;
 pub mod gate;
+pub mod handover;
 pub mod holdings;
 pub mod host;
 pub mod limits;
@@ -60,6 +62,7 @@ pub use bindings::ActorInterfaces;
 pub use directory::{ActorDirectory, Unreadable};
 pub use error_code::{ActorErrorCode, TurnError};
 pub use exclusive::Exclusive;
+pub use handover::Handover;
 pub use holdings::Holdings;
 pub use host::{ActorClass, ActorHost};
 pub use limits::ActorLimits;

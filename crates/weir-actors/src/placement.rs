@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use weir_store::actor::ActorDb;
-use weir_store::replica::LogEntry;
+use weir_store::replica::{LogEntry, Mirror};
 
 use crate::address::ActorAddress;
 use crate::error_code::TurnError;
@@ -172,9 +172,10 @@ pub trait Placement: Send + Sync + 'static {
 
 /// The durable half of one open actor database: where its commits go.
 pub trait Durable: Send + Sync {
-    /// Takes commits, in order, and the actor's earliest timer after the
-    /// last of them, to make them durable.
-    fn ship(&self, log: Vec<LogEntry>, alarm: Option<i64>);
+    /// Takes commits, in order, and what the actor's row mirrors after the
+    /// last of them (its earliest timer, whether its launch journal has
+    /// rows), to make them durable.
+    fn ship(&self, log: Vec<LogEntry>, mirror: Mirror);
 
     /// Resolves once everything shipped so far is durable and this node
     /// may still answer for the actor.

@@ -91,6 +91,8 @@ pub struct TurnContext<'a> {
     /// Where the actor's storage is made durable beyond this process, if
     /// anywhere (cluster mode).
     pub placement: Option<&'a Arc<dyn Placement>>,
+    /// Told of each opening of the actor's storage in cluster mode.
+    pub handover: Option<&'a Arc<dyn crate::handover::Handover>>,
     pub metrics: &'a weir_runtime::metrics::AppMetrics,
     /// Numbers generations for receipts and logs (per class).
     pub next_generation: &'a std::sync::atomic::AtomicU64,
@@ -183,8 +185,10 @@ pub(crate) async fn open_storage(
     Ok(TurnGate::open(db, room, durable))
 }
 
-/// Makes sure the actor has an open database and a live generation.
-pub(crate) async fn wake(
+/// Makes sure the actor's database is open (opened anew when its commits
+/// did not all become durable), and, in cluster mode, that its handover
+/// ran on each opening before anything else of the actor does.
+pub(crate) async fn open_if_closed(
     ctx: &TurnContext<'_>,
     live: &mut Live,
     report: &mut TurnReport,
@@ -196,8 +200,24 @@ pub(crate) async fn wake(
         live.reset();
     }
     if live.gate.is_none() {
-        live.gate = Some(open_storage(ctx, report).await?);
+        let gate = open_storage(ctx, report).await?;
+        live.gate = Some(gate.clone());
+        if ctx.placement.is_some()
+            && let Some(handover) = ctx.handover
+        {
+            handover.opened(ctx.address, &gate).await;
+        }
     }
+    Ok(())
+}
+
+/// Makes sure the actor has an open database and a live generation.
+pub(crate) async fn wake(
+    ctx: &TurnContext<'_>,
+    live: &mut Live,
+    report: &mut TurnReport,
+) -> Result<(), String> {
+    open_if_closed(ctx, live, report).await?;
     if live.generation.is_some() {
         if live.install == ctx.install {
             return Ok(());

@@ -18,7 +18,7 @@ use weir_actors::{
 };
 use weir_store::Durability;
 use weir_store::actor::{ActorDb, PAGE_BYTES};
-use weir_store::replica::LogEntry;
+use weir_store::replica::{LogEntry, Mirror};
 
 use crate::envelope::Target;
 use crate::error_code::ClusterErrorCode;
@@ -52,8 +52,8 @@ pub struct ActorPlacement {
 struct ActorDurable(Shipper);
 
 impl Durable for ActorDurable {
-    fn ship(&self, log: Vec<LogEntry>, alarm: Option<i64>) {
-        self.0.ship(log, alarm);
+    fn ship(&self, log: Vec<LogEntry>, mirror: Mirror) {
+        self.0.ship(log, mirror);
     }
 
     fn settled(&self) -> BoxFuture<'static, Result<(), TurnError>> {

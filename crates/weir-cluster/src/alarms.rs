@@ -1,14 +1,18 @@
 //! Orphaned alarms: actors whose timer is due while no live node owns them
 //! (their owner died) are claimed by some live node and woken there; a
 //! node also wakes the due actors it owns but does not hold (claimed for a
-//! call whose turn never opened them).
+//! call whose turn never opened them). Owners of resident processes (their
+//! launch journal has rows) whose node died are claimed the same way, at
+//! once, and opened there, which takes their processes over.
 //!
 //! Invariant owned here: every actor's earliest timer is mirrored in its
 //! owner row by the same fenced commit that set it, so a due alarm is
 //! found whatever became of the node that set it; the claim that takes it
 //! skips rows another node is claiming at that moment (`SKIP LOCKED`), and
 //! the woken actor runs its due timers from its own restored storage, so a
-//! timer fires at least once and under the usual retry rule.
+//! timer fires at least once and under the usual retry rule; the journal
+//! flag is mirrored by the same fenced commits, so an owner whose node
+//! died is opened elsewhere within a sweep of that node's lease ending.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -42,9 +46,15 @@ pub async fn sweep(
     sweep_with(ownership, stop, move |object| {
         parse_actor_key(&object.key)
             .and_then(|(app, class, name)| {
-                actors
-                    .get(app)
-                    .map(|host| host.wake_at(class, name, object.alarm_at))
+                let host = actors.get(app)?;
+                let mut woken = Ok(());
+                if object.journaled {
+                    woken = host.take_over(class, name);
+                }
+                if let Some(at) = object.alarm_at {
+                    woken = woken.and(host.wake_at(class, name, at));
+                }
+                Some(woken)
             })
             .is_some_and(|woken| woken.is_ok())
     })
@@ -80,10 +90,15 @@ pub async fn sweep_with(
         };
         for object in due {
             ownership.adopt(&object.key, object.state, held);
-            if wake(&object) {
-                tracing::info!(key = %object.key, epoch = object.state.epoch, "claimed an actor whose owner is gone, for its due alarm");
+            let why = if object.journaled {
+                "its resident processes"
             } else {
-                tracing::warn!(key = %object.key, "claimed an orphaned alarm this node has no class for");
+                "its due alarm"
+            };
+            if wake(&object) {
+                tracing::info!(key = %object.key, epoch = object.state.epoch, why, "claimed an actor whose owner is gone");
+            } else {
+                tracing::warn!(key = %object.key, why, "claimed an orphaned actor this node has no class for");
             }
         }
     }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::coordinator::{CoordError, Coordinator, Entry, Fence, ShipBatch};
+use crate::coordinator::{CoordError, Coordinator, Entry, Fence, Mirror, ShipBatch};
 use crate::counters::{Counters, add};
 
 /// Statements in flight at once, at most: enough that a light load never
@@ -58,14 +58,14 @@ impl Committer {
         fence: Fence,
         previous: u64,
         entries: Vec<Entry>,
-        alarm: Option<i64>,
+        mirror: Mirror,
     ) -> Result<bool, CoordError> {
         let (done, answer) = oneshot::channel();
         let batch = ShipBatch {
             fence,
             previous,
             entries,
-            alarm,
+            mirror,
         };
         if self.submit.send(Submission { batch, done }).is_err() {
             return Err(CoordError::Unavailable("the committer stopped".into()));

@@ -22,6 +22,7 @@
 //! against PostgreSQL in production runs unchanged under simulated faults.
 
 use async_trait::async_trait;
+pub use weir_store::replica::Mirror;
 
 /// A node's registration: a new one at every start and after every lease
 /// that was lost.
@@ -78,14 +79,14 @@ pub struct Entry {
 }
 
 /// One object's batch of entries for one commit step: they continue from
-/// `previous` (the head its fence last had accepted), and `alarm` is the
-/// object's next alarm after the last of them.
+/// `previous` (the head its fence last had accepted), and `mirror` is what
+/// the object's row mirrors after the last of them.
 #[derive(Clone, Debug)]
 pub struct ShipBatch {
     pub fence: Fence,
     pub previous: u64,
     pub entries: Vec<Entry>,
-    pub alarm: Option<i64>,
+    pub mirror: Mirror,
 }
 
 impl ShipBatch {
@@ -161,12 +162,17 @@ pub struct History {
     pub log: Vec<(u64, Vec<u8>)>,
 }
 
-/// An object claimed because its alarm was due and its owner was gone.
+/// An object claimed because its alarm was due, or because its launch
+/// journal has rows, and its owner was gone.
 #[derive(Clone, Debug)]
 pub struct DueObject {
     pub key: String,
     pub state: ObjectState,
-    pub alarm_at: i64,
+    /// Its next alarm, if it has one (due, unless it was claimed for its
+    /// journal).
+    pub alarm_at: Option<i64>,
+    /// Its launch journal has rows: the processes it owns are owed.
+    pub journaled: bool,
 }
 
 /// Why the coordinator could not answer.
@@ -249,7 +255,9 @@ pub trait Coordinator: Send + Sync + 'static {
     /// Claims, for `session`, up to `limit` actors whose alarm is due (by
     /// the coordinator's clock) and whose owner is gone; with them, the
     /// due actors `session` owns already (their epoch unchanged), so an
-    /// alarm of an actor this node claimed but never opened fires too.
+    /// alarm of an actor this node claimed but never opened fires too;
+    /// and up to `limit` actors whose launch journal has rows and whose
+    /// owner is gone (their processes run nowhere).
     async fn claim_due(&self, session: SessionId, limit: i64)
     -> Result<Vec<DueObject>, CoordError>;
 }

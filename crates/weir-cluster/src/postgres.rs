@@ -379,6 +379,7 @@ impl Coordinator for Postgres {
         let mut heads = Vec::with_capacity(batches.len());
         let mut checksums = Vec::with_capacity(batches.len());
         let mut alarms = Vec::with_capacity(batches.len());
+        let mut journaled = Vec::with_capacity(batches.len());
         let mut bytes = Vec::with_capacity(batches.len());
         // Per entry.
         let mut entry_objects = Vec::new();
@@ -391,7 +392,8 @@ impl Coordinator for Postgres {
             previous.push(b.previous as i64);
             heads.push(last.head as i64);
             checksums.push(last.checksum as i64);
-            alarms.push(b.alarm);
+            alarms.push(b.mirror.alarm);
+            journaled.push(b.mirror.journaled);
             bytes.push(b.entries.iter().map(|e| e.ltx.len() as i64).sum::<i64>());
             for e in &b.entries {
                 entry_objects.push(b.fence.object);
@@ -408,11 +410,12 @@ impl Coordinator for Postgres {
                 .prepare_cached(
                     "WITH input AS (
                         SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[],
-                                             $5::bigint[], $6::bigint[], $7::bigint[])
-                            AS i(object, epoch, previous, head, checksum, alarm, bytes)
+                                             $5::bigint[], $6::bigint[], $7::bigint[], $12::boolean[])
+                            AS i(object, epoch, previous, head, checksum, alarm, bytes, journaled)
                      ), fence AS (
                         UPDATE weir_objects o
                         SET head = i.head, checksum = i.checksum, alarm_at = i.alarm,
+                            journaled = i.journaled,
                             log_bytes = o.log_bytes + i.bytes
                         FROM input i
                         -- `= ANY` lets the plan reach each row by its key,
@@ -448,6 +451,7 @@ impl Coordinator for Postgres {
                         &entry_objects,
                         &entry_heads,
                         &entry_ltx,
+                        &journaled,
                     ],
                 )
                 .await
@@ -589,11 +593,23 @@ impl Coordinator for Postgres {
                         ORDER BY o.alarm_at
                         LIMIT $1
                         FOR UPDATE SKIP LOCKED
+                     ), orphaned AS (
+                        -- Owners of resident processes nobody holds: due
+                        -- at once, whatever their alarm.
+                        SELECT o.id FROM weir_objects o
+                        WHERE o.journaled
+                          AND o.key LIKE 'actor/%'
+                          AND (o.owner IS NULL OR (o.owner <> $2 AND NOT EXISTS (
+                              SELECT 1 FROM weir_nodes n WHERE n.session = o.owner AND n.expires_at > now())))
+                          AND {LIVE}
+                        LIMIT $1
+                        FOR UPDATE SKIP LOCKED
                      )
                      UPDATE weir_objects o SET owner = $2,
                          epoch = CASE WHEN o.owner = $2 THEN o.epoch ELSE o.epoch + 1 END
-                     FROM due WHERE o.id = due.id
-                     RETURNING o.id, o.epoch, o.head, o.checksum, o.log_bytes, o.key, o.alarm_at"
+                     WHERE o.id IN (SELECT id FROM due UNION SELECT id FROM orphaned)
+                     RETURNING o.id, o.epoch, o.head, o.checksum, o.log_bytes, o.key, o.alarm_at,
+                         o.journaled"
                 ))
                 .await
                 .map_err(classify)?;
@@ -606,6 +622,7 @@ impl Coordinator for Postgres {
                     state: state(row, 0),
                     key: row.get(5),
                     alarm_at: row.get(6),
+                    journaled: row.get(7),
                 })
                 .collect())
         })

@@ -28,7 +28,7 @@ use tokio::sync::watch;
 
 use weir_store::replica::{LogEntry, encode_run};
 
-use crate::coordinator::{CoordError, Coordinator, Entry, Owner};
+use crate::coordinator::{CoordError, Coordinator, Entry, Mirror, Owner};
 use crate::error_code::ClusterErrorCode;
 use crate::ownership::{Owned, Ownership};
 
@@ -162,10 +162,10 @@ struct Progress {
 }
 
 struct State<C> {
-    /// Commits to ship, each with the object's next alarm after it.
-    queue: Vec<(C, Option<i64>)>,
-    /// The object's next alarm after the last queued commit.
-    alarm: Option<i64>,
+    /// Commits to ship, each with what the object's row mirrors after it.
+    queue: Vec<(C, Mirror)>,
+    /// What the row mirrors after the last queued commit.
+    mirror: Mirror,
     queued: u64,
     shipped: u64,
     failure: Option<ClusterErrorCode>,
@@ -228,7 +228,7 @@ impl<C: Commit> Shipper<C> {
                 owned,
                 state: Mutex::new(State {
                     queue: Vec::new(),
-                    alarm: None,
+                    mirror: Mirror::default(),
                     queued: head,
                     shipped: head,
                     failure: None,
@@ -251,9 +251,9 @@ impl<C: Commit> Shipper<C> {
         self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queues `commits` (continuing the last queued head) with the
-    /// object's next alarm after them.
-    pub fn ship(&self, commits: Vec<C>, alarm: Option<i64>) {
+    /// Queues `commits` (continuing the last queued head) with what the
+    /// object's row mirrors after them.
+    pub fn ship(&self, commits: Vec<C>, mirror: Mirror) {
         let Some(last) = commits.last() else { return };
         let (head, checksum, db_bytes) = (last.head(), last.checksum(), last.db_bytes());
         let start = {
@@ -262,21 +262,18 @@ impl<C: Commit> Shipper<C> {
                 return;
             }
             debug_assert_eq!(commits[0].head(), s.queued + 1, "commits continue the log");
-            // Within one call only the alarm after the last entry is
-            // known; the earlier ones get the earlier of it and the one
-            // before, so a mirrored alarm is at worst early (a wake that
-            // finds nothing due), never missing.
-            let between = match (s.alarm, alarm) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            // Within one call only the mirror after the last entry is
+            // known; the earlier ones get what is safe between it and the
+            // one before, so a mirrored alarm is at worst early (a wake
+            // that finds nothing due), never missing.
+            let between = s.mirror.either(mirror);
             let n = commits.len();
             for (i, commit) in commits.into_iter().enumerate() {
-                let after = if i + 1 == n { alarm } else { between };
+                let after = if i + 1 == n { mirror } else { between };
                 s.queue.push((commit, after));
             }
             s.queued = head;
-            s.alarm = alarm;
+            s.mirror = mirror;
             s.db_bytes = db_bytes;
             !std::mem::replace(&mut s.running, true)
         };
@@ -419,7 +416,7 @@ impl<C: Commit> Shipper<C> {
         let coordinator = self.inner.ownership.coordinator().clone();
         let ownership = self.inner.ownership.clone();
         loop {
-            let (run, alarm, previous, snapshot) = {
+            let (run, mirror, previous, snapshot) = {
                 let mut s = self.lock();
                 if s.failure.is_some() || (s.queue.is_empty() && s.snapshot.is_none()) {
                     s.running = false;
@@ -442,12 +439,12 @@ impl<C: Commit> Shipper<C> {
                     .count()
                     .max(1)
                     .min(s.queue.len());
-                let mut alarm = None;
+                let mut mirror = Mirror::default();
                 let run: Vec<C> = s
                     .queue
                     .drain(..take)
                     .map(|(commit, after)| {
-                        alarm = after;
+                        mirror = after;
                         commit
                     })
                     .collect();
@@ -456,7 +453,7 @@ impl<C: Commit> Shipper<C> {
                 } else {
                     None
                 };
-                (run, alarm, s.shipped, snapshot)
+                (run, mirror, s.shipped, snapshot)
             };
             if let Some((head, ltx)) = snapshot {
                 match coordinator.snapshot(fence, head, &ltx).await {
@@ -499,7 +496,7 @@ impl<C: Commit> Shipper<C> {
             let bytes = entry.ltx.len() as u64;
             let committed = ownership
                 .committer()
-                .commit(fence, previous, vec![entry], alarm)
+                .commit(fence, previous, vec![entry], mirror)
                 .await;
             tracing::debug!(key = %self.inner.key, commits, bytes, us = sent.elapsed().as_micros() as u64, "shipped");
             match committed {

@@ -26,7 +26,7 @@ use weir_runtime::WeirError;
 use weir_runtime::extension::{StoreCall, StoreRouter};
 use weir_runtime::sql_pool::SqlPool;
 use weir_store::kv_op::{KvAnswer, KvOp};
-use weir_store::replica::{LogEntry, SharedCapture};
+use weir_store::replica::{LogEntry, Mirror, SharedCapture};
 use weir_store::sql::{BatchError, SqlDatabase, Statement, StatementResult};
 use weir_store::statement_bounds::StopCheck;
 use weir_store::{Durability, KvStore, StoreError};
@@ -452,7 +452,7 @@ fn ship(open: &Open) -> Result<(), ClusterErrorCode> {
         return Ok(());
     };
     capture
-        .ship_with(|log: Vec<LogEntry>| open.shipper.ship(log, None))
+        .ship_with(|log: Vec<LogEntry>| open.shipper.ship(log, Mirror::default()))
         .map_err(|e| {
             tracing::error!(error = %e, "cannot capture a store's commits");
             ClusterErrorCode::StorageUnavailable

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use weir_actors::gate::TurnGate;
 use weir_actors::{ActorHost, Exclusive};
 use weir_runtime::receipt::{ReceiptSink, Terminal, write_receipt};
-use weir_store::actor::{JournalRow, PID_STRIDE};
+use weir_store::actor::{ActorDb, ActorStoreError, JournalRow, PID_STRIDE};
 
 use crate::process::{Contract, PROCESS_TARGET};
 use crate::process_table::Owner;
@@ -89,12 +89,15 @@ impl LaunchSpec {
 }
 
 /// Writes the launch's row in the owner's turn and makes it durable (the
-/// turn's writes so far commit with it: spawning is a durability barrier).
-pub fn journal_in_turn(gate: &TurnGate, pid: u64, spec: &LaunchSpec) -> Result<(), String> {
+/// turn's writes so far commit with it: spawning is a durability barrier):
+/// in cluster mode, accepted by the cluster's database, so that whichever
+/// node holds the owner next finds it.
+pub async fn journal_in_turn(gate: &TurnGate, pid: u64, spec: &LaunchSpec) -> Result<(), String> {
     let spec = spec.encode();
     gate.write(|db| db.journal_put(pid, &spec, 0))
         .map_err(|_| "the owner's turn cannot write".to_string())?;
-    gate.flush()
+    gate.flush()?;
+    gate.durable().await
 }
 
 /// Deletes a process's row in the owner's turn, durably.
@@ -121,12 +124,13 @@ impl Fence {
     }
 
     /// Deletes a process's row after it ended by itself, between the
-    /// owner's turns (detached: the owner may be in a turn right now).
+    /// owner's turns (detached: the owner may be in a turn right now; in
+    /// cluster mode a hibernated owner's storage is opened for it).
     pub fn release_later(&self, owner: &Owner, pid: u64) {
         let Some(actors) = self.actors() else { return };
         let owner = owner.clone();
         tokio::spawn(async move {
-            let deleted = match actors.exclusive(&owner.class, &owner.name).await {
+            let deleted = match actors.hold_open(&owner.class, &owner.name).await {
                 Ok(mut held) => held
                     .storage(|db| db.journal_delete(pid))
                     .and_then(|_| held.unmark_if_unjournaled())
@@ -144,6 +148,48 @@ impl Fence {
     }
 }
 
+/// Where recovery reads and writes an owner's launch journal: the owner
+/// held between its turns ([`Exclusive`]), or its storage just opened
+/// under its hold (a handover's [`TurnGate`]).
+pub trait Journal: Send {
+    /// Runs `f` on the owner's database; each statement commits on its
+    /// own unless `f` groups them in a transaction.
+    fn storage<T>(
+        &mut self,
+        f: impl FnOnce(&mut ActorDb) -> Result<T, ActorStoreError>,
+    ) -> Result<T, String>;
+
+    /// Waits until everything written is durable (in cluster mode,
+    /// accepted by the cluster's database).
+    fn durable(&self) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+impl Journal for Exclusive {
+    fn storage<T>(
+        &mut self,
+        f: impl FnOnce(&mut ActorDb) -> Result<T, ActorStoreError>,
+    ) -> Result<T, String> {
+        Exclusive::storage(self, f).map_err(|e| e.to_string())
+    }
+
+    fn durable(&self) -> impl Future<Output = Result<(), String>> + Send {
+        Exclusive::durable(self)
+    }
+}
+
+impl Journal for Arc<TurnGate> {
+    fn storage<T>(
+        &mut self,
+        f: impl FnOnce(&mut ActorDb) -> Result<T, ActorStoreError>,
+    ) -> Result<T, String> {
+        self.write_outside(f)
+    }
+
+    fn durable(&self) -> impl Future<Output = Result<(), String>> + Send {
+        TurnGate::durable(self)
+    }
+}
+
 /// What recovery decided for one owner, in one durable transaction.
 pub struct Plan {
     pub incarnation: u64,
@@ -154,29 +200,35 @@ pub struct Plan {
 }
 
 /// Adopts a fresh incarnation for the held owner and spends the re-drive
-/// of each row it will re-drive; deletes the rows it gives up. Durable
-/// before it returns.
-pub fn plan(held: &mut Exclusive) -> Result<Plan, String> {
-    held.storage(|db| {
+/// of each `owed` row it will re-drive; deletes the owed rows it gives up
+/// (a row that is not owed, of a process running here, is left alone).
+/// Durable before it returns.
+pub async fn plan(
+    journal: &mut impl Journal,
+    owed: impl Fn(&JournalRow) -> bool,
+) -> Result<Plan, String> {
+    let plan = journal.storage(|db| {
         // Durable before the plan: every row's pid is now at or below the
         // base.
         let incarnation = db.adopt_incarnation()?;
-        db.transaction(|db| plan_rows(db, incarnation))
-    })
-    .map_err(|e| e.to_string())
+        db.transaction(|db| plan_rows(db, incarnation, owed))
+    })?;
+    journal.durable().await?;
+    Ok(plan)
 }
 
 fn plan_rows(
-    db: &mut weir_store::actor::ActorDb,
+    db: &mut ActorDb,
     incarnation: u64,
-) -> Result<Plan, weir_store::actor::ActorStoreError> {
+    owed: impl Fn(&JournalRow) -> bool,
+) -> Result<Plan, ActorStoreError> {
     let base = incarnation.saturating_mul(PID_STRIDE);
     let mut plan = Plan {
         incarnation,
         redrive: Vec::new(),
         lost: Vec::new(),
     };
-    for row in db.journal()? {
+    for row in db.journal()?.into_iter().filter(|row| owed(row)) {
         let spec = LaunchSpec::decode(&row.spec);
         let why = match &spec {
             _ if row.pid == 0 || row.pid > base => None,
@@ -205,30 +257,32 @@ fn plan_rows(
 }
 
 /// Moves a re-driven row to the pid of its new process (re-drive still
-/// spent), before that process's first instruction.
-pub fn rename(held: &mut Exclusive, old: &JournalRow, new_pid: u64) -> Result<(), String> {
+/// spent), durably before that process's first instruction.
+pub async fn rename(
+    journal: &mut impl Journal,
+    old: &JournalRow,
+    new_pid: u64,
+) -> Result<(), String> {
     let (spec, attempt) = (old.spec.clone(), old.attempt + 1);
     let old_pid = old.pid;
-    held.storage(move |db| {
+    journal.storage(move |db| {
         db.transaction(|db| {
             db.journal_delete(old_pid)?;
             db.journal_put(new_pid, &spec, attempt)
         })
-    })
-    .map_err(|e| e.to_string())
+    })?;
+    journal.durable().await
 }
 
 /// The re-driven process is up: its row is a plain launch again (the next
 /// crash re-drives it once more).
-pub fn settled(held: &mut Exclusive, pid: u64, spec: &str) -> Result<(), String> {
-    held.storage(|db| db.journal_put(pid, spec, 0))
-        .map_err(|e| e.to_string())
+pub fn settled(journal: &mut impl Journal, pid: u64, spec: &str) -> Result<(), String> {
+    journal.storage(|db| db.journal_put(pid, spec, 0))
 }
 
 /// Deletes a row whose re-drive failed.
-pub fn drop_row(held: &mut Exclusive, pid: u64) -> Result<(), String> {
-    held.storage(|db| db.journal_delete(pid).map(drop))
-        .map_err(|e| e.to_string())
+pub fn drop_row(journal: &mut impl Journal, pid: u64) -> Result<(), String> {
+    journal.storage(|db| db.journal_delete(pid).map(drop))
 }
 
 /// The images every launch journal under `directory` names, each with

@@ -91,10 +91,10 @@ pub struct ProgramsConfig {
     /// Each actor class's secrets, by name, as the server's configuration
     /// gives them (what `secret-env` names resolve to).
     pub secrets: Secrets,
-    /// Why resident processes cannot be spawned on this server, if they
-    /// cannot (cluster mode: a process is held by one node's memory, and
-    /// cannot follow its owner to another yet).
-    pub spawns_refused: Option<&'static str>,
+    /// Why a resident process may not have a durable storage slot here,
+    /// if it may not (cluster mode: a slot is one node's files, and would
+    /// not follow its owner to another node).
+    pub durable_slots_refused: Option<&'static str>,
     /// Cluster mode: the images every node shares, fetched into this
     /// node's store when a turn names one it lacks.
     pub mirror: Option<Arc<ImageMirror>>,
@@ -119,6 +119,9 @@ pub struct ProgramsHost {
     pub table: Arc<ProcessTable>,
     /// Set as the server shuts down: no process starts after it.
     stopping: std::sync::atomic::AtomicBool,
+    /// Owners whose processes this node stopped because it no longer held
+    /// them (cluster mode, [`crate::handover`]).
+    pub(crate) stopped: crate::handover::Stopped,
 }
 
 /// How long a server's shutdown waits for its processes to end: a kill
@@ -144,6 +147,7 @@ impl ProgramsHost {
             fence: Arc::new(Fence::default()),
             table,
             stopping: std::sync::atomic::AtomicBool::new(false),
+            stopped: Default::default(),
         })
     }
 

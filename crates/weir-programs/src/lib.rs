@@ -21,7 +21,8 @@
 //!   [`slot_quota`] (what an owner's slots may hold on disk) and
 //!   [`slot_filesystem`] (`wasi:filesystem` for processes, counted).
 //! - [`fenced_work`]: the launch journal, and [`recovery`]: re-driving what
-//!   a crash left; [`holdings`]: what a deleted actor's processes and
+//!   a crash left; [`handover`]: in cluster mode, processes that follow
+//!   their owner from node to node; [`holdings`]: what a deleted actor's processes and
 //!   slots leave (nothing).
 //! - [`limits`], [`error_code`], [`metrics`]: the programs' own limits,
 //!   codes and metrics, set and reported like the runtime's.
@@ -33,6 +34,7 @@
 pub mod digest;
 pub mod error_code;
 pub mod fenced_work;
+pub mod handover;
 pub mod holdings;
 pub mod host;
 pub mod image_store;

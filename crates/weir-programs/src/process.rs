@@ -182,7 +182,7 @@ impl Spawn {
             requests: AtomicU64::new(0),
             memory: Arc::new(AtomicU64::new(0)),
             released_by_owner: AtomicBool::new(false),
-            stopped_with_server: AtomicBool::new(false),
+            kept: Mutex::new(None),
             ended: Mutex::new(None),
             kill,
             done,
@@ -225,8 +225,9 @@ pub struct Process {
     /// Its owner deletes its journal row itself (a kill in the owner's
     /// turn); otherwise its end does.
     released_by_owner: AtomicBool,
-    /// The server stops it as it shuts down: its journal row stays.
-    stopped_with_server: AtomicBool,
+    /// Stopped with its journal row kept (the server shuts down, or this
+    /// node no longer holds its owner): why, as its end says.
+    kept: Mutex<Option<&'static str>>,
     /// How it ended; none while it runs.
     ended: Mutex<Option<String>>,
     kill: watch::Sender<bool>,
@@ -281,8 +282,37 @@ impl Process {
     /// but its journal row stays, so the next start recovers it (by its
     /// `on_crash`), and its receipt says `stopped`.
     pub async fn stop_with_server(&self) -> bool {
-        self.stopped_with_server.store(true, Ordering::Relaxed);
+        self.stop_keeping_launch(STOPPED).await
+    }
+
+    /// Ends the process because this node no longer holds its owner (cluster
+    /// mode: the owner moved, or this node's lease lapsed): as a kill, but
+    /// its journal row stays, so that the node that holds the owner next
+    /// starts it again by its `on_crash`; its receipt says `stopped`.
+    pub async fn stop_for_handover(&self) -> bool {
+        self.stop_keeping_launch(HANDED_OVER).await
+    }
+
+    async fn stop_keeping_launch(&self, why: &'static str) -> bool {
+        self.kept
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(why);
         self.kill().await
+    }
+
+    /// True once a stop that keeps its journal row was asked for.
+    pub fn stop_asked(&self) -> bool {
+        self.kept
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    /// True when it ended stopped with its journal row kept: its launch is
+    /// owed, not over.
+    pub fn launch_kept(&self) -> bool {
+        matches!(self.ended().as_deref(), Some(STOPPED | HANDED_OVER))
     }
 
     /// Ends the process; true if it was running. Returns once its instance
@@ -326,9 +356,10 @@ impl Afterlife {
     /// killed it finds the exit settled.
     pub(crate) async fn finish(self, process: &Process, mut ended: Ended, settle: impl FnOnce()) {
         // Killed because the server stops (not failed on its own meanwhile).
-        let kept = ended.why == KILLED && process.stopped_with_server.load(Ordering::Relaxed);
-        if kept {
-            ended.why = STOPPED.to_string();
+        let kept_why = *process.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = ended.why == KILLED && kept_why.is_some();
+        if let Some(why) = kept_why.filter(|_| kept) {
+            ended.why = why.to_string();
             // Its contract marked it killed; the server's stop says why.
             *process.ended.lock().unwrap_or_else(|p| p.into_inner()) = Some(ended.why.clone());
         }
@@ -362,13 +393,17 @@ pub(crate) const KILLED: &str = "killed";
 pub(crate) const STOPPED: &str =
     "stopped: the server shut down; its launch is kept for the server's next start";
 
-/// A receipt's outcome: `killed`, `stopped` (with the server, its launch
-/// kept for the next start), `exited` (a command that ended by itself), or
+/// How a process this node stopped, because it no longer holds its owner,
+/// ended.
+pub(crate) const HANDED_OVER: &str = "stopped: this node no longer holds its owner; its launch is kept for the node that holds the owner next";
+
+/// A receipt's outcome: `killed`, `stopped` (with the server, or handed
+/// over, its launch kept), `exited` (a command that ended by itself), or
 /// `failed`.
 fn outcome(why: &str) -> &'static str {
     match why {
         KILLED => "killed",
-        STOPPED => "stopped",
+        STOPPED | HANDED_OVER => "stopped",
         _ if why.starts_with("exited") => "exited",
         _ => "failed",
     }

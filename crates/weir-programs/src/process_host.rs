@@ -46,9 +46,6 @@ impl ProgramsHost {
         spec: processes::SpawnSpec,
     ) -> Result<processes::Spawned, types::Error> {
         let seat = seat.ok_or(types::Error::NotAnActor)?;
-        if let Some(why) = self.config.spawns_refused {
-            return Err(types::Error::Failed(why.to_string()));
-        }
         if self.stopping() {
             return Err(types::Error::Failed(crate::host::SHUTTING_DOWN.to_string()));
         }
@@ -86,15 +83,21 @@ impl ProgramsHost {
             },
         };
         // A secret the class does not have refuses the spawn before
-        // anything is journaled.
+        // anything is journaled; so does a slot that could not follow
+        // its owner.
         self.secrets_for(&owner, &launch)?;
+        if let (Some(why), Some((_, true))) = (self.config.durable_slots_refused, &launch.storage) {
+            return Err(types::Error::Failed(why.to_string()));
+        }
         // Durable before the program's first instruction; a journal that
         // cannot be written refuses the spawn, and nothing starts.
-        fenced_work::journal_in_turn(&seat.gate, pid, &launch).map_err(|why| {
-            types::Error::Failed(format!(
-                "the launch journal cannot be written ({why}); nothing was started"
-            ))
-        })?;
+        fenced_work::journal_in_turn(&seat.gate, pid, &launch)
+            .await
+            .map_err(|why| {
+                types::Error::Failed(format!(
+                    "the launch journal cannot be written ({why}); nothing was started"
+                ))
+            })?;
         let deadline = scope
             .deadline()
             .unwrap_or_else(|| Instant::now() + self.config.limits.runtime.event_limit);

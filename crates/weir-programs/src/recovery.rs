@@ -3,7 +3,8 @@
 //! recovered on its own at start (what is decided, and how durably, is
 //! [`crate::fenced_work`]). The images those rows name are rooted before
 //! the server serves and until their re-drives have rooted them, so no
-//! sweep removes what recovery is about to start.
+//! sweep removes what recovery is about to start. A handover in cluster
+//! mode ([`crate::handover`]) re-drives through the same steps.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,7 +13,7 @@ use wasmtime::component::{ComponentType, Lower};
 use weir_actors::{ActorHost, Exclusive};
 use weir_store::actor::JournalRow;
 
-use crate::fenced_work::{self, LaunchSpec};
+use crate::fenced_work::{self, Journal, LaunchSpec};
 use crate::host::ProgramsHost;
 use crate::image_store::{Digest, Root};
 use crate::process_table::Owner;
@@ -30,14 +31,24 @@ pub enum RecoveryOutcome {
     Lost(String),
 }
 
+/// What the owner is told of one row: its old pid, its new one if it was
+/// started again, and how.
+pub(crate) type Told = (u64, Option<u64>, RecoveryOutcome);
+
 impl ProgramsHost {
     /// Recovers the launch journals the last run left: each owner on its
     /// own, at once, without waiting for a request (see
     /// [`crate::fenced_work`]). Binds the actor host first, and holds every
     /// such owner before it returns, so no turn of theirs runs before their
-    /// recovery: call it before serving.
+    /// recovery: call it before serving. In cluster mode nothing here is
+    /// recovered from this node's files: owners are taken over where the
+    /// cluster places them ([`crate::handover`]).
     pub async fn recover(self: &Arc<Self>, actors: &Arc<ActorHost>) {
         self.fence.connect(actors);
+        if actors.placement().is_some() {
+            self.start_handover(actors);
+            return;
+        }
         for address in actors.journaled() {
             let owner = Owner {
                 class: address.class.clone(),
@@ -76,7 +87,7 @@ impl ProgramsHost {
 
     /// Roots the images `rows` name (an image that is gone, or a store
     /// that cannot be opened, is left to the recovery, which reports it).
-    fn root_images(&self, rows: &[JournalRow]) -> Vec<Root> {
+    pub(crate) fn root_images(&self, rows: &[JournalRow]) -> Vec<Root> {
         let Ok(loader) = self.loader() else {
             return Vec::new();
         };
@@ -87,6 +98,26 @@ impl ProgramsHost {
     }
 
     async fn recover_owner(&self, mut held: Exclusive, owner: &Owner, _roots: Vec<Root>) {
+        let told = self.redrive(&mut held, owner, |_| true).await;
+        // No row left (every one lost, or its re-drive failed): the next
+        // start need not look at this owner.
+        if let Err(e) = held.unmark_if_unjournaled() {
+            tracing::warn!(%owner, error = %e, "cannot read the launch journal after recovery");
+        }
+        if let Some(actors) = self.fence.actors() {
+            tell(&actors, &mut held, told).await;
+        }
+    }
+
+    /// Re-drives the `owed` rows of `owner`'s journal by the rules of
+    /// [`crate::fenced_work`] (once, then lost), each with a receipt:
+    /// what the owner is to be told.
+    pub(crate) async fn redrive(
+        &self,
+        journal: &mut impl Journal,
+        owner: &Owner,
+        owed: impl Fn(&JournalRow) -> bool,
+    ) -> Vec<Told> {
         let mut told = Vec::new();
         let mut receipt = |old: u64, new: Option<u64>, image: &str, lost: Option<&str>| {
             told.push((
@@ -106,71 +137,68 @@ impl ProgramsHost {
                 "recovered"
             });
         };
-        let plan = match fenced_work::plan(&mut held) {
+        let plan = match fenced_work::plan(journal, owed).await {
             Ok(plan) => plan,
             Err(e) => {
                 tracing::warn!(%owner, error = %e, "cannot recover the launch journal");
-                return;
+                return told;
             }
         };
         for (row, why) in &plan.lost {
             let image = LaunchSpec::decode(&row.spec)
                 .map(|s| s.image)
                 .unwrap_or_default();
-            tracing::warn!(%owner, pid = row.pid, why, "a resident process that was running when the server last stopped is not started again");
+            tracing::warn!(%owner, pid = row.pid, why, "a resident process that was running when its server stopped is not started again");
             receipt(row.pid, None, &image, Some(why));
         }
         for (row, launch) in plan.redrive {
             let reserved = match self.table.reserve_guarded(owner, plan.incarnation) {
                 Ok(reserved) => reserved,
                 Err(e) => {
-                    let _ = fenced_work::drop_row(&mut held, row.pid);
+                    let _ = fenced_work::drop_row(journal, row.pid);
                     receipt(row.pid, None, &launch.image, Some(&e.to_string()));
                     continue;
                 }
             };
             let new_pid = reserved.reservation.pid;
-            if let Err(e) = fenced_work::rename(&mut held, &row, new_pid) {
+            if let Err(e) = fenced_work::rename(journal, &row, new_pid).await {
                 receipt(row.pid, None, &launch.image, Some(&e));
                 continue;
             }
             let deadline = Instant::now() + self.config.limits.runtime.event_limit;
             match self.launch(owner, reserved, &launch, deadline).await {
                 Ok((resident, _payload)) => {
-                    if let Err(e) = fenced_work::settled(&mut held, resident.pid, &row.spec) {
+                    if let Err(e) = fenced_work::settled(journal, resident.pid, &row.spec) {
                         tracing::warn!(%owner, pid = resident.pid, error = %e, "cannot settle a re-driven launch");
                     }
-                    tracing::info!(%owner, old_pid = row.pid, new_pid = resident.pid, "a resident process that was running when the server last stopped was started again");
+                    tracing::info!(%owner, old_pid = row.pid, new_pid = resident.pid, "a resident process that was running when its server stopped was started again");
                     receipt(row.pid, Some(resident.pid), &launch.image, None);
                 }
                 Err(e) => {
-                    let _ = fenced_work::drop_row(&mut held, new_pid);
+                    let _ = fenced_work::drop_row(journal, new_pid);
                     let why = format!("its re-drive failed: {e:?}");
                     receipt(row.pid, None, &launch.image, Some(&why));
                 }
             }
         }
-        // No row left (every one lost, or its re-drive failed): the next
-        // start need not look at this owner.
-        if let Err(e) = held.unmark_if_unjournaled() {
-            tracing::warn!(%owner, error = %e, "cannot read the launch journal after recovery");
-        }
-        // The owner hears of each, in its own turns, before any request
-        // reaches it (it is still held).
-        let Some(actors) = self.fence.actors() else {
-            return;
-        };
-        for (old, new, outcome) in told {
-            let told = actors
-                .call_export(&mut held, SUPERVISOR_EXPORT, (old, new, outcome))
-                .await;
-            match told {
-                Ok(Some(())) => {}
-                // The class does not export it: nobody to tell.
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::warn!(%owner, old_pid = old, error = %e, "the owner's supervisor.recovered failed");
-                }
+        told
+    }
+}
+
+/// The owner, held, hears of each re-drive in its own turns, before any
+/// request reaches it.
+pub(crate) async fn tell(actors: &ActorHost, held: &mut Exclusive, told: Vec<Told>) {
+    let owner = &held.actor().clone();
+    for (old, new, outcome) in told {
+        let told = actors
+            .call_export(held, SUPERVISOR_EXPORT, (old, new, outcome))
+            .await;
+        match told {
+            Ok(Some(())) => {}
+            // The class does not export it: nobody to tell.
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!(%owner, old_pid = old, error = %e, "the owner's supervisor.recovered failed");
             }
         }
     }

@@ -256,10 +256,9 @@ impl Tenant {
             receipts: shared.receipts.clone(),
             guest_log: guest_log.clone(),
             secrets: spec.secrets.clone(),
-            spawns_refused: shared
-                .cluster
-                .as_ref()
-                .map(|_| "cluster_unsupported: resident processes do not run in cluster mode yet"),
+            durable_slots_refused: shared.cluster.as_ref().map(|_| {
+                "cluster_unsupported: a durable storage slot is one node's files and would not follow its owner to another node; use an ephemeral slot, or keep the data in the actor's storage"
+            }),
             mirror: shared.image_mirror.clone(),
         });
         // Owners reach their processes at `<pid>.process.internal`.
@@ -311,7 +310,6 @@ impl Tenant {
                 .cluster
                 .as_ref()
                 .map(|c| c.actor_placement(&spec.name, shared.durability));
-            let clustered = placement.is_some();
             let host = ActorHost::new(built, directory, shared.receipts.clone(), placement)
                 .map_err(|source| ServerError::Actors {
                     dir: dir.clone(),
@@ -325,17 +323,14 @@ impl Tenant {
             let router: Arc<dyn InternalRouter> = host.clone();
             stores.routes.connect(&[router, process_router.clone()]);
             // What the durable storage slots hold counts in the room
-            // before any turn writes (none run in cluster mode).
-            if !clustered {
-                programs.open_slots().map_err(ServerError::Slots)?;
-            }
+            // before any turn writes, and a crash's ephemeral ones go.
+            programs.open_slots().map_err(ServerError::Slots)?;
             host.start();
             // Owners whose processes the last run did not see end get them
-            // back now, without waiting for a request (none run in cluster
-            // mode).
-            if !clustered {
-                programs.recover(&host).await;
-            }
+            // back now, without waiting for a request (in cluster mode,
+            // wherever the cluster places them: see
+            // `weir_programs::handover`).
+            programs.recover(&host).await;
             Some(host)
         };
         Ok(Tenant {

@@ -82,6 +82,15 @@ impl ActorDb {
             > 0)
     }
 
+    /// True when the journal has a row: what cluster mode mirrors in the
+    /// owner's row, so that live nodes take over an owner whose node died.
+    pub fn journaled(&self) -> Result<bool, ActorStoreError> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT EXISTS (SELECT 1 FROM _weir_journal)")?
+            .query_row([], |r| r.get(0))?)
+    }
+
     /// Every journal row, by pid.
     pub fn journal(&self) -> Result<Vec<JournalRow>, ActorStoreError> {
         let mut stmt = self

@@ -255,38 +255,7 @@ async fn the_internal_listener_refuses_strangers_and_guests_cannot_reach_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_does_not_run_in_cluster_mode_is_refused_by_name() {
     let pg = Postgres::start();
-    // A resident process: the spawn fails by name, and nothing runs.
-    let runner = guest("runner");
-    let class = format!("runner={}", runner.display());
-    let n1 = node_with_app(
-        &pg,
-        "n1",
-        &node_dir("refused", "n1"),
-        &runner,
-        &["--actor", &class, "--actor-route", "runner=/r"],
-    );
-    let digest = format!("sha256:{}", "0".repeat(64));
-    let r = n1
-        .send(
-            Request::post(format!("/r/owner/spawn/{digest}"))
-                .body(Full::new(Bytes::new()))
-                .unwrap(),
-        )
-        .await;
-    assert!(
-        r.status.is_client_error() || r.status.is_server_error(),
-        "{:?}",
-        r.body
-    );
-    assert!(
-        r.text()
-            .contains("cluster_unsupported: resident processes do not run in cluster mode yet"),
-        "{:?}",
-        r.body
-    );
-    let listed = n1.admin_get("/processes").await;
-    assert_eq!(listed.status, 200, "{:?}", listed.body);
-    assert!(!listed.text().contains("\"pid\""), "{}", listed.text());
+    // (A resident process's durable storage slot: `cluster_processes.rs`.)
     // A database bound past what one PostgreSQL value holds (a snapshot
     // is one): refused at start, naming the limit and the most allowed.
     let out = node_that_stops_at_start(

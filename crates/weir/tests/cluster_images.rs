@@ -8,59 +8,14 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::Weir;
-use common::cluster::{Postgres, node_dir, node_with_app};
+use common::cluster::{
+    Postgres, node_dir, placed_on, placed_on_from, runner_key as actor_key, runner_node,
+};
 use common::programs::{admin, call, cmdprobe, image_file, push as push_offline};
 use serde_json::Value;
-use weir_cluster::coordinator::NodeInfo;
-use weir_cluster::ownership::preferred;
-
-/// Node `name` serving the runner guest: its app, and its actor class
-/// `runner` at `/r/NAME/…` (`/r/NAME/run/<digest>` runs an image).
-fn runner_node(pg: &Postgres, name: &str, dir: &Path, extra: &[&str]) -> Weir {
-    let runner = common::guest("runner");
-    let actor = format!("runner={}", runner.display());
-    let mut args = vec![
-        "--actor",
-        &actor,
-        "--actor-route",
-        "runner=/r",
-        "--limit",
-        "memory_limit_bytes=33554432",
-    ];
-    args.extend_from_slice(extra);
-    node_with_app(pg, name, dir, &runner, &args)
-}
-
-fn actor_key(name: &str) -> String {
-    format!("actor/runner/runner/{name}")
-}
-
-/// A name of an actor that `node` owns while the live nodes are `nodes`
-/// (by the cluster's rendezvous placement).
-fn placed_on(node: &str, nodes: &[&str]) -> String {
-    placed_on_from(node, nodes, 0)
-}
-
-/// [`placed_on`], trying names from the `from`th on.
-fn placed_on_from(node: &str, nodes: &[&str], from: usize) -> String {
-    let live: Vec<NodeInfo> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, name)| NodeInfo {
-            session: i as i64,
-            name: name.to_string(),
-            address: String::new(),
-        })
-        .collect();
-    (from..)
-        .map(|i| format!("on-{node}-{i}"))
-        .find(|name| preferred(&live, &actor_key(name)).unwrap().name == node)
-        .unwrap()
-}
 
 /// Pushes cmdprobe through `node`'s admin address: the answer.
 async fn push_cmdprobe(node: &Weir) -> common::Resp {

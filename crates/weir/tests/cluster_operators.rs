@@ -226,7 +226,7 @@ async fn the_coordinators_deletion_is_fenced_and_whole() {
                     ltx: vec![1; 64],
                     checksum: 7,
                 }],
-                alarm: Some(1),
+                mirror: weir_store::replica::Mirror::alarm(Some(1)),
             };
             coord.commit_many(&[batch]).await.unwrap()[0]
         }

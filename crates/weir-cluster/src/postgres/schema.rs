@@ -37,6 +37,11 @@ CREATE TABLE IF NOT EXISTS weir_objects (
     alarm_at BIGINT
 );
 CREATE INDEX IF NOT EXISTS weir_objects_alarm ON weir_objects (alarm_at) WHERE alarm_at IS NOT NULL;
+-- Added beside the others (the version stays): an owner of resident
+-- processes, which some live node must hold. A node of an older build
+-- neither reads nor writes it.
+ALTER TABLE weir_objects ADD COLUMN IF NOT EXISTS journaled BOOLEAN NOT NULL DEFAULT false;
+CREATE INDEX IF NOT EXISTS weir_objects_journaled ON weir_objects (id) WHERE journaled;
 CREATE TABLE IF NOT EXISTS weir_log (
     object BIGINT NOT NULL,
     head BIGINT NOT NULL,

@@ -334,7 +334,7 @@ impl Cluster {
                 bytes,
                 checksum: open.state.checksum,
             }],
-            open.state.alarm,
+            weir_store::replica::Mirror::alarm(open.state.alarm),
         );
         // Now and then the object is compacted at this head, while the
         // commits up to it may still be queued and later ones join them.

@@ -191,7 +191,7 @@ impl Coordinator for Link {
         self.call(move |m| {
             batches
                 .iter()
-                .map(|b| m.commit(b.fence, b.previous, &b.entries, b.alarm))
+                .map(|b| m.commit(b.fence, b.previous, &b.entries, b.mirror.alarm))
                 .collect()
         })
         .await

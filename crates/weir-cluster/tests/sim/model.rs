@@ -464,7 +464,8 @@ impl Model {
             }
             claimed.push(DueObject {
                 state: Model::state_of(row),
-                alarm_at: row.alarm_at.unwrap(),
+                alarm_at: row.alarm_at,
+                journaled: false,
                 key,
             });
             if taken {

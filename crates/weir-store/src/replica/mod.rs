@@ -29,6 +29,39 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 pub use litetx::Checksum;
+
+/// What an object's durable row mirrors of its state after a commit, for
+/// the nodes that never opened it: its next alarm (ms since the Unix
+/// epoch), and whether its launch journal has rows (an owner of resident
+/// processes, which some node must hold while it has them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mirror {
+    pub alarm: Option<i64>,
+    pub journaled: bool,
+}
+
+impl Mirror {
+    /// Only a next alarm (objects that keep no journal).
+    pub fn alarm(alarm: Option<i64>) -> Mirror {
+        Mirror {
+            alarm,
+            journaled: false,
+        }
+    }
+
+    /// What is safe to mirror between two known states: the earlier alarm,
+    /// and a journal if either had one (at worst a wake that finds nothing
+    /// to do, never a missing one).
+    pub fn either(self, other: Mirror) -> Mirror {
+        Mirror {
+            alarm: match (self.alarm, other.alarm) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
+            journaled: self.journaled || other.journaled,
+        }
+    }
+}
 use litetx::{Encoder, Header, HeaderFlags, PageNum, PageSize, TXID};
 
 use self::wal::{WalCursor, WalError};

@@ -372,3 +372,55 @@ pub async fn until_ok(node: &Weir, method: &str, path: &str, body: &str) -> Resp
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Starts node `name` serving the runner guest: its app, and its actor
+/// class `runner` at `/r/NAME/…` (`/r/NAME/run/<digest>` runs an image,
+/// `/r/NAME/spawn/<digest>` spawns one).
+pub fn runner_node(pg: &Postgres, name: &str, dir: &Path, extra: &[&str]) -> Weir {
+    let runner = guest("runner");
+    let actor = format!("runner={}", runner.display());
+    let mut args = vec![
+        "--actor",
+        &actor,
+        "--actor-route",
+        "runner=/r",
+        "--limit",
+        "memory_limit_bytes=33554432",
+    ];
+    args.extend_from_slice(extra);
+    node_with_app(pg, name, dir, &runner, &args)
+}
+
+/// The object key of the runner class's actor `name`.
+pub fn runner_key(name: &str) -> String {
+    format!("actor/runner/runner/{name}")
+}
+
+/// A name of a runner actor that `node` owns while the live nodes are
+/// `nodes` (by the cluster's rendezvous placement).
+pub fn placed_on(node: &str, nodes: &[&str]) -> String {
+    placed_on_from(node, nodes, 0)
+}
+
+/// [`placed_on`], trying names from the `from`th on.
+pub fn placed_on_from(node: &str, nodes: &[&str], from: usize) -> String {
+    use weir_cluster::coordinator::NodeInfo;
+    let live: Vec<NodeInfo> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, name)| NodeInfo {
+            session: i as i64,
+            name: name.to_string(),
+            address: String::new(),
+        })
+        .collect();
+    (from..)
+        .map(|i| format!("on-{node}-{i}"))
+        .find(|name| {
+            weir_cluster::ownership::preferred(&live, &runner_key(name))
+                .unwrap()
+                .name
+                == node
+        })
+        .unwrap()
+}

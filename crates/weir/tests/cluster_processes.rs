@@ -1,0 +1,215 @@
+//! Resident processes in cluster mode, from outside: real nodes on a real
+//! PostgreSQL, a real resident image spawned from an actor's turn. A
+//! process runs on the node that holds its owner; when that node dies or
+//! stops, the node that holds the owner next starts it again, once, with
+//! no call arriving; a process its owner killed stays dead; a node that
+//! loses the database stops its processes before anyone else may start
+//! them; and a durable storage slot, which could not follow its owner, is
+//! refused by name.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Weir;
+use common::cluster::{Postgres, node_dir, placed_on, runner_key, runner_node};
+use common::programs::{call, push_image, running, wait_running};
+use serde_json::Value;
+
+/// Spawns the resident server for `owner` through `node`: its pid.
+async fn spawn(node: &Weir, owner: &str, image: &str, query: &str) -> u64 {
+    let spawned = call(
+        node,
+        "POST",
+        &format!("/r/{owner}/spawn/{image}?{query}"),
+        b"",
+    )
+    .await;
+    assert_eq!(spawned.status, 200, "{}", spawned.text());
+    spawned.json()["pid"].as_u64().unwrap()
+}
+
+/// What the owner's row in the cluster's database says of its journal.
+fn journaled(pg: &Postgres, owner: &str) -> String {
+    pg.psql(
+        "weir",
+        &format!(
+            "SELECT journaled FROM weir_objects WHERE key = '{}'",
+            runner_key(owner)
+        ),
+    )
+}
+
+/// The process receipts (`weir::process`) of `node` that match `f`.
+fn process_receipts(node: &Weir, f: impl Fn(&Value) -> bool) -> Vec<Value> {
+    node.logged("weir::process")
+        .into_iter()
+        .filter(|r| f(r))
+        .collect()
+}
+
+/// Waits (at most a minute) until `node` runs `n` processes; their pids.
+async fn pids_running(node: &Weir, n: usize) -> Vec<u64> {
+    wait_running(node, n)
+        .await
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect()
+}
+
+/// Asks the process `pid` of `owner`, through `node`, how often it
+/// started: 200 when it answers.
+async fn reaches(node: &Weir, owner: &str, pid: u64) -> u16 {
+    call(node, "GET", &format!("/r/{owner}/proc/{pid}/starts"), b"")
+        .await
+        .status
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_whose_node_dies_starts_again_on_the_next_node_without_a_call() {
+    let pg = Postgres::start();
+    let mut a = runner_node(&pg, "a", &node_dir("procs-die", "a"), &[]);
+    let b = runner_node(&pg, "b", &node_dir("procs-die", "b"), &[]);
+    let image = push_image(&a, &common::guest("resident")).await;
+    let owner = placed_on("a", &["a", "b"]);
+    let pid = spawn(&a, &owner, &image, "").await;
+    assert_eq!(reaches(&a, &owner, pid).await, 200);
+    // Its launch is in the owner's row before the spawn answered.
+    assert_eq!(journaled(&pg, &owner), "t");
+    assert_eq!(
+        running(&b).await.len(),
+        0,
+        "it runs on its owner's node only"
+    );
+
+    a.signal("KILL");
+    a.wait_exit(Duration::from_secs(10));
+    // Nobody calls the owner: b claims it for its journal and starts the
+    // process again, under a new pid.
+    let started = Instant::now();
+    let back = pids_running(&b, 1).await;
+    let new_pid = back[0];
+    assert_ne!(new_pid, pid);
+    eprintln!("re-driven on b {:?} after a's SIGKILL", started.elapsed());
+    let recovered = b
+        .first_logged("weir::process", |r| r["outcome"] == "recovered")
+        .await;
+    assert_eq!(
+        (recovered["old_pid"].as_u64(), recovered["new_pid"].as_u64()),
+        (Some(pid), Some(new_pid)),
+        "{recovered}"
+    );
+    assert_eq!(pg.owner(&runner_key(&owner)).as_deref(), Some("b"));
+    // The owner reaches it through b, and the old pid is gone.
+    assert_eq!(reaches(&b, &owner, new_pid).await, 200);
+    assert_ne!(reaches(&b, &owner, pid).await, 200);
+    // Once: still one process, and one re-drive, a moment later.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(running(&b).await.len(), 1);
+    assert_eq!(
+        process_receipts(&b, |r| r["message"] == "recovery").len(),
+        1,
+        "re-driven once"
+    );
+    // The owner kills it: its row goes, and so does the row's flag.
+    let killed = call(&b, "POST", &format!("/r/{owner}/kill/{new_pid}"), b"").await;
+    assert_eq!(killed.status, 200, "{}", killed.text());
+    assert_eq!(journaled(&pg, &owner), "f");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_stops_hands_its_processes_over_and_a_killed_one_stays_dead() {
+    let pg = Postgres::start();
+    let mut a = runner_node(&pg, "a", &node_dir("procs-stop", "a"), &[]);
+    let b = runner_node(&pg, "b", &node_dir("procs-stop", "b"), &[]);
+    let image = push_image(&a, &common::guest("resident")).await;
+    let owner = placed_on("a", &["a", "b"]);
+    let kept = spawn(&a, &owner, &image, "").await;
+    let killed = spawn(&a, &owner, &image, "").await;
+    let r = call(&a, "POST", &format!("/r/{owner}/kill/{killed}"), b"").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(pids_running(&a, 1).await, [kept]);
+
+    a.signal("TERM");
+    assert!(a.wait_exit(Duration::from_secs(30)).is_some());
+    // a ended it with a receipt, its launch kept for the next node.
+    let stopped = a
+        .first_logged("weir::process", |r| r["outcome"] == "stopped")
+        .await;
+    assert_eq!(stopped["pid"], kept, "{stopped}");
+    // b starts the one that ran, and only it.
+    let back = pids_running(&b, 1).await;
+    let recovered = b
+        .first_logged("weir::process", |r| r["outcome"] == "recovered")
+        .await;
+    assert_eq!(
+        (recovered["old_pid"].as_u64(), recovered["new_pid"].as_u64()),
+        (Some(kept), Some(back[0])),
+        "{recovered}"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let recoveries = process_receipts(&b, |r| r["message"] == "recovery");
+    assert_eq!(recoveries.len(), 1, "{recoveries:#?}");
+    assert_eq!(reaches(&b, &owner, back[0]).await, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_loses_the_database_stops_its_processes_and_they_come_back_once() {
+    let mut pg = Postgres::start();
+    let a = runner_node(&pg, "a", &node_dir("procs-lapse", "a"), &[]);
+    let image = push_image(&a, &common::guest("resident")).await;
+    let owner = placed_on("a", &["a"]);
+    let pid = spawn(&a, &owner, &image, "").await;
+    // The database stops answering: the node's lease lapses by its own
+    // clock, and it stops the process before anyone else may start it.
+    pg.stop("INT");
+    let stopped = a
+        .first_logged("weir::process", |r| r["outcome"] == "stopped")
+        .await;
+    assert_eq!(stopped["pid"], pid, "{stopped}");
+    assert_eq!(
+        stopped["detail"],
+        "stopped: this node no longer holds its owner; its launch is kept for the node that holds the owner next"
+    );
+    assert_eq!(running(&a).await.len(), 0);
+    // It answers again: the process comes back, once.
+    pg.run();
+    let back = pids_running(&a, 1).await;
+    assert_ne!(back[0], pid);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(running(&a).await.len(), 1);
+    let recoveries = process_receipts(&a, |r| r["message"] == "recovery");
+    assert_eq!(recoveries.len(), 1, "{recoveries:#?}");
+    assert_eq!(recoveries[0]["old_pid"], pid);
+    assert_eq!(reaches(&a, &owner, back[0]).await, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_storage_slot_is_refused_by_name_and_nothing_runs() {
+    let pg = Postgres::start();
+    let a = runner_node(&pg, "a", &node_dir("procs-slot", "a"), &[]);
+    let image = push_image(&a, &common::guest("resident")).await;
+    let r = call(
+        &a,
+        "POST",
+        &format!("/r/owner/spawn/{image}?slot=app&durable=1"),
+        b"",
+    )
+    .await;
+    assert!(
+        r.status.is_client_error() || r.status.is_server_error(),
+        "{}",
+        r.text()
+    );
+    assert!(
+        r.text()
+            .contains("cluster_unsupported: a durable storage slot is one node's files"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(running(&a).await.len(), 0);
+    // An ephemeral slot is the node's own for the process's life: allowed.
+    let pid = spawn(&a, "owner", &image, "slot=scratch").await;
+    assert_eq!(pids_running(&a, 1).await, [pid]);
+}
