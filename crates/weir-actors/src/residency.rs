@@ -124,6 +124,9 @@ impl ActorHost {
             }
         }
         let n = evicted.len();
+        self.counters
+            .hibernations
+            .fetch_add(n as u64, Ordering::Relaxed);
         self.close_evicted(evicted);
         n
     }

@@ -213,3 +213,73 @@ async fn a_durable_storage_slot_is_refused_by_name_and_nothing_runs() {
     let pid = spawn(&a, "owner", &image, "slot=scratch").await;
     assert_eq!(pids_running(&a, 1).await, [pid]);
 }
+
+/// How many times `node`'s actors hibernated.
+async fn hibernations(node: &Weir) -> u64 {
+    node.admin_get("/actors").await.json()["status"]["hibernations"]
+        .as_u64()
+        .unwrap()
+}
+
+/// Waits (at most a minute) until `node`'s actors hibernated more than
+/// `past` times.
+async fn hibernated_past(node: &Weir, past: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = hibernations(node).await;
+        if now > past {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "no hibernation past {past}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_hibernates_and_wakes_while_its_processes_run_and_their_ends_clear_its_row() {
+    let pg = Postgres::start();
+    let a = runner_node(
+        &pg,
+        "a",
+        &node_dir("procs-idle", "a"),
+        &["--limit", "actor_idle_ms=100"],
+    );
+    let image = push_image(&a, &common::guest("resident")).await;
+    let owner = placed_on("a", &["a"]);
+    let first = spawn(&a, &owner, &image, "").await;
+    let second = spawn(&a, &owner, &image, "").await;
+    let slept = hibernated_past(&a, 0).await;
+    // Its storage opens again for a call: what runs here is not owed, and
+    // nothing starts again.
+    assert_eq!(reaches(&a, &owner, first).await, 200);
+    assert_eq!(pids_running(&a, 2).await, [first, second]);
+    assert!(
+        process_receipts(&a, |r| r["message"] == "recovery").is_empty(),
+        "nothing was re-driven"
+    );
+    // Killed from outside while the owner sleeps: each end deletes its
+    // row, its storage opened for it, and the last takes the row's flag.
+    hibernated_past(&a, slept).await;
+    for pid in [second, first] {
+        let r = a
+            .admin_send("DELETE", &format!("/processes/runner/{owner}/{pid}"))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while journaled(&pg, &owner) != "f" {
+        assert!(
+            Instant::now() < deadline,
+            "the owner's row still says it has launches"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(running(&a).await.len(), 0);
+    let launches = a.admin_get(&format!("/actors/runner/{owner}")).await;
+    assert_eq!(
+        launches.json()["launches"],
+        serde_json::json!([]),
+        "{}",
+        launches.text()
+    );
+}
