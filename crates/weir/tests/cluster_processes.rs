@@ -74,6 +74,7 @@ async fn a_process_whose_node_dies_starts_again_on_the_next_node_without_a_call(
     let image = push_image(&a, &common::guest("resident")).await;
     let owner = placed_on("a", &["a", "b"]);
     let pid = spawn(&a, &owner, &image, "").await;
+    let reported = spawn(&a, &owner, &image, "on_crash=report").await;
     assert_eq!(reaches(&a, &owner, pid).await, 200);
     // Its launch is in the owner's row before the spawn answered.
     assert_eq!(journaled(&pg, &owner), "t");
@@ -104,13 +105,33 @@ async fn a_process_whose_node_dies_starts_again_on_the_next_node_without_a_call(
     // The owner reaches it through b, and the old pid is gone.
     assert_eq!(reaches(&b, &owner, new_pid).await, 200);
     assert_ne!(reaches(&b, &owner, pid).await, 200);
-    // Once: still one process, and one re-drive, a moment later.
+    // Once: still one process, and one re-drive, a moment later; the
+    // process whose on_crash is report is reported lost, not started.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(running(&b).await.len(), 1);
+    let recoveries = process_receipts(&b, |r| r["message"] == "recovery");
+    assert_eq!(recoveries.len(), 2, "{recoveries:#?}");
+    let lost = recoveries.iter().find(|r| r["outcome"] == "lost").unwrap();
+    assert_eq!(lost["old_pid"], reported, "{lost}");
+    assert_eq!(lost["detail"], "its on_crash is report", "{lost}");
+    // The owner heard of both (the lost first), in turns of its own on b.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let told = loop {
+        let told = call(&b, "GET", &format!("/r/{owner}/recovered"), b"")
+            .await
+            .json();
+        if told.as_array().is_some_and(|t| t.len() == 2) {
+            break told;
+        }
+        assert!(Instant::now() < deadline, "the owner was not told: {told}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(
-        process_receipts(&b, |r| r["message"] == "recovery").len(),
-        1,
-        "re-driven once"
+        told,
+        serde_json::json!([
+            { "old": reported, "new": null, "outcome": "lost: its on_crash is report" },
+            { "old": pid, "new": new_pid, "outcome": "restarted" },
+        ])
     );
     // The owner kills it: its row goes, and so does the row's flag.
     let killed = call(&b, "POST", &format!("/r/{owner}/kill/{new_pid}"), b"").await;
