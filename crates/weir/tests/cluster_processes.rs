@@ -304,3 +304,38 @@ async fn an_owner_hibernates_and_wakes_while_its_processes_run_and_their_ends_cl
         launches.text()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_stops_its_process_when_it_runs_again_and_one_copy_is_left() {
+    let pg = Postgres::start();
+    let a = runner_node(&pg, "a", &node_dir("procs-pause", "a"), &[]);
+    let b = runner_node(&pg, "b", &node_dir("procs-pause", "b"), &[]);
+    let image = push_image(&a, &common::guest("resident")).await;
+    let owner = placed_on("a", &["a", "b"]);
+    let pid = spawn(&a, &owner, &image, "").await;
+    // a stops, process and all, past its lease: b takes the owner over.
+    a.signal("STOP");
+    let back = pids_running(&b, 1).await;
+    assert_ne!(back[0], pid);
+    // a runs again: its lease is over by its own clock, so it stops its
+    // copy (its launch kept, for whoever holds the owner: b does).
+    a.signal("CONT");
+    let stopped = a
+        .first_logged("weir::process", |r| r["outcome"] == "stopped")
+        .await;
+    assert_eq!(stopped["pid"], pid, "{stopped}");
+    assert_eq!(running(&a).await.len(), 0);
+    // One copy is left, b's, and nothing starts again: a does not hold
+    // the owner, and b runs what its journal names.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(running(&a).await.len(), 0);
+    assert_eq!(pids_running(&b, 1).await, back);
+    assert_eq!(
+        reaches(&a, &owner, back[0]).await,
+        200,
+        "reached through a, on b"
+    );
+    let recoveries = process_receipts(&b, |r| r["message"] == "recovery");
+    assert_eq!(recoveries.len(), 1, "{recoveries:#?}");
+    assert!(process_receipts(&a, |r| r["message"] == "recovery").is_empty());
+}
