@@ -136,6 +136,9 @@ pub struct ActorDb {
     capture: Option<Capture>,
     /// The database's page size, in bytes.
     pub(crate) page_bytes: u64,
+    /// Whether the launch journal has rows, as last learned (none: ask
+    /// the table): a replica mirrors it after every commit it ships.
+    pub(crate) journaled: Option<bool>,
 }
 
 fn guest_error(e: GuestSqlError) -> ActorStoreError {
@@ -226,6 +229,7 @@ impl ActorDb {
             commits: 0,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             capture,
+            journaled: None,
         })
     }
 

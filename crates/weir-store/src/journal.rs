@@ -70,11 +70,13 @@ impl ActorDb {
                  ON CONFLICT (pid) DO UPDATE SET spec = excluded.spec, attempt = excluded.attempt",
             )?
             .execute(rusqlite::params![pid as i64, spec, attempt])?;
+        self.journaled = Some(true);
         Ok(())
     }
 
     /// Deletes the journal row of `pid`; true if there was one.
     pub fn journal_delete(&mut self, pid: u64) -> Result<bool, ActorStoreError> {
+        self.journaled = None;
         Ok(self
             .conn
             .prepare_cached("DELETE FROM _weir_journal WHERE pid = ?1")?
@@ -84,11 +86,19 @@ impl ActorDb {
 
     /// True when the journal has a row: what cluster mode mirrors in the
     /// owner's row, so that live nodes take over an owner whose node died.
-    pub fn journaled(&self) -> Result<bool, ActorStoreError> {
-        Ok(self
+    /// Asked after every commit a replica ships, so the answer is kept
+    /// until a row is deleted or a turn rolled back (a row written says
+    /// yes by itself).
+    pub fn journaled(&mut self) -> Result<bool, ActorStoreError> {
+        if let Some(known) = self.journaled {
+            return Ok(known);
+        }
+        let journaled = self
             .conn
             .prepare_cached("SELECT EXISTS (SELECT 1 FROM _weir_journal)")?
-            .query_row([], |r| r.get(0))?)
+            .query_row([], |r| r.get(0))?;
+        self.journaled = Some(journaled);
+        Ok(journaled)
     }
 
     /// Every journal row, by pid.
@@ -106,5 +116,35 @@ impl ActorDb {
             })?
             .collect::<Result<Vec<_>, _>>()?;
         Ok(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::actor::tests::open;
+
+    #[test]
+    fn journaled_follows_rows_written_deleted_and_rolled_back() {
+        let (mut db, path) = open("journaled");
+        assert!(!db.journaled().unwrap());
+        db.journal_put(7, "{}", 0).unwrap();
+        assert!(db.journaled().unwrap());
+        db.journal_delete(7).unwrap();
+        assert!(!db.journaled().unwrap());
+        // A row a turn wrote and then rolled back is not there.
+        db.begin_turn().unwrap();
+        db.journal_put(8, "{}", 0).unwrap();
+        assert!(db.journaled().unwrap());
+        db.rollback_turn().unwrap();
+        assert!(!db.journaled().unwrap());
+        assert!(db.journal().unwrap().is_empty());
+        // One of two deleted: still journaled.
+        db.journal_put(9, "{}", 0).unwrap();
+        db.journal_put(10, "{}", 0).unwrap();
+        db.journal_delete(9).unwrap();
+        assert!(db.journaled().unwrap());
+        drop(db);
+        let _ = std::fs::remove_file(super::launch_mark(&path));
+        let _ = std::fs::remove_file(&path);
     }
 }

@@ -99,6 +99,8 @@ impl ActorDb {
     pub fn rollback_turn(&mut self) -> Result<(), ActorStoreError> {
         if self.in_turn {
             self.in_turn = false;
+            // A row the turn wrote is gone again.
+            self.journaled = None;
             self.control("ROLLBACK")?;
         }
         Ok(())
