@@ -119,6 +119,10 @@ impl ProgramsHost {
     /// its processes: held and opened (which takes it over if its storage
     /// was closed), then its owed rows re-driven (none if the opening did).
     async fn take_over_again(&self, actors: &Arc<ActorHost>, owner: &Owner) {
+        // A node that is stopping starts nothing: the next holder will.
+        if self.stopping() {
+            return;
+        }
         let mut held = match actors.hold_open(&owner.class, &owner.name).await {
             Ok(held) => held,
             Err(e) => {
@@ -145,6 +149,9 @@ impl ProgramsHost {
     /// Takes over what `owner`'s journal says is owed, its storage just
     /// opened here (`gate`) and the owner held.
     async fn opened_here(&self, owner: Owner, gate: &Arc<TurnGate>) {
+        if self.stopping() {
+            return;
+        }
         let rows = match gate.with_db(|db| db.journal()) {
             Ok(rows) => rows,
             Err(e) => {
