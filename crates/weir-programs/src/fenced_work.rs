@@ -4,7 +4,8 @@
 //! Invariants owned here:
 //! - before a process runs its first instruction, a journal row (its
 //!   launch spec, its pid, the re-drives spent on it) is committed durably
-//!   in its owner's database; a spawn whose row cannot be written is
+//!   in its owner's database (in cluster mode, accepted by the cluster's
+//!   database with the owner's storage); a spawn whose row cannot be written is
 //!   refused with the cause, and nothing starts. The row lives as long as
 //!   the process: it is deleted, durably, when the process ends — in the
 //!   owner's turn when the owner kills it (so a crash a moment later cannot
@@ -24,7 +25,9 @@
 //! - an owner is held between its turns for its whole recovery, taken
 //!   before the server serves anything: a request that arrives meanwhile
 //!   waits for its turn and then sees the re-driven process (single
-//!   flight), never boots a second copy.
+//!   flight), never boots a second copy. In cluster mode the same rules
+//!   apply wherever the owner's storage opens, to the rows of processes
+//!   not running there ([`crate::handover`]).
 
 use std::sync::{Arc, Weak};
 use std::time::SystemTime;
