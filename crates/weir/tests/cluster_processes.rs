@@ -3,9 +3,11 @@
 //! process runs on the node that holds its owner; when that node dies or
 //! stops, the node that holds the owner next starts it again, once, with
 //! no call arriving; a process its owner killed stays dead; a node that
-//! loses the database stops its processes before anyone else may start
-//! them; and a durable storage slot, which could not follow its owner, is
-//! refused by name.
+//! loses the database, or is paused past its lease, stops its processes
+//! before anyone else may start them, and starts them again itself if its
+//! lease comes back in time; an owner that hibernates and wakes restarts
+//! nothing; and a durable storage slot, which could not follow its owner,
+//! is refused by name.
 
 mod common;
 
@@ -338,4 +340,46 @@ async fn a_paused_node_stops_its_process_when_it_runs_again_and_one_copy_is_left
     let recoveries = process_receipts(&b, |r| r["message"] == "recovery");
     assert_eq!(recoveries.len(), 1, "{recoveries:#?}");
     assert!(process_receipts(&a, |r| r["message"] == "recovery").is_empty());
+}
+
+/// `node`'s cluster session, as its `/status` names it.
+async fn session(node: &Weir) -> Value {
+    node.admin_get("/status").await.json()["cluster"]["session"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_comes_back_in_time_brings_its_processes_back_on_the_same_node() {
+    let pg = Postgres::start();
+    // A lease of 20 s: the node's own end of it comes 2 s before the
+    // cluster's, room for the database to answer again in between.
+    let a = runner_node(
+        &pg,
+        "a",
+        &node_dir("procs-regain", "a"),
+        &["--limit", "cluster_lease_ms=20000"],
+    );
+    let image = push_image(&a, &common::guest("resident")).await;
+    let owner = placed_on("a", &["a"]);
+    let pid = spawn(&a, &owner, &image, "").await;
+    let before = session(&a).await;
+    assert!(before.is_i64(), "{before}");
+    // The database stops answering: by its own clock the node's lease
+    // ends, and it stops the process, its launch kept.
+    pg.freeze();
+    let stopped = a
+        .first_logged("weir::process", |r| r["outcome"] == "stopped")
+        .await;
+    assert_eq!(stopped["pid"], pid, "{stopped}");
+    // It answers again before the cluster's end of the lease: the same
+    // session goes on, and the node starts the process again itself.
+    pg.thaw();
+    let back = pids_running(&a, 1).await;
+    assert_ne!(back[0], pid);
+    assert_eq!(session(&a).await, before, "the same session held on");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(pids_running(&a, 1).await, back);
+    let recoveries = process_receipts(&a, |r| r["message"] == "recovery");
+    assert_eq!(recoveries.len(), 1, "{recoveries:#?}");
+    assert_eq!(recoveries[0]["old_pid"], pid);
+    assert_eq!(reaches(&a, &owner, back[0]).await, 200);
 }

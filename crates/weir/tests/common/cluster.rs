@@ -154,6 +154,22 @@ impl Postgres {
         self.dir.join("data")
     }
 
+    /// Freezes every process of the server (`SIGSTOP`), as a database
+    /// machine that stopped answering would; [`Postgres::thaw`] lets it
+    /// run on, its connections and time as they were.
+    pub fn freeze(&self) {
+        let pid = self.server.as_ref().expect("running").id().to_string();
+        let _ = Command::new("pkill").args(["-STOP", "-P", &pid]).status();
+        let _ = Command::new("kill").args(["-STOP", &pid]).status();
+    }
+
+    /// Lets a frozen server run on.
+    pub fn thaw(&self) {
+        let pid = self.server.as_ref().expect("running").id().to_string();
+        let _ = Command::new("kill").args(["-CONT", &pid]).status();
+        let _ = Command::new("pkill").args(["-CONT", "-P", &pid]).status();
+    }
+
     /// Starts the server (again) and waits until it answers.
     pub fn run(&mut self) {
         assert!(self.server.is_none(), "already running");
