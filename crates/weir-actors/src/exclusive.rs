@@ -218,17 +218,10 @@ impl ActorHost {
             )
             .await;
             match ended {
-                crate::turn::CallEnd::Done(()) => {
-                    match live.gate.as_ref().and_then(|g| g.settled()) {
-                        None => Ok(Some(())),
-                        Some(settled) => settled.await.map(|()| Some(())).map_err(|e| {
-                            format!(
-                                "its commits did not become durable: {}",
-                                weir_runtime::WeirError::as_str(e)
-                            )
-                        }),
-                    }
-                }
+                crate::turn::CallEnd::Done(()) => match live.gate.clone() {
+                    None => Ok(Some(())),
+                    Some(gate) => gate.durable().await.map(|()| Some(())),
+                },
                 crate::turn::CallEnd::Failed(why) | crate::turn::CallEnd::CommitFailed(why) => {
                     Err(why)
                 }
