@@ -136,6 +136,14 @@ impl Cluster {
                 })?,
         );
         let coordinator: Arc<dyn Coordinator> = postgres.clone();
+        let leasing: Arc<dyn Coordinator> = Arc::new(
+            postgres::Postgres::for_lease(&config.database).map_err(|source| {
+                ClusterError::Database {
+                    database: database.clone(),
+                    cause: source,
+                }
+            })?,
+        );
         let listener =
             internal::bind(config.listen)
                 .await
@@ -155,7 +163,7 @@ impl Cluster {
             .unwrap_or_else(|| internal_addr.to_string());
         let lease = Lease::new(&config.node, &address, config.lease);
         lease
-            .register(coordinator.as_ref(), |_| true)
+            .register(leasing.as_ref(), |_| true)
             .await
             .map_err(|source| ClusterError::Database {
                 database: database.clone(),
@@ -165,7 +173,7 @@ impl Cluster {
         let records = Arc::new(Records::default());
         let (stop, stopped) = watch::channel(false);
         let served = Arc::new(Served::new(ownership.counters().clone()));
-        let keeper = tokio::spawn(lease.clone().keep(coordinator.clone(), stopped.clone()));
+        let keeper = tokio::spawn(lease.clone().keep(leasing, stopped.clone()));
         let listening = tokio::spawn(internal::serve(
             listener,
             Secret::new(&config.secret),

@@ -5,8 +5,14 @@
 //!
 //! Invariants owned here: every statement a node sends is bounded by
 //! [`CALL_TIMEOUT`] (a hung database is an unavailable one, never a hung
-//! node); a connection error, a timeout and a server that is shutting down
-//! are all [`CoordError::Unavailable`]. The tables and their creation are
+//! node), and the server ends each statement itself after
+//! [`STATEMENT_TIMEOUT`], so none the node gave up on is left running in
+//! the database, holding its connection, its locks, and every statement
+//! sent on that connection after it; the lease's statements have a connection of
+//! their own ([`Postgres::for_lease`]), so no statement of the data's
+//! (a commit waiting on a lock) delays a renewal; a connection error, a
+//! timeout and a server that is shutting down are all
+//! [`CoordError::Unavailable`]. The tables and their creation are
 //! `schema`'s; the operators' steps (deletion, listing) `operators`'; the
 //! shared images' `images`'.
 
@@ -35,6 +41,19 @@ pub const POOL_SIZE: usize = 16;
 /// database counts as unavailable: long enough for a commit behind a slow
 /// fsync, short enough that a caller gets a named error instead of waiting.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the server runs one statement before it cancels it: half a
+/// second under [`CALL_TIMEOUT`], so a statement sent as its call began
+/// ends in the database before the node stops waiting for it, and one sent
+/// later outlives the node's wait by less than this. Without it, a
+/// statement the node gave up on (one waiting on a lock, say) would run on
+/// and hold its pooled connection, and every statement sent on that
+/// connection after it would wait behind it.
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_millis(4_500);
+
+/// Connections the lease keeps, apart from the pool: its register, renew
+/// and release statements are sent one at a time.
+pub const LEASE_POOL_SIZE: usize = 1;
 
 /// How long a new connection may take to open.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -127,11 +146,33 @@ pub fn redacted(url: &str) -> String {
 impl Postgres {
     /// Connects to the database at `url` and makes sure its schema exists.
     pub async fn connect(url: &str) -> Result<Postgres, CoordError> {
+        let postgres = Postgres::pooled(url, POOL_SIZE)?;
+        postgres.migrate().await?;
+        Ok(postgres)
+    }
+
+    /// The coordinator the node's lease uses (the schema made by
+    /// [`Postgres::connect`]): [`LEASE_POOL_SIZE`] connections of its own,
+    /// so its renewals never wait for a connection, or behind a statement,
+    /// of the actors' storage.
+    pub fn for_lease(url: &str) -> Result<Postgres, CoordError> {
+        Postgres::pooled(url, LEASE_POOL_SIZE)
+    }
+
+    /// A pool of at most `size` connections to `url` (made as they are
+    /// first needed), each with the server's [`STATEMENT_TIMEOUT`].
+    fn pooled(url: &str, size: usize) -> Result<Postgres, CoordError> {
         let mut config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| CoordError::Refused(format!("{}: {e}", redacted(url))))?;
         config.connect_timeout(CONNECT_TIMEOUT);
         config.application_name("weir");
+        let timeout = format!("-c statement_timeout={}", STATEMENT_TIMEOUT.as_millis());
+        let options = match config.get_options() {
+            Some(theirs) => format!("{theirs} {timeout}"),
+            None => timeout,
+        };
+        config.options(&options);
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -140,15 +181,13 @@ impl Postgres {
             },
         );
         let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE)
+            .max_size(size)
             .wait_timeout(Some(CALL_TIMEOUT))
             .create_timeout(Some(CONNECT_TIMEOUT))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
             .map_err(unavailable)?;
-        let postgres = Postgres { pool };
-        postgres.migrate().await?;
-        Ok(postgres)
+        Ok(Postgres { pool })
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, CoordError> {

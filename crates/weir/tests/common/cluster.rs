@@ -237,6 +237,67 @@ impl Postgres {
 
     /// Runs `sql` in `db` with psql; its unaligned output, trimmed.
     pub fn psql(&self, db: &str, sql: &str) -> String {
+        self.client().psql(db, sql)
+    }
+
+    /// A way to run psql against this server from another thread.
+    pub fn client(&self) -> Psql {
+        Psql {
+            bin: self.bin.clone(),
+            port: self.port,
+        }
+    }
+
+    /// Holds `table` of the cluster's database locked (ACCESS EXCLUSIVE)
+    /// from another session until the lock is dropped: statements that
+    /// read it wait, as on a database that is slow to answer them.
+    pub fn lock_table(&self, table: &str) -> TableLock {
+        use std::io::Write;
+        let mut session = Command::new(self.bin.join("psql"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "weir", "-d", "weir", "-q", "-v", "ON_ERROR_STOP=1"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("psql runs");
+        let stdin = session.stdin.as_mut().unwrap();
+        writeln!(stdin, "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE;").unwrap();
+        stdin.flush().unwrap();
+        let granted = format!(
+            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
+             WHERE c.relname = '{table}' AND l.mode = 'AccessExclusiveLock' AND l.granted"
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.psql("weir", &granted) != "1" {
+            assert!(Instant::now() < deadline, "{table} was not locked");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        TableLock(session)
+    }
+
+    /// The node that owns `key` now (by the database's clock), if any.
+    pub fn owner(&self, key: &str) -> Option<String> {
+        let name = self.psql(
+            "weir",
+            &format!(
+                "SELECT n.name FROM weir_objects o JOIN weir_nodes n ON n.session = o.owner \
+                 WHERE o.key = '{key}' AND n.expires_at > now()"
+            ),
+        );
+        (!name.is_empty()).then_some(name)
+    }
+}
+
+/// psql against one test's server ([`Postgres::client`]).
+#[derive(Clone)]
+pub struct Psql {
+    bin: PathBuf,
+    port: u16,
+}
+
+impl Psql {
+    /// Runs `sql` in `db`; its unaligned output, trimmed.
+    pub fn psql(&self, db: &str, sql: &str) -> String {
         let out = Command::new(self.bin.join("psql"))
             .args([
                 "-h",
@@ -256,17 +317,19 @@ impl Postgres {
         );
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
+}
 
-    /// The node that owns `key` now (by the database's clock), if any.
-    pub fn owner(&self, key: &str) -> Option<String> {
-        let name = self.psql(
-            "weir",
-            &format!(
-                "SELECT n.name FROM weir_objects o JOIN weir_nodes n ON n.session = o.owner \
-                 WHERE o.key = '{key}' AND n.expires_at > now()"
-            ),
-        );
-        (!name.is_empty()).then_some(name)
+/// A table held locked by [`Postgres::lock_table`]; dropped, the lock is
+/// released.
+pub struct TableLock(Child);
+
+impl Drop for TableLock {
+    fn drop(&mut self) {
+        use std::io::Write;
+        if let Some(mut stdin) = self.0.stdin.take() {
+            let _ = writeln!(stdin, "COMMIT;");
+        }
+        let _ = self.0.wait();
     }
 }
 
@@ -405,6 +468,11 @@ pub fn runner_node(pg: &Postgres, name: &str, dir: &Path, extra: &[&str]) -> Wei
     ];
     args.extend_from_slice(extra);
     node_with_app(pg, name, dir, &runner, &args)
+}
+
+/// `node`'s cluster session, as its `/status` names it.
+pub async fn session(node: &Weir) -> serde_json::Value {
+    node.admin_get("/status").await.json()["cluster"]["session"].clone()
 }
 
 /// The object key of the runner class's actor `name`.

@@ -1,0 +1,120 @@
+//! Cluster mode on a database that is slow to answer some statements: a
+//! table held locked by another session, as a long migration or a
+//! `VACUUM FULL` would hold it. From outside, with a real PostgreSQL and a
+//! real node: what waits on the locked table is refused by name within the
+//! statement bound, and the database itself ends each such statement by
+//! then (none is left running, holding its connection and its locks, after
+//! the node gave up on it); nothing else of the node waits with it (its
+//! lease least of all); and once the table is free everything works again.
+
+mod common;
+
+use common::cluster::{Postgres, node, node_dir, session};
+use serde_json::Value;
+
+/// More calls at once than the node keeps connections to the database
+/// (`weir_cluster::postgres::POOL_SIZE`, 16): every connection waits on
+/// the lock, and more calls wait for a connection.
+const CALLS: usize = 40;
+
+/// Puts `value` under key `k` of actor `name` through the node at `addr`.
+async fn put(addr: std::net::SocketAddr, name: &str, value: &str) -> common::Resp {
+    common::send_to(
+        addr,
+        http::Request::post(format!("/direct/{name}/put?key=k"))
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                value.to_string(),
+            )))
+            .unwrap(),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_stuck_behind_a_locked_table_are_refused_by_name_and_the_lease_holds() {
+    let pg = Postgres::start();
+    let a = node(&pg, "a", &node_dir("slow-db", "a"), &[]);
+    let r = put(a.addr, "warm", "1").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let held = session(&a).await;
+    assert!(held.is_i64(), "{held}");
+
+    // Every actor's row is locked: a first call to an actor cannot claim
+    // it, and waits, on every connection the node has.
+    let lock = pg.lock_table("weir_objects");
+    let calls: Vec<_> = (0..CALLS)
+        .map(|i| {
+            let addr = a.addr;
+            tokio::spawn(async move { put(addr, &format!("slow-{i}"), "x").await })
+        })
+        .collect();
+    // Meanwhile, how long the node's longest statement has been running,
+    // by the database's own clock.
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let longest = std::thread::spawn({
+        let (answered, psql) = (answered.clone(), pg.client());
+        move || {
+            let mut longest = 0f64;
+            let after = |at: &mut Option<std::time::Instant>| {
+                at.get_or_insert_with(std::time::Instant::now).elapsed()
+            };
+            let mut answered_at = None;
+            while !answered.load(std::sync::atomic::Ordering::Relaxed)
+                || after(&mut answered_at) < std::time::Duration::from_secs(4)
+            {
+                let running = psql.psql(
+                    "weir",
+                    "SELECT coalesce(max(extract(epoch FROM now() - query_start)), 0) \
+                     FROM pg_stat_activity WHERE application_name = 'weir' AND state = 'active'",
+                );
+                longest = longest.max(running.parse::<f64>().unwrap());
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            longest
+        }
+    });
+    let mut refused = std::collections::BTreeMap::<String, usize>::new();
+    for call in calls {
+        let r = call.await.unwrap();
+        assert_eq!(r.status, 503, "{}", r.text());
+        let code = serde_json::from_slice::<Value>(r.body.as_deref().unwrap_or_default())
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        *refused.entry(code).or_default() += 1;
+    }
+    answered.store(true, std::sync::atomic::Ordering::Relaxed);
+    let longest = longest.join().unwrap();
+    println!(
+        "refused while the table was locked: {refused:?}; the longest statement ran {longest:.2} s"
+    );
+    // The database ended each statement before the node stopped waiting
+    // for it (5 s, `weir_cluster::postgres::CALL_TIMEOUT`).
+    assert!(longest < 5.0, "a statement ran {longest} s");
+    assert_eq!(
+        refused.keys().collect::<Vec<_>>(),
+        ["storage_unavailable"],
+        "{refused:?}"
+    );
+    // The lease went on, on its own connection: the same session, and
+    // not one renewal missed.
+    assert_eq!(session(&a).await, held);
+    let lease: Vec<Value> = a
+        .logged("weir_cluster::lease")
+        .into_iter()
+        .filter(|r| r["message"] != "holding the cluster lease")
+        .collect();
+    assert!(lease.is_empty(), "{lease:#?}");
+
+    // The table is free: the same calls succeed, and what they wrote is
+    // there.
+    drop(lock);
+    for i in 0..CALLS {
+        let name = format!("slow-{i}");
+        let r = put(a.addr, &name, &format!("v{i}")).await;
+        assert_eq!(r.status, 200, "{name}: {}", r.text());
+        let r = a.get(&format!("/direct/{name}/get?key=k")).await;
+        assert_eq!((r.status.as_u16(), r.text()), (200, format!("v{i}")));
+    }
+    assert_eq!(session(&a).await, held);
+}
