@@ -8,7 +8,10 @@
 //! claim, a wake from hibernation, a reopen after a broken commit, or a
 //! layer's own [`ActorHost::hold_open`]), the bound handover runs with the
 //! storage open and the actor held, before any turn of it; the turn that
-//! opened it waits for it.
+//! opened it waits for it. An actor this node claimed for its rows alone
+//! (no call brought it) is handed to the layer, which opens it, and keeps
+//! trying while this node holds it: an opening that failed (the cluster's
+//! database slow, a disk error) must not leave the work running nowhere.
 
 use std::sync::Arc;
 
@@ -24,6 +27,12 @@ pub trait Handover: Send + Sync {
     /// `actor`'s storage just opened here (`gate`), and the actor is held:
     /// takes over what its rows say is owed and not running here.
     fn opened<'a>(&'a self, actor: &'a ActorAddress, gate: &'a Arc<TurnGate>) -> BoxFuture<'a, ()>;
+
+    /// This node claimed `actor` without a call, because its rows say
+    /// work is owed (its node died): the layer opens it here
+    /// ([`ActorHost::hold_open`], which runs [`Handover::opened`]), trying
+    /// again after a failure for as long as this node holds it.
+    fn claimed(&self, actor: ActorAddress);
 }
 
 impl ActorHost {
@@ -33,18 +42,17 @@ impl ActorHost {
         let _ = self.handover.set(handover);
     }
 
-    /// Opens the actor's storage here, in the background, so that its
-    /// handover runs without waiting for a call: how a node that claimed an
-    /// owner of work that runs nowhere (its node died) takes it over.
-    pub fn take_over(self: &Arc<Self>, class: &str, name: &str) -> Result<(), AdminError> {
+    /// Hands an actor this node claimed for its rows alone to the bound
+    /// handover ([`Handover::claimed`]), which takes its work over without
+    /// waiting for a call: how a node that claimed an owner of work that
+    /// runs nowhere (its node died) takes it over. Without a handover there
+    /// is nothing to take over.
+    pub fn take_over(&self, class: &str, name: &str) -> Result<(), AdminError> {
         let class = self.class(class)?;
         let actor = ActorAddress::new(&class.name, name)?;
-        let host = self.clone();
-        tokio::spawn(async move {
-            if let Err(e) = host.hold_open(&actor.class, &actor.name).await {
-                tracing::warn!(%actor, error = %e, "cannot take over an actor's running work");
-            }
-        });
+        if let Some(handover) = self.handover.get() {
+            handover.claimed(actor);
+        }
         Ok(())
     }
 }

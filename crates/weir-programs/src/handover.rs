@@ -19,13 +19,19 @@
 //!   soon as this node holds it again (its lease came back), without
 //!   waiting for a call; if another node holds it, that node does;
 //! - an owner whose node died is claimed by a live node (its journal is
-//!   mirrored in its cluster row) and opened there, which takes it over.
+//!   mirrored in its cluster row) and opened there, which takes it over;
+//! - a take-over that failed (the owner's storage could not be opened, or
+//!   its journal not made durable) is tried again, later each time up to
+//!   [`TAKE_OVER_RETRY_MAX`], for as long as this node holds the owner:
+//!   no failure leaves a process owed and running nowhere until a call
+//!   happens to come.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use weir_actors::gate::TurnGate;
+use weir_actors::operators::AdminError;
 use weir_actors::placement::BoxFuture;
 use weir_actors::{ActorAddress, ActorHost, Handover, Location};
 use weir_store::actor::JournalRow;
@@ -40,19 +46,114 @@ use crate::recovery::tell;
 /// other node may claim its owner.
 pub const HANDOVER_CHECK_INTERVAL: Duration = Duration::from_millis(25);
 
-/// Owners whose processes this node stopped because it no longer held
-/// them: taken over again if it holds them again.
-#[derive(Default)]
-pub struct Stopped(Mutex<HashSet<Owner>>);
+/// The wait before a failed take-over is tried again the first time:
+/// long enough that a failure that ends at once (a refused connection)
+/// is not retried in a tight loop, short enough that a blip costs its
+/// processes little. It doubles with each failure.
+pub const TAKE_OVER_RETRY_FIRST: Duration = Duration::from_millis(250);
 
-impl Stopped {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<Owner>> {
+/// The longest wait between tries of a take-over that keeps failing:
+/// the cluster's call timeout, so an owner whose storage cannot be read
+/// costs the database one attempt at a time, and its processes are back
+/// within this much of the database answering again.
+pub const TAKE_OVER_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Owners whose processes are owed a take-over on this node: stopped here
+/// because it no longer held them, claimed without a call, or whose
+/// take-over failed; each with when it is tried next.
+#[derive(Default)]
+pub struct Owed(Mutex<HashMap<Owner, Attempt>>);
+
+#[derive(Clone, Copy, Debug)]
+struct Attempt {
+    /// Not tried before this.
+    at: Instant,
+    /// The wait after this try, if it fails.
+    wait: Duration,
+    /// A take-over of it runs now.
+    running: bool,
+}
+
+impl Owed {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Owner, Attempt>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `owner` is owed a take-over, to be tried at once (kept as it is if
+    /// it already was).
+    fn owe(&self, owner: Owner) {
+        self.lock().entry(owner).or_insert(Attempt {
+            at: Instant::now(),
+            wait: TAKE_OVER_RETRY_FIRST,
+            running: false,
+        });
+    }
+
+    /// The owners whose next try is due and not running.
+    fn due(&self, now: Instant) -> Vec<Owner> {
+        self.lock()
+            .iter()
+            .filter(|(_, a)| !a.running && a.at <= now)
+            .map(|(owner, _)| owner.clone())
+            .collect()
+    }
+
+    /// Marks a try of `owner` running: false if it is no longer owed, or
+    /// a try of it already runs.
+    fn start(&self, owner: &Owner) -> bool {
+        match self.lock().get_mut(owner) {
+            Some(attempt) if !attempt.running => {
+                attempt.running = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// `owner` owes nothing more here.
+    fn done(&self, owner: &Owner) {
+        self.lock().remove(owner);
+    }
+
+    /// The running take-over of `owner` failed: it is tried again after
+    /// its wait, which doubles for the try after; that wait.
+    fn retry(&self, owner: &Owner) -> Duration {
+        let mut owed = self.lock();
+        let attempt = owed.entry(owner.clone()).or_insert(Attempt {
+            at: Instant::now(),
+            wait: TAKE_OVER_RETRY_FIRST,
+            running: true,
+        });
+        let wait = attempt.wait;
+        *attempt = Attempt {
+            at: Instant::now() + wait,
+            wait: (wait * 2).min(TAKE_OVER_RETRY_MAX),
+            running: false,
+        };
+        wait
+    }
+
+    /// A take-over of `owner` outside a try of this set (an opening a
+    /// call brought) failed: owed, tried after the first wait. An owner
+    /// already owed keeps its own next try.
+    fn owe_later(&self, owner: Owner) {
+        self.lock().entry(owner).or_insert(Attempt {
+            at: Instant::now() + TAKE_OVER_RETRY_FIRST,
+            wait: TAKE_OVER_RETRY_FIRST * 2,
+            running: false,
+        });
     }
 }
 
 fn address(owner: &Owner) -> Option<ActorAddress> {
     ActorAddress::new(&owner.class, &owner.name).ok()
+}
+
+fn owner_of(actor: &ActorAddress) -> Owner {
+    Owner {
+        class: actor.class.clone(),
+        name: actor.name.clone(),
+    }
 }
 
 impl ProgramsHost {
@@ -75,7 +176,7 @@ impl ProgramsHost {
     }
 
     /// Stops the processes whose owner this node no longer holds, and
-    /// takes over again the owners it stopped and holds again.
+    /// takes over the owners owed a take-over here whose try is due.
     async fn check_holds(self: &Arc<Self>, actors: &Arc<ActorHost>) {
         let Some(placement) = actors.placement() else {
             return;
@@ -91,49 +192,66 @@ impl ProgramsHost {
                 continue;
             }
             tracing::warn!(owner = %process.owner, pid = process.pid, "this node no longer holds the owner of a resident process; stopping it, its launch kept for the owner's next node");
-            self.stopped.lock().insert(process.owner.clone());
+            self.owed.owe(process.owner.clone());
             tokio::spawn(async move { process.stop_for_handover().await });
         }
-        let stopped: Vec<Owner> = self.stopped.lock().iter().cloned().collect();
-        for owner in stopped {
+        for owner in self.owed.due(Instant::now()) {
             let Some(actor) = address(&owner) else {
-                self.stopped.lock().remove(&owner);
+                self.owed.done(&owner);
                 continue;
             };
             // Kept while the lease is not held: the answer may yet be here.
             match placement.locate(&actor, false, true).await {
                 Ok(Location::Here) => {
-                    self.stopped.lock().remove(&owner);
-                    let (programs, actors) = (self.clone(), actors.clone());
-                    tokio::spawn(async move { programs.take_over_again(&actors, &owner).await });
+                    if self.owed.start(&owner) {
+                        let (programs, actors) = (self.clone(), actors.clone());
+                        tokio::spawn(async move { programs.take_over(&actors, &owner).await });
+                    }
                 }
-                Ok(Location::Elsewhere(_)) => {
-                    self.stopped.lock().remove(&owner);
-                }
+                // The node that holds it takes it over as it opens it.
+                Ok(Location::Elsewhere(_)) => self.owed.done(&owner),
                 Err(_) => {}
             }
         }
     }
 
-    /// Takes over `owner`, which this node holds again after it stopped
-    /// its processes: held and opened (which takes it over if its storage
-    /// was closed), then its owed rows re-driven (none if the opening did).
-    async fn take_over_again(&self, actors: &Arc<ActorHost>, owner: &Owner) {
+    /// Takes over `owner`, which this node holds and which is owed a
+    /// take-over here: held and opened (which takes it over if its storage
+    /// was closed), then its owed rows re-driven (none if the opening
+    /// did). A failure that may pass is tried again later
+    /// ([`Owed::retry`]).
+    async fn take_over(&self, actors: &Arc<ActorHost>, owner: &Owner) {
         // A node that is stopping starts nothing: the next holder will.
         if self.stopping() {
+            self.owed.done(owner);
             return;
         }
-        let mut held = match actors.hold_open(&owner.class, &owner.name).await {
-            Ok(held) => held,
-            Err(e) => {
-                tracing::warn!(%owner, error = %e, "cannot take over the resident processes of an owner held again");
-                return;
-            }
+        let taken = async {
+            let mut held =
+                actors
+                    .hold_open(&owner.class, &owner.name)
+                    .await
+                    .map_err(|e| match e {
+                        // Nothing of it here to take over, now or later.
+                        AdminError::NotFound(_)
+                        | AdminError::UnknownClass(_)
+                        | AdminError::Address(_) => None,
+                        e => Some(e.to_string()),
+                    })?;
+            let told = self
+                .redrive(&mut held, owner, |row| self.owed(owner, row))
+                .await
+                .map_err(Some)?;
+            tell(actors, &mut held, told).await;
+            Ok::<(), Option<String>>(())
         };
-        let told = self
-            .redrive(&mut held, owner, |row| self.owed(owner, row))
-            .await;
-        tell(actors, &mut held, told).await;
+        match taken.await {
+            Ok(()) | Err(None) => self.owed.done(owner),
+            Err(Some(e)) => {
+                let wait = self.owed.retry(owner);
+                tracing::warn!(%owner, error = %e, retry_in_ms = wait.as_millis() as u64, "cannot take over the resident processes of an owner this node holds; trying again");
+            }
+        }
     }
 
     /// A row is owed here unless its process runs here, or ended here by
@@ -147,7 +265,8 @@ impl ProgramsHost {
     }
 
     /// Takes over what `owner`'s journal says is owed, its storage just
-    /// opened here (`gate`) and the owner held.
+    /// opened here (`gate`) and the owner held. What fails is owed a
+    /// take-over later.
     async fn opened_here(&self, owner: Owner, gate: &Arc<TurnGate>) {
         if self.stopping() {
             return;
@@ -156,6 +275,7 @@ impl ProgramsHost {
             Ok(rows) => rows,
             Err(e) => {
                 tracing::warn!(%owner, error = %e, "cannot read the launch journal of an owner opened here");
+                self.owed.owe_later(owner);
                 return;
             }
         };
@@ -166,13 +286,23 @@ impl ProgramsHost {
         if owed.is_empty() {
             return;
         }
-        self.stopped.lock().remove(&owner);
         tracing::info!(%owner, processes = owed.len(), "taking over the resident processes of an owner opened here");
         let _roots = self.root_images(&owed);
         let mut journal = gate.clone();
-        let told = self
+        let told = match self
             .redrive(&mut journal, &owner, |row| self.owed(&owner, row))
-            .await;
+            .await
+        {
+            Ok(told) => {
+                self.owed.done(&owner);
+                told
+            }
+            Err(e) => {
+                tracing::warn!(%owner, error = %e, "cannot take over the resident processes of an owner opened here; trying again");
+                self.owed.owe_later(owner);
+                return;
+            }
+        };
         // The owner hears of it in turns of its own, once this opening's
         // turn is over.
         let (Some(actors), false) = (self.fence.actors(), told.is_empty()) else {
@@ -188,10 +318,10 @@ impl ProgramsHost {
 
 impl Handover for ProgramsHost {
     fn opened<'a>(&'a self, actor: &'a ActorAddress, gate: &'a Arc<TurnGate>) -> BoxFuture<'a, ()> {
-        let owner = Owner {
-            class: actor.class.clone(),
-            name: actor.name.clone(),
-        };
-        Box::pin(self.opened_here(owner, gate))
+        Box::pin(self.opened_here(owner_of(actor), gate))
+    }
+
+    fn claimed(&self, actor: ActorAddress) {
+        self.owed.owe(owner_of(&actor));
     }
 }

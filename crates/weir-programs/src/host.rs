@@ -119,9 +119,9 @@ pub struct ProgramsHost {
     pub table: Arc<ProcessTable>,
     /// Set as the server shuts down: no process starts after it.
     stopping: std::sync::atomic::AtomicBool,
-    /// Owners whose processes this node stopped because it no longer held
-    /// them (cluster mode, [`crate::handover`]).
-    pub(crate) stopped: crate::handover::Stopped,
+    /// Owners whose processes are owed a take-over on this node (cluster
+    /// mode, [`crate::handover`]).
+    pub(crate) owed: crate::handover::Owed,
 }
 
 /// How long a server's shutdown waits for its processes to end: a kill
@@ -147,7 +147,7 @@ impl ProgramsHost {
             fence: Arc::new(Fence::default()),
             table,
             stopping: std::sync::atomic::AtomicBool::new(false),
-            stopped: Default::default(),
+            owed: Default::default(),
         })
     }
 

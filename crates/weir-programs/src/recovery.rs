@@ -98,7 +98,13 @@ impl ProgramsHost {
     }
 
     async fn recover_owner(&self, mut held: Exclusive, owner: &Owner, _roots: Vec<Root>) {
-        let told = self.redrive(&mut held, owner, |_| true).await;
+        let told = match self.redrive(&mut held, owner, |_| true).await {
+            Ok(told) => told,
+            Err(e) => {
+                tracing::warn!(%owner, error = %e, "cannot recover the launch journal");
+                Vec::new()
+            }
+        };
         // No row left (every one lost, or its re-drive failed): the next
         // start need not look at this owner.
         if let Err(e) = held.unmark_if_unjournaled() {
@@ -111,13 +117,16 @@ impl ProgramsHost {
 
     /// Re-drives the `owed` rows of `owner`'s journal by the rules of
     /// [`crate::fenced_work`] (once, then lost), each with a receipt:
-    /// what the owner is to be told.
+    /// what the owner is to be told. An error when the plan could not be
+    /// made durable: then nothing was started, and the next try reads
+    /// the rows as the owner's storage has them (a row whose re-drive the
+    /// plan spent is lost by the rules, never started twice).
     pub(crate) async fn redrive(
         &self,
         journal: &mut impl Journal,
         owner: &Owner,
         owed: impl Fn(&JournalRow) -> bool,
-    ) -> Vec<Told> {
+    ) -> Result<Vec<Told>, String> {
         let mut told = Vec::new();
         let mut receipt = |old: u64, new: Option<u64>, image: &str, lost: Option<&str>| {
             told.push((
@@ -137,13 +146,7 @@ impl ProgramsHost {
                 "recovered"
             });
         };
-        let plan = match fenced_work::plan(journal, owed).await {
-            Ok(plan) => plan,
-            Err(e) => {
-                tracing::warn!(%owner, error = %e, "cannot recover the launch journal");
-                return told;
-            }
-        };
+        let plan = fenced_work::plan(journal, owed).await?;
         for (row, why) in &plan.lost {
             let image = LaunchSpec::decode(&row.spec)
                 .map(|s| s.image)
@@ -181,7 +184,7 @@ impl ProgramsHost {
                 }
             }
         }
-        told
+        Ok(told)
     }
 }
 

@@ -5,16 +5,17 @@
 //! no call arriving; a process its owner killed stays dead; a node that
 //! loses the database, or is paused past its lease, stops its processes
 //! before anyone else may start them, and starts them again itself if its
-//! lease comes back in time; an owner that hibernates and wakes restarts
-//! nothing; and a durable storage slot, which could not follow its owner,
-//! is refused by name.
+//! lease comes back in time; a take-over that fails (the owner's history
+//! unreadable for a while) is tried again until the process runs; an
+//! owner that hibernates and wakes restarts nothing; and a durable storage
+//! slot, which could not follow its owner, is refused by name.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::Weir;
-use common::cluster::{Postgres, node_dir, placed_on, runner_key, runner_node};
+use common::cluster::{Postgres, node_dir, placed_on, runner_key, runner_node, session};
 use common::programs::{call, push_image, running, wait_running};
 use serde_json::Value;
 
@@ -172,6 +173,82 @@ async fn a_node_that_stops_hands_its_processes_over_and_a_killed_one_stays_dead(
         "{recovered}"
     );
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    let recoveries = process_receipts(&b, |r| r["message"] == "recovery");
+    assert_eq!(recoveries.len(), 1, "{recoveries:#?}");
+    assert_eq!(reaches(&b, &owner, back[0]).await, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_that_fails_is_tried_again_until_the_process_runs() {
+    let pg = Postgres::start();
+    let mut a = runner_node(&pg, "a", &node_dir("procs-retry", "a"), &[]);
+    let b = runner_node(&pg, "b", &node_dir("procs-retry", "b"), &[]);
+    let image = push_image(&a, &common::guest("resident")).await;
+    let owner = placed_on("a", &["a", "b"]);
+    let pid = spawn(&a, &owner, &image, "").await;
+    let held = session(&b).await;
+    // The owner's history cannot be read for longer than a statement may
+    // take, and a dies: b claims the owner, and cannot open it, twice.
+    let lock = pg.lock_table("weir_log");
+    a.signal("KILL");
+    a.wait_exit(Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let failed = loop {
+        let failed: Vec<Value> = b
+            .logged("weir_programs::handover")
+            .into_iter()
+            .filter(|r| {
+                r["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("cannot take over the resident processes"))
+            })
+            .collect();
+        if failed.len() >= 2 {
+            break failed;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no two failed take-overs: {failed:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Each tried again later than the one before.
+    let waits: Vec<_> = failed[..2]
+        .iter()
+        .map(|r| r["retry_in_ms"].clone())
+        .collect();
+    assert_eq!(waits, [250, 500], "{failed:#?}");
+    assert!(
+        failed[0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("storage_unavailable")),
+        "{failed:#?}"
+    );
+    assert_eq!(pg.owner(&runner_key(&owner)).as_deref(), Some("b"));
+    assert_eq!(running(&b).await.len(), 0);
+    // Statements the node gave up on held its lease up neither: the same
+    // session throughout, never a renewal missed.
+    assert_eq!(session(&b).await, held);
+    let renewals: Vec<Value> = b
+        .logged("weir_cluster::lease")
+        .into_iter()
+        .filter(|r| r["message"] != "holding the cluster lease")
+        .collect();
+    assert!(renewals.is_empty(), "{renewals:#?}");
+    // The history is readable again: with no call to the owner, b tries
+    // again and starts the process, once.
+    drop(lock);
+    let back = pids_running(&b, 1).await;
+    let recovered = b
+        .first_logged("weir::process", |r| r["outcome"] == "recovered")
+        .await;
+    assert_eq!(
+        (recovered["old_pid"].as_u64(), recovered["new_pid"].as_u64()),
+        (Some(pid), Some(back[0])),
+        "{recovered}"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(pids_running(&b, 1).await, back);
     let recoveries = process_receipts(&b, |r| r["message"] == "recovery");
     assert_eq!(recoveries.len(), 1, "{recoveries:#?}");
     assert_eq!(reaches(&b, &owner, back[0]).await, 200);
@@ -340,11 +417,6 @@ async fn a_paused_node_stops_its_process_when_it_runs_again_and_one_copy_is_left
     let recoveries = process_receipts(&b, |r| r["message"] == "recovery");
     assert_eq!(recoveries.len(), 1, "{recoveries:#?}");
     assert!(process_receipts(&a, |r| r["message"] == "recovery").is_empty());
-}
-
-/// `node`'s cluster session, as its `/status` names it.
-async fn session(node: &Weir) -> Value {
-    node.admin_get("/status").await.json()["cluster"]["session"].clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
