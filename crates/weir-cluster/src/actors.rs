@@ -251,7 +251,7 @@ impl Placement for ActorPlacement {
                 .ownership
                 .owned(&key)
                 .ok_or(ClusterErrorCode::OwnershipLost)?;
-            let start = self.replicas.prepare(&key, path, PAGE_BYTES, owned).await?;
+            let (start, owned) = self.replicas.prepare(&key, path, PAGE_BYTES, owned).await?;
             let db = ActorDb::open_replica(path, self.durability, start).map_err(|e| {
                 tracing::error!(key, error = %e, "cannot open an actor's replica");
                 TurnError::from(ClusterErrorCode::StorageUnavailable)

@@ -2,7 +2,9 @@
 //! local copy is made exactly the state the coordinator's head names.
 //!
 //! Invariant owned here: a replica is opened only at the head its owner
-//! row holds now, with that head's checksum. The local copy is kept when
+//! row holds now, with that head's checksum: after a commit of it failed
+//! here (its answer lost, so it may have been kept all the same), the row
+//! is read again rather than trusted from memory. The local copy is kept when
 //! this node knows it is there (every commit it made on it was accepted)
 //! or when the file's checksum says so; otherwise it is rebuilt from the
 //! newest snapshot and the log after it, and a rebuild that does not end
@@ -14,6 +16,7 @@ use std::sync::Arc;
 use weir_store::replica::restore::{restore, settle};
 use weir_store::replica::{Checksum, ReplicaStart};
 
+use crate::coordinator::Owner;
 use crate::counters::add;
 use crate::error_code::ClusterErrorCode;
 use crate::ownership::{Owned, Ownership};
@@ -50,9 +53,61 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl Replicas {
-    /// Makes the local copy of `key` at `path` the state `owned` names,
-    /// and says where its history resumes.
+    /// Makes the local copy of `key` at `path` the state its owner row
+    /// names, and says where its history resumes, with the claim to open
+    /// it under (`owned`, its state read again if a commit failed since
+    /// the copy was last opened).
     pub async fn prepare(
+        &self,
+        key: &str,
+        path: &Path,
+        page_size: u32,
+        owned: Owned,
+    ) -> Result<(ReplicaStart, Owned), ClusterErrorCode> {
+        let owned = if self.records.failed(key) {
+            self.reread(key, owned).await?
+        } else {
+            owned
+        };
+        self.make_current(key, path, page_size, owned)
+            .await
+            .map(|start| (start, owned))
+    }
+
+    /// `owned` as the owner row holds it now: a commit of `key` failed
+    /// here, and its answer may be what was lost, so the head this node
+    /// last knew may be behind the row's.
+    async fn reread(&self, key: &str, owned: Owned) -> Result<Owned, ClusterErrorCode> {
+        let row = self
+            .ownership
+            .coordinator()
+            .lookup(key, owned.held.session)
+            .await
+            .map_err(|e| failed(key, "cannot read an object's row again", e))?;
+        match row {
+            Owner::Me(state) if state.epoch == owned.state.epoch => {
+                if state.head != owned.state.head {
+                    tracing::info!(
+                        key,
+                        was = owned.state.head,
+                        head = state.head,
+                        "a commit whose answer was lost had been kept"
+                    );
+                }
+                self.ownership.adopt(key, state, owned.held);
+                Ok(Owned {
+                    state,
+                    held: owned.held,
+                })
+            }
+            _ => {
+                self.ownership.lost(key);
+                Err(ClusterErrorCode::OwnershipLost)
+            }
+        }
+    }
+
+    async fn make_current(
         &self,
         key: &str,
         path: &Path,

@@ -117,6 +117,12 @@ impl Records {
             .map(|r| (r.head, r.checksum))
     }
 
+    /// True when a commit of `key` failed since its local copy was last
+    /// opened (its fate may be unknown).
+    pub fn failed(&self, key: &str) -> bool {
+        self.lock().get(key).is_some_and(|r| r.broken)
+    }
+
     /// The local copy of `key` is at `head` (opened, restored or checked).
     pub fn opened(&self, key: &str, head: u64, checksum: u64) {
         self.lock().insert(

@@ -203,7 +203,7 @@ impl StorePlacement {
             ClusterErrorCode::StorageUnavailable
         })?;
         let path = dir.join(format!("{name}.sqlite3"));
-        let start = self
+        let (start, owned) = self
             .replicas
             .prepare(&key, &path, STORE_PAGE_BYTES, owned)
             .await?;

@@ -6,6 +6,8 @@
 //! then (none is left running, holding its connection and its locks, after
 //! the node gave up on it); nothing else of the node waits with it (its
 //! lease least of all); and once the table is free everything works again.
+//! A write whose answer the database never sent in time, but which it
+//! kept, is what the next call sees.
 
 mod common;
 
@@ -117,4 +119,58 @@ async fn calls_stuck_behind_a_locked_table_are_refused_by_name_and_the_lease_hol
         assert_eq!((r.status.as_u16(), r.text()), (200, format!("v{i}")));
     }
     assert_eq!(session(&a).await, held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_kept_by_a_database_that_answered_too_late_is_what_the_next_read_sees() {
+    let pg = Postgres::start();
+    // A lease of 20 s: the database may stall for seconds and the node
+    // still hold the actor when it answers again.
+    let a = node(
+        &pg,
+        "a",
+        &node_dir("slow-db-kept", "a"),
+        &["--limit", "cluster_lease_ms=20000"],
+    );
+    let r = put(a.addr, "kept", "before").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let head = |pg: &Postgres| {
+        pg.psql(
+            "weir",
+            "SELECT head FROM weir_objects WHERE key = 'actor/gateway/probe/kept'",
+        )
+        .parse::<u64>()
+        .unwrap()
+    };
+    let before = head(&pg);
+    // The database stops answering while the write's commit is on its
+    // way: the write is refused, and the commit waits in the database's
+    // queue until it answers again, within the node's lease.
+    pg.freeze();
+    let (r, ()) = tokio::join!(put(a.addr, "kept", "after"), async {
+        tokio::time::sleep(std::time::Duration::from_secs(7)).await;
+        pg.thaw();
+    });
+    assert_eq!(r.status, 503, "{}", r.text());
+    let session_held = session(&a).await;
+    // Kept: the row's head moved past the write's.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while head(&pg) == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the write was not kept"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // The next read answers with what the database kept, not with what
+    // the node knew before the write.
+    let r = a.get("/direct/kept/get?key=k").await;
+    assert_eq!((r.status.as_u16(), r.text()), (200, "after".to_string()));
+    assert_eq!(session(&a).await, session_held);
+    let reread = a
+        .first_logged("weir_cluster::replicas", |r| {
+            r["message"] == "a commit whose answer was lost had been kept"
+        })
+        .await;
+    assert_eq!(reread["was"], before, "{reread}");
 }
