@@ -6,7 +6,10 @@
 //!   launch spec, its pid, the re-drives spent on it) is committed durably
 //!   in its owner's database (in cluster mode, accepted by the cluster's
 //!   database with the owner's storage); a spawn whose row cannot be written is
-//!   refused with the cause, and nothing starts. The row lives as long as
+//!   refused with the cause, and nothing starts. In cluster mode a row
+//!   written and not confirmed may have been kept all the same: its spawn
+//!   starts nothing, and the owner is owed a take-over that starts what
+//!   the cluster kept ([`crate::handover`]). The row lives as long as
 //!   the process: it is deleted, durably, when the process ends — in the
 //!   owner's turn when the owner kills it (so a crash a moment later cannot
 //!   bring back a process its owner saw end), after its own end otherwise.
@@ -91,16 +94,46 @@ impl LaunchSpec {
     }
 }
 
+/// Why a launch's row is not known to be durable.
+#[derive(Debug)]
+pub enum Unjournaled {
+    /// It was not written: no node will ever find it.
+    NotWritten(String),
+    /// It was written, and the cluster's database did not confirm it (it
+    /// did not answer in time, or this node's hold on the owner ended
+    /// first): it may yet be there, for the owner's next opening.
+    Unconfirmed(String),
+}
+
+impl std::fmt::Display for Unjournaled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unjournaled::NotWritten(why) => write!(
+                f,
+                "the launch journal cannot be written ({why}); nothing was started"
+            ),
+            Unjournaled::Unconfirmed(why) => write!(
+                f,
+                "the launch journal's row was not confirmed durable ({why}); nothing was started here, and if the cluster kept the row, the owner's next opening starts it once and tells the owner (supervisor.recovered)"
+            ),
+        }
+    }
+}
+
 /// Writes the launch's row in the owner's turn and makes it durable (the
 /// turn's writes so far commit with it: spawning is a durability barrier):
 /// in cluster mode, accepted by the cluster's database, so that whichever
 /// node holds the owner next finds it.
-pub async fn journal_in_turn(gate: &TurnGate, pid: u64, spec: &LaunchSpec) -> Result<(), String> {
+pub async fn journal_in_turn(
+    gate: &TurnGate,
+    pid: u64,
+    spec: &LaunchSpec,
+) -> Result<(), Unjournaled> {
     let spec = spec.encode();
     gate.write(|db| db.journal_put(pid, &spec, 0))
-        .map_err(|_| "the owner's turn cannot write".to_string())?;
-    gate.flush()?;
-    gate.durable().await
+        .map_err(|_| Unjournaled::NotWritten("the owner's turn cannot write".to_string()))?;
+    gate.flush().map_err(Unjournaled::NotWritten)?;
+    gate.durable().await.map_err(Unjournaled::Unconfirmed)
 }
 
 /// Deletes a process's row in the owner's turn, durably.

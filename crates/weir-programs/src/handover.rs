@@ -22,9 +22,10 @@
 //!   mirrored in its cluster row) and opened there, which takes it over;
 //! - a take-over that failed (the owner's storage could not be opened, or
 //!   its journal not made durable) is tried again, later each time up to
-//!   [`TAKE_OVER_RETRY_MAX`], for as long as this node holds the owner:
-//!   no failure leaves a process owed and running nowhere until a call
-//!   happens to come.
+//!   [`TAKE_OVER_RETRY_MAX`], for as long as this node holds the owner;
+//!   so is an owner whose spawn's row the cluster did not confirm (it may
+//!   hold it all the same): no failure leaves a process owed and running
+//!   nowhere until a call happens to come.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -134,9 +135,10 @@ impl Owed {
     }
 
     /// A take-over of `owner` outside a try of this set (an opening a
-    /// call brought) failed: owed, tried after the first wait. An owner
-    /// already owed keeps its own next try.
-    fn owe_later(&self, owner: Owner) {
+    /// call brought) failed, or a spawn's row may have reached the cluster
+    /// unconfirmed: owed, tried after the first wait. An owner already
+    /// owed keeps its own next try.
+    pub(crate) fn owe_later(&self, owner: Owner) {
         self.lock().entry(owner).or_insert(Attempt {
             at: Instant::now() + TAKE_OVER_RETRY_FIRST,
             wait: TAKE_OVER_RETRY_FIRST * 2,

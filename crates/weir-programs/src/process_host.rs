@@ -22,6 +22,29 @@ use crate::process_table::{Owner, Reserved};
 use crate::resident::{self, ServerCode};
 use crate::storage_slot::{MAX_SLOT_NAME_BYTES, valid_name as valid_slot_name};
 
+/// A spawn's launch row written and not yet confirmed by the cluster:
+/// dropped unconfirmed, its owner is owed a take-over
+/// ([`crate::handover`]).
+struct Unconfirmed<'a> {
+    programs: &'a ProgramsHost,
+    owner: Option<Owner>,
+}
+
+impl Unconfirmed<'_> {
+    /// The row's fate is known: nothing is owed.
+    fn confirmed(mut self) {
+        self.owner = None;
+    }
+}
+
+impl Drop for Unconfirmed<'_> {
+    fn drop(&mut self) {
+        if let Some(owner) = self.owner.take() {
+            self.programs.owed.owe_later(owner);
+        }
+    }
+}
+
 impl ProgramsHost {
     /// One `processes.spawn` of an actor's turn, counted by result.
     pub(crate) async fn spawn(
@@ -91,13 +114,21 @@ impl ProgramsHost {
         }
         // Durable before the program's first instruction; a journal that
         // cannot be written refuses the spawn, and nothing starts.
-        fenced_work::journal_in_turn(&seat.gate, pid, &launch)
-            .await
-            .map_err(|why| {
-                types::Error::Failed(format!(
-                    "the launch journal cannot be written ({why}); nothing was started"
-                ))
-            })?;
+        // In cluster mode, until the cluster confirms the row: if it does
+        // not (or the turn is cut at its deadline while it waits), the row
+        // may be there all the same, and the owner is owed a take-over as
+        // soon as this node can open it again, not when a call happens to
+        // come.
+        let unconfirmed = Unconfirmed {
+            programs: &self,
+            owner: seat.gate.replicated().then(|| owner.clone()),
+        };
+        let journaled = fenced_work::journal_in_turn(&seat.gate, pid, &launch).await;
+        match &journaled {
+            Ok(()) | Err(fenced_work::Unjournaled::NotWritten(_)) => unconfirmed.confirmed(),
+            Err(fenced_work::Unjournaled::Unconfirmed(_)) => drop(unconfirmed),
+        }
+        journaled.map_err(|e| types::Error::Failed(e.to_string()))?;
         let deadline = scope
             .deadline()
             .unwrap_or_else(|| Instant::now() + self.config.limits.runtime.event_limit);

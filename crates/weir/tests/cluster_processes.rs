@@ -455,3 +455,59 @@ async fn a_lease_that_comes_back_in_time_brings_its_processes_back_on_the_same_n
     assert_eq!(recoveries[0]["old_pid"], pid);
     assert_eq!(reaches(&a, &owner, back[0]).await, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spawn_the_database_did_not_confirm_is_started_once_if_the_database_kept_it() {
+    let pg = Postgres::start();
+    // A lease of 20 s: the database may stall for seconds and the node
+    // still hold the owner when it answers again.
+    let a = runner_node(
+        &pg,
+        "a",
+        &node_dir("procs-unconfirmed", "a"),
+        &["--limit", "cluster_lease_ms=20000"],
+    );
+    let image = push_image(&a, &common::guest("resident")).await;
+    let owner = placed_on("a", &["a"]);
+    let r = call(&a, "GET", &format!("/r/{owner}/recovered"), b"").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The database stops answering as the spawn's launch row is on its
+    // way: the spawn's turn ends at its deadline, unconfirmed, and
+    // nothing starts. The row waits in the database's queue, and is kept
+    // when it answers again.
+    pg.freeze();
+    let path = format!("/r/{owner}/spawn/{image}");
+    let (spawned, ()) = tokio::join!(call(&a, "POST", &path, b""), async {
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        pg.thaw();
+    });
+    assert_eq!(spawned.status, 503, "{}", spawned.text());
+    assert_eq!(spawned.json()["error"], "event_deadline_exceeded");
+    // With no call to the owner, the node opens it again and starts the
+    // launch the database kept, once, and tells the owner.
+    let back = pids_running(&a, 1).await;
+    assert_eq!(journaled(&pg, &owner), "t");
+    let recovered = a
+        .first_logged("weir::process", |r| r["outcome"] == "recovered")
+        .await;
+    assert_eq!(recovered["new_pid"], back[0], "{recovered}");
+    let old = recovered["old_pid"].as_u64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let told = loop {
+        let told = call(&a, "GET", &format!("/r/{owner}/recovered"), b"").await;
+        assert_eq!(told.status, 200, "{}", told.text());
+        if told.json().as_array().is_some_and(|t| !t.is_empty()) {
+            break told.json();
+        }
+        assert!(Instant::now() < deadline, "the owner was not told");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        told,
+        serde_json::json!([{ "old": old, "new": back[0], "outcome": "restarted" }])
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(pids_running(&a, 1).await, back);
+    let recoveries = process_receipts(&a, |r| r["message"] == "recovery");
+    assert_eq!(recoveries.len(), 1, "{recoveries:#?}");
+}
