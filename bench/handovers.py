@@ -16,7 +16,13 @@ killed node again (it waits for its old lease to end) before the next
 kill. What bounds the first: the dead node's lease (1 s) and the orphan
 sweep's interval (a third of the lease); printed next to them.
 
-Usage: python3 bench/handovers.py [--kills 20]
+With --owners N, N owners (each with its process) are all on the killed
+node, and the script times kill -> the first and kill -> the last of them
+running on the other node: how a mass take-over goes (each owner is
+claimed by the orphan sweep and opened, its history read from PostgreSQL,
+its process re-driven).
+
+Usage: python3 bench/handovers.py [--kills 20] [--owners 1]
 """
 
 import argparse
@@ -46,8 +52,11 @@ def start(data, pg, node):
             "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}", "--data-dir", str(data),
             "--cluster", pg.url(), "--node", node, "--cluster-listen", "127.0.0.1:0",
             "--limit", f"cluster_lease_ms={LEASE_MS}"]
-    env = dict(os.environ, WEIR_LOG="warn", WEIR_CLUSTER_SECRET=SECRET)
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    env = dict(os.environ, WEIR_LOG=os.environ.get("WEIR_LOG", "warn"), WEIR_CLUSTER_SECRET=SECRET)
+    # WEIR_BENCH_LOGS=DIR keeps each node's log there (appended across restarts).
+    logs = os.environ.get("WEIR_BENCH_LOGS")
+    err = open(Path(logs) / f"{node}.log", "a") if logs else subprocess.DEVNULL
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, env=env)
     deadline = time.monotonic() + 120
     while True:
         try:
@@ -69,12 +78,14 @@ def processes(node):
         return None
     if status != 200:
         return None
-    return [p["pid"] for p in json.loads(body)["processes"]]
+    # A pid is its owner's: (owner, pid) names a process.
+    return {(p["owner"]["name"], p["pid"]) for p in json.loads(body)["processes"]}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kills", type=int, default=20)
+    ap.add_argument("--owners", type=int, default=1)
     args = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "-p", "weir"], cwd=ROOT, check=True)
     subprocess.run(["cargo", "build", "--release", "--target", "wasm32-wasip2", "--manifest-path",
@@ -91,13 +102,16 @@ def main():
         if status not in (200, 201):
             sys.exit(f"push failed: {status} {body[:300]!r}")
         image = json.loads(body)["digest"]
-        owner = placed_on("a", ["a", "b"], "owner")
-        status, body = request(a["port"], "POST", f"/r/{owner}/spawn/{image}")
-        if status != 200:
-            sys.exit(f"spawn failed: {status} {body[:300]!r}")
-        pid = json.loads(body)["pid"]
+        owners = [placed_on("a", ["a", "b"], f"owner{i}") for i in range(args.owners)]
+        pids = set()
+        for owner in owners:
+            status, body = request(a["port"], "POST", f"/r/{owner}/spawn/{image}")
+            if status != 200:
+                sys.exit(f"spawn failed: {status} {body[:300]!r}")
+            pids.add((owner, json.loads(body)["pid"]))
+        owner = owners[0]
         rng = random.Random(7)
-        running, answering = [], []
+        running, all_running, answering = [], [], []
         for i in range(args.kills):
             time.sleep(0.2 + rng.random() * 0.8)
             holder = pg.owner(f"actor/runner/runner/{owner}")
@@ -106,31 +120,44 @@ def main():
             victim["proc"].send_signal(signal.SIGKILL)
             victim["proc"].wait()
             killed = time.monotonic()
+            first = None
             while True:
-                now = processes(other)
-                if now and now[0] != pid:
-                    running.append(time.monotonic() - killed)
-                    pid = now[0]
+                now = processes(other) or set()
+                if now and first is None:
+                    first = time.monotonic() - killed
+                if len(now) == len(owners):
+                    if now & pids:
+                        sys.exit(f"kill {i}: an old process runs on {other['name']}")
+                    all_running.append(time.monotonic() - killed)
+                    running.append(first)
+                    pids = now
                     break
                 if time.monotonic() - killed > 60:
-                    sys.exit(f"kill {i}: the process did not come back on {other['name']} within 60 s")
+                    sys.exit(f"kill {i}: {len(now)} of {len(owners)} processes came back on "
+                             f"{other['name']} within 60 s")
                 time.sleep(0.005)
-            while request(other["port"], "GET", f"/r/{owner}/proc/{pid}/starts")[0] != 200:
+            probe, pid = min(pids)
+            while request(other["port"], "GET", f"/r/{probe}/proc/{pid}/starts")[0] != 200:
                 if time.monotonic() - killed > 60:
                     sys.exit(f"kill {i}: the process did not answer within 60 s")
                 time.sleep(0.005)
             answering.append(time.monotonic() - killed)
             nodes[victim["name"]] = start(victim["data"], pg, victim["name"])
             copies = sum(len(processes(n) or []) for n in nodes.values())
-            if copies != 1:
-                sys.exit(f"kill {i}: {copies} copies run over both nodes")
+            if copies != len(owners):
+                sys.exit(f"kill {i}: {copies} copies of {len(owners)} processes run over both nodes")
         ms = sorted(t * 1e3 for t in running)
+        last = sorted(t * 1e3 for t in all_running)
         answered = sorted(t * 1e3 for t in answering)
-        print(f"handovers after SIGKILL of the owner's node: {len(ms)} (cluster_lease_ms={LEASE_MS}, "
-              f"orphan sweep every {LEASE_MS // 3} ms); one copy ran after each")
-        print(f"  kill -> running on the other node, no call: p50 {pct(ms, 50):.0f} ms, "
+        print(f"handovers after SIGKILL of the owners' node: {len(ms)} of {len(owners)} owner(s) each "
+              f"(cluster_lease_ms={LEASE_MS}, orphan sweep every {LEASE_MS // 3} ms); "
+              f"one copy of each process ran after each")
+        print(f"  kill -> first running on the other node, no call: p50 {pct(ms, 50):.0f} ms, "
               f"p90 {pct(ms, 90):.0f} ms, max {ms[-1]:.0f} ms")
-        print(f"  kill -> answering through its owner:        p50 {pct(answered, 50):.0f} ms, "
+        if len(owners) > 1:
+            print(f"  kill -> all {len(owners)} running on the other node:     p50 {pct(last, 50):.0f} ms, "
+                  f"p90 {pct(last, 90):.0f} ms, max {last[-1]:.0f} ms")
+        print(f"  kill -> answering through its owner:              p50 {pct(answered, 50):.0f} ms, "
               f"p90 {pct(answered, 90):.0f} ms, max {answered[-1]:.0f} ms")
     finally:
         for n in nodes.values():

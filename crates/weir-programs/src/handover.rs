@@ -63,7 +63,12 @@ pub const TAKE_OVER_RETRY_MAX: Duration = Duration::from_secs(5);
 /// because it no longer held them, claimed without a call, or whose
 /// take-over failed; each with when it is tried next.
 #[derive(Default)]
-pub struct Owed(Mutex<HashMap<Owner, Attempt>>);
+pub struct Owed {
+    owed: Mutex<HashMap<Owner, Attempt>>,
+    /// Rung when an owner is owed a take-over at once: the check runs
+    /// then rather than at its next tick.
+    due_now: Arc<tokio::sync::Notify>,
+}
 
 #[derive(Clone, Copy, Debug)]
 struct Attempt {
@@ -77,17 +82,20 @@ struct Attempt {
 
 impl Owed {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Owner, Attempt>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.owed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `owner` is owed a take-over, to be tried at once (kept as it is if
     /// it already was).
     fn owe(&self, owner: Owner) {
-        self.lock().entry(owner).or_insert(Attempt {
-            at: Instant::now(),
-            wait: TAKE_OVER_RETRY_FIRST,
-            running: false,
-        });
+        if let std::collections::hash_map::Entry::Vacant(owed) = self.lock().entry(owner) {
+            owed.insert(Attempt {
+                at: Instant::now(),
+                wait: TAKE_OVER_RETRY_FIRST,
+                running: false,
+            });
+            self.due_now.notify_one();
+        }
     }
 
     /// The owners whose next try is due and not running.
@@ -161,14 +169,18 @@ fn owner_of(actor: &ActorAddress) -> Owner {
 impl ProgramsHost {
     /// Binds this node's programs to its clustered actor host: told of
     /// each opening of an owner's storage, and checking every
-    /// [`HANDOVER_CHECK_INTERVAL`] that it still holds its processes'
-    /// owners, until either is dropped.
+    /// [`HANDOVER_CHECK_INTERVAL`] (and at once when an owner is claimed)
+    /// that it still holds its processes' owners, until either is dropped.
     pub(crate) fn start_handover(self: &Arc<Self>, actors: &Arc<ActorHost>) {
         actors.bind_handover(self.clone());
+        let due_now = self.owed.due_now.clone();
         let (programs, actors) = (Arc::downgrade(self), Arc::downgrade(actors));
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(HANDOVER_CHECK_INTERVAL).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(HANDOVER_CHECK_INTERVAL) => {}
+                    _ = due_now.notified() => {}
+                }
                 let (Some(programs), Some(actors)) = (programs.upgrade(), actors.upgrade()) else {
                     return;
                 };
