@@ -23,9 +23,13 @@
 //! - a take-over that failed (the owner's storage could not be opened, or
 //!   its journal not made durable) is tried again, later each time up to
 //!   [`TAKE_OVER_RETRY_MAX`], for as long as this node holds the owner;
-//!   so is an owner whose spawn's row the cluster did not confirm (it may
-//!   hold it all the same): no failure leaves a process owed and running
-//!   nowhere until a call happens to come.
+//! - a spawn that ended with its launch row written and its process not
+//!   up (cut at the turn's deadline, or its row not confirmed by the
+//!   cluster, which may hold it all the same) owes its owner a take-over,
+//!   on one machine as in cluster mode: the row's launch is re-driven by
+//!   the rules of a crash, and the owner told. No failure leaves a launch
+//!   owed and running nowhere until a call, or a restart, happens to
+//!   come.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -167,12 +171,16 @@ fn owner_of(actor: &ActorAddress) -> Owner {
 }
 
 impl ProgramsHost {
-    /// Binds this node's programs to its clustered actor host: told of
-    /// each opening of an owner's storage, and checking every
-    /// [`HANDOVER_CHECK_INTERVAL`] (and at once when an owner is claimed)
-    /// that it still holds its processes' owners, until either is dropped.
+    /// Binds this node's programs to its actor host: in cluster mode told
+    /// of each opening of an owner's storage; in both modes checking every
+    /// [`HANDOVER_CHECK_INTERVAL`] (and at once when an owner is newly
+    /// owed) the owners owed a take-over here, and in cluster mode that
+    /// this node still holds its processes' owners, until either is
+    /// dropped.
     pub(crate) fn start_handover(self: &Arc<Self>, actors: &Arc<ActorHost>) {
-        actors.bind_handover(self.clone());
+        if actors.placement().is_some() {
+            actors.bind_handover(self.clone());
+        }
         let due_now = self.owed.due_now.clone();
         let (programs, actors) = (Arc::downgrade(self), Arc::downgrade(actors));
         tokio::spawn(async move {
@@ -192,30 +200,36 @@ impl ProgramsHost {
     /// Stops the processes whose owner this node no longer holds, and
     /// takes over the owners owed a take-over here whose try is due.
     async fn check_holds(self: &Arc<Self>, actors: &Arc<ActorHost>) {
-        let Some(placement) = actors.placement() else {
-            return;
-        };
-        for process in self.table.all() {
-            if process.stop_asked() || process.ended().is_some() {
-                continue;
+        let placement = actors.placement();
+        if let Some(placement) = placement {
+            for process in self.table.all() {
+                if process.stop_asked() || process.ended().is_some() {
+                    continue;
+                }
+                let Some(actor) = address(&process.owner) else {
+                    continue;
+                };
+                if placement.owns(&actor) {
+                    continue;
+                }
+                tracing::warn!(owner = %process.owner, pid = process.pid, "this node no longer holds the owner of a resident process; stopping it, its launch kept for the owner's next node");
+                self.owed.owe(process.owner.clone());
+                tokio::spawn(async move { process.stop_for_handover().await });
             }
-            let Some(actor) = address(&process.owner) else {
-                continue;
-            };
-            if placement.owns(&actor) {
-                continue;
-            }
-            tracing::warn!(owner = %process.owner, pid = process.pid, "this node no longer holds the owner of a resident process; stopping it, its launch kept for the owner's next node");
-            self.owed.owe(process.owner.clone());
-            tokio::spawn(async move { process.stop_for_handover().await });
         }
         for owner in self.owed.due(Instant::now()) {
             let Some(actor) = address(&owner) else {
                 self.owed.done(&owner);
                 continue;
             };
-            // Kept while the lease is not held: the answer may yet be here.
-            match placement.locate(&actor, false, true).await {
+            // On one machine every owner is here. In cluster mode an owner
+            // is kept while the lease is not held: the answer may yet be
+            // here.
+            let here = match placement {
+                None => Ok(Location::Here),
+                Some(placement) => placement.locate(&actor, false, true).await,
+            };
+            match here {
                 Ok(Location::Here) => {
                     if self.owed.start(&owner) {
                         let (programs, actors) = (self.clone(), actors.clone());

@@ -22,24 +22,26 @@ use crate::process_table::{Owner, Reserved};
 use crate::resident::{self, ServerCode};
 use crate::storage_slot::{MAX_SLOT_NAME_BYTES, valid_name as valid_slot_name};
 
-/// A spawn's launch row written and not yet confirmed by the cluster:
-/// dropped unconfirmed, its owner is owed a take-over
-/// ([`crate::handover`]).
-struct Unconfirmed<'a> {
+/// A spawn between its launch row's write and its end (its process up,
+/// or the row deleted): dropped before that, its owner is owed a
+/// take-over ([`crate::handover`]).
+struct Launching<'a> {
     programs: &'a ProgramsHost,
     owner: Option<Owner>,
+    pid: u64,
 }
 
-impl Unconfirmed<'_> {
-    /// The row's fate is known: nothing is owed.
-    fn confirmed(mut self) {
+impl Launching<'_> {
+    /// The spawn ended with its row's fate known: nothing is owed.
+    fn settled(mut self) {
         self.owner = None;
     }
 }
 
-impl Drop for Unconfirmed<'_> {
+impl Drop for Launching<'_> {
     fn drop(&mut self) {
         if let Some(owner) = self.owner.take() {
+            tracing::warn!(%owner, pid = self.pid, "a spawn ended before its process was up, its launch row written; the launch is re-driven once its owner's turn is over");
             self.programs.owed.owe_later(owner);
         }
     }
@@ -114,25 +116,28 @@ impl ProgramsHost {
         }
         // Durable before the program's first instruction; a journal that
         // cannot be written refuses the spawn, and nothing starts.
-        // In cluster mode, until the cluster confirms the row: if it does
-        // not (or the turn is cut at its deadline while it waits), the row
-        // may be there all the same, and the owner is owed a take-over as
-        // soon as this node can open it again, not when a call happens to
-        // come.
-        let unconfirmed = Unconfirmed {
+        // From the row's write until its process is up or the row is
+        // deleted: a spawn that ends between (cut at the turn's deadline,
+        // or its row not confirmed by the cluster, which may keep it all
+        // the same) leaves a launch that runs nowhere, and owes its owner
+        // a take-over, which re-drives it as a crash's restart would.
+        let launching = Launching {
             programs: &self,
-            owner: seat.gate.replicated().then(|| owner.clone()),
+            owner: Some(owner.clone()),
+            pid,
         };
-        let journaled = fenced_work::journal_in_turn(&seat.gate, pid, &launch).await;
-        match &journaled {
-            Ok(()) | Err(fenced_work::Unjournaled::NotWritten(_)) => unconfirmed.confirmed(),
-            Err(fenced_work::Unjournaled::Unconfirmed(_)) => drop(unconfirmed),
+        if let Err(e) = fenced_work::journal_in_turn(&seat.gate, pid, &launch).await {
+            if let fenced_work::Unjournaled::NotWritten(_) = &e {
+                launching.settled();
+            }
+            return Err(types::Error::Failed(e.to_string()));
         }
-        journaled.map_err(|e| types::Error::Failed(e.to_string()))?;
         let deadline = scope
             .deadline()
             .unwrap_or_else(|| Instant::now() + self.config.limits.runtime.event_limit);
-        match self.launch(&owner, reserved, &launch, deadline).await {
+        let launched = self.launch(&owner, reserved, &launch, deadline).await;
+        launching.settled();
+        match launched {
             Ok((process, payload)) => Ok(processes::Spawned {
                 pid: process.pid,
                 payload,

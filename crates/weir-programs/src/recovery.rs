@@ -45,8 +45,8 @@ impl ProgramsHost {
     /// cluster places them ([`crate::handover`]).
     pub async fn recover(self: &Arc<Self>, actors: &Arc<ActorHost>) {
         self.fence.connect(actors);
+        self.start_handover(actors);
         if actors.placement().is_some() {
-            self.start_handover(actors);
             return;
         }
         for address in actors.journaled() {

@@ -559,3 +559,123 @@ async fn an_owner_under_recovery_delays_no_other_actors_timer() {
     kill(weir);
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// The pids of `owner`'s processes running on `weir`.
+async fn running_of(weir: &Weir, owner: &str) -> Vec<u64> {
+    running(weir)
+        .await
+        .iter()
+        .filter(|p| p["owner"]["name"] == owner)
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spawn_cut_at_its_deadline_mid_boot_leaves_no_launch_running_nowhere() {
+    let data = data_dir("cut-boot");
+    let weir = serve(&data, &[]);
+    let image = push(&weir, &guest("resident")).await;
+    // Each boot outlasts its turn (an ephemeral slot is new each time, so
+    // every start of `slow-first` is a first): the turn ends at its
+    // deadline with the launch row written and no process up. Where the
+    // boot's own deadline wins, the spawn deletes its row in the turn;
+    // where the turn's wins, the spawn is cut, and its launch is owed.
+    const OWNERS: usize = 6;
+    for i in 0..OWNERS {
+        let r = call(
+            &weir,
+            "POST",
+            &format!("/r/cut{i}/spawn/{image}?slot=scratch&start=slow-first"),
+            b"",
+        )
+        .await;
+        r.assert_weir_error(503, "event_deadline_exceeded");
+    }
+    // With no call and no restart, every owner's journal comes to name
+    // exactly what runs: a cut launch is re-driven once, by the rules of
+    // a crash (here its re-drive outlasts its deadline too, and it is
+    // lost, loudly), and its owner is told; a deleted one runs nowhere.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for i in 0..OWNERS {
+        let owner = format!("cut{i}");
+        loop {
+            let launches: Vec<u64> = launches_of(&weir, &owner)
+                .await
+                .iter()
+                .map(|l| l["pid"].as_u64().unwrap())
+                .collect();
+            let runs = running_of(&weir, &owner).await;
+            if launches == runs {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{owner} journals {launches:?} and runs {runs:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let cut: Vec<Value> = weir
+        .logged("weir_programs::process_host")
+        .into_iter()
+        .filter(|r| {
+            r["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("a spawn ended before its process was up"))
+        })
+        .collect();
+    println!(
+        "{OWNERS} spawns cut at their deadline: {} mid-launch, the rest deleted in their turn",
+        cut.len()
+    );
+    let recoveries = loop {
+        let recoveries: Vec<Value> = weir
+            .logged("weir::process")
+            .into_iter()
+            .filter(|r| r["message"] == "recovery")
+            .collect();
+        if recoveries.len() >= cut.len() {
+            break recoveries;
+        }
+        assert!(Instant::now() < deadline, "{recoveries:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for c in &cut {
+        let owner = c["owner"].as_str().unwrap().trim_start_matches("runner/");
+        let recovery = recoveries
+            .iter()
+            .find(|r| r["name"] == owner)
+            .unwrap_or_else(|| panic!("{owner} was not re-driven: {recoveries:#?}"));
+        assert_eq!(recovery["old_pid"], c["pid"], "{recovery}");
+        let told = loop {
+            let told = call(&weir, "GET", &format!("/r/{owner}/recovered"), b"")
+                .await
+                .json();
+            if told.as_array().is_some_and(|t| !t.is_empty()) {
+                break told;
+            }
+            assert!(Instant::now() < deadline, "{owner} was not told: {told}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(told.as_array().unwrap().len(), 1, "{told}");
+        assert_eq!(told[0]["old"], c["pid"], "{told}");
+    }
+    // Once each: a moment later nothing more was re-driven, and what runs
+    // is what was re-driven and came up.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let recoveries: Vec<Value> = weir
+        .logged("weir::process")
+        .into_iter()
+        .filter(|r| r["message"] == "recovery")
+        .collect();
+    assert_eq!(recoveries.len(), cut.len(), "{recoveries:#?}");
+    let runs = running(&weir).await;
+    assert_eq!(
+        runs.len(),
+        recoveries
+            .iter()
+            .filter(|r| r["outcome"] == "recovered")
+            .count(),
+        "{runs:?}"
+    );
+}

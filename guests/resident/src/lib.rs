@@ -17,7 +17,8 @@
 //! `start` fails when its argument is `fail`. With a storage slot, each
 //! start appends a line to `/data/starts.log` (what the crash tests count);
 //! with the argument `slow-redrive`, a start that finds lines there already
-//! (a re-drive) then sleeps 3 s; with `slow`, every start does.
+//! (a re-drive) then sleeps 3 s; with `slow-first`, only a start that
+//! finds none (the first) does; with `slow`, every start does.
 
 use std::cell::{Cell, RefCell};
 
@@ -51,7 +52,10 @@ impl boot_bindings::exports::weir::process::boot::Guest for Resident {
             let mut log = before.clone();
             log.push_str("start\n");
             std::fs::write("/data/starts.log", log).map_err(|e| e.to_string())?;
-            if (args == "slow-redrive" && !before.is_empty()) || args == "slow" {
+            if (args == "slow-redrive" && !before.is_empty())
+                || (args == "slow-first" && before.is_empty())
+                || args == "slow"
+            {
                 std::thread::sleep(std::time::Duration::from_secs(3));
             }
         }
