@@ -151,11 +151,18 @@ impl Owed {
     /// unconfirmed: owed, tried after the first wait. An owner already
     /// owed keeps its own next try.
     pub(crate) fn owe_later(&self, owner: Owner) {
-        self.lock().entry(owner).or_insert(Attempt {
-            at: Instant::now() + TAKE_OVER_RETRY_FIRST,
-            wait: TAKE_OVER_RETRY_FIRST * 2,
-            running: false,
-        });
+        if let std::collections::hash_map::Entry::Vacant(owed) = self.lock().entry(owner) {
+            owed.insert(Attempt {
+                at: Instant::now() + TAKE_OVER_RETRY_FIRST,
+                wait: TAKE_OVER_RETRY_FIRST * 2,
+                running: false,
+            });
+            self.due_now.notify_one();
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.lock().is_empty()
     }
 }
 
@@ -185,8 +192,17 @@ impl ProgramsHost {
         let (programs, actors) = (Arc::downgrade(self), Arc::downgrade(actors));
         tokio::spawn(async move {
             loop {
+                // On one machine with nothing owed there is nothing to
+                // check until an owner is owed.
+                let tick = {
+                    let (Some(programs), Some(actors)) = (programs.upgrade(), actors.upgrade())
+                    else {
+                        return;
+                    };
+                    actors.placement().is_some() || !programs.owed.is_empty()
+                };
                 tokio::select! {
-                    _ = tokio::time::sleep(HANDOVER_CHECK_INTERVAL) => {}
+                    _ = tokio::time::sleep(HANDOVER_CHECK_INTERVAL), if tick => {}
                     _ = due_now.notified() => {}
                 }
                 let (Some(programs), Some(actors)) = (programs.upgrade(), actors.upgrade()) else {
