@@ -69,6 +69,25 @@ async fn reaches(node: &Weir, owner: &str, pid: u64) -> u16 {
         .as_u16()
 }
 
+/// Waits (at most 30 s) until `owner`, asked through `node`, says it was
+/// told of `n` recoveries: what it was told.
+async fn told(node: &Weir, owner: &str, n: usize) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let told = call(node, "GET", &format!("/r/{owner}/recovered"), b"").await;
+        assert_eq!(told.status, 200, "{}", told.text());
+        if told.json().as_array().is_some_and(|t| t.len() >= n) {
+            return told.json();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the owner was not told: {}",
+            told.text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_whose_node_dies_starts_again_on_the_next_node_without_a_call() {
     let pg = Postgres::start();
@@ -118,17 +137,7 @@ async fn a_process_whose_node_dies_starts_again_on_the_next_node_without_a_call(
     assert_eq!(lost["old_pid"], reported, "{lost}");
     assert_eq!(lost["detail"], "its on_crash is report", "{lost}");
     // The owner heard of both (the lost first), in turns of its own on b.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let told = loop {
-        let told = call(&b, "GET", &format!("/r/{owner}/recovered"), b"")
-            .await
-            .json();
-        if told.as_array().is_some_and(|t| t.len() == 2) {
-            break told;
-        }
-        assert!(Instant::now() < deadline, "the owner was not told: {told}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let told = told(&b, &owner, 2).await;
     assert_eq!(
         told,
         serde_json::json!([
@@ -492,16 +501,7 @@ async fn a_spawn_the_database_did_not_confirm_is_started_once_if_the_database_ke
         .await;
     assert_eq!(recovered["new_pid"], back[0], "{recovered}");
     let old = recovered["old_pid"].as_u64().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let told = loop {
-        let told = call(&a, "GET", &format!("/r/{owner}/recovered"), b"").await;
-        assert_eq!(told.status, 200, "{}", told.text());
-        if told.json().as_array().is_some_and(|t| !t.is_empty()) {
-            break told.json();
-        }
-        assert!(Instant::now() < deadline, "the owner was not told");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let told = told(&a, &owner, 1).await;
     assert_eq!(
         told,
         serde_json::json!([{ "old": old, "new": back[0], "outcome": "restarted" }])
