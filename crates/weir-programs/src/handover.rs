@@ -82,6 +82,9 @@ struct Attempt {
     wait: Duration,
     /// A take-over of it runs now.
     running: bool,
+    /// Owed again while a take-over of it ran (that one may have read its
+    /// journal before the new row): tried once more after it.
+    again: bool,
 }
 
 impl Owed {
@@ -92,13 +95,27 @@ impl Owed {
     /// `owner` is owed a take-over, to be tried at once (kept as it is if
     /// it already was).
     fn owe(&self, owner: Owner) {
-        if let std::collections::hash_map::Entry::Vacant(owed) = self.lock().entry(owner) {
-            owed.insert(Attempt {
-                at: Instant::now(),
-                wait: TAKE_OVER_RETRY_FIRST,
-                running: false,
-            });
-            self.due_now.notify_one();
+        self.insert(owner, Instant::now(), TAKE_OVER_RETRY_FIRST);
+    }
+
+    /// Owes `owner` a take-over from `at`, with `wait` after a failure,
+    /// unless it is owed already (then, if a try of it runs, once more
+    /// after that one).
+    fn insert(&self, owner: Owner, at: Instant, wait: Duration) {
+        match self.lock().entry(owner) {
+            std::collections::hash_map::Entry::Vacant(owed) => {
+                owed.insert(Attempt {
+                    at,
+                    wait,
+                    running: false,
+                    again: false,
+                });
+                self.due_now.notify_one();
+            }
+            std::collections::hash_map::Entry::Occupied(mut owed) => {
+                let attempt = owed.get_mut();
+                attempt.again |= attempt.running;
+            }
         }
     }
 
@@ -123,9 +140,24 @@ impl Owed {
         }
     }
 
-    /// `owner` owes nothing more here.
+    /// The try of `owner` (or an opening) took over everything it found:
+    /// nothing more is owed here, unless it was owed again meanwhile.
     fn done(&self, owner: &Owner) {
-        self.lock().remove(owner);
+        let mut owed = self.lock();
+        match owed.get_mut(owner) {
+            Some(attempt) if attempt.again => {
+                *attempt = Attempt {
+                    at: Instant::now(),
+                    wait: TAKE_OVER_RETRY_FIRST,
+                    running: false,
+                    again: false,
+                };
+                self.due_now.notify_one();
+            }
+            _ => {
+                owed.remove(owner);
+            }
+        }
     }
 
     /// The running take-over of `owner` failed: it is tried again after
@@ -136,29 +168,29 @@ impl Owed {
             at: Instant::now(),
             wait: TAKE_OVER_RETRY_FIRST,
             running: true,
+            again: false,
         });
         let wait = attempt.wait;
         *attempt = Attempt {
             at: Instant::now() + wait,
             wait: (wait * 2).min(TAKE_OVER_RETRY_MAX),
             running: false,
+            again: false,
         };
         wait
     }
 
     /// A take-over of `owner` outside a try of this set (an opening a
-    /// call brought) failed, or a spawn's row may have reached the cluster
-    /// unconfirmed: owed, tried after the first wait. An owner already
-    /// owed keeps its own next try.
+    /// call brought) failed, or a spawn ended with its launch running
+    /// nowhere: owed, tried after the first wait. An owner already owed
+    /// keeps its own next try (and is tried once more after a try that
+    /// runs now).
     pub(crate) fn owe_later(&self, owner: Owner) {
-        if let std::collections::hash_map::Entry::Vacant(owed) = self.lock().entry(owner) {
-            owed.insert(Attempt {
-                at: Instant::now() + TAKE_OVER_RETRY_FIRST,
-                wait: TAKE_OVER_RETRY_FIRST * 2,
-                running: false,
-            });
-            self.due_now.notify_one();
-        }
+        self.insert(
+            owner,
+            Instant::now() + TAKE_OVER_RETRY_FIRST,
+            TAKE_OVER_RETRY_FIRST * 2,
+        );
     }
 
     fn is_empty(&self) -> bool {
@@ -367,5 +399,61 @@ impl Handover for ProgramsHost {
 
     fn claimed(&self, actor: ActorAddress) {
         self.owed.owe(owner_of(&actor));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(name: &str) -> Owner {
+        Owner {
+            class: "c".into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn an_owed_owner_is_tried_once_at_a_time_and_later_after_each_failure() {
+        let owed = Owed::default();
+        let a = owner("a");
+        owed.owe(a.clone());
+        assert_eq!(owed.due(Instant::now()), std::slice::from_ref(&a));
+        assert!(owed.start(&a));
+        assert!(!owed.start(&a), "one try at a time");
+        assert!(owed.due(Instant::now()).is_empty());
+        // Each failure waits longer, up to the most.
+        let mut waits = Vec::new();
+        for _ in 0..7 {
+            waits.push(owed.retry(&a).as_millis());
+            assert!(owed.due(Instant::now()).is_empty(), "not before its wait");
+            assert!(owed.start(&a));
+        }
+        assert_eq!(waits, [250, 500, 1000, 2000, 4000, 5000, 5000]);
+        owed.done(&a);
+        assert!(owed.is_empty());
+    }
+
+    #[test]
+    fn an_owner_owed_again_during_its_try_is_tried_once_more() {
+        let owed = Owed::default();
+        let a = owner("a");
+        owed.owe(a.clone());
+        assert!(owed.start(&a));
+        // A spawn of it ended running nowhere while the try ran: the try
+        // may have read the journal before that row.
+        owed.owe_later(a.clone());
+        owed.done(&a);
+        assert_eq!(owed.due(Instant::now()), std::slice::from_ref(&a));
+        assert!(owed.start(&a));
+        owed.done(&a);
+        assert!(owed.is_empty());
+        // Owed again while not running: it keeps its own next try.
+        owed.owe_later(a.clone());
+        owed.owe(a.clone());
+        assert!(
+            owed.due(Instant::now()).is_empty(),
+            "still after its first wait"
+        );
     }
 }
