@@ -316,7 +316,15 @@ async fn a_relaying_node_that_stops_closes_its_sockets_going_away_and_the_owner_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relaying_node_that_stops_while_the_owner_cannot_answer_drops_its_sockets_in_bounded_time()
  {
-    let mut room = Room::open("sockets-relayer-stuck", "attic").await;
+    // A lease of 10 s: the owner is frozen for as long as the relayer
+    // waits for it (2 s), and must still hold its lease when it runs
+    // again (with the tests' 1 s lease it may or may not, by a race).
+    let mut room = Room::open_with(
+        "sockets-relayer-stuck",
+        "attic",
+        &["--limit", "cluster_lease_ms=10000"],
+    )
+    .await;
     // The owner stops answering (frozen, not dead: its lease is still
     // good, so it stays the owner).
     room.owner().signal("STOP");
