@@ -114,7 +114,7 @@ impl std::fmt::Display for Unjournaled {
             ),
             Unjournaled::Unconfirmed(why) => write!(
                 f,
-                "the launch journal's row was not confirmed durable ({why}); nothing was started here, and if the cluster kept the row, the owner's next opening starts it once and tells the owner (supervisor.recovered)"
+                "the launch journal's row was not confirmed durable ({why}); nothing was started, and if the cluster kept the row, its launch is started once as soon as the owner can be opened again, and the owner told (supervisor.recovered)"
             ),
         }
     }

@@ -202,13 +202,6 @@ fn address(owner: &Owner) -> Option<ActorAddress> {
     ActorAddress::new(&owner.class, &owner.name).ok()
 }
 
-fn owner_of(actor: &ActorAddress) -> Owner {
-    Owner {
-        class: actor.class.clone(),
-        name: actor.name.clone(),
-    }
-}
-
 impl ProgramsHost {
     /// Binds this node's programs to its actor host: in cluster mode told
     /// of each opening of an owner's storage; in both modes checking every
@@ -394,11 +387,11 @@ impl ProgramsHost {
 
 impl Handover for ProgramsHost {
     fn opened<'a>(&'a self, actor: &'a ActorAddress, gate: &'a Arc<TurnGate>) -> BoxFuture<'a, ()> {
-        Box::pin(self.opened_here(owner_of(actor), gate))
+        Box::pin(self.opened_here(Owner::from(actor), gate))
     }
 
     fn claimed(&self, actor: ActorAddress) {
-        self.owed.owe(owner_of(&actor));
+        self.owed.owe(Owner::from(&actor));
     }
 }
 

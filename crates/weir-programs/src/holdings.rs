@@ -14,10 +14,7 @@ use crate::slot_quota::owner_bytes;
 impl Holdings for ProgramsHost {
     fn let_go<'a>(&'a self, actor: &'a ActorAddress) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
-            let owner = Owner {
-                class: actor.class.clone(),
-                name: actor.name.clone(),
-            };
+            let owner = Owner::from(actor);
             for process in self.table.of(&owner) {
                 // Its launch journal row goes with the owner's database:
                 // its end must not reopen the owner to delete the row.

@@ -28,6 +28,15 @@ pub struct Owner {
     pub name: String,
 }
 
+impl From<&weir_actors::ActorAddress> for Owner {
+    fn from(actor: &weir_actors::ActorAddress) -> Owner {
+        Owner {
+            class: actor.class.clone(),
+            name: actor.name.clone(),
+        }
+    }
+}
+
 impl std::fmt::Display for Owner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.class, self.name)

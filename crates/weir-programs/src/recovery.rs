@@ -50,10 +50,7 @@ impl ProgramsHost {
             return;
         }
         for address in actors.journaled() {
-            let owner = Owner {
-                class: address.class.clone(),
-                name: address.name.clone(),
-            };
+            let owner = Owner::from(address);
             let mut held = match actors.exclusive(&owner.class, &owner.name).await {
                 Ok(held) => held,
                 Err(e) => {
