@@ -217,12 +217,21 @@ impl Postgres {
 
 /// Bounds one call by [`CALL_TIMEOUT`].
 async fn timed<T>(call: impl Future<Output = Result<T, CoordError>>) -> Result<T, CoordError> {
-    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+    timed_for(CALL_TIMEOUT, call).await
+}
+
+/// Bounds one call by `limit`.
+async fn timed_for<T, E: From<CoordError>>(
+    limit: Duration,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    match tokio::time::timeout(limit, call).await {
         Ok(result) => result,
         Err(_) => Err(CoordError::Unavailable(format!(
             "no answer within {} ms",
-            CALL_TIMEOUT.as_millis()
-        ))),
+            limit.as_millis()
+        ))
+        .into()),
     }
 }
 

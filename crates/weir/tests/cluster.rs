@@ -5,10 +5,10 @@
 
 mod common;
 
-use std::path::Path;
-
 use bytes::Bytes;
-use common::cluster::{Postgres, actor_key, incr, node, node_dir, node_with_app, until_ok};
+use common::cluster::{
+    Postgres, actor_key, incr, node, node_dir, node_that_stops_at_start, node_with_app, until_ok,
+};
 use common::{Weir, guest, try_send_to};
 use http::Request;
 use http_body_util::Full;
@@ -272,28 +272,6 @@ async fn what_does_not_run_in_cluster_mode_is_refused_by_name() {
         "{}",
         out.stderr
     );
-}
-
-/// Runs node `name` of the cluster at `url` (the gateway app, data in
-/// `dir`, with `extra` arguments) to its end: for starts that must fail.
-fn node_that_stops_at_start(url: &str, name: &str, dir: &Path, extra: &[&str]) -> common::Exited {
-    let app = guest("gateway");
-    let mut args = vec![
-        "serve",
-        app.to_str().unwrap(),
-        "--data-dir",
-        dir.to_str().unwrap(),
-        "--listen",
-        "127.0.0.1:0",
-        "--cluster",
-        url,
-        "--node",
-        name,
-        "--cluster-listen",
-        "127.0.0.1:0",
-    ];
-    args.extend_from_slice(extra);
-    common::run_weir_with_env(&args, &[("WEIR_CLUSTER_SECRET", common::cluster::SECRET)])
 }
 
 #[test]

@@ -251,7 +251,27 @@ impl Postgres {
     /// Holds `table` of the cluster's database locked (ACCESS EXCLUSIVE)
     /// from another session until the lock is dropped: statements that
     /// read it wait, as on a database that is slow to answer them.
-    pub fn lock_table(&self, table: &str) -> TableLock {
+    pub fn lock_table(&self, table: &str) -> Held {
+        self.hold(&format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+    }
+
+    /// Holds every table of the cluster's database as `pg_dump` does while
+    /// it copies them (ACCESS SHARE, in one transaction) until the lock
+    /// is dropped: reads and writes go on, a change of a table waits.
+    pub fn back_up(&self) -> Held {
+        let tables = self.psql(
+            "weir",
+            "SELECT string_agg(tablename, ', ' ORDER BY tablename) FROM pg_tables \
+             WHERE tablename LIKE 'weir%'",
+        );
+        assert!(tables.matches(", ").count() > 5, "{tables}");
+        self.hold(&format!("LOCK TABLE {tables} IN ACCESS SHARE MODE"))
+    }
+
+    /// Runs `sql` in a transaction of another session (its
+    /// `application_name` is `psql`), left open, and so holding the locks
+    /// `sql` took, until it is dropped.
+    pub fn hold(&self, sql: &str) -> Held {
         use std::io::Write;
         let mut session = Command::new(self.bin.join("psql"))
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
@@ -261,18 +281,17 @@ impl Postgres {
             .spawn()
             .expect("psql runs");
         let stdin = session.stdin.as_mut().unwrap();
-        writeln!(stdin, "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE;").unwrap();
+        writeln!(stdin, "BEGIN; {sql};").unwrap();
         stdin.flush().unwrap();
-        let granted = format!(
-            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
-             WHERE c.relname = '{table}' AND l.mode = 'AccessExclusiveLock' AND l.granted"
-        );
+        let held = "SELECT count(*) FROM pg_stat_activity \
+                    WHERE application_name = 'psql' AND state = 'idle in transaction'";
         let deadline = Instant::now() + Duration::from_secs(30);
-        while self.psql("weir", &granted) != "1" {
-            assert!(Instant::now() < deadline, "{table} was not locked");
+        while self.psql("weir", held) != "1" {
+            assert!(Instant::now() < deadline, "{sql} did not run");
+            assert!(session.try_wait().unwrap().is_none(), "{sql} failed");
             std::thread::sleep(Duration::from_millis(20));
         }
-        TableLock(session)
+        Held(session)
     }
 
     /// The node that owns `key` now (by the database's clock), if any.
@@ -319,11 +338,11 @@ impl Psql {
     }
 }
 
-/// A table held locked by [`Postgres::lock_table`]; dropped, the lock is
-/// released.
-pub struct TableLock(Child);
+/// A transaction held open by [`Postgres::hold`]; dropped, it commits,
+/// and its locks are released.
+pub struct Held(Child);
 
-impl Drop for TableLock {
+impl Drop for Held {
     fn drop(&mut self) {
         use std::io::Write;
         if let Some(mut stdin) = self.0.stdin.take() {
@@ -397,6 +416,33 @@ pub fn node_listening(
     ];
     args.extend_from_slice(extra);
     Weir::start_with_env(&args, &[("WEIR_CLUSTER_SECRET", SECRET)])
+}
+
+/// Runs node `name` of the cluster at `url` (the gateway app, data in
+/// `dir`, with `extra` arguments) to its end: for starts that must fail.
+pub fn node_that_stops_at_start(
+    url: &str,
+    name: &str,
+    dir: &Path,
+    extra: &[&str],
+) -> super::Exited {
+    let app = guest("gateway");
+    let mut args = vec![
+        "serve",
+        app.to_str().unwrap(),
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--cluster",
+        url,
+        "--node",
+        name,
+        "--cluster-listen",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    super::run_weir_with_env(&args, &[("WEIR_CLUSTER_SECRET", SECRET)])
 }
 
 /// Increments the `probe` actor `actor`'s counter through `node`.
