@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
@@ -160,19 +160,14 @@ impl Postgres {
     }
 
     /// A pool of at most `size` connections to `url` (made as they are
-    /// first needed), each with the server's [`STATEMENT_TIMEOUT`].
+    /// first needed), each with the server's [`STATEMENT_TIMEOUT`] set
+    /// as it opens.
     fn pooled(url: &str, size: usize) -> Result<Postgres, CoordError> {
         let mut config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| CoordError::Refused(format!("{}: {e}", redacted(url))))?;
         config.connect_timeout(CONNECT_TIMEOUT);
         config.application_name("weir");
-        let timeout = format!("-c statement_timeout={}", STATEMENT_TIMEOUT.as_millis());
-        let options = match config.get_options() {
-            Some(theirs) => format!("{theirs} {timeout}"),
-            None => timeout,
-        };
-        config.options(&options);
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -185,6 +180,19 @@ impl Postgres {
             .wait_timeout(Some(CALL_TIMEOUT))
             .create_timeout(Some(CONNECT_TIMEOUT))
             .runtime(deadpool_postgres::Runtime::Tokio1)
+            .post_create(Hook::async_fn(|client, _| {
+                // Sent on the connection once it is open, not as a startup
+                // parameter (`options`), which a pooler such as PgBouncer
+                // refuses or drops.
+                Box::pin(async move {
+                    let bound =
+                        format!("SET statement_timeout = {}", STATEMENT_TIMEOUT.as_millis());
+                    client
+                        .batch_execute(&bound)
+                        .await
+                        .map_err(HookError::Backend)
+                })
+            }))
             .build()
             .map_err(unavailable)?;
         Ok(Postgres { pool })

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::cluster::{Postgres, node, node_dir, session};
+use common::cluster::{PgBouncer, Postgres, node, node_dir, session};
 use serde_json::Value;
 
 /// More calls at once than the node keeps connections to the database
@@ -36,9 +36,32 @@ async fn put(addr: std::net::SocketAddr, name: &str, value: &str) -> common::Res
 async fn calls_stuck_behind_a_locked_table_are_refused_by_name_and_the_lease_holds() {
     let pg = Postgres::start();
     let a = node(&pg, "a", &node_dir("slow-db", "a"), &[]);
+    stuck_calls_are_refused_and_the_lease_holds(&pg, &a).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_pgbouncer_a_node_runs_and_its_statements_are_bounded_as_without_it() {
+    // PgBouncer refuses a startup parameter it does not know (`options`,
+    // where the bound on statements could go): a node sets the bound on
+    // each connection once it is open instead, so it starts through a
+    // pooler of default settings and keeps the bound.
+    let pg = Postgres::start();
+    let bouncer = PgBouncer::start(&pg);
+    let a = node(&bouncer, "a", &node_dir("slow-db-bouncer", "a"), &[]);
+    stuck_calls_are_refused_and_the_lease_holds(&pg, &a).await;
+    let log = bouncer.log();
+    assert!(log.contains("login attempt: db=weir user=weir"), "{log}");
+    assert!(!log.contains("unsupported startup parameter"), "{log}");
+}
+
+/// Locks `weir_objects` and sends [`CALLS`] first calls through `a`: each
+/// is refused 503 `storage_unavailable`, PostgreSQL ends each statement
+/// before the node stops waiting for it, and the node's lease goes on
+/// untouched; once the table is free, the same calls succeed.
+async fn stuck_calls_are_refused_and_the_lease_holds(pg: &Postgres, a: &common::Weir) {
     let r = put(a.addr, "warm", "1").await;
     assert_eq!(r.status, 200, "{}", r.text());
-    let held = session(&a).await;
+    let held = session(a).await;
     assert!(held.is_i64(), "{held}");
 
     // Every actor's row is locked: a first call to an actor cannot claim
@@ -100,7 +123,7 @@ async fn calls_stuck_behind_a_locked_table_are_refused_by_name_and_the_lease_hol
     );
     // The lease went on, on its own connection: the same session, and
     // not one renewal missed.
-    assert_eq!(session(&a).await, held);
+    assert_eq!(session(a).await, held);
     let lease: Vec<Value> = a
         .logged("weir_cluster::lease")
         .into_iter()
@@ -118,7 +141,7 @@ async fn calls_stuck_behind_a_locked_table_are_refused_by_name_and_the_lease_hol
         let r = a.get(&format!("/direct/{name}/get?key=k")).await;
         assert_eq!((r.status.as_u16(), r.text()), (200, format!("v{i}")));
     }
-    assert_eq!(session(&a).await, held);
+    assert_eq!(session(a).await, held);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

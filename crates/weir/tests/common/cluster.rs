@@ -4,7 +4,7 @@
 //! to it, each with the `gateway` worker in front of the `actor-probe`
 //! class, which clients also reach directly at `/direct/NAME/…`.
 
-use std::net::TcpListener;
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -231,6 +231,7 @@ impl Postgres {
         let _ = child.wait();
     }
 
+    /// The URL nodes reach it at directly.
     pub fn url(&self) -> String {
         format!("postgres://weir@127.0.0.1:{}/weir", self.port)
     }
@@ -307,6 +308,119 @@ impl Postgres {
     }
 }
 
+/// Where nodes reach the cluster's database.
+pub trait Database {
+    /// The URL a node is given (`--cluster`).
+    fn url(&self) -> String;
+}
+
+impl Database for Postgres {
+    fn url(&self) -> String {
+        Postgres::url(self)
+    }
+}
+
+/// A PgBouncer in front of one test's PostgreSQL, pooling by session,
+/// with no `ignore_startup_parameters`: what it does not know of a
+/// client's startup, it refuses.
+pub struct PgBouncer {
+    dir: PathBuf,
+    port: u16,
+    child: Child,
+}
+
+impl PgBouncer {
+    /// Starts one in front of `pg` and waits until it answers.
+    pub fn start(pg: &Postgres) -> PgBouncer {
+        let bin = PathBuf::from("/usr/sbin/pgbouncer");
+        assert!(
+            bin.is_file(),
+            "PgBouncer is not installed (no {}): `.ci/run` installs Debian's `pgbouncer`",
+            bin.display()
+        );
+        let dir = pg.dir.join("pgbouncer");
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = free_port();
+        let config = dir.join("pgbouncer.ini");
+        std::fs::write(
+            &config,
+            format!(
+                "[databases]\n\
+                 weir = host=127.0.0.1 port={} dbname=weir user=weir\n\
+                 [pgbouncer]\n\
+                 listen_addr = 127.0.0.1\n\
+                 listen_port = {port}\n\
+                 unix_socket_dir =\n\
+                 auth_type = any\n\
+                 pool_mode = session\n\
+                 max_client_conn = 200\n\
+                 default_pool_size = 100\n\
+                 logfile = {}\n",
+                pg.port,
+                dir.join("pgbouncer.log").display()
+            ),
+        )
+        .unwrap();
+        if let Some(user) = pg.user {
+            let ok = Command::new("chown")
+                .args(["-R", &format!("{user}:"), dir.to_str().unwrap()])
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "chown {}", dir.display());
+        }
+        let mut command = match pg.user {
+            Some(user) => {
+                let mut c = Command::new("setpriv");
+                c.args([
+                    &format!("--reuid={user}"),
+                    &format!("--regid={user}"),
+                    "--init-groups",
+                ])
+                .arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
+        let child = command
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("pgbouncer starts");
+        let bouncer = PgBouncer { dir, port, child };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "pgbouncer did not start: {}",
+                bouncer.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bouncer
+    }
+
+    /// What it logged.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("pgbouncer.log")).unwrap_or_default()
+    }
+}
+
+impl Database for PgBouncer {
+    fn url(&self) -> String {
+        format!("postgres://weir@127.0.0.1:{}/weir", self.port)
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// psql against one test's server ([`Postgres::client`]).
 #[derive(Clone)]
 pub struct Psql {
@@ -378,7 +492,7 @@ pub fn node_path(test: &str, node: &str) -> PathBuf {
 
 /// Starts node `name` of the cluster on `pg`, its data under `dir`: the
 /// `gateway` worker, the `probe` class (also at `/direct/NAME/…`).
-pub fn node(pg: &Postgres, name: &str, dir: &Path, extra: &[&str]) -> Weir {
+pub fn node(pg: &impl Database, name: &str, dir: &Path, extra: &[&str]) -> Weir {
     let actor = format!("probe={}", guest("actor_probe").display());
     let mut args = vec!["--actor", &actor, "--actor-route", "probe=/direct"];
     args.extend_from_slice(extra);
@@ -386,13 +500,19 @@ pub fn node(pg: &Postgres, name: &str, dir: &Path, extra: &[&str]) -> Weir {
 }
 
 /// Starts node `name` serving `app`, with `extra` arguments.
-pub fn node_with_app(pg: &Postgres, name: &str, dir: &Path, app: &Path, extra: &[&str]) -> Weir {
+pub fn node_with_app(
+    pg: &impl Database,
+    name: &str,
+    dir: &Path,
+    app: &Path,
+    extra: &[&str],
+) -> Weir {
     node_listening(pg, name, dir, app, "127.0.0.1:0", extra)
 }
 
 /// Starts node `name` serving `app`, its internal listener on `listen`.
 pub fn node_listening(
-    pg: &Postgres,
+    pg: &impl Database,
     name: &str,
     dir: &Path,
     app: &Path,
