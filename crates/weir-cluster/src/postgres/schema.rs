@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::error::SqlState;
 
-use super::{Postgres, classify, timed_for};
+use super::Postgres;
+use super::connection::{classify, timed_for};
 use crate::coordinator::CoordError;
 
 /// The advisory lock that serializes schema changes between nodes.

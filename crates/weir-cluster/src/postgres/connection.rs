@@ -1,0 +1,221 @@
+//! Connections to the cluster database, and the bounds every statement
+//! sent on them keeps.
+//!
+//! Invariants owned here: every call a node makes is bounded by
+//! [`CALL_TIMEOUT`] (a hung database is an unavailable one, never a hung
+//! node); the server ends each statement itself after
+//! [`STATEMENT_TIMEOUT`], set on each connection as it opens (a `SET`,
+//! which a pooler in session mode passes on, where a startup parameter
+//! would be refused), so none the node gave up on is left running in the
+//! database, holding its connection, its locks, and every statement sent
+//! on that connection after it; the lease's statements have a connection
+//! of their own ([`Postgres::for_lease`]), so no statement of the data's
+//! (a commit waiting on a lock) delays a renewal; a connection error, a
+//! timeout and a server that is shutting down are all
+//! [`CoordError::Unavailable`]; a URL is never said with its password.
+
+use std::time::Duration;
+
+use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+use tokio_postgres::error::SqlState;
+
+use super::Postgres;
+use crate::coordinator::CoordError;
+use crate::error_code::with_causes;
+
+/// Connections one node keeps to PostgreSQL at most: every actor shipping
+/// at once shares them, and PostgreSQL's default allows 100 in all.
+pub const POOL_SIZE: usize = 16;
+
+/// The longest one statement may take, connecting included, before the
+/// database counts as unavailable: long enough for a commit behind a slow
+/// fsync, short enough that a caller gets a named error instead of waiting.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the server runs one statement before it cancels it: half a
+/// second under [`CALL_TIMEOUT`], so a statement sent as its call began
+/// ends in the database before the node stops waiting for it, and one sent
+/// later outlives the node's wait by less than this. Without it, a
+/// statement the node gave up on (one waiting on a lock, say) would run on
+/// and hold its pooled connection, and every statement sent on that
+/// connection after it would wait behind it.
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_millis(4_500);
+
+/// Connections the lease keeps, apart from the pool: its register, renew
+/// and release statements are sent one at a time.
+pub const LEASE_POOL_SIZE: usize = 1;
+
+/// How long a new connection may take to open.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub(super) fn unavailable(e: impl std::error::Error) -> CoordError {
+    CoordError::Unavailable(with_causes(&e))
+}
+
+/// Sorts a database error: what says the server or the connection is gone
+/// (or going) is unavailability; anything else is a refusal.
+pub(super) fn classify(e: tokio_postgres::Error) -> CoordError {
+    let gone = e.is_closed()
+        || e.code().is_none()
+        || e.code().is_some_and(|c| {
+            [
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+                SqlState::CONNECTION_FAILURE,
+                SqlState::CONNECTION_EXCEPTION,
+                SqlState::T_R_SERIALIZATION_FAILURE,
+                SqlState::T_R_DEADLOCK_DETECTED,
+                SqlState::QUERY_CANCELED,
+            ]
+            .contains(c)
+        });
+    if gone {
+        unavailable(e)
+    } else {
+        CoordError::Refused(e.to_string())
+    }
+}
+
+/// A database URL with its password replaced, for messages and logs.
+pub fn redacted(url: &str) -> String {
+    match url.parse::<tokio_postgres::Config>() {
+        Ok(config) => {
+            // One port for all hosts, one per host, or none (the default).
+            let ports = config.get_ports();
+            let port = |i: usize| match ports {
+                [] => None,
+                [one] => Some(*one),
+                many => many.get(i).copied(),
+            };
+            let hosts: Vec<String> = config
+                .get_hosts()
+                .iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    let host = match h {
+                        tokio_postgres::config::Host::Tcp(h) => h.clone(),
+                        tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+                    };
+                    match port(i) {
+                        Some(port) => format!("{host}:{port}"),
+                        None => host,
+                    }
+                })
+                .collect();
+            format!(
+                "postgres://{}@{}/{}",
+                config.get_user().unwrap_or(""),
+                hosts.join(","),
+                config.get_dbname().unwrap_or("")
+            )
+        }
+        Err(_) => "<an unreadable database URL>".into(),
+    }
+}
+
+impl Postgres {
+    /// Connects to the database at `url` and makes sure its schema exists.
+    pub async fn connect(url: &str) -> Result<Postgres, CoordError> {
+        let postgres = Postgres::pooled(url, POOL_SIZE)?;
+        postgres.migrate().await?;
+        Ok(postgres)
+    }
+
+    /// The coordinator the node's lease uses (the schema made by
+    /// [`Postgres::connect`]): [`LEASE_POOL_SIZE`] connections of its own,
+    /// so its renewals never wait for a connection, or behind a statement,
+    /// of the actors' storage.
+    pub fn for_lease(url: &str) -> Result<Postgres, CoordError> {
+        Postgres::pooled(url, LEASE_POOL_SIZE)
+    }
+
+    /// A pool of at most `size` connections to `url` (made as they are
+    /// first needed), each with the server's [`STATEMENT_TIMEOUT`] set
+    /// as it opens.
+    fn pooled(url: &str, size: usize) -> Result<Postgres, CoordError> {
+        let mut config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| CoordError::Refused(format!("{}: {e}", redacted(url))))?;
+        config.connect_timeout(CONNECT_TIMEOUT);
+        config.application_name("weir");
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(size)
+            .wait_timeout(Some(CALL_TIMEOUT))
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .post_create(Hook::async_fn(|client, _| {
+                // Sent on the connection once it is open, not as a startup
+                // parameter (`options`), which a pooler such as PgBouncer
+                // refuses or drops.
+                Box::pin(async move {
+                    let bound =
+                        format!("SET statement_timeout = {}", STATEMENT_TIMEOUT.as_millis());
+                    client
+                        .batch_execute(&bound)
+                        .await
+                        .map_err(HookError::Backend)
+                })
+            }))
+            .build()
+            .map_err(unavailable)?;
+        Ok(Postgres { pool })
+    }
+
+    pub(super) async fn client(&self) -> Result<deadpool_postgres::Object, CoordError> {
+        self.pool.get().await.map_err(unavailable)
+    }
+}
+
+/// Bounds one call by [`CALL_TIMEOUT`].
+pub(super) async fn timed<T>(
+    call: impl Future<Output = Result<T, CoordError>>,
+) -> Result<T, CoordError> {
+    timed_for(CALL_TIMEOUT, call).await
+}
+
+/// Bounds one call by `limit`.
+pub(super) async fn timed_for<T, E: From<CoordError>>(
+    limit: Duration,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(CoordError::Unavailable(format!(
+            "no answer within {} ms",
+            limit.as_millis()
+        ))
+        .into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redacted_url_keeps_hosts_and_ports_but_not_the_password() {
+        assert_eq!(
+            redacted("postgres://weir:hunter2@10.0.0.5:6432/weir"),
+            "postgres://weir@10.0.0.5:6432/weir"
+        );
+        // The default port, said.
+        assert_eq!(
+            redacted("postgres://weir@db/weir"),
+            "postgres://weir@db:5432/weir"
+        );
+        assert_eq!(
+            redacted("host=a,b port=5433,5434 user=weir password=x dbname=weir"),
+            "postgres://weir@a:5433,b:5434/weir"
+        );
+        assert!(!redacted("postgres://weir:hunter2@db:1/weir").contains("hunter2"));
+    }
+}
