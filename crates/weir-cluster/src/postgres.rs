@@ -18,7 +18,7 @@ mod schema;
 pub use connection::{
     CALL_TIMEOUT, CONNECT_TIMEOUT, LEASE_POOL_SIZE, POOL_SIZE, STATEMENT_TIMEOUT, redacted,
 };
-use connection::{classify, timed, unavailable};
+use connection::{classify, connection, timed};
 
 use crate::coordinator::{
     Claimed, CoordError, Coordinator, Deleted, DueObject, Fence, History, Listed, NodeInfo,
@@ -380,7 +380,7 @@ impl Coordinator for Postgres {
                 let (object, head) = (fence.object, head as i64);
                 tokio::spawn(async move {
                     let dropped = timed(async {
-                        let client = pool.get().await.map_err(unavailable)?;
+                        let client = connection(&pool).await?;
                         client
                             .execute(
                                 "WITH old_log AS (DELETE FROM weir_log WHERE object = $1 AND head <= $2)

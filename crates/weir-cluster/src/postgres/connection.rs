@@ -3,17 +3,20 @@
 //!
 //! Invariants owned here: every call a node makes is bounded by
 //! [`CALL_TIMEOUT`] (a hung database is an unavailable one, never a hung
-//! node); the server ends each statement itself after
-//! [`STATEMENT_TIMEOUT`], set on each connection as it opens (a `SET`,
-//! which a pooler in session mode passes on, where a startup parameter
-//! would be refused), so none the node gave up on is left running in the
-//! database, holding its connection, its locks, and every statement sent
-//! on that connection after it; the lease's statements have a connection
-//! of their own ([`Postgres::for_lease`]), so no statement of the data's
-//! (a commit waiting on a lock) delays a renewal; a connection error, a
-//! timeout and a server that is shutting down are all
-//! [`CoordError::Unavailable`]; a URL is never said with its password.
+//! node); a call the node gave up on leaves nothing running on its
+//! connections, which are cancelled and closed, never handed to another
+//! call ([`Connection`]); the server ends each statement itself after
+//! [`STATEMENT_TIMEOUT`] in any case (a cancel can be lost), set on each
+//! connection as it opens (a `SET`, which a pooler in session mode passes
+//! on, where a startup parameter would be refused); the lease's
+//! statements have a connection of their own ([`Postgres::for_lease`]),
+//! so no statement of the data's (a commit waiting on a lock) delays a
+//! renewal; a connection error, a timeout and a server that is shutting
+//! down are all [`CoordError::Unavailable`]; a URL is never said with its
+//! password.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -170,8 +173,82 @@ impl Postgres {
         Ok(Postgres { pool })
     }
 
-    pub(super) async fn client(&self) -> Result<deadpool_postgres::Object, CoordError> {
-        self.pool.get().await.map_err(unavailable)
+    /// A connection of the pool, for one call.
+    pub(super) async fn client(&self) -> Result<Connection, CoordError> {
+        connection(&self.pool).await
+    }
+}
+
+tokio::task_local! {
+    /// The call [`timed_for`] bounds, for the connections it takes.
+    static CALL: Arc<Call>;
+}
+
+/// One call [`timed_for`] bounds.
+#[derive(Default)]
+struct Call {
+    /// The node stopped waiting for it.
+    given_up: AtomicBool,
+}
+
+/// A pooled connection taken by one call. Dropped with the call when the
+/// node gave up on it, it leaves the pool (closed, never taken by another
+/// call while a statement of this one may still run on it), and the
+/// server is asked to cancel what still runs on it: a statement the node
+/// gave up on ends then, not [`STATEMENT_TIMEOUT`] after it was sent, and
+/// lets go of its locks.
+pub(super) struct Connection {
+    object: Option<deadpool_postgres::Object>,
+    call: Option<Arc<Call>>,
+}
+
+/// Takes a connection of `pool` for the call under way.
+pub(super) async fn connection(pool: &Pool) -> Result<Connection, CoordError> {
+    let object = pool.get().await.map_err(unavailable)?;
+    Ok(Connection {
+        object: Some(object),
+        call: CALL.try_with(Arc::clone).ok(),
+    })
+}
+
+impl std::ops::Deref for Connection {
+    type Target = deadpool_postgres::Object;
+    fn deref(&self) -> &Self::Target {
+        self.object.as_ref().expect("taken until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Connection {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.object.as_mut().expect("taken until dropped")
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        let given_up = self
+            .call
+            .as_ref()
+            .is_some_and(|call| call.given_up.load(Ordering::Acquire));
+        let Some(object) = self.object.take() else {
+            return;
+        };
+        if !given_up {
+            return;
+        }
+        let token = object.cancel_token();
+        let client = deadpool_postgres::Object::take(object);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            // The connection is closed after the cancel is through: a
+            // pooler (PgBouncer) forwards a cancel only for a client that
+            // is still connected.
+            runtime.spawn(async move {
+                if let Err(e) = token.cancel_query(NoTls).await {
+                    tracing::debug!(error = %e, "cannot cancel a statement given up on");
+                }
+                drop(client);
+            });
+        }
     }
 }
 
@@ -182,18 +259,26 @@ pub(super) async fn timed<T>(
     timed_for(CALL_TIMEOUT, call).await
 }
 
-/// Bounds one call by `limit`.
+/// Bounds one call by `limit`; the connections a call given up on took
+/// are closed and what runs on them cancelled ([`Connection`]).
 pub(super) async fn timed_for<T, E: From<CoordError>>(
     limit: Duration,
     call: impl Future<Output = Result<T, E>>,
 ) -> Result<T, E> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(result) => result,
-        Err(_) => Err(CoordError::Unavailable(format!(
-            "no answer within {} ms",
-            limit.as_millis()
-        ))
-        .into()),
+    let this = Arc::new(Call::default());
+    let call = CALL.scope(this.clone(), call);
+    tokio::pin!(call);
+    tokio::select! {
+        result = &mut call => result,
+        () = tokio::time::sleep(limit) => {
+            // Before the call (and its connections) is dropped.
+            this.given_up.store(true, Ordering::Release);
+            Err(CoordError::Unavailable(format!(
+                "no answer within {} ms",
+                limit.as_millis()
+            ))
+            .into())
+        }
     }
 }
 

@@ -273,7 +273,7 @@ impl Postgres {
     /// waits for.
     async fn present(&self) -> Result<(Vec<usize>, Option<i32>), CoordError> {
         let client = self.client().await?;
-        let missing = missing(&client).await?;
+        let missing = missing(&*client).await?;
         let version = if missing.iter().any(|&i| PARTS[i].relation == "weir_schema") {
             None
         } else {

@@ -231,6 +231,11 @@ impl Postgres {
         let _ = child.wait();
     }
 
+    /// What the server logged since it last started.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join(format!("log-{}", self.port))).unwrap_or_default()
+    }
+
     /// The URL nodes reach it at directly.
     pub fn url(&self) -> String {
         format!("postgres://weir@127.0.0.1:{}/weir", self.port)
