@@ -8,7 +8,6 @@
 //! (deletion, listing) `operators`'; the shared images' `images`'.
 
 use async_trait::async_trait;
-use deadpool_postgres::Pool;
 
 mod connection;
 mod images;
@@ -18,7 +17,7 @@ mod schema;
 pub use connection::{
     CALL_TIMEOUT, CONNECT_TIMEOUT, LEASE_POOL_SIZE, POOL_SIZE, STATEMENT_TIMEOUT, redacted,
 };
-use connection::{classify, connection, timed};
+use connection::{Connections, classify, timed};
 
 use crate::coordinator::{
     Claimed, CoordError, Coordinator, Deleted, DueObject, Fence, History, Listed, NodeInfo,
@@ -31,7 +30,7 @@ const LIVE: &str =
 
 /// The coordinator on one PostgreSQL database.
 pub struct Postgres {
-    pool: Pool,
+    connections: Connections,
 }
 
 fn state(row: &tokio_postgres::Row, at: usize) -> ObjectState {
@@ -376,11 +375,11 @@ impl Coordinator for Postgres {
                 // shipper's way (its next commit does not wait for it):
                 // history up to a stored snapshot never changes, and
                 // commits meanwhile write only later heads.
-                let pool = self.pool.clone();
+                let connections = self.connections.clone();
                 let (object, head) = (fence.object, head as i64);
                 tokio::spawn(async move {
                     let dropped = timed(async {
-                        let client = connection(&pool).await?;
+                        let client = connections.get().await?;
                         client
                             .execute(
                                 "WITH old_log AS (DELETE FROM weir_log WHERE object = $1 AND head <= $2)

@@ -15,9 +15,15 @@
 //! down are all [`CoordError::Unavailable`]; a URL is never said with its
 //! password.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_postgres::CancelToken;
 
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
@@ -143,6 +149,13 @@ impl Postgres {
             .map_err(|e| CoordError::Refused(format!("{}: {e}", redacted(url))))?;
         config.connect_timeout(CONNECT_TIMEOUT);
         config.application_name("weir");
+        let cancel_at = match (config.get_hosts(), config.get_ports()) {
+            ([tokio_postgres::config::Host::Tcp(host), ..], ports) => Some(Arc::new((
+                host.clone(),
+                ports.first().copied().unwrap_or(5432),
+            ))),
+            _ => None,
+        };
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -170,12 +183,35 @@ impl Postgres {
             }))
             .build()
             .map_err(unavailable)?;
-        Ok(Postgres { pool })
+        Ok(Postgres {
+            connections: Connections { pool, cancel_at },
+        })
     }
 
     /// A connection of the pool, for one call.
     pub(super) async fn client(&self) -> Result<Connection, CoordError> {
-        connection(&self.pool).await
+        self.connections.get().await
+    }
+}
+
+/// The pool of one [`Postgres`], and where a cancel for its connections
+/// goes.
+#[derive(Clone)]
+pub(super) struct Connections {
+    pool: Pool,
+    /// The host and port of a URL whose first host is one on the network.
+    cancel_at: Option<Arc<(String, u16)>>,
+}
+
+impl Connections {
+    /// Takes a connection for the call under way.
+    pub(super) async fn get(&self) -> Result<Connection, CoordError> {
+        let object = self.pool.get().await.map_err(unavailable)?;
+        Ok(Connection {
+            object: Some(object),
+            call: CALL.try_with(Arc::clone).ok(),
+            cancel_at: self.cancel_at.clone(),
+        })
     }
 }
 
@@ -200,15 +236,7 @@ struct Call {
 pub(super) struct Connection {
     object: Option<deadpool_postgres::Object>,
     call: Option<Arc<Call>>,
-}
-
-/// Takes a connection of `pool` for the call under way.
-pub(super) async fn connection(pool: &Pool) -> Result<Connection, CoordError> {
-    let object = pool.get().await.map_err(unavailable)?;
-    Ok(Connection {
-        object: Some(object),
-        call: CALL.try_with(Arc::clone).ok(),
-    })
+    cancel_at: Option<Arc<(String, u16)>>,
 }
 
 impl std::ops::Deref for Connection {
@@ -238,17 +266,79 @@ impl Drop for Connection {
         }
         let token = object.cancel_token();
         let client = deadpool_postgres::Object::take(object);
+        let cancel_at = self.cancel_at.take();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             // The connection is closed after the cancel is through: a
             // pooler (PgBouncer) forwards a cancel only for a client that
             // is still connected.
             runtime.spawn(async move {
-                if let Err(e) = token.cancel_query(NoTls).await {
+                if let Err(e) = cancel(&token, cancel_at.as_deref()).await {
                     tracing::debug!(error = %e, "cannot cancel a statement given up on");
                 }
                 drop(client);
             });
         }
+    }
+}
+
+/// Sends the cancel request `token` makes to `at` (else to where the
+/// token's connection went), and waits for the server to close the
+/// request's socket, as libpq does: PgBouncer before 1.21 drops a cancel
+/// whose client half-closes its socket once it is sent, which
+/// tokio-postgres's own `cancel_query` does.
+async fn cancel(token: &CancelToken, at: Option<&(String, u16)>) -> Result<(), String> {
+    let Some((host, port)) = at else {
+        return token.cancel_query(NoTls).await.map_err(|e| e.to_string());
+    };
+    let sent = async {
+        let stream = TcpStream::connect((host.as_str(), *port))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut kept = KeptOpen(stream);
+        token
+            .cancel_query_raw(&mut kept, NoTls)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut rest = Vec::new();
+        kept.0
+            .read_to_end(&mut rest)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, sent)
+        .await
+        .map_err(|_| format!("no answer within {} ms", CONNECT_TIMEOUT.as_millis()))?
+}
+
+/// A stream whose shutdown leaves it open (see [`cancel`]).
+struct KeptOpen(TcpStream);
+
+impl AsyncRead for KeptOpen {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for KeptOpen {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
     }
 }
 
