@@ -29,6 +29,14 @@ answered 200 and the counter must hold exactly the acknowledged writes
 (the script exits 1 otherwise), and the time from SIGTERM to exit and
 the pause in acknowledgements each restart causes are printed.
 
+With --starts N (and --baseline), only the node-start row runs: a node
+joins a serving cluster N times per build (builds alternating), each
+time on a fresh data dir, timed from exec to its first answer, while one
+connection writes to actors of the node already there (the longest of
+those writes during each start is printed); then each build starts once
+more while another session holds every table as `pg_dump` does (ACCESS
+SHARE, in one open transaction), for at most 15 s.
+
 With --baseline BIN, only the owner row runs, for this build and BIN in
 alternating order over --rounds rounds (each on fresh nodes and a fresh
 database), and the medians and their ratio are printed: an A/B of two
@@ -489,6 +497,89 @@ def sockets_row(pg, tmp, rounds, duration, sockets=100, size=32, idle_sockets=20
             kill(proc)
 
 
+def node_starts(pg, tmp, n, baseline):
+    """A node joining a serving cluster, each build in turn; see --starts."""
+    first_port, first = start_weir(tmp / "starts-first", pg.url(), "first", 1000)
+    wait_ready(first_port, first, method="POST", path="/direct/warm/incr", timeout=120)
+    stop = threading.Event()
+    writes = []  # (sent at, ms)
+
+    def writer():
+        c = http.client.HTTPConnection("127.0.0.1", first_port, timeout=30)
+        i = 0
+        while not stop.is_set():
+            t = time.perf_counter()
+            try:
+                c.request("POST", f"/direct/w{i % 500}/incr", body=b"")
+                r = c.getresponse()
+                r.read()
+                status = r.status
+            except OSError:
+                c.close()
+                c = http.client.HTTPConnection("127.0.0.1", first_port, timeout=30)
+                status = None
+            writes.append((t, (time.perf_counter() - t) * 1e3, status))
+            i += 1
+
+    w = threading.Thread(target=writer)
+    w.start()
+    builds = [("this build", WEIR), ("baseline", Path(baseline))]
+
+    def one_start(label, binary, k, limit):
+        data = tmp / f"starts-{label.replace(' ', '-')}-{k}"
+        t0 = time.perf_counter()
+        port, proc = start_weir(data, pg.url(), f"joiner-{k}", 1000, binary=binary)
+        try:
+            wait_ready(port, proc, method="POST", path="/direct/warm/incr", timeout=limit)
+            took = (time.perf_counter() - t0) * 1e3
+        except RuntimeError as e:
+            took = f"did not serve ({e})"
+        t1 = time.perf_counter()
+        during = [ms for (at, ms, _) in writes if t0 <= at <= t1]
+        failed = sum(1 for (at, _, st) in writes if t0 <= at <= t1 and st != 200)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            kill(proc)
+        return took, max(during, default=float("nan")), len(during), failed
+
+    results = {label: [] for label, _ in builds}
+    try:
+        for k in range(n):
+            order = builds if k % 2 == 0 else builds[::-1]
+            for label, binary in order:
+                results[label].append(one_start(label, binary, k, 60))
+        for label, _ in builds:
+            ts = [r[0] for r in results[label]]
+            worst = [r[1] for r in results[label]]
+            print(f"{label:12} exec -> first answer: p50 {pct(ts, 50):6.1f} ms, max {max(ts):6.1f} ms; "
+                  f"the other node's longest write during a start: p50 {pct(worst, 50):5.1f} ms, "
+                  f"max {max(worst):6.1f} ms; writes refused {sum(r[3] for r in results[label])}",
+                  flush=True)
+        # A backup's read holds every table.
+        tables = pg.psql("weir", "SELECT string_agg(tablename, ', ') FROM pg_tables WHERE tablename LIKE 'weir%'")
+        backup = subprocess.Popen([str(pg.bin / "psql"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "weir",
+                                   "-d", "weir", "-q"], stdin=subprocess.PIPE, text=True)
+        backup.stdin.write(f"BEGIN; LOCK TABLE {tables} IN ACCESS SHARE MODE;\n")
+        backup.stdin.flush()
+        time.sleep(0.5)
+        try:
+            for label, binary in builds:
+                took, worst, count, failed = one_start(label, binary, n + 1, 15)
+                took = f"{took:.1f} ms" if isinstance(took, float) else took
+                print(f"{label:12} during a backup: exec -> first answer {took}; the other node's "
+                      f"longest write {worst:.1f} ms of {count}, {failed} refused", flush=True)
+        finally:
+            backup.stdin.write("COMMIT;\n")
+            backup.stdin.close()
+            backup.wait()
+    finally:
+        stop.set()
+        w.join()
+        kill(first)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--duration", type=int, default=8)
@@ -501,6 +592,8 @@ def main():
                     help="with --baseline: the load through a node that forwards to the owner")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--sockets", action="store_true", help="only the WebSocket row")
+    ap.add_argument("--starts", type=int, default=0,
+                    help="with --baseline, only the node-start row: N starts per build")
     ap.add_argument("--restarts", type=int, default=0,
                     help="only the graceful-restart row: the owner stopped (SIGTERM) and started N times")
     args = ap.parse_args()
@@ -542,6 +635,17 @@ def main():
             print(f"  failed: {r['failed'][:10]}")
         if r["failed"] or r["counted"] != r["acks"]:
             sys.exit(1)
+        return
+
+    if args.starts:
+        if not args.baseline:
+            sys.exit("--starts needs --baseline")
+        pg = Postgres(tmp)
+        try:
+            node_starts(pg, tmp, args.starts, args.baseline)
+        finally:
+            pg.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
         return
 
     if args.baseline:

@@ -15,7 +15,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::cluster::{Postgres, node, node_dir, node_that_stops_at_start, session};
+use common::cluster::{Postgres, node, node_dir, node_that_stops_at_start, put, session};
 
 /// Whether the index of journaled owners is there.
 const JOURNALED_INDEX: &str =
@@ -36,19 +36,6 @@ async fn completed(node: &common::Weir) -> serde_json::Value {
     node.first_logged(SCHEMA, |r| {
         r["message"] == "the cluster database's schema was completed"
     })
-    .await
-}
-
-/// Puts `value` under key `k` of actor `name` through the node at `addr`.
-async fn put(addr: std::net::SocketAddr, name: &str, value: &str) -> common::Resp {
-    common::send_to(
-        addr,
-        http::Request::post(format!("/direct/{name}/put?key=k"))
-            .body(http_body_util::Full::new(bytes::Bytes::from(
-                value.to_string(),
-            )))
-            .unwrap(),
-    )
     .await
 }
 

@@ -11,26 +11,13 @@
 
 mod common;
 
-use common::cluster::{PgBouncer, Postgres, node, node_dir, session};
+use common::cluster::{PgBouncer, Postgres, node, node_dir, put, session};
 use serde_json::Value;
 
 /// More calls at once than the node keeps connections to the database
 /// (`weir_cluster::postgres::POOL_SIZE`, 16): every connection waits on
 /// the lock, and more calls wait for a connection.
 const CALLS: usize = 40;
-
-/// Puts `value` under key `k` of actor `name` through the node at `addr`.
-async fn put(addr: std::net::SocketAddr, name: &str, value: &str) -> common::Resp {
-    common::send_to(
-        addr,
-        http::Request::post(format!("/direct/{name}/put?key=k"))
-            .body(http_body_util::Full::new(bytes::Bytes::from(
-                value.to_string(),
-            )))
-            .unwrap(),
-    )
-    .await
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_stuck_behind_a_locked_table_are_refused_by_name_and_the_lease_holds() {

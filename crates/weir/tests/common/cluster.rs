@@ -69,6 +69,23 @@ fn unprivileged() -> Option<&'static str> {
     })
 }
 
+/// Runs `program` as `user` (see [`unprivileged`]), or as this process.
+fn as_user(user: Option<&str>, program: &Path) -> Command {
+    match user {
+        Some(user) => {
+            let mut c = Command::new("setpriv");
+            c.args([
+                &format!("--reuid={user}"),
+                &format!("--regid={user}"),
+                "--init-groups",
+            ])
+            .arg(program);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
 /// A port nothing listens on now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -89,20 +106,7 @@ pub struct Postgres {
 
 impl Postgres {
     fn command(&self, program: &str) -> Command {
-        let path = self.bin.join(program);
-        match self.user {
-            Some(user) => {
-                let mut c = Command::new("setpriv");
-                c.args([
-                    &format!("--reuid={user}"),
-                    &format!("--regid={user}"),
-                    "--init-groups",
-                ])
-                .arg(path);
-                c
-            }
-            None => Command::new(path),
-        }
+        as_user(self.user, &self.bin.join(program))
     }
 
     /// A fresh cluster on a free port, started, with a database `weir`.
@@ -374,20 +378,7 @@ impl PgBouncer {
                 .success();
             assert!(ok, "chown {}", dir.display());
         }
-        let mut command = match pg.user {
-            Some(user) => {
-                let mut c = Command::new("setpriv");
-                c.args([
-                    &format!("--reuid={user}"),
-                    &format!("--regid={user}"),
-                    "--init-groups",
-                ])
-                .arg(&bin);
-                c
-            }
-            None => Command::new(&bin),
-        };
-        let child = command
+        let child = as_user(pg.user, &bin)
             .arg(&config)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -568,6 +559,18 @@ pub fn node_that_stops_at_start(
     ];
     args.extend_from_slice(extra);
     super::run_weir_with_env(&args, &[("WEIR_CLUSTER_SECRET", SECRET)])
+}
+
+/// Puts `value` under key `k` of the `probe` actor `name` through the
+/// node at `addr` (at `/direct/NAME/put`).
+pub async fn put(addr: std::net::SocketAddr, name: &str, value: &str) -> Resp {
+    super::send_to(
+        addr,
+        Request::post(format!("/direct/{name}/put?key=k"))
+            .body(Full::new(Bytes::from(value.to_string())))
+            .unwrap(),
+    )
+    .await
 }
 
 /// Increments the `probe` actor `actor`'s counter through `node`.
