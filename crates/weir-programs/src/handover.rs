@@ -398,13 +398,7 @@ impl Handover for ProgramsHost {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn owner(name: &str) -> Owner {
-        Owner {
-            class: "c".into(),
-            name: name.into(),
-        }
-    }
+    use crate::process_table::owner;
 
     #[test]
     fn an_owed_owner_is_tried_once_at_a_time_and_later_after_each_failure() {

@@ -28,6 +28,15 @@ pub struct Owner {
     pub name: String,
 }
 
+/// Owner `name` of class `c`, for unit tests.
+#[cfg(test)]
+pub(crate) fn owner(name: &str) -> Owner {
+    Owner {
+        class: "c".into(),
+        name: name.into(),
+    }
+}
+
 impl From<&weir_actors::ActorAddress> for Owner {
     fn from(actor: &weir_actors::ActorAddress) -> Owner {
         Owner {
@@ -331,13 +340,6 @@ fn refusal(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn owner(name: &str) -> Owner {
-        Owner {
-            class: "c".into(),
-            name: name.into(),
-        }
-    }
 
     #[test]
     fn pids_come_from_the_incarnation_and_slots_are_reused_lowest_first() {
