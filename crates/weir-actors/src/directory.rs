@@ -239,6 +239,11 @@ impl ActorDirectory {
         Ok(path)
     }
 
+    /// Where the actors' databases are: `<data-dir>/actors`.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     /// The durability the actors' databases are opened with.
     pub fn durability(&self) -> Durability {
         self.durability

@@ -44,8 +44,10 @@ impl ActorHost {
         let cell = claim.cell.clone();
         let mut live = cell.live.lock().await;
         if live.gate.is_none() && !self.has_storage(&address) {
-            // Deleted while this waited for its turn: its timers went with
-            // it, and waking it would make a new actor of its name.
+            // Deleted while this waited for its turn (or its row in the
+            // timer ledger outlived it): its timers went with it, and
+            // waking it would make a new actor of its name.
+            self.ledger_exact(&address, None);
             return;
         }
         let class = cell.class.load_full();

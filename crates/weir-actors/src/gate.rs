@@ -36,6 +36,7 @@ use weir_store::statement_bounds::StopCheck;
 use crate::error_code::TurnError;
 use crate::placement::{BoxFuture, Durable};
 use crate::storage_room::RoomShare;
+use crate::timer_ledger::LedgerRow;
 
 /// Why a storage call of the turn failed.
 pub enum GateError {
@@ -69,6 +70,9 @@ struct GateState {
     failed: Option<String>,
     /// The guest scheduled or cancelled a timer since this was last read.
     timers_changed: bool,
+    /// The guest scheduled or cancelled a timer since the last commit: the
+    /// ledger's row is lowered before the next one.
+    timers_unledgered: bool,
     /// A turn is open and its transaction has not begun: the next storage
     /// call of the turn begins it.
     unbegun: bool,
@@ -108,6 +112,28 @@ impl GateState {
         Ok(&mut self.db)
     }
 
+    /// Before a commit: lowers the actor's row in the timer ledger to the
+    /// earliest deadline the commit leaves, if the turn changed its
+    /// timers since the last commit, so that the ledger is never later
+    /// than the database, even if the process dies right after.
+    fn ledger_before_commit(&mut self, ledger: Option<&LedgerRow>) {
+        if !self.timers_unledgered {
+            return;
+        }
+        let Some(row) = ledger else {
+            self.timers_unledgered = false;
+            return;
+        };
+        // A read stopped by the turn's deadline is tried again at the
+        // turn's last commit, which no deadline cuts.
+        if let Ok(next) = self.db.next_deadline() {
+            self.timers_unledgered = false;
+            if let Some(at) = next {
+                row.lower(at);
+            }
+        }
+    }
+
     /// Poisons the turn when the call that failed with `e` took the
     /// turn's transaction with it ([`ActorDb::transaction_lost`]): what the
     /// turn wrote before is gone, so it may neither go on writing nor
@@ -126,18 +152,27 @@ pub struct TurnGate {
     state: Mutex<GateState>,
     /// Where a replica's commits go (cluster mode).
     durable: Option<Arc<dyn Durable>>,
+    /// The actor's row in the timer ledger (on one machine).
+    ledger: Option<LedgerRow>,
 }
 
 impl TurnGate {
     /// The gate of an actor whose database is `db`, counted in the app's
-    /// storage room by `room`; on a replica, its commits go to `durable`.
-    pub fn open(db: ActorDb, room: RoomShare, durable: Option<Arc<dyn Durable>>) -> Arc<TurnGate> {
+    /// storage room by `room`; on a replica, its commits go to `durable`;
+    /// on one machine, its timers are ledgered in `ledger`.
+    pub fn open(
+        db: ActorDb,
+        room: RoomShare,
+        durable: Option<Arc<dyn Durable>>,
+        ledger: Option<LedgerRow>,
+    ) -> Arc<TurnGate> {
         Arc::new(TurnGate {
             state: Mutex::new(GateState {
                 // A replica may have just come from another node, timers
                 // and all: its first turn puts its next deadline into the
                 // timer index.
                 timers_changed: durable.is_some(),
+                timers_unledgered: false,
                 db,
                 room,
                 wrote: false,
@@ -146,6 +181,7 @@ impl TurnGate {
                 unbegun: false,
             }),
             durable,
+            ledger,
         })
     }
 
@@ -282,6 +318,7 @@ impl TurnGate {
         s.dirty = false;
         s.wrote = false;
         s.failed = None;
+        s.timers_unledgered = false;
         s.db.watch(Some(stop));
         s.unbegun = true;
     }
@@ -298,6 +335,7 @@ impl TurnGate {
             return Err(why);
         }
         s.dirty = false;
+        s.ledger_before_commit(self.ledger.as_ref());
         let committed = s.db.commit_turn().map_err(|e| e.to_string());
         s.ended();
         committed?;
@@ -324,6 +362,7 @@ impl TurnGate {
         if !s.dirty {
             return Ok(());
         }
+        s.ledger_before_commit(self.ledger.as_ref());
         match s
             .db
             .sync()
@@ -374,7 +413,10 @@ impl TurnGate {
         &self,
         f: impl FnOnce(&mut ActorDb) -> Result<T, ActorStoreError>,
     ) -> Result<T, GateError> {
-        self.lock().timers_changed = true;
+        let mut s = self.lock();
+        s.timers_changed = true;
+        s.timers_unledgered = true;
+        drop(s);
         self.write(f)
     }
 
@@ -412,5 +454,62 @@ impl OutputGate for TurnGate {
                 e.as_str().to_string()
             })
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use weir_store::Durability;
+    use weir_store::timer_ledger::{LEDGER_FILE, TimerLedger};
+
+    use super::*;
+    use crate::address::ActorAddress;
+    use crate::storage_room::StorageRoom;
+
+    #[test]
+    fn a_commit_that_brings_a_timer_forward_lowers_the_ledger_first() {
+        let dir = weir_scratch::dir("gate-ledger");
+        std::fs::create_dir_all(&dir).unwrap();
+        let ledger =
+            Arc::new(TimerLedger::open(&dir.join(LEDGER_FILE), Durability::Process).unwrap());
+        let actor = ActorAddress::new("probe", "a").unwrap();
+        let path = dir.join("a.sqlite3");
+        let mut db = ActorDb::open(&path, Durability::Process).unwrap();
+        let room =
+            RoomShare::open(Arc::new(StorageRoom::default()), path, &mut db, 0, 1 << 30).unwrap();
+        let gate = TurnGate::open(db, room, None, Some(LedgerRow::new(ledger.clone(), actor)));
+        let row = || ledger.get("probe", "a").unwrap();
+        let turn = |f: &dyn Fn(&mut ActorDb) -> Result<(), ActorStoreError>, commit: bool| {
+            gate.begin(Arc::new(|| false));
+            gate.write_timers(|db| f(db)).ok().unwrap();
+            if commit {
+                gate.commit().unwrap();
+            } else {
+                gate.rollback();
+            }
+        };
+
+        turn(&|db| db.schedule("x", 500), true);
+        assert_eq!(row(), Some(500), "the commit alone left the row");
+        // A rolled-back turn lowers nothing.
+        turn(&|db| db.schedule("y", 100), false);
+        assert_eq!(row(), Some(500));
+        // An earlier timer lowers it; a later one never raises it (the
+        // holder sets the exact value after the commit).
+        turn(&|db| db.schedule("y", 300), true);
+        assert_eq!(row(), Some(300));
+        turn(&|db| db.cancel("y").map(drop), true);
+        assert_eq!(row(), Some(300));
+        // A mid-turn sync is a commit too.
+        gate.begin(Arc::new(|| false));
+        gate.write_timers(|db| db.schedule("z", 200)).ok().unwrap();
+        gate.flush().unwrap();
+        assert_eq!(row(), Some(200), "lowered at the sync");
+        gate.commit().unwrap();
+        // A turn that only writes data leaves the row alone.
+        gate.begin(Arc::new(|| false));
+        gate.write(|db| db.put("k", b"v")).ok().unwrap();
+        gate.commit().unwrap();
+        assert_eq!(row(), Some(200));
     }
 }

@@ -130,6 +130,9 @@ pub struct ActorHost {
     pub(crate) directory: ActorDirectory,
     pub(crate) cells: Mutex<HashMap<ActorAddress, Arc<Cell>>>,
     pub(crate) timers: TimerIndex,
+    /// Every actor's next deadline on disk, on one machine
+    /// ([`crate::timer_ledger`]).
+    pub(crate) ledger: Option<Arc<weir_store::timer_ledger::TimerLedger>>,
     /// Alarm deliveries running, bounded by `max_concurrent_alarms`.
     pub(crate) deliveries: crate::dispatcher::Deliveries,
     pub(crate) sink: Option<Arc<dyn ReceiptSink>>,
@@ -186,6 +189,7 @@ impl ActorHost {
             directory,
             cells: Mutex::new(HashMap::new()),
             timers: TimerIndex::default(),
+            ledger: None,
             deliveries: Default::default(),
             sink,
             started: Instant::now(),
@@ -201,6 +205,10 @@ impl ActorHost {
             holdings: std::sync::Mutex::new(Vec::new()),
             handover: std::sync::OnceLock::new(),
         };
+        if host.placement.is_none() {
+            host.ledger =
+                crate::timer_ledger::open(host.directory.root(), host.directory.durability());
+        }
         let mut journaled = Vec::new();
         let mut unreadable = Vec::new();
         let mut census = 0;
@@ -488,6 +496,7 @@ impl ActorHost {
             code: &class.code,
             alarm: class.alarm.as_ref(),
             directory: &self.directory,
+            ledger: self.ledger.as_ref(),
             placement: self.placement.as_ref(),
             handover: self.handover.get(),
             metrics: &class.metrics,
@@ -503,7 +512,16 @@ impl ActorHost {
         if let Some(gate) = &live.gate
             && (gate.take_timers_changed() || alarms_ran)
         {
-            self.timers.set(&cell.address, live.next_deadline());
+            match gate.with_db(|db| db.next_deadline()) {
+                Ok(next) => {
+                    self.timers.set(&cell.address, next);
+                    self.ledger_exact(&cell.address, next);
+                }
+                Err(e) => {
+                    tracing::warn!(actor = %cell.address, error = %e, "cannot read the actor's next timer");
+                    self.timers.set(&cell.address, None);
+                }
+            }
         }
         cell.last_active_ms
             .store(self.elapsed_ms(), Ordering::Relaxed);

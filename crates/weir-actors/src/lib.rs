@@ -53,6 +53,7 @@ pub mod receipts;
 pub mod residency;
 pub mod socket_relay;
 pub mod storage_room;
+pub mod timer_ledger;
 pub mod timer_pass;
 pub mod timers;
 pub mod turn;

@@ -514,6 +514,11 @@ impl ActorHost {
         } else {
             self.directory.delete(actor)
         };
+        // After its file: a crash between leaves a row whose delivery
+        // finds no actor (and removes it), never an actor without its row.
+        if deleted.is_ok() {
+            self.ledger_exact(actor, None);
+        }
         deleted.map_err(|e| AdminError::Storage(e.to_string()))
     }
 

@@ -38,6 +38,7 @@ use crate::error_code::{ActorErrorCode, TurnError};
 use crate::gate::TurnGate;
 use crate::placement::Placement;
 use crate::storage_room::RoomShare;
+use crate::timer_ledger::LedgerRow;
 use crate::timers::{ALARM_MAX_RETRIES, now_ms, retry_at};
 
 /// `alarm: func(reason: string) -> result<option<u64>, string>`.
@@ -72,13 +73,6 @@ impl Live {
         self.generation = None;
         self.alarm = None;
     }
-
-    /// The actor's earliest timer, from its database.
-    pub fn next_deadline(&self) -> Option<i64> {
-        self.gate
-            .as_ref()
-            .and_then(|g| g.with_db(|db| db.next_deadline().ok().flatten()))
-    }
 }
 
 /// What a turn needs to know about where it runs.
@@ -88,6 +82,8 @@ pub struct TurnContext<'a> {
     /// The class's `weir:actor/alarm#alarm` export, if it has one.
     pub alarm: Option<&'a ComponentExportIndex>,
     pub directory: &'a ActorDirectory,
+    /// The timer ledger, on one machine.
+    pub ledger: Option<&'a Arc<weir_store::timer_ledger::TimerLedger>>,
     /// Where the actor's storage is made durable beyond this process, if
     /// anywhere (cluster mode).
     pub placement: Option<&'a Arc<dyn Placement>>,
@@ -182,7 +178,15 @@ pub(crate) async fn open_storage(
         ctx.code.limits.max_database_bytes,
     )
     .map_err(|e| format!("cannot bound the actor's storage: {e}"))?;
-    Ok(TurnGate::open(db, room, durable))
+    // On one machine, the ledger's row is lowered before a commit that
+    // brings the actor's earliest timer forward.
+    let ledger = match durable {
+        None => ctx
+            .ledger
+            .map(|l| LedgerRow::new(l.clone(), ctx.address.clone())),
+        Some(_) => None,
+    };
+    Ok(TurnGate::open(db, room, durable, ledger))
 }
 
 /// Makes sure the actor's database is open (opened anew when its commits

@@ -30,6 +30,7 @@ pub mod replica;
 pub mod sql;
 pub mod statement_bounds;
 pub mod statement_memory;
+pub mod timer_ledger;
 pub mod timers;
 pub mod turn_transaction;
 

@@ -1,0 +1,110 @@
+//! The timer ledger as the actor host keeps it, on one machine: a start
+//! indexes every actor's next deadline from it in one read, before the
+//! timer pass has opened a single database, so a timer due at a restart
+//! fires on time however many actors are on disk. (In cluster mode each
+//! actor's row in the cluster's database carries its alarm instead.)
+//!
+//! Invariants owned here (the ledger's own rules are
+//! [`weir_store::timer_ledger`]'s):
+//! - a turn that changed its timers lowers its actor's row to its new
+//!   earliest deadline before its writes commit ([`LedgerRow`], called by
+//!   the turn gate), and whoever holds the actor sets the exact value
+//!   after ([`ActorHost::ledger_exact`]): after its turns, after the timer
+//!   pass's read, when it is deleted, or when a delivery finds it gone;
+//! - the ledger never decides alone: a row armed at start is checked
+//!   against the actor's database when it falls due (a delivery that
+//!   finds nothing due sets the row exact), and the timer pass still reads
+//!   every database, so a row a power loss took is put back;
+//! - a ledger file that is not a database or is corrupt is made again (it
+//!   is derived); one that cannot be opened otherwise (busy, unreadable)
+//!   is left alone and the host runs without a ledger, as before it:
+//!   timers are then found by the pass alone. Neither stops the server; a
+//!   write that fails is a warning, never a failed turn.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use weir_store::Durability;
+use weir_store::timer_ledger::{LEDGER_FILE, TimerLedger};
+
+use crate::address::ActorAddress;
+use crate::host::ActorHost;
+
+/// Opens the ledger of the actors under `root`, made again if the file
+/// there is not a database or is corrupt; `None` when no ledger can be had.
+pub(crate) fn open(root: &Path, durability: Durability) -> Option<Arc<TimerLedger>> {
+    let path = root.join(LEDGER_FILE);
+    let opened = std::fs::create_dir_all(root)
+        .map_err(|e| e.to_string())
+        .and_then(|()| TimerLedger::open_or_remake(&path, durability).map_err(|e| e.to_string()));
+    match opened {
+        Ok((ledger, remade)) => {
+            if let Some(error) = remade {
+                tracing::warn!(path = %path.display(), %error, "the timer ledger could not be used and was made again; the timer pass fills it from the actors' databases");
+            }
+            Some(Arc::new(ledger))
+        }
+        Err(error) => {
+            tracing::warn!(path = %path.display(), %error, "no timer ledger; timers are found by the timer pass alone");
+            None
+        }
+    }
+}
+
+/// One actor's row, as its turn gate lowers it before a commit.
+pub struct LedgerRow {
+    ledger: Arc<TimerLedger>,
+    actor: ActorAddress,
+}
+
+impl LedgerRow {
+    pub(crate) fn new(ledger: Arc<TimerLedger>, actor: ActorAddress) -> LedgerRow {
+        LedgerRow { ledger, actor }
+    }
+
+    /// Brings the row down to `at_ms`, the earliest deadline the commit
+    /// about to be made leaves.
+    pub(crate) fn lower(&self, at_ms: i64) {
+        if let Err(e) = self
+            .ledger
+            .lower(&self.actor.class, &self.actor.name, at_ms)
+        {
+            tracing::warn!(actor = %self.actor, error = %e, "cannot lower the actor's row in the timer ledger; after a crash its timer is found by the timer pass");
+        }
+    }
+}
+
+impl ActorHost {
+    /// Indexes every actor the ledger names (of a declared class) at its
+    /// row's deadline; how many.
+    pub(crate) fn arm_from_ledger(&self) -> usize {
+        let Some(ledger) = &self.ledger else {
+            return 0;
+        };
+        let mut armed = 0;
+        let read = ledger.read(|class, name, at_ms| {
+            if !self.classes.contains_key(class) {
+                return;
+            }
+            if let Ok(actor) = ActorAddress::new(class, name) {
+                self.timers.set(&actor, Some(at_ms));
+                armed += 1;
+            }
+        });
+        if let Err(e) = read {
+            tracing::warn!(error = %e, armed, "the timer ledger could not be read to its end; the timer pass finds the rest");
+        }
+        armed
+    }
+
+    /// Sets an actor's row to its exact next deadline: only under the
+    /// actor's hold, with nothing of it left to commit.
+    pub(crate) fn ledger_exact(&self, actor: &ActorAddress, next: Option<i64>) {
+        let Some(ledger) = &self.ledger else {
+            return;
+        };
+        if let Err(e) = ledger.set(&actor.class, &actor.name, next) {
+            tracing::warn!(actor = %actor, error = %e, "cannot set the actor's row in the timer ledger");
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! The timer ledger: one small database beside the actors' databases
+//! (`<actors>/.timer-ledger.sqlite3`) that keeps, for every actor with a
+//! timer, a deadline no later than its earliest one. A start reads it in
+//! one query and so knows when every actor is next due without opening a
+//! single actor's database.
+//!
+//! Invariants owned here:
+//! - an actor's row is a lower bound of its earliest timer: it is lowered
+//!   ([`TimerLedger::lower`]) before a commit that may bring the actor's
+//!   earliest deadline forward, and set to the exact value
+//!   ([`TimerLedger::set`]) only after the actor's commit, by the actor's
+//!   holder. A crash between the two leaves a row that is too early, which
+//!   costs one wake that finds nothing due, never a late timer;
+//! - it is written with the durability of the actors' databases, so a
+//!   lowered row is as durable as the commit that follows it. Its rows are
+//!   a derived copy: what a power loss takes from it (with
+//!   [`Durability::Process`]) the timer pass puts back from the actors'
+//!   own databases, and a file that cannot be used is made again;
+//! - a write that would change nothing writes nothing: a row already low
+//!   enough, or already exact, costs a lookup.
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::{Durability, StoreError, Tuning, connect_with};
+
+/// The ledger's file name inside the actors' directory; the leading dot
+/// keeps it apart from the class directories beside it.
+pub const LEDGER_FILE: &str = ".timer-ledger.sqlite3";
+
+/// Every actor's next deadline, or an earlier one.
+pub struct TimerLedger {
+    conn: Mutex<Connection>,
+}
+
+impl TimerLedger {
+    /// Opens (or makes) the ledger at `path`. Only the server's process
+    /// uses it, so its connection holds the file's lock for good.
+    pub fn open(path: &Path, durability: Durability) -> Result<TimerLedger, StoreError> {
+        let conn = connect_with(
+            path,
+            durability,
+            Tuning {
+                exclusive: true,
+                page_size: None,
+            },
+        )?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS next_deadline (
+                 class TEXT NOT NULL,
+                 name TEXT NOT NULL,
+                 at_ms INTEGER NOT NULL,
+                 PRIMARY KEY (class, name)
+             ) WITHOUT ROWID",
+        )?;
+        Ok(TimerLedger {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    /// [`TimerLedger::open`], but a file that is not a database, or is
+    /// corrupt, is removed (with its WAL) and made again: its rows are a
+    /// derived copy. Returns the error that made it be made again.
+    pub fn open_or_remake(
+        path: &Path,
+        durability: Durability,
+    ) -> Result<(TimerLedger, Option<StoreError>), StoreError> {
+        let unusable = match TimerLedger::open(path, durability) {
+            Ok(ledger) => return Ok((ledger, None)),
+            Err(e) if is_unusable(&e) => e,
+            Err(e) => return Err(e),
+        };
+        for suffix in ["", "-wal", "-shm"] {
+            let mut file = path.as_os_str().to_owned();
+            file.push(suffix);
+            match std::fs::remove_file(&file) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(StoreError::Dir {
+                        path: file.into(),
+                        cause: e,
+                    });
+                }
+                _ => {}
+            }
+        }
+        Ok((TimerLedger::open(path, durability)?, Some(unusable)))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Brings an actor's row down to `at_ms` if it is later or missing:
+    /// before a commit that may make `at_ms` its earliest deadline.
+    pub fn lower(&self, class: &str, name: &str, at_ms: i64) -> Result<(), StoreError> {
+        self.lock()
+            .prepare_cached(
+                "INSERT INTO next_deadline (class, name, at_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (class, name) DO UPDATE SET at_ms = excluded.at_ms
+                 WHERE excluded.at_ms < at_ms",
+            )?
+            .execute(params![class, name, at_ms])?;
+        Ok(())
+    }
+
+    /// Sets an actor's row to its earliest deadline (`None`: it has no
+    /// timer). Only its holder may call this, after its commit: a later
+    /// value replaces an earlier one.
+    pub fn set(&self, class: &str, name: &str, next: Option<i64>) -> Result<(), StoreError> {
+        let conn = self.lock();
+        match next {
+            Some(at_ms) => conn
+                .prepare_cached(
+                    "INSERT INTO next_deadline (class, name, at_ms) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (class, name) DO UPDATE SET at_ms = excluded.at_ms
+                     WHERE excluded.at_ms <> at_ms",
+                )?
+                .execute(params![class, name, at_ms])?,
+            None => conn
+                .prepare_cached("DELETE FROM next_deadline WHERE class = ?1 AND name = ?2")?
+                .execute(params![class, name])?,
+        };
+        Ok(())
+    }
+
+    /// An actor's row, if it has one.
+    pub fn get(&self, class: &str, name: &str) -> Result<Option<i64>, StoreError> {
+        Ok(self
+            .lock()
+            .prepare_cached("SELECT at_ms FROM next_deadline WHERE class = ?1 AND name = ?2")?
+            .query_row(params![class, name], |r| r.get(0))
+            .optional()?)
+    }
+
+    /// Calls `each(class, name, at_ms)` for every row, in one read;
+    /// returns how many there were.
+    pub fn read(&self, mut each: impl FnMut(&str, &str, i64)) -> Result<usize, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare("SELECT class, name, at_ms FROM next_deadline")?;
+        let mut rows = stmt.query([])?;
+        let mut count = 0;
+        while let Some(row) = rows.next()? {
+            let class = row.get_ref(0)?.as_str().map_err(rusqlite::Error::from)?;
+            let name = row.get_ref(1)?.as_str().map_err(rusqlite::Error::from)?;
+            each(class, name, row.get(2)?);
+            count += 1;
+        }
+        Ok(count)
+    }
+}
+
+/// True for a file SQLite cannot use as a database at all: not one, or
+/// corrupt (not busy, not unreadable: those are left alone).
+fn is_unusable(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::Sqlite(rusqlite::Error::SqliteFailure(f, _))
+            if matches!(f.code, rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger(dir: &Path) -> TimerLedger {
+        TimerLedger::open(&dir.join(LEDGER_FILE), Durability::Process).unwrap()
+    }
+
+    #[test]
+    fn lowering_never_raises_and_setting_is_exact() {
+        let dir = weir_scratch::dir("ledger-rules");
+        std::fs::create_dir_all(&dir).unwrap();
+        let l = ledger(&dir);
+        l.lower("c", "a", 500).unwrap();
+        l.lower("c", "a", 900).unwrap();
+        assert_eq!(
+            l.get("c", "a").unwrap(),
+            Some(500),
+            "a later value does not raise it"
+        );
+        l.lower("c", "a", 300).unwrap();
+        assert_eq!(l.get("c", "a").unwrap(), Some(300));
+        l.set("c", "a", Some(800)).unwrap();
+        assert_eq!(
+            l.get("c", "a").unwrap(),
+            Some(800),
+            "the holder's exact value"
+        );
+        l.set("c", "a", None).unwrap();
+        assert_eq!(l.get("c", "a").unwrap(), None);
+        assert_eq!(l.get("c", "b").unwrap(), None);
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_database_is_made_again_empty() {
+        let dir = weir_scratch::dir("ledger-remake");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(LEDGER_FILE);
+        std::fs::write(&path, b"not a database at all, but long enough to be read").unwrap();
+        let (l, why) = TimerLedger::open_or_remake(&path, Durability::Process).unwrap();
+        assert!(why.unwrap().to_string().contains("not a database"));
+        assert_eq!(l.read(|_, _, _| {}).unwrap(), 0);
+        l.lower("c", "a", 1).unwrap();
+        drop(l);
+        let (l, why) = TimerLedger::open_or_remake(&path, Durability::Process).unwrap();
+        assert!(why.is_none(), "a good ledger is kept");
+        assert_eq!(l.get("c", "a").unwrap(), Some(1));
+    }
+
+    #[test]
+    fn rows_are_read_back_after_a_reopen() {
+        let dir = weir_scratch::dir("ledger-reopen");
+        std::fs::create_dir_all(&dir).unwrap();
+        {
+            let l = ledger(&dir);
+            l.lower("room", "x", 10).unwrap();
+            l.lower("room", "y", 20).unwrap();
+            l.set("probe", "x", Some(30)).unwrap();
+        }
+        let mut rows = Vec::new();
+        let n = ledger(&dir)
+            .read(|c, n, at| rows.push((c.to_string(), n.to_string(), at)))
+            .unwrap();
+        rows.sort();
+        assert_eq!(n, 3);
+        assert_eq!(
+            rows,
+            [
+                ("probe".into(), "x".into(), 30),
+                ("room".into(), "x".into(), 10),
+                ("room".into(), "y".into(), 20)
+            ]
+        );
+    }
+}
