@@ -18,6 +18,10 @@ workerd comes from npm (@cloudflare/workerd-linux-64); without it (or with
 --no-workerd) only Weir's figures are printed.
 
 Usage: python3 bench/actors.py [--duration 8] [--connections 32]
+       python3 bench/actors.py --baseline OTHER/weir [--rounds 3] [--timers]
+         (this build against another on the hot and 1,000-actor loads, and
+         with --timers on loads whose every request schedules a timer due
+         at once; rate, p99 and server CPU per request)
 """
 
 import argparse
@@ -154,6 +158,11 @@ def compare_builds(args, tmp):
     builds = [("this build", ROOT / "target/release/weir"), ("baseline", Path(args.baseline))]
     loads = [("one hot actor", "actor_post.lua", "/probe/hot/incr"),
              ("1,000 actors", "actor_spread.lua", "/probe/NAME/incr")]
+    if args.timers:
+        # Every request schedules a timer due at once: its turn brings the
+        # actor's earliest deadline forward, and its alarm turn follows.
+        loads += [("timers, hot", "actor_post.lua", "/probe/hot/schedule?reason=tick&in_ms=0"),
+                  ("timers, 1,000", "actor_spread.lua", "/probe/NAME/schedule?reason=tick&in_ms=0")]
     seen = {(b, l): [] for b, _ in builds for l, _, _ in loads}
     for round_no in range(1, args.rounds + 1):
         for build, binary in builds:
@@ -162,10 +171,11 @@ def compare_builds(args, tmp):
             try:
                 wait_ready(port, proc, method="POST", path="/probe/hot/incr")
                 for load, script, path in loads:
-                    r = run_wrk_script(port, args.duration, args.connections, args.threads, str(WRK / script), path)
+                    r = run_wrk_script(port, args.duration, args.connections, args.threads, str(WRK / script), path,
+                                       pid=proc.pid)
                     seen[(build, load)].append(r)
-                    print(f"round {round_no}  {build:10} {load:14} {r['rps']:>9.0f} req/s  p99 {r['p99']:6.2f} ms",
-                          flush=True)
+                    print(f"round {round_no}  {build:10} {load:14} {r['rps']:>9.0f} req/s  p99 {r['p99']:6.2f} ms"
+                          f"  CPU {r['cpu_us']:6.2f} us/req", flush=True)
             finally:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
@@ -175,10 +185,13 @@ def compare_builds(args, tmp):
         for build, _ in builds:
             rs = sorted(seen[(build, load)], key=lambda r: r["rps"])
             p99s = sorted(r["p99"] for r in rs)
-            med[build] = (rs[len(rs) // 2]["rps"], p99s[len(p99s) // 2])
-            print(f"{build:10} {load:14} {med[build][0]:>9.0f} req/s  p99 {med[build][1]:6.2f} ms")
+            cpus = sorted(r["cpu_us"] for r in rs)
+            med[build] = (rs[len(rs) // 2]["rps"], p99s[len(p99s) // 2], cpus[len(cpus) // 2])
+            print(f"{build:10} {load:14} {med[build][0]:>9.0f} req/s  p99 {med[build][1]:6.2f} ms"
+                  f"  CPU {med[build][2]:6.2f} us/req")
         a, b = med["this build"], med["baseline"]
-        print(f"  this build / baseline, {load}: {a[0] / b[0]:.2f}x req/s, p99 {a[1]:.2f} vs {b[1]:.2f} ms")
+        print(f"  this build / baseline, {load}: {a[0] / b[0]:.2f}x req/s, p99 {a[1]:.2f} vs {b[1]:.2f} ms, "
+              f"CPU per request {a[2] / b[2]:.2f}x")
 
 
 def main():
@@ -193,6 +206,8 @@ def main():
     ap.add_argument("--baseline", help="an earlier weir build: measure the throughput loads of both, "
                                        "interleaved, and print their ratio (nothing else is measured)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the --baseline comparison")
+    ap.add_argument("--timers", action="store_true",
+                    help="with --baseline, also loads whose every request schedules a timer due at once")
     args = ap.parse_args()
 
     subprocess.run(["cargo", "build", "--release", "-p", "weir"], cwd=ROOT, check=True)

@@ -206,8 +206,7 @@ impl ActorHost {
             handover: std::sync::OnceLock::new(),
         };
         if host.placement.is_none() {
-            host.ledger =
-                crate::timer_ledger::open(host.directory.root(), host.directory.durability());
+            host.ledger = crate::timer_ledger::open(host.directory.root());
         }
         let mut journaled = Vec::new();
         let mut unreadable = Vec::new();

@@ -30,13 +30,24 @@ use weir_store::timer_ledger::{LEDGER_FILE, TimerLedger};
 use crate::address::ActorAddress;
 use crate::host::ActorHost;
 
+/// What the ledger's commits survive: a process crash, whatever the actors'
+/// databases are kept with. A lowered row is written before the actor's
+/// commit, so a crash of the process never finds the row later than the
+/// database; with `Durability::Fsync` a power loss may take a row the
+/// actor's database kept, and the timer pass puts it back (late, never
+/// lost). Fsyncing the ledger too would add two fsyncs to every turn that
+/// moves a timer.
+const LEDGER_DURABILITY: Durability = Durability::Process;
+
 /// Opens the ledger of the actors under `root`, made again if the file
 /// there is not a database or is corrupt; `None` when no ledger can be had.
-pub(crate) fn open(root: &Path, durability: Durability) -> Option<Arc<TimerLedger>> {
+pub(crate) fn open(root: &Path) -> Option<Arc<TimerLedger>> {
     let path = root.join(LEDGER_FILE);
     let opened = std::fs::create_dir_all(root)
         .map_err(|e| e.to_string())
-        .and_then(|()| TimerLedger::open_or_remake(&path, durability).map_err(|e| e.to_string()));
+        .and_then(|()| {
+            TimerLedger::open_or_remake(&path, LEDGER_DURABILITY).map_err(|e| e.to_string())
+        });
     match opened {
         Ok((ledger, remade)) => {
             if let Some(error) = remade {

@@ -11,11 +11,9 @@
 //!   ([`TimerLedger::set`]) only after the actor's commit, by the actor's
 //!   holder. A crash between the two leaves a row that is too early, which
 //!   costs one wake that finds nothing due, never a late timer;
-//! - it is written with the durability of the actors' databases, so a
-//!   lowered row is as durable as the commit that follows it. Its rows are
-//!   a derived copy: what a power loss takes from it (with
-//!   [`Durability::Process`]) the timer pass puts back from the actors'
-//!   own databases, and a file that cannot be used is made again;
+//! - its rows are a derived copy: what a power loss takes from it the
+//!   timer pass puts back from the actors' own databases, and a file that
+//!   is not a database, or is corrupt, is made again;
 //! - a write that would change nothing writes nothing: a row already low
 //!   enough, or already exact, costs a lookup.
 
