@@ -92,6 +92,7 @@ impl ActorHost {
         let Some(ledger) = &self.ledger else {
             return 0;
         };
+        let began = std::time::Instant::now();
         let mut armed = 0;
         let read = ledger.read(|class, name, at_ms| {
             if !self.classes.contains_key(class) {
@@ -102,8 +103,15 @@ impl ActorHost {
                 armed += 1;
             }
         });
-        if let Err(e) = read {
-            tracing::warn!(error = %e, armed, "the timer ledger could not be read to its end; the timer pass finds the rest");
+        match read {
+            Ok(_) => tracing::info!(
+                actors = armed,
+                took_ms = began.elapsed().as_millis() as u64,
+                "indexed the timers the timer ledger holds"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, armed, "the timer ledger could not be read to its end; the timer pass finds the rest")
+            }
         }
         armed
     }
