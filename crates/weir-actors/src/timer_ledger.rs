@@ -99,7 +99,9 @@ impl ActorHost {
                 return;
             }
             if let Ok(actor) = ActorAddress::new(class, name) {
-                self.timers.set(&actor, Some(at_ms));
+                // Lowered, never raised: a turn may have set its exact
+                // deadline already, which the row is no later than.
+                self.timers.lower(&actor, at_ms);
                 armed += 1;
             }
         });

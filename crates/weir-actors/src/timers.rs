@@ -67,7 +67,30 @@ impl TimerIndex {
 
     /// Sets (or clears) an actor's next deadline.
     pub fn set(&self, actor: &ActorAddress, next: Option<i64>) {
-        let mut state = self.lock();
+        self.set_locked(self.lock(), actor, next);
+    }
+
+    /// Brings an actor's deadline down to `at`, or indexes it at `at` if
+    /// it has none; a later `at` changes nothing. What the timer ledger
+    /// gives at a start: a bound no later than the actor's earliest timer,
+    /// read while turns may already be setting exact values.
+    pub fn lower(&self, actor: &ActorAddress, at: i64) {
+        let state = self.lock();
+        if state
+            .by_actor
+            .get(actor)
+            .is_none_or(|&current| at < current)
+        {
+            self.set_locked(state, actor, Some(at));
+        }
+    }
+
+    fn set_locked(
+        &self,
+        mut state: std::sync::MutexGuard<'_, State>,
+        actor: &ActorAddress,
+        next: Option<i64>,
+    ) {
         let old = match next {
             Some(at) => state.by_actor.insert(actor.clone(), at),
             None => state.by_actor.remove(actor),
@@ -168,6 +191,19 @@ mod tests {
         assert_eq!(index.earliest(), Some(900));
         index.set(&actor("c"), None);
         assert!(index.is_empty());
+    }
+
+    #[test]
+    fn lowering_indexes_or_brings_forward_and_never_raises() {
+        let index = TimerIndex::default();
+        index.lower(&actor("a"), 500);
+        assert_eq!(index.get(&actor("a")), Some(500));
+        index.lower(&actor("a"), 800);
+        assert_eq!(index.get(&actor("a")), Some(500), "never raised");
+        index.lower(&actor("a"), 200);
+        assert_eq!(index.get(&actor("a")), Some(200));
+        assert_eq!(index.earliest(), Some(200));
+        assert_eq!(index.len(), 1);
     }
 
     #[test]

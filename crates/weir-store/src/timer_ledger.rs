@@ -28,6 +28,13 @@ use crate::{Durability, StoreError, Tuning, connect_with};
 /// keeps it apart from the class directories beside it.
 pub const LEDGER_FILE: &str = ".timer-ledger.sqlite3";
 
+/// Rows [`TimerLedger::read`] reads under one hold of the ledger's
+/// connection. A start reads every row while turns already run, and a
+/// turn that moves a timer writes its row through the same connection:
+/// chunks keep its wait to one chunk's read (a few milliseconds), not the
+/// whole ledger's (about a second for a million rows).
+pub const READ_CHUNK_ROWS: usize = 4096;
+
 /// Every actor's next deadline, or an earlier one.
 pub struct TimerLedger {
     conn: Mutex<Connection>,
@@ -132,20 +139,47 @@ impl TimerLedger {
             .optional()?)
     }
 
-    /// Calls `each(class, name, at_ms)` for every row, in one read;
-    /// returns how many there were.
+    /// Calls `each(class, name, at_ms)` for every row, in key order, a
+    /// chunk of [`READ_CHUNK_ROWS`] at a time; returns how many there
+    /// were. Rows written meanwhile may or may not be seen.
     pub fn read(&self, mut each: impl FnMut(&str, &str, i64)) -> Result<usize, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare("SELECT class, name, at_ms FROM next_deadline")?;
-        let mut rows = stmt.query([])?;
         let mut count = 0;
-        while let Some(row) = rows.next()? {
-            let class = row.get_ref(0)?.as_str().map_err(rusqlite::Error::from)?;
-            let name = row.get_ref(1)?.as_str().map_err(rusqlite::Error::from)?;
-            each(class, name, row.get(2)?);
-            count += 1;
+        let mut after: Option<(String, String)> = None;
+        loop {
+            let conn = self.lock();
+            // Each chunk a range of the key from where the last one ended.
+            let (mut stmt, mut rows);
+            match after.take() {
+                None => {
+                    stmt = conn.prepare_cached(
+                        "SELECT class, name, at_ms FROM next_deadline
+                         ORDER BY class, name LIMIT ?1",
+                    )?;
+                    rows = stmt.query(params![READ_CHUNK_ROWS as i64])?;
+                }
+                Some((class, name)) => {
+                    stmt = conn.prepare_cached(
+                        "SELECT class, name, at_ms FROM next_deadline
+                         WHERE (class, name) > (?1, ?2) ORDER BY class, name LIMIT ?3",
+                    )?;
+                    rows = stmt.query(params![class, name, READ_CHUNK_ROWS as i64])?;
+                }
+            }
+            let mut read = 0;
+            while let Some(row) = rows.next()? {
+                let class = row.get_ref(0)?.as_str().map_err(rusqlite::Error::from)?;
+                let name = row.get_ref(1)?.as_str().map_err(rusqlite::Error::from)?;
+                each(class, name, row.get(2)?);
+                read += 1;
+                if read == READ_CHUNK_ROWS {
+                    after = Some((class.to_string(), name.to_string()));
+                }
+            }
+            count += read;
+            if read < READ_CHUNK_ROWS {
+                return Ok(count);
+            }
         }
-        Ok(count)
     }
 }
 
@@ -209,6 +243,41 @@ mod tests {
     }
 
     #[test]
+    fn a_read_goes_through_every_chunk_once_in_key_order() {
+        let dir = weir_scratch::dir("ledger-chunks");
+        std::fs::create_dir_all(&dir).unwrap();
+        let l = ledger(&dir);
+        let n = READ_CHUNK_ROWS * 2 + 7;
+        for i in 0..n {
+            l.lower(
+                if i % 2 == 0 { "a" } else { "b" },
+                &format!("n{i:06}"),
+                i as i64,
+            )
+            .unwrap();
+        }
+        let mut seen = Vec::new();
+        assert_eq!(
+            l.read(|c, n, at| seen.push((c.to_string(), n.to_string(), at)))
+                .unwrap(),
+            n
+        );
+        let mut sorted = seen.clone();
+        sorted.sort();
+        assert_eq!(seen, sorted, "in key order");
+        sorted.dedup();
+        assert_eq!(sorted.len(), n, "each row once");
+        // Exactly a whole number of chunks: the last, empty read ends it.
+        let dir = weir_scratch::dir("ledger-chunks-even");
+        std::fs::create_dir_all(&dir).unwrap();
+        let l = ledger(&dir);
+        for i in 0..READ_CHUNK_ROWS {
+            l.lower("a", &format!("n{i:06}"), 1).unwrap();
+        }
+        assert_eq!(l.read(|_, _, _| {}).unwrap(), READ_CHUNK_ROWS);
+    }
+
+    #[test]
     fn rows_are_read_back_after_a_reopen() {
         let dir = weir_scratch::dir("ledger-reopen");
         std::fs::create_dir_all(&dir).unwrap();
@@ -222,7 +291,6 @@ mod tests {
         let n = ledger(&dir)
             .read(|c, n, at| rows.push((c.to_string(), n.to_string(), at)))
             .unwrap();
-        rows.sort();
         assert_eq!(n, 3);
         assert_eq!(
             rows,
