@@ -1,8 +1,9 @@
 //! The timer ledger as the actor host keeps it, on one machine: a start
-//! indexes every actor's next deadline from it in one read, before the
-//! timer pass has opened a single database, so a timer due at a restart
-//! fires on time however many actors are on disk. (In cluster mode each
-//! actor's row in the cluster's database carries its alarm instead.)
+//! indexes every actor's next deadline from it (one range read per
+//! 4,096 rows) before the timer pass has opened a single database, so a
+//! timer due at a restart fires on time however many actors are on disk.
+//! (In cluster mode each actor's row in the cluster's database carries
+//! its alarm instead.)
 //!
 //! Invariants owned here (the ledger's own rules are
 //! [`weir_store::timer_ledger`]'s):
