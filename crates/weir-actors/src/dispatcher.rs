@@ -47,7 +47,7 @@ impl ActorHost {
             // Deleted while this waited for its turn (or its row in the
             // timer ledger outlived it): its timers went with it, and
             // waking it would make a new actor of its name.
-            self.ledger_exact(&address, None);
+            self.ledger_remove(&address);
             return;
         }
         let class = cell.class.load_full();

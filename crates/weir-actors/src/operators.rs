@@ -517,7 +517,7 @@ impl ActorHost {
         // After its file: a crash between leaves a row whose delivery
         // finds no actor (and removes it), never an actor without its row.
         if deleted.is_ok() {
-            self.ledger_exact(actor, None);
+            self.ledger_remove(actor);
         }
         deleted.map_err(|e| AdminError::Storage(e.to_string()))
     }

@@ -10,8 +10,9 @@
 //! - a turn that changed its timers lowers its actor's row to its new
 //!   earliest deadline before its writes commit ([`LedgerRow`], called by
 //!   the turn gate), and whoever holds the actor sets the exact value
-//!   after ([`ActorHost::ledger_exact`]): after its turns, after the timer
-//!   pass's read, when it is deleted, or when a delivery finds it gone;
+//!   after ([`ActorHost::ledger_exact`]): after its turns and after the
+//!   timer pass's read. A deleted actor's row, or one a delivery finds
+//!   gone, is removed at once ([`ActorHost::ledger_remove`]);
 //! - the ledger never decides alone: a row armed at start is checked
 //!   against the actor's database when it falls due (a delivery that
 //!   finds nothing due sets the row exact), and the timer pass still reads
@@ -119,14 +120,33 @@ impl ActorHost {
         armed
     }
 
-    /// Sets an actor's row to its exact next deadline: only under the
-    /// actor's hold, with nothing of it left to commit.
+    /// Writes the ledger's exact rows still waiting, at the server's
+    /// clean stop.
+    pub fn stop_with_server(&self) {
+        if let Some(ledger) = &self.ledger
+            && let Err(e) = ledger.flush()
+        {
+            tracing::warn!(error = %e, "cannot write the timer ledger's exact rows at the stop; the next start wakes their actors early");
+        }
+    }
+
+    /// Removes an actor's row at once: it was deleted, or found gone.
+    pub(crate) fn ledger_remove(&self, actor: &ActorAddress) {
+        let Some(ledger) = &self.ledger else {
+            return;
+        };
+        if let Err(e) = ledger.remove(&actor.class, &actor.name) {
+            tracing::warn!(actor = %actor, error = %e, "cannot remove the actor's row from the timer ledger; its delivery finds it gone");
+        }
+    }
+
+    /// Sets an actor's row to its exact next deadline (written within
+    /// `EXACT_WRITE_DELAY`, with others): only under the actor's hold,
+    /// with nothing of it left to commit.
     pub(crate) fn ledger_exact(&self, actor: &ActorAddress, next: Option<i64>) {
         let Some(ledger) = &self.ledger else {
             return;
         };
-        if let Err(e) = ledger.set(&actor.class, &actor.name, next) {
-            tracing::warn!(actor = %actor, error = %e, "cannot set the actor's row in the timer ledger");
-        }
+        ledger.set(&actor.class, &actor.name, next);
     }
 }

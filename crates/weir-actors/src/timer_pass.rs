@@ -110,6 +110,12 @@ impl ActorHost {
             self.arm_from_disk(&actor, true);
             self.pass.read.fetch_add(1, Ordering::Relaxed);
         }
+        // What the pass set is written before it says it is done.
+        if let Some(ledger) = &self.ledger
+            && let Err(e) = ledger.flush()
+        {
+            tracing::warn!(error = %e, "cannot write the timer pass's rows to the timer ledger");
+        }
         self.pass.done.store(true, Ordering::Release);
         tracing::info!(
             actors = self.pass.of.load(Ordering::Relaxed),

@@ -17,8 +17,10 @@
 //! - a write that would change nothing writes nothing: a row already low
 //!   enough, or already exact, costs a lookup.
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -35,9 +37,90 @@ pub const LEDGER_FILE: &str = ".timer-ledger.sqlite3";
 /// whole ledger's (about a second for a million rows).
 pub const READ_CHUNK_ROWS: usize = 4096;
 
+/// How long exact values wait to be written together. Each is written
+/// after its actor's commit (most often by an alarm's turn, moving the
+/// row later or removing it); written one by one they cost a commit of
+/// the ledger each, beside the actor's own. Gathered, one transaction
+/// writes all that came in this long, and a crash meanwhile leaves rows
+/// too early: a wake that finds nothing due, never a late timer.
+pub const EXACT_WRITE_DELAY: Duration = Duration::from_millis(10);
+
 /// Every actor's next deadline, or an earlier one.
 pub struct TimerLedger {
+    shared: Arc<Shared>,
+}
+
+/// An actor's row key: class and name.
+type Key = (String, String);
+
+struct Shared {
     conn: Mutex<Connection>,
+    /// Exact values not yet written, newest per actor.
+    exact: Mutex<HashMap<Key, Option<i64>>>,
+    /// Rung when `exact` gets its first entry, or the ledger is dropped.
+    wake: Condvar,
+}
+
+impl Shared {
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn exact(&self) -> MutexGuard<'_, HashMap<Key, Option<i64>>> {
+        self.exact.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes every exact value waiting, in one transaction. The caller
+    /// holds the connection: a lowering cannot run between the take and
+    /// the write.
+    fn write_exact(&self, conn: &Connection) -> Result<(), StoreError> {
+        let exact = std::mem::take(&mut *self.exact());
+        if exact.is_empty() {
+            return Ok(());
+        }
+        let tx = conn.unchecked_transaction()?;
+        {
+            let mut upsert = tx.prepare_cached(
+                "INSERT INTO next_deadline (class, name, at_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (class, name) DO UPDATE SET at_ms = excluded.at_ms
+                 WHERE excluded.at_ms <> at_ms",
+            )?;
+            let mut delete =
+                tx.prepare_cached("DELETE FROM next_deadline WHERE class = ?1 AND name = ?2")?;
+            for ((class, name), next) in &exact {
+                match next {
+                    Some(at_ms) => upsert.execute(params![class, name, at_ms])?,
+                    None => delete.execute(params![class, name])?,
+                };
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+}
+
+/// Writes the exact values as they come, [`EXACT_WRITE_DELAY`] after the
+/// first of each batch, until the ledger is dropped (then once more).
+fn exact_writer(shared: Weak<Shared>) {
+    loop {
+        let Some(s) = shared.upgrade() else { return };
+        {
+            let waiting = s.exact();
+            if waiting.is_empty() {
+                // Woken by a new value or by the drop; the timeout only
+                // lets a dropped ledger's thread end.
+                let _ = s.wake.wait_timeout(waiting, Duration::from_secs(1));
+            }
+        }
+        if s.exact().is_empty() {
+            continue;
+        }
+        std::thread::sleep(EXACT_WRITE_DELAY);
+        let conn = s.conn();
+        if let Err(e) = s.write_exact(&conn) {
+            tracing::warn!(error = %e, "cannot write exact deadlines to the timer ledger; their rows stay earlier than the timers");
+        }
+    }
 }
 
 impl TimerLedger {
@@ -60,9 +143,20 @@ impl TimerLedger {
                  PRIMARY KEY (class, name)
              ) WITHOUT ROWID",
         )?;
-        Ok(TimerLedger {
+        let shared = Arc::new(Shared {
             conn: Mutex::new(conn),
-        })
+            exact: Mutex::new(HashMap::new()),
+            wake: Condvar::new(),
+        });
+        let writer = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name("weir-timer-ledger".into())
+            .spawn(move || exact_writer(writer))
+            .map_err(|e| StoreError::Dir {
+                path: path.to_path_buf(),
+                cause: e,
+            })?;
+        Ok(TimerLedger { shared })
     }
 
     /// [`TimerLedger::open`], but a file that is not a database, or is
@@ -94,43 +188,60 @@ impl TimerLedger {
     }
 
     fn lock(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+        self.shared.conn()
     }
 
     /// Brings an actor's row down to `at_ms` if it is later or missing:
     /// before a commit that may make `at_ms` its earliest deadline.
+    /// Written at once; an exact value of the actor still waiting is
+    /// dropped (it came before this commit; its holder sets the next one
+    /// after).
     pub fn lower(&self, class: &str, name: &str, at_ms: i64) -> Result<(), StoreError> {
-        self.lock()
-            .prepare_cached(
-                "INSERT INTO next_deadline (class, name, at_ms) VALUES (?1, ?2, ?3)
+        let conn = self.lock();
+        self.shared
+            .exact()
+            .remove(&(class.to_string(), name.to_string()));
+        conn.prepare_cached(
+            "INSERT INTO next_deadline (class, name, at_ms) VALUES (?1, ?2, ?3)
                  ON CONFLICT (class, name) DO UPDATE SET at_ms = excluded.at_ms
                  WHERE excluded.at_ms < at_ms",
-            )?
-            .execute(params![class, name, at_ms])?;
+        )?
+        .execute(params![class, name, at_ms])?;
         Ok(())
     }
 
     /// Sets an actor's row to its earliest deadline (`None`: it has no
     /// timer). Only its holder may call this, after its commit: a later
-    /// value replaces an earlier one.
-    pub fn set(&self, class: &str, name: &str, next: Option<i64>) -> Result<(), StoreError> {
+    /// value replaces an earlier one. Written with the others that come
+    /// within [`EXACT_WRITE_DELAY`], in one transaction.
+    pub fn set(&self, class: &str, name: &str, next: Option<i64>) {
+        let mut exact = self.shared.exact();
+        if exact.is_empty() {
+            self.shared.wake.notify_one();
+        }
+        exact.insert((class.to_string(), name.to_string()), next);
+    }
+
+    /// Removes an actor's row at once (and an exact value of it still
+    /// waiting): the actor is gone.
+    pub fn remove(&self, class: &str, name: &str) -> Result<(), StoreError> {
         let conn = self.lock();
-        match next {
-            Some(at_ms) => conn
-                .prepare_cached(
-                    "INSERT INTO next_deadline (class, name, at_ms) VALUES (?1, ?2, ?3)
-                     ON CONFLICT (class, name) DO UPDATE SET at_ms = excluded.at_ms
-                     WHERE excluded.at_ms <> at_ms",
-                )?
-                .execute(params![class, name, at_ms])?,
-            None => conn
-                .prepare_cached("DELETE FROM next_deadline WHERE class = ?1 AND name = ?2")?
-                .execute(params![class, name])?,
-        };
+        self.shared
+            .exact()
+            .remove(&(class.to_string(), name.to_string()));
+        conn.prepare_cached("DELETE FROM next_deadline WHERE class = ?1 AND name = ?2")?
+            .execute(params![class, name])?;
         Ok(())
     }
 
-    /// An actor's row, if it has one.
+    /// Writes the exact values still waiting, now.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        let conn = self.lock();
+        self.shared.write_exact(&conn)
+    }
+
+    /// An actor's row, if it has one (what is written: see
+    /// [`TimerLedger::flush`]).
     pub fn get(&self, class: &str, name: &str) -> Result<Option<i64>, StoreError> {
         Ok(self
             .lock()
@@ -183,6 +294,17 @@ impl TimerLedger {
     }
 }
 
+impl Drop for TimerLedger {
+    /// Writes what waits (a clean stop leaves exact rows), and lets the
+    /// writer thread end.
+    fn drop(&mut self) {
+        if let Err(e) = self.flush() {
+            tracing::warn!(error = %e, "cannot write exact deadlines to the timer ledger at its close");
+        }
+        self.shared.wake.notify_one();
+    }
+}
+
 /// True for a file SQLite cannot use as a database at all: not one, or
 /// corrupt (not busy, not unreadable: those are left alone).
 fn is_unusable(e: &StoreError) -> bool {
@@ -215,14 +337,31 @@ mod tests {
         );
         l.lower("c", "a", 300).unwrap();
         assert_eq!(l.get("c", "a").unwrap(), Some(300));
-        l.set("c", "a", Some(800)).unwrap();
+        l.set("c", "a", Some(800));
+        l.flush().unwrap();
         assert_eq!(
             l.get("c", "a").unwrap(),
             Some(800),
             "the holder's exact value"
         );
-        l.set("c", "a", None).unwrap();
+        // A lowering drops an exact value still waiting (it came before
+        // the commit the lowering precedes): here the writer has not run
+        // before the lowering, or wrote None before it; the row is 700
+        // either way.
+        l.set("c", "a", None);
+        l.lower("c", "a", 700).unwrap();
+        l.flush().unwrap();
+        assert_eq!(l.get("c", "a").unwrap(), Some(700));
+        l.set("c", "a", None);
+        l.flush().unwrap();
         assert_eq!(l.get("c", "a").unwrap(), None);
+        assert_eq!(l.get("c", "b").unwrap(), None);
+        // Removal is at once, and drops what waits.
+        l.lower("c", "b", 5).unwrap();
+        l.set("c", "b", Some(9));
+        l.remove("c", "b").unwrap();
+        assert_eq!(l.get("c", "b").unwrap(), None);
+        l.flush().unwrap();
         assert_eq!(l.get("c", "b").unwrap(), None);
     }
 
@@ -278,6 +417,22 @@ mod tests {
     }
 
     #[test]
+    fn exact_values_are_written_by_the_writer_on_its_own() {
+        let dir = weir_scratch::dir("ledger-writer");
+        std::fs::create_dir_all(&dir).unwrap();
+        let l = ledger(&dir);
+        for i in 0..100 {
+            l.set("c", &format!("a{i}"), Some(i));
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while l.get("c", "a99").unwrap().is_none() {
+            assert!(std::time::Instant::now() < deadline, "never written");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(l.read(|_, _, _| {}).unwrap(), 100, "in one batch");
+    }
+
+    #[test]
     fn rows_are_read_back_after_a_reopen() {
         let dir = weir_scratch::dir("ledger-reopen");
         std::fs::create_dir_all(&dir).unwrap();
@@ -285,7 +440,7 @@ mod tests {
             let l = ledger(&dir);
             l.lower("room", "x", 10).unwrap();
             l.lower("room", "y", 20).unwrap();
-            l.set("probe", "x", Some(30)).unwrap();
+            l.set("probe", "x", Some(30));
         }
         let mut rows = Vec::new();
         let n = ledger(&dir)

@@ -24,6 +24,18 @@ fn rows(dir: &Path) -> Vec<(String, i64)> {
         .unwrap()
 }
 
+/// Stops the server cleanly (which writes the ledger's rows waiting) and
+/// waits for it to end.
+fn stop(mut weir: common::Weir) {
+    weir.signal("TERM");
+    let ended = weir.wait_exit(std::time::Duration::from_secs(30));
+    assert!(
+        ended.is_some_and(|s| s.success()),
+        "{ended:?}\n{}",
+        weir.log()
+    );
+}
+
 /// Schedules `reason` on `actor` `in_ms` from now.
 async fn schedule(weir: &common::Weir, actor: &str, reason: &str, in_ms: i64) {
     let path = format!("/probe/{actor}/schedule?reason={reason}&in_ms={in_ms}");
@@ -58,8 +70,15 @@ async fn after_a_sigkill_every_timer_is_indexed_from_the_ledger_and_fires() {
     drop(weir);
 
     // What the killed server left: a row for each actor with a timer, at
-    // its deadline or before it; none for the one whose timer fired.
-    let left = rows(&dir);
+    // its deadline or before it. The fired timer's row is removed some
+    // milliseconds after its turn (exact values are written together), so
+    // a kill may find it still there: too early, never too late.
+    let killed_at = now_ms() as i64;
+    let mut left = rows(&dir);
+    if let Some(i) = left.iter().position(|(n, _)| n == "fired") {
+        assert!(left[i].1 <= killed_at, "{left:?}");
+        left.remove(i);
+    }
     let names: Vec<&str> = left.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,
@@ -68,7 +87,7 @@ async fn after_a_sigkill_every_timer_is_indexed_from_the_ledger_and_fires() {
         ],
         "{left:?}"
     );
-    let hour_away = now_ms() as i64 + 3_000_000;
+    let hour_away = killed_at + 3_000_000;
     for (name, at) in &left {
         assert_eq!(name.starts_with("later"), *at > hour_away, "{name}: {at}");
     }
@@ -76,7 +95,8 @@ async fn after_a_sigkill_every_timer_is_indexed_from_the_ledger_and_fires() {
     let weir = start(&dir, &[]);
     let status = weir.status_after_timer_pass().await;
     let pass = &status["actors"]["timer_pass"];
-    assert_eq!(pass["ledgered"], 8, "{status}");
+    let ledgered = pass["ledgered"].as_u64().unwrap();
+    assert!(ledgered == 8 || ledgered == 9, "{status}");
     assert_eq!(pass["of"], 29, "{status}");
     assert_eq!(pass["read"], 29, "{status}");
     for i in 0..6 {
@@ -92,8 +112,7 @@ async fn after_a_sigkill_every_timer_is_indexed_from_the_ledger_and_fires() {
     // The fired timers' rows went with them.
     let pending = weir.admin_get("/actors").await.json();
     assert_eq!(pending["status"]["pending_timers"], 2, "{pending}");
-    weir.signal("TERM");
-    drop(weir);
+    stop(weir);
     let names: Vec<String> = rows(&dir).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["later0", "later1"]);
 }
@@ -140,8 +159,7 @@ async fn a_ledger_that_is_gone_or_not_a_database_is_made_again_by_the_pass() {
                 "{warned}"
             );
         }
-        weir.signal("KILL");
-        drop(weir);
+        stop(weir);
         // The pass wrote every row back.
         let names: Vec<String> = rows(&dir).into_iter().map(|(n, _)| n).collect();
         assert_eq!(names[..4], ["a0", "a1", "a2", "a3"], "{how}");
@@ -202,7 +220,6 @@ async fn a_row_whose_actor_was_removed_from_disk_makes_no_actor_and_a_deleted_on
         "{:#?}",
         weir.actor_receipts()
     );
-    weir.signal("TERM");
-    drop(weir);
+    stop(weir);
     assert_eq!(rows(&dir), [], "both rows are gone with their timers");
 }
