@@ -165,7 +165,8 @@ def compare_builds(args, tmp):
                   ("timers, 1,000", "actor_spread.lua", "/probe/NAME/schedule?reason=tick&in_ms=0")]
     seen = {(b, l): [] for b, _ in builds for l, _, _ in loads}
     for round_no in range(1, args.rounds + 1):
-        for build, binary in builds:
+        # Every other round the other build first.
+        for build, binary in (builds if round_no % 2 else list(reversed(builds))):
             admin_port = free_port()
             port, proc = start_weir(tmp / f"{build}-{round_no}".replace(" ", "-"), 10000, admin_port, binary)
             try:

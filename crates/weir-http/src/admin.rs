@@ -216,7 +216,11 @@ pub fn status_json(state: &AdminState) -> serde_json::Value {
     // Per app, and at the top when one app has them (a single-app server).
     let actors = |host: &ActorHost| {
         let status = host.status();
-        json!({ "unreadable": status.unreadable, "timer_pass": status.timer_pass })
+        json!({
+            "unreadable": status.unreadable,
+            "timer_pass": status.timer_pass,
+            "pending_timers": status.pending_timers,
+        })
     };
     let processes = |table: &ProcessTable| {
         let (live, slots) = table.counts();

@@ -110,8 +110,8 @@ async fn after_a_sigkill_every_timer_is_indexed_from_the_ledger_and_fires() {
     );
     assert_eq!(alarm_log(&weir, "later0").await.len(), 0);
     // The fired timers' rows went with them.
-    let pending = weir.admin_get("/actors").await.json();
-    assert_eq!(pending["status"]["pending_timers"], 2, "{pending}");
+    let status = weir.status().await;
+    assert_eq!(status["actors"]["pending_timers"], 2, "{status}");
     stop(weir);
     let names: Vec<String> = rows(&dir).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["later0", "later1"]);
