@@ -10,9 +10,9 @@
 //! - a turn that changed its timers lowers its actor's row to its new
 //!   earliest deadline before its writes commit ([`LedgerRow`], called by
 //!   the turn gate), and whoever holds the actor sets the exact value
-//!   after ([`ActorHost::ledger_exact`]): after its turns and after the
+//!   after (`ActorHost::ledger_exact`): after its turns and after the
 //!   timer pass's read. A deleted actor's row, or one a delivery finds
-//!   gone, is removed at once ([`ActorHost::ledger_remove`]);
+//!   gone, is removed at once (`ActorHost::ledger_remove`);
 //! - the ledger never decides alone: a row armed at start is checked
 //!   against the actor's database when it falls due (a delivery that
 //!   finds nothing due sets the row exact), and the timer pass still reads
