@@ -22,6 +22,11 @@
 //! - on a replica (cluster mode), every commit — a turn's, a barrier's, a
 //!   write outside any turn — is handed to the actor's [`Durable`] in
 //!   order as soon as it is made, and what leaves waits for it to settle;
+//! - on one machine, a commit of a turn that scheduled or cancelled a
+//!   timer is preceded by lowering the actor's row in the timer ledger to
+//!   the earliest deadline the commit leaves ([`crate::timer_ledger`]),
+//!   so the ledger is never later than the database, whenever the process
+//!   dies;
 //! - every write is bounded by what the app's storage room leaves the
 //!   actor before it runs, and every turn that wrote is counted in the
 //!   room when it ends ([`crate::storage_room`]).

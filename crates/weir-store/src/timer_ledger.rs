@@ -1,8 +1,8 @@
 //! The timer ledger: one small database beside the actors' databases
 //! (`<actors>/.timer-ledger.sqlite3`) that keeps, for every actor with a
-//! timer, a deadline no later than its earliest one. A start reads it in
-//! one query and so knows when every actor is next due without opening a
-//! single actor's database.
+//! timer, a deadline no later than its earliest one. A start reads it
+//! (a range of its key at a time) and so knows when every actor is next
+//! due without opening a single actor's database.
 //!
 //! Invariants owned here:
 //! - an actor's row is a lower bound of its earliest timer: it is lowered
