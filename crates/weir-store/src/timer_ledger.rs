@@ -191,16 +191,24 @@ impl TimerLedger {
         self.shared.conn()
     }
 
+    /// The connection, with the actor's exact value still waiting dropped
+    /// under it: what a write made at once (a lowering, a removal) does
+    /// first, so the writer cannot put the older value back after it.
+    fn lock_dropping_waiting(&self, class: &str, name: &str) -> MutexGuard<'_, Connection> {
+        let conn = self.lock();
+        self.shared
+            .exact()
+            .remove(&(class.to_string(), name.to_string()));
+        conn
+    }
+
     /// Brings an actor's row down to `at_ms` if it is later or missing:
     /// before a commit that may make `at_ms` its earliest deadline.
     /// Written at once; an exact value of the actor still waiting is
     /// dropped (it came before this commit; its holder sets the next one
     /// after).
     pub fn lower(&self, class: &str, name: &str, at_ms: i64) -> Result<(), StoreError> {
-        let conn = self.lock();
-        self.shared
-            .exact()
-            .remove(&(class.to_string(), name.to_string()));
+        let conn = self.lock_dropping_waiting(class, name);
         conn.prepare_cached(
             "INSERT INTO next_deadline (class, name, at_ms) VALUES (?1, ?2, ?3)
                  ON CONFLICT (class, name) DO UPDATE SET at_ms = excluded.at_ms
@@ -225,10 +233,7 @@ impl TimerLedger {
     /// Removes an actor's row at once (and an exact value of it still
     /// waiting): the actor is gone.
     pub fn remove(&self, class: &str, name: &str) -> Result<(), StoreError> {
-        let conn = self.lock();
-        self.shared
-            .exact()
-            .remove(&(class.to_string(), name.to_string()));
+        let conn = self.lock_dropping_waiting(class, name);
         conn.prepare_cached("DELETE FROM next_deadline WHERE class = ?1 AND name = ?2")?
             .execute(params![class, name])?;
         Ok(())
