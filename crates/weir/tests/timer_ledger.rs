@@ -2,7 +2,8 @@
 //! actor's timer from the ledger before the timer pass reads a database;
 //! a ledger that is gone or not a database is made again by the pass; a
 //! row whose actor was removed from disk makes no actor, and a deleted
-//! actor's row goes with it.
+//! actor's row goes with it; a ledger that cannot be opened at all is left
+//! alone, and the server runs on the pass.
 
 mod common;
 
@@ -222,4 +223,49 @@ async fn a_row_whose_actor_was_removed_from_disk_makes_no_actor_and_a_deleted_on
     );
     stop(weir);
     assert_eq!(rows(&dir), [], "both rows are gone with their timers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_that_cannot_be_opened_is_left_alone_and_the_pass_finds_the_timers() {
+    let dir = data_dir("ledger-unopenable");
+    let weir = start(&dir, &[]);
+    schedule(&weir, "soon", "tick", 1_500).await;
+    weir.signal("KILL");
+    drop(weir);
+    // Something not a file stands where the ledger goes: it is not Weir's
+    // to remove.
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(dir.join(format!("{LEDGER}{suffix}")));
+    }
+    std::fs::create_dir(dir.join(LEDGER)).unwrap();
+    std::fs::write(dir.join(LEDGER).join("kept"), b"an operator's").unwrap();
+
+    let weir = start(&dir, &[]);
+    let warned = weir
+        .first_logged("weir_actors::timer_ledger", |l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("no timer ledger"))
+        })
+        .await;
+    assert!(
+        warned["path"].as_str().unwrap().ends_with(LEDGER),
+        "{warned}"
+    );
+    let status = weir.status_after_timer_pass().await;
+    assert_eq!(status["actors"]["timer_pass"]["ledgered"], 0, "{status}");
+    assert_eq!(status["actors"]["timer_pass"]["read"], 1, "{status}");
+    // Without a ledger the actor's turns run, and its timer fires.
+    assert_eq!(
+        post(&weir, "/probe/other/incr", Vec::new()).await.text(),
+        "1"
+    );
+    let log = wait_log(&weir, "soon", |l| !l.is_empty()).await;
+    assert_eq!(log.len(), 1, "{log:?}");
+    stop(weir);
+    assert_eq!(
+        std::fs::read(dir.join(LEDGER).join("kept")).unwrap(),
+        b"an operator's",
+        "left alone"
+    );
 }
