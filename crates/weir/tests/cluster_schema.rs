@@ -7,15 +7,20 @@
 //! naming who holds its table, while a writer's open transaction or a
 //! backup holds it, without keeping its place in the table's queue (the
 //! running node's statements wait only while one try waits), and is added
-//! once the table is free; and a schema newer than the build is refused,
-//! unwritten.
+//! once the table is free; a schema newer than the build is refused,
+//! unwritten; and so is a database reached through a pooler that shares
+//! one server session between connections (PgBouncer in transaction or
+//! statement mode), which would move each connection's setting and its
+//! prepared statements to other connections.
 
 mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::cluster::{Postgres, node, node_dir, node_that_stops_at_start, put, session};
+use common::cluster::{
+    Database, PgBouncer, Postgres, node, node_dir, node_that_stops_at_start, put, session,
+};
 
 /// Whether the index of journaled owners is there.
 const JOURNALED_INDEX: &str =
@@ -235,4 +240,32 @@ fn a_schema_newer_than_the_build_is_refused_and_left_unwritten() {
     );
     assert_eq!(pg.psql("weir", nodes), before);
     assert_eq!(pg.psql("weir", "SELECT version FROM weir_schema"), "2");
+}
+
+#[test]
+fn a_pooler_that_shares_server_sessions_between_connections_is_refused_unwritten() {
+    let pg = Postgres::start();
+    let tables = "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'weir\\_%'";
+    for mode in ["transaction", "statement"] {
+        let bouncer = PgBouncer::pooling(&pg, mode);
+        let out = node_that_stops_at_start(&bouncer.url(), "a", &node_dir("pooled", mode), &[]);
+        assert_eq!(out.code, Some(1), "{mode}: {}", out.stderr);
+        assert!(
+            out.stderr.trim().ends_with(
+                "the cluster database refused: two of the node's connections share one \
+                 server session (a pooler in transaction or statement mode, such as \
+                 PgBouncer's pool_mode = transaction?): a node needs a session of its own \
+                 on each connection; pool by session"
+            ),
+            "{mode}: {}",
+            out.stderr
+        );
+        // Refused before the schema is made: the database is left as it was.
+        assert_eq!(pg.psql("weir", tables), "0", "{mode}");
+    }
+    // The same database through a pooler by session: the node starts.
+    let bouncer = PgBouncer::start(&pg);
+    let a = node(&bouncer, "a", &node_dir("pooled", "session"), &[]);
+    assert_ne!(pg.psql("weir", tables), "0");
+    drop(a);
 }

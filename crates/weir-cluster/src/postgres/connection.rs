@@ -11,7 +11,11 @@
 //! on, where a startup parameter would be refused); the lease's
 //! statements have a connection of their own ([`Postgres::for_lease`]),
 //! so no statement of the data's (a commit waiting on a lock) delays a
-//! renewal; a connection error, a timeout and a server that is shutting
+//! renewal; each connection is a server session of its own, which a node
+//! checks as it connects: a pooler that shares one session between
+//! connections (in transaction or statement mode) would move each
+//! connection's setting, prepared statements and cancel key to other
+//! connections, so it is refused by name ([`SESSION_PROBES`]); a connection error, a timeout and a server that is shutting
 //! down are all [`CoordError::Unavailable`]; a URL is never said with its
 //! password.
 
@@ -58,6 +62,19 @@ pub const LEASE_POOL_SIZE: usize = 1;
 /// How long a new connection may take to open.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Pairs of connections a node compares as it connects, each pair open at
+/// once: in session mode a pooler gives each its own server session, and
+/// no pair ever shares one; in transaction mode an idle pooler hands the
+/// session a connection just let go of to the next one (PgBouncer reuses
+/// its server connections last in, first out). A few pairs, not one, so
+/// that a pooler busy with other clients still shows it.
+pub const SESSION_PROBES: usize = 3;
+
+/// What a node says of a pooler that shares server sessions.
+pub const SHARED_SESSIONS: &str = "two of the node's connections share one server session \
+     (a pooler in transaction or statement mode, such as PgBouncer's pool_mode = transaction?): \
+     a node needs a session of its own on each connection; pool by session";
+
 pub(super) fn unavailable(e: impl std::error::Error) -> CoordError {
     CoordError::Unavailable(with_causes(&e))
 }
@@ -83,7 +100,7 @@ pub(super) fn classify(e: tokio_postgres::Error) -> CoordError {
     if gone {
         unavailable(e)
     } else {
-        CoordError::Refused(e.to_string())
+        CoordError::Refused(with_causes(&e))
     }
 }
 
@@ -128,8 +145,21 @@ impl Postgres {
     /// Connects to the database at `url` and makes sure its schema exists.
     pub async fn connect(url: &str) -> Result<Postgres, CoordError> {
         let postgres = Postgres::pooled(url, POOL_SIZE)?;
+        timed(postgres.refuse_shared_sessions()).await?;
         postgres.migrate().await?;
         Ok(postgres)
+    }
+
+    /// Refuses a database whose connections share a server session
+    /// ([`SESSION_PROBES`]), before anything is written to it.
+    async fn refuse_shared_sessions(&self) -> Result<(), CoordError> {
+        for _ in 0..SESSION_PROBES {
+            let (a, b) = (self.client().await?, self.client().await?);
+            if backend(&a).await? == backend(&b).await? {
+                return Err(CoordError::Refused(SHARED_SESSIONS.into()));
+            }
+        }
+        Ok(())
     }
 
     /// The coordinator the node's lease uses (the schema made by
@@ -165,6 +195,13 @@ impl Postgres {
         );
         let pool = Pool::builder(manager)
             .max_size(size)
+            // The connection let go of last is taken first: under a light
+            // load a node keeps using the same few, whose prepared
+            // statements are cached, so a call's statements go out at once
+            // rather than after a round trip to prepare them (and a commit
+            // sent as the database stalls is in its queue when it answers
+            // again, not a prepare waiting for its answer).
+            .queue_mode(deadpool_postgres::QueueMode::Lifo)
             .wait_timeout(Some(CALL_TIMEOUT))
             .create_timeout(Some(CONNECT_TIMEOUT))
             .runtime(deadpool_postgres::Runtime::Tokio1)
@@ -192,6 +229,23 @@ impl Postgres {
     pub(super) async fn client(&self) -> Result<Connection, CoordError> {
         self.connections.get().await
     }
+}
+
+/// The server session (backend process) a connection's next statement
+/// runs in, by the simple query protocol: no statement is prepared, which
+/// a pooler in transaction mode could not keep either.
+async fn backend(client: &Connection) -> Result<String, CoordError> {
+    let messages = client
+        .simple_query("SELECT pg_backend_pid()")
+        .await
+        .map_err(classify)?;
+    messages
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+            _ => None,
+        })
+        .ok_or_else(|| CoordError::Refused("pg_backend_pid() returned no row".into()))
 }
 
 /// The pool of one [`Postgres`], and where a cancel for its connections

@@ -329,9 +329,9 @@ impl Database for Postgres {
     }
 }
 
-/// A PgBouncer in front of one test's PostgreSQL, pooling by session,
-/// with no `ignore_startup_parameters`: what it does not know of a
-/// client's startup, it refuses.
+/// A PgBouncer in front of one test's PostgreSQL, with no
+/// `ignore_startup_parameters`: what it does not know of a client's
+/// startup, it refuses.
 pub struct PgBouncer {
     dir: PathBuf,
     port: u16,
@@ -339,15 +339,22 @@ pub struct PgBouncer {
 }
 
 impl PgBouncer {
-    /// Starts one in front of `pg` and waits until it answers.
+    /// Starts one pooling by session in front of `pg` and waits until it
+    /// answers.
     pub fn start(pg: &Postgres) -> PgBouncer {
+        PgBouncer::pooling(pg, "session")
+    }
+
+    /// Starts one in front of `pg` with `pool_mode = mode` (`session`,
+    /// `transaction` or `statement`) and waits until it answers.
+    pub fn pooling(pg: &Postgres, mode: &str) -> PgBouncer {
         let bin = PathBuf::from("/usr/sbin/pgbouncer");
         assert!(
             bin.is_file(),
             "PgBouncer is not installed (no {}): `.ci/run` installs Debian's `pgbouncer`",
             bin.display()
         );
-        let dir = pg.dir.join("pgbouncer");
+        let dir = pg.dir.join(format!("pgbouncer-{mode}"));
         std::fs::create_dir_all(&dir).unwrap();
         let port = free_port();
         let config = dir.join("pgbouncer.ini");
@@ -361,7 +368,7 @@ impl PgBouncer {
                  listen_port = {port}\n\
                  unix_socket_dir =\n\
                  auth_type = any\n\
-                 pool_mode = session\n\
+                 pool_mode = {mode}\n\
                  max_client_conn = 200\n\
                  default_pool_size = 100\n\
                  logfile = {}\n",
