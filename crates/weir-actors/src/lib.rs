@@ -25,8 +25,9 @@
 //!   a layer that keeps actors beyond this process (cluster mode), and
 //!   [`socket_relay`]: an actor's WebSocket reached through another node;
 //! - [`os_limits`]: how many actors the process's limits leave room for;
-//! - [`operators`]: what `/actors` shows and does, and
-//!   [`operator_calls`]: an operator's call run where the actor runs;
+//! - [`operators`]: what `/actors` shows and does, [`listing`]: its
+//!   listing a page at a time, and [`operator_calls`]: an operator's call
+//!   run where the actor runs;
 //! - [`receipts`]: one receipt per turn;
 //! - [`limits`], [`error_code`], [`metrics`]: what actors add to the
 //!   runtime's limits, errors and metrics.
@@ -43,6 +44,7 @@ pub mod handover;
 pub mod holdings;
 pub mod host;
 pub mod limits;
+pub mod listing;
 pub mod mailbox;
 pub mod metrics;
 pub mod operator_calls;

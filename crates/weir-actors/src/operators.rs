@@ -1,6 +1,6 @@
 //! The operators' view: what `/actors` and `weir actors` show and do —
-//! the classes and counters, every actor (live or hibernated), one actor's
-//! timers and entries, and deletion.
+//! the classes and counters, one actor's timers and entries, and
+//! deletion.
 //!
 //! Invariant owned here: an operator reads and deletes between turns. An
 //! inspection or a deletion claims the actor like a caller and waits for
@@ -8,7 +8,7 @@
 //! with a turn. In cluster mode it does so on the node that owns the
 //! actor ([`crate::operator_calls`]): an inspection reads only what is
 //! durable, and a deletion removes the actor's history from the cluster's
-//! database before its local copy.
+//! database before its local copy. Listings are [`crate::listing`]'s.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -22,6 +22,8 @@ use crate::error_code::TurnError;
 use crate::host::ActorHost;
 use crate::operator_calls::{Failure, OperatorAnswer, OperatorCall};
 use crate::turn::{TurnReport, open_storage};
+
+pub use crate::listing::{ActorPage, ActorSummary, LIST_PAGE, MAX_LIST_PAGE};
 
 /// Most entries an inspection dumps; a larger actor is paged with `start`.
 pub const MAX_INSPECT_ENTRIES: u32 = 1_000;
@@ -89,26 +91,6 @@ impl From<TurnError> for AdminError {
             ),
         })
     }
-}
-
-/// One actor as operators see it.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct ActorSummary {
-    pub class: String,
-    pub name: String,
-    /// In memory now (instance and database open), or hibernated.
-    pub live: bool,
-    /// Callers queued for a turn that still want it (a caller that left
-    /// stays queued, but is skipped when its turn comes).
-    pub waiting: usize,
-    /// What its database takes on this server's disk (in cluster mode,
-    /// its local copy here: 0 where this node holds none).
-    pub storage_bytes: u64,
-    /// Earliest timer, ms since the Unix epoch.
-    pub next_timer_ms: Option<i64>,
-    /// Cluster mode: the node that owns it now, if one does.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
 }
 
 /// One actor in detail.
@@ -244,65 +226,6 @@ impl ActorHost {
                 .clone(),
             timer_pass: self.pass.progress(),
         }
-    }
-
-    fn summary(&self, actor: &ActorAddress) -> ActorSummary {
-        let cell = self.lock_cells().get(actor).cloned();
-        let waiting = cell.as_ref().map_or(0, |c| {
-            let inbox = c.inbox.lock().unwrap_or_else(|p| p.into_inner());
-            inbox.calls.iter().filter(|q| !q.reply.is_closed()).count()
-        });
-        // Live: it has an instance now, or is in a turn (which has one).
-        let live = cell.is_some_and(|c| match c.live.try_lock() {
-            Ok(live) => live.generation.is_some(),
-            Err(_) => true,
-        });
-        ActorSummary {
-            live,
-            waiting,
-            storage_bytes: self.directory.files_bytes(actor),
-            next_timer_ms: self.timers.get(actor),
-            class: actor.class.clone(),
-            name: actor.name.clone(),
-            owner: None,
-        }
-    }
-
-    /// The actors of a class (every class when `None`), live or hibernated:
-    /// those with a database here, or, in cluster mode, those with history
-    /// in the cluster's database, wherever they run.
-    pub async fn list(&self, class: Option<&str>) -> Result<Vec<ActorSummary>, AdminError> {
-        let mut classes: Vec<&String> = match class {
-            Some(name) => {
-                self.class(name)?;
-                vec![self.classes.get_key_value(name).expect("checked above").0]
-            }
-            None => self.classes.keys().collect(),
-        };
-        classes.sort();
-        let mut out = Vec::new();
-        for class in classes {
-            let Some(placement) = &self.placement else {
-                for actor in self
-                    .directory
-                    .list(class)
-                    .map_err(|e| AdminError::Storage(e.to_string()))?
-                {
-                    out.push(self.summary(&actor));
-                }
-                continue;
-            };
-            for known in placement.list(class).await? {
-                let Ok(actor) = ActorAddress::new(class, &known.name) else {
-                    continue;
-                };
-                let mut summary = self.summary(&actor);
-                summary.next_timer_ms = known.next_timer_ms;
-                summary.owner = known.owner;
-                out.push(summary);
-            }
-        }
-        Ok(out)
     }
 
     /// One actor in detail; with `keys`, its entries from `start` on.

@@ -111,9 +111,15 @@ pub trait Placement: Send + Sync + 'static {
         call: OperatorCall,
     ) -> BoxFuture<'static, Forwarded>;
 
-    /// The actors of `class` with durable history, wherever they run, in
-    /// name order.
-    fn list<'a>(&'a self, class: &'a str) -> BoxFuture<'a, Result<Vec<Known>, TurnError>>;
+    /// At most `limit` of the actors of `class` with durable history,
+    /// wherever they run, in name order (the database's), from the first
+    /// after `after`.
+    fn list<'a>(
+        &'a self,
+        class: &'a str,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<Known>, TurnError>>;
 
     /// Those of `actors` (of one class) with durable history, by name.
     fn with_history<'a>(

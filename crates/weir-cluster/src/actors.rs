@@ -173,13 +173,18 @@ impl Placement for ActorPlacement {
         Box::pin(async move { forwarder.call(&node, &target, request).await })
     }
 
-    fn list<'a>(&'a self, class: &'a str) -> BoxFuture<'a, Result<Vec<Known>, TurnError>> {
+    fn list<'a>(
+        &'a self,
+        class: &'a str,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<Known>, TurnError>> {
         Box::pin(async move {
             let prefix = format!("actor/{}/{class}/", self.app);
             let listed = self
                 .ownership
                 .coordinator()
-                .list(&prefix)
+                .list(&prefix, after, limit)
                 .await
                 .map_err(|e| TurnError::from(unavailable(e)))?;
             Ok(listed

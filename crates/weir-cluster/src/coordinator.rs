@@ -242,9 +242,15 @@ pub trait Coordinator: Send + Sync + 'static {
     /// the old one matches.
     async fn delete(&self, fence: Fence) -> Result<Deleted, CoordError>;
 
-    /// The objects whose key starts with `prefix` and that have history
-    /// (a head past 0), in key order.
-    async fn list(&self, prefix: &str) -> Result<Vec<Listed>, CoordError>;
+    /// At most `limit` of the objects whose key starts with `prefix` and
+    /// that have history (a head past 0), in key order, from the first
+    /// whose key is past `prefix` followed by `after`.
+    async fn list(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Listed>, CoordError>;
 
     /// Those of `keys` whose objects have history (a head past 0).
     async fn with_history(&self, keys: &[String]) -> Result<Vec<String>, CoordError>;

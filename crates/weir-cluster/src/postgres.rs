@@ -404,8 +404,13 @@ impl Coordinator for Postgres {
         self.delete_object(fence).await
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<Listed>, CoordError> {
-        self.list_objects(prefix).await
+    async fn list(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Listed>, CoordError> {
+        self.list_objects(prefix, after, limit).await
     }
 
     async fn with_history(&self, keys: &[String]) -> Result<Vec<String>, CoordError> {

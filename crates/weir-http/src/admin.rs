@@ -26,7 +26,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
 use tokio::net::TcpListener;
-use weir_actors::{ActorHost, AdminError};
+use weir_actors::operators::{LIST_PAGE, MAX_LIST_PAGE};
+use weir_actors::{ActorAddress, ActorHost, AdminError};
 use weir_programs::ImageStore;
 use weir_programs::process_table::ProcessTable;
 use weir_runtime::metrics::Metrics;
@@ -309,13 +310,52 @@ fn admin_error(e: AdminError) -> Response<ServeBody> {
     error(status, e.code(), &e.to_string())
 }
 
-pub(crate) fn query<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
-    req.uri()
-        .query()?
-        .split('&')
-        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v)
+pub(crate) fn query(req: &Request<Incoming>, name: &str) -> Option<String> {
+    form_urlencoded::parse(req.uri().query()?.as_bytes())
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
+}
+
+/// The page of a listing a request asks for: `after` (a name in a
+/// class's listing, `CLASS/NAME` in the listing of every class) and
+/// `limit` (1 to [`MAX_LIST_PAGE`], else [`LIST_PAGE`]).
+fn page_asked(
+    req: &Request<Incoming>,
+    class: Option<&str>,
+) -> Result<(Option<ActorAddress>, usize), Box<Response<ServeBody>>> {
+    let limit = match query(req, "limit") {
+        None => LIST_PAGE,
+        Some(n) => match n.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIST_PAGE).contains(&n) => n,
+            _ => {
+                return Err(Box::new(error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    &format!("limit is a number of actors from 1 to {MAX_LIST_PAGE}"),
+                )));
+            }
+        },
+    };
+    let Some(after) = query(req, "after") else {
+        return Ok((None, limit));
+    };
+    let address = match class {
+        Some(class) => ActorAddress::new(class, &after),
+        None => match after.split_once('/') {
+            Some((class, name)) => ActorAddress::new(class, name),
+            None => {
+                return Err(Box::new(error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    "after is CLASS/NAME, the `next` of the page before",
+                )));
+            }
+        },
+    };
+    match address {
+        Ok(address) => Ok((Some(address), limit)),
+        Err(e) => Err(Box::new(admin_error(e.into()))),
+    }
 }
 
 /// `/actors`, `/actors/<class>`, `/actors/<class>/<name>`.
@@ -326,17 +366,37 @@ async fn actors_route(
 ) -> Response<ServeBody> {
     let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
     match (req.method(), parts.as_slice()) {
-        (&Method::GET, []) => match host.list(None).await {
-            Ok(actors) => json_response(&json!({ "status": host.status(), "actors": actors })),
-            Err(e) => admin_error(e),
-        },
-        (&Method::GET, [class]) => match host.list(Some(class)).await {
-            Ok(actors) => json_response(&json!({ "actors": actors })),
-            Err(e) => admin_error(e),
-        },
+        (&Method::GET, []) => {
+            let (after, limit) = match page_asked(req, None) {
+                Ok(asked) => asked,
+                Err(refused) => return *refused,
+            };
+            match host.list(None, after.as_ref(), limit).await {
+                Ok(page) => {
+                    let next = page.next.map(|a| format!("{}/{}", a.class, a.name));
+                    json_response(
+                        &json!({ "status": host.status(), "actors": page.actors, "next": next }),
+                    )
+                }
+                Err(e) => admin_error(e),
+            }
+        }
+        (&Method::GET, [class]) => {
+            let (after, limit) = match page_asked(req, Some(class)) {
+                Ok(asked) => asked,
+                Err(refused) => return *refused,
+            };
+            match host.list(Some(class), after.as_ref(), limit).await {
+                Ok(page) => {
+                    let next = page.next.map(|a| a.name);
+                    json_response(&json!({ "actors": page.actors, "next": next }))
+                }
+                Err(e) => admin_error(e),
+            }
+        }
         (&Method::GET, [class, name]) => {
             let keys = query(req, "keys").is_some_and(|v| v != "0" && v != "false");
-            let start = query(req, "start").map(str::to_string);
+            let start = query(req, "start");
             match host.inspect(class, name, keys, start).await {
                 Ok(detail) => json_response(&detail),
                 Err(e) => admin_error(e),

@@ -70,8 +70,8 @@ pub async fn route(
     match (req.method().clone(), parts.as_slice()) {
         (Method::GET, []) => json_response(&deployer.apps()),
         (Method::POST, [app, "deploy"]) => {
-            let class = query(&req, "class").map(str::to_string);
-            let label = query(&req, "label").map(str::to_string);
+            let class = query(&req, "class");
+            let label = query(&req, "label");
             let component = match read_limited(req.into_body(), MAX_DEPLOY_COMPONENT_BYTES).await {
                 Ok(body) => body,
                 Err(BodyRefused::TooLarge) => {

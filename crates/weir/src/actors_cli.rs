@@ -5,7 +5,9 @@
 
 use std::fmt::Write as _;
 
-use weir_actors::operators::{ActorDetail, ActorSummary, EntryView, MAX_INSPECT_ENTRIES};
+use weir_actors::operators::{
+    ActorDetail, ActorSummary, EntryView, MAX_INSPECT_ENTRIES, MAX_LIST_PAGE,
+};
 
 use crate::admin_client::{self, AdminArgs};
 use crate::table::{self, Table};
@@ -22,11 +24,20 @@ pub struct ActorsArgs {
 enum ActorsCommand {
     /// Actors of every class (or of CLASS): live or hibernated, storage
     /// size, next timer, and in cluster mode the node that owns each.
+    /// The table holds every actor (read a page at a time); with
+    /// `--limit`, one page.
     List {
         class: Option<String>,
-        /// The server's JSON answer instead of a table.
+        /// The server's JSON answer instead of a table: one page, whose
+        /// `next` is the `--after` of the page after it.
         #[arg(long)]
         json: bool,
+        /// Start after this actor (`NAME`, or `CLASS/NAME` without CLASS).
+        #[arg(long, value_name = "ACTOR")]
+        after: Option<String>,
+        /// One page of at most this many actors (1 to 10,000).
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
     },
     /// One actor: incarnation, entries, timers, launch journal; `--keys`
     /// dumps its entries.
@@ -47,23 +58,32 @@ enum ActorsCommand {
     Delete { class: String, name: String },
 }
 
-/// Encodes a query value (keys may hold any character).
-fn encode(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            other => format!("%{other:02X}"),
-        })
-        .collect()
-}
-
-/// What `GET /actors` answers (its `status` is not shown in the table).
+/// One page of what `GET /actors` answers (its `status` is not shown in
+/// the table).
 #[derive(serde::Deserialize)]
 struct Listed {
     actors: Vec<ActorSummary>,
+    /// Where the next page starts, when there is one.
+    next: Option<String>,
+}
+
+/// The listing's path for the page after `after`, of at most `limit`.
+fn list_path(class: Option<&str>, after: Option<&str>, limit: Option<usize>) -> String {
+    let mut path = match class {
+        None => "/actors".to_string(),
+        Some(c) => format!("/actors/{c}"),
+    };
+    let mut query = Vec::new();
+    if let Some(after) = after {
+        query.push(format!("after={}", admin_client::encode(after)));
+    }
+    if let Some(limit) = limit {
+        query.push(format!("limit={limit}"));
+    }
+    if !query.is_empty() {
+        path = format!("{path}?{}", query.join("&"));
+    }
+    path
 }
 
 /// The list as a table, and a line of totals.
@@ -207,17 +227,37 @@ fn render_detail(d: &ActorDetail, now_ms: i64) -> String {
 
 pub fn run(args: ActorsArgs) -> anyhow::Result<()> {
     let (method, path) = match &args.command {
-        ActorsCommand::List { class, json } => {
-            let path = match class {
-                None => "/actors".to_string(),
-                Some(c) => format!("/actors/{c}"),
-            };
-            if !json {
-                let listed: Listed = admin_client::get(&args.admin, &path)?;
-                print!("{}", render(&listed.actors, table::now_ms()));
+        ActorsCommand::List {
+            class,
+            json,
+            after,
+            limit,
+        } => {
+            let class = class.as_deref();
+            if *json {
+                ("GET", list_path(class, after.as_deref(), *limit))
+            } else {
+                // Every page, each as large as the server allows: a page
+                // reads its class's directory of names, so fewer pages are
+                // fewer reads of it.
+                let page_limit = limit.unwrap_or(MAX_LIST_PAGE);
+                let mut actors = Vec::new();
+                let mut after = after.clone();
+                let more = loop {
+                    let path = list_path(class, after.as_deref(), Some(page_limit));
+                    let page: Listed = admin_client::get(&args.admin, &path)?;
+                    actors.extend(page.actors);
+                    match page.next {
+                        Some(next) if limit.is_none() => after = Some(next),
+                        more => break more,
+                    }
+                };
+                print!("{}", render(&actors, table::now_ms()));
+                if let Some(next) = more {
+                    println!("more after {next} (--after {next})");
+                }
                 return Ok(());
             }
-            ("GET", path)
         }
         ActorsCommand::Inspect {
             class,
@@ -230,7 +270,7 @@ pub fn run(args: ActorsArgs) -> anyhow::Result<()> {
             if *keys {
                 path.push_str("?keys=1");
                 if let Some(start) = start {
-                    path.push_str(&format!("&start={}", encode(start)));
+                    path.push_str(&format!("&start={}", admin_client::encode(start)));
                 }
             }
             if !json {

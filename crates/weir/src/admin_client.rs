@@ -44,6 +44,12 @@ pub struct AdminArgs {
     app: Option<String>,
 }
 
+/// `value` encoded for a query string (as the admin address decodes it:
+/// a space is `+`, and a `+` of the value's own is `%2B`).
+pub fn encode(value: &str) -> String {
+    form_urlencoded::byte_serialize(value.as_bytes()).collect()
+}
+
 /// Sends `method path` to the admin address and prints the answer;
 /// a 400, 401 or 404 is a usage error (exit 2), another failure exits 1.
 pub fn call(args: &AdminArgs, method: &str, path: &str) -> anyhow::Result<()> {

@@ -151,7 +151,7 @@ pub fn deploy(args: DeployArgs) -> anyhow::Result<()> {
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut query = Vec::new();
     if let Some(class) = &args.class {
-        query.push(format!("class={class}"));
+        query.push(format!("class={}", admin_client::encode(class)));
     }
     if let Some(label) = &args.label {
         if !weir_server::recipe::valid_label(label) {
@@ -161,7 +161,7 @@ pub fn deploy(args: DeployArgs) -> anyhow::Result<()> {
             ))
             .into());
         }
-        query.push(format!("label={label}"));
+        query.push(format!("label={}", admin_client::encode(label)));
     }
     let mut target = format!("/apps/{name}/deploy");
     if !query.is_empty() {

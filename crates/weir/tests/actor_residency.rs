@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use common::actors::*;
 use common::{guest, proc_kib, reset_peak, rss_kib};
@@ -77,8 +77,21 @@ async fn ten_thousand_idle_actors_hibernate_memory_returns_and_each_wakes_with_i
         residue < 8.0,
         "a hibernated actor leaves {residue:.2} KiB: baseline {baseline}, peak {peak}, after {after}"
     );
-    let listed = weir.admin_get("/actors/probe").await.json();
-    assert_eq!(listed["actors"].as_array().unwrap().len(), ACTORS + 20);
+    // Listed a page at a time (1,000 unless asked otherwise), each actor
+    // once, in name order.
+    let pages = weir.actor_pages("/actors/probe", None).await;
+    let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
+    assert_eq!(
+        sizes,
+        [1_000; 10].into_iter().chain([20]).collect::<Vec<_>>()
+    );
+    let listed: Vec<String> = pages.concat();
+    let mut expected: Vec<String> = (0..ACTORS)
+        .map(|i| format!("probe/a{i}"))
+        .chain((0..20).map(|i| format!("probe/warm-{i}")))
+        .collect();
+    expected.sort();
+    assert_eq!(listed, expected);
     // Every 50th actor wakes with its data.
     for i in (0..ACTORS).step_by(50) {
         let r = weir.get(&format!("/probe/a{i}/get?key=n")).await;
@@ -153,6 +166,49 @@ async fn operators_list_inspect_and_delete_actors() {
     assert_eq!(actors[0]["live"], true);
     assert!(actors[0]["storage_bytes"].as_u64().unwrap() > 0);
     assert!(actors[1]["next_timer_ms"].as_u64().unwrap() > now_ms());
+    // A page at a time: at most `limit` actors, and `next`, after which
+    // the page after starts (a name in a class, CLASS/NAME across them).
+    let page = weir.admin_get("/actors/probe?limit=1").await.json();
+    assert_eq!(
+        (&page["actors"][0]["name"], &page["next"]),
+        (&json!("x"), &json!("x"))
+    );
+    let page = weir.admin_get("/actors/probe?limit=1&after=x").await.json();
+    assert_eq!(
+        (&page["actors"][0]["name"], &page["next"]),
+        (&json!("y"), &json!(null))
+    );
+    assert_eq!(
+        weir.actor_pages("/actors", Some(1)).await,
+        [["probe/x"], ["probe/y"]]
+    );
+    // The cursor as a client encodes it.
+    let page = weir.admin_get("/actors?after=probe%2Fx").await.json();
+    assert_eq!(page["actors"].as_array().unwrap().len(), 1, "{page}");
+    assert_eq!(
+        (&page["actors"][0]["name"], &page["next"]),
+        (&json!("y"), &json!(null))
+    );
+    for (asked, code) in [
+        ("/actors?limit=0", "bad_request"),
+        ("/actors?limit=10001", "bad_request"),
+        ("/actors?limit=ten", "bad_request"),
+        ("/actors?after=x", "bad_request"),
+        ("/actors?after=probe/No!", "actor_address_invalid"),
+        ("/actors/probe?after=No!", "actor_address_invalid"),
+    ] {
+        weir.admin_get(asked).await.assert_weir_error(400, code);
+    }
+    // `weir actors list --limit` shows one page and where the next starts.
+    let table = common::stdout_of(cli(&["list", "--limit", "1"]));
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[1].starts_with("probe  x "), "{table}");
+    assert!(lines[2].starts_with("1 actor, "), "{table}");
+    assert_eq!(lines[3], "more after probe/x (--after probe/x)", "{table}");
+    let table = common::stdout_of(cli(&["list", "--after", "probe/x"]));
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[1].starts_with("probe  y "), "{table}");
+    assert_eq!(lines.len(), 3, "{table}");
 
     // One actor for the eye: its facts, then its timers, launches, keys.
     let out = cli(&["inspect", "probe", "x", "--keys"]);
@@ -184,6 +240,24 @@ async fn operators_list_inspect_and_delete_actors() {
     assert_eq!(detail["entries"], 1);
     assert_eq!(detail["keys"][0]["key"], "n");
     assert_eq!(detail["keys"][0]["text"], "2");
+
+    // A dump from a key on, the key encoded by the CLI (`k%2F2`) and
+    // decoded by the server: without the decoding `k/1` sorts after it.
+    for key in ["k/1", "k/2"] {
+        let r = post(&weir, &format!("/probe/x/put?key={key}"), b"v".to_vec()).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let out = cli(&[
+        "inspect", "probe", "x", "--keys", "--start", "k/2", "--json",
+    ]);
+    let detail: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let keys: Vec<&str> = detail["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["k/2", "n"], "{detail}");
 
     let out = cli(&["delete", "probe", "x"]);
     assert!(out.status.success());

@@ -1,7 +1,8 @@
 //! Operators and a cluster's actors, from outside: a real PostgreSQL, real
 //! `weir` nodes on loopback. An actor is listed, inspected and deleted
-//! through any node and by its owner; a deletion takes its history out of
-//! the cluster's database, fenced like a commit.
+//! through any node and by its owner, and listed a page at a time from the
+//! cluster's database; a deletion takes its history out of the cluster's
+//! database, fenced like a commit.
 
 mod common;
 
@@ -188,6 +189,34 @@ async fn an_operator_inspects_and_deletes_an_actor_through_any_node_and_its_hist
 /// writes nothing after it; a retry finds it gone; the key's next claim
 /// is a new object.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clusters_actors_are_listed_a_page_at_a_time_in_the_databases_order() {
+    let pg = Postgres::start();
+    let n = node(&pg, "n1", &node_dir("operators-pages", "n1"), &[]);
+    // Names whose order depends on the collation (`-`, `.` and `_`).
+    let names = ["b0", "a_b", "a", "ab", "a.b", "b", "a-b"];
+    for name in names {
+        assert_eq!(incr(&n, name).await.text(), "1");
+    }
+    let in_order = pg.psql(
+        "weir",
+        "SELECT string_agg(key, ',' ORDER BY key) FROM weir_objects WHERE head > 0",
+    );
+    let expected: Vec<String> = in_order
+        .split(',')
+        .map(|key| format!("probe/{}", key.strip_prefix(&actor_key("")).unwrap()))
+        .collect();
+    assert_eq!(expected.len(), names.len(), "{in_order}");
+    // Through a class's listing and the listing of every class, pages of
+    // at most two: every actor once, in the database's order.
+    for path in ["/actors/probe", "/actors"] {
+        let pages = n.actor_pages(path, Some(2)).await;
+        let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [2, 2, 2, 1], "{path}: {pages:?}");
+        assert_eq!(pages.concat(), expected, "{path}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_coordinators_deletion_is_fenced_and_whole() {
     use weir_cluster::coordinator::{
         Claimed, Coordinator, Deleted, Entry, Fence, Registration, ShipBatch,
@@ -259,8 +288,10 @@ async fn the_coordinators_deletion_is_fenced_and_whole() {
     let mut found = coord.with_history(&asked).await.unwrap();
     found.sort();
     assert_eq!(found, ["x_y/1", "xzy/1"]);
-    let listed = coord.list("x_y/").await.unwrap();
+    let listed = coord.list("x_y/", None, 10).await.unwrap();
     assert_eq!(listed.len(), 1, "{listed:?}");
+    // After its one object, nothing.
+    assert!(coord.list("x_y/", Some("1"), 10).await.unwrap().is_empty());
     assert_eq!(listed[0].key, "x_y/1");
     assert_eq!(listed[0].alarm_at, Some(1));
     assert_eq!(listed[0].owner.as_deref(), Some("a"));
@@ -292,7 +323,7 @@ async fn the_coordinators_deletion_is_fenced_and_whole() {
     );
     assert_eq!(rows_of("weir_log"), "0");
     assert_eq!(rows_of("weir_snapshots"), "0");
-    assert!(coord.list("x_y/").await.unwrap().is_empty());
+    assert!(coord.list("x_y/", None, 10).await.unwrap().is_empty());
     assert_eq!(coord.with_history(&asked).await.unwrap(), ["xzy/1"]);
     // A retry (its first answer lost) finds it gone.
     assert_eq!(coord.delete(fence).await.unwrap(), Deleted::Gone);

@@ -181,7 +181,9 @@ async fn rollback_returns_to_the_previous_version_the_same_way() {
         "site",
         guest("hello_next").to_str().unwrap(),
         "--label",
-        "v3",
+        // A `+` of its own, which a query string would read as a space
+        // unless the CLI encodes it.
+        "v3+build.7",
     ]);
     assert_eq!(exited.code, Some(0), "{}", exited.stderr);
     assert_eq!(weir.get("/").await.text(), V2);
@@ -199,7 +201,7 @@ async fn rollback_returns_to_the_previous_version_the_same_way() {
         run_weir(&args)
     };
     let listed: Value = serde_json::from_str(&list(&["--json"]).stdout).unwrap();
-    assert_eq!(listed["apps"][0]["version"], "v3");
+    assert_eq!(listed["apps"][0]["version"], "v3+build.7");
     assert_eq!(listed["apps"][0]["number"], 4);
     let table = list(&[]).stdout;
     let rows: Vec<Vec<&str>> = table
@@ -207,7 +209,7 @@ async fn rollback_returns_to_the_previous_version_the_same_way() {
         .map(|l| l.split_whitespace().collect())
         .collect();
     assert_eq!(rows[0][..3], ["APP", "VERSION", "DEPLOYED"], "{table}");
-    assert_eq!(rows[1][..3], ["site", "#4", "v3"], "{table}");
+    assert_eq!(rows[1][..3], ["site", "#4", "v3+build.7"], "{table}");
     assert_eq!(rows.len(), 2, "{table}");
 }
 

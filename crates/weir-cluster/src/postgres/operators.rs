@@ -52,20 +52,35 @@ impl Postgres {
         .await
     }
 
-    pub(super) async fn list_objects(&self, prefix: &str) -> Result<Vec<Listed>, CoordError> {
+    pub(super) async fn list_objects(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Listed>, CoordError> {
+        // `left(…) = $1`, not `LIKE`: a prefix's `_` and `%` are its own.
+        // A page after a key walks the key's index from there: two
+        // statements rather than one with `$3 IS NULL OR …`, which a
+        // generic plan could not walk by.
+        const FIRST: &str = "SELECT o.key, o.alarm_at, n.name FROM weir_objects o
+             LEFT JOIN weir_nodes n ON n.session = o.owner AND n.expires_at > now()
+             WHERE left(o.key, length($1)) = $1 AND o.head > 0
+             ORDER BY o.key LIMIT $2";
+        const AFTER: &str = "SELECT o.key, o.alarm_at, n.name FROM weir_objects o
+             LEFT JOIN weir_nodes n ON n.session = o.owner AND n.expires_at > now()
+             WHERE left(o.key, length($1)) = $1 AND o.head > 0 AND o.key > $3
+             ORDER BY o.key LIMIT $2";
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         timed(async {
             let client = self.client().await?;
-            // `left(…) = $1`, not `LIKE`: a prefix's `_` and `%` are its own.
-            let rows = client
-                .query(
-                    "SELECT o.key, o.alarm_at, n.name FROM weir_objects o
-                     LEFT JOIN weir_nodes n ON n.session = o.owner AND n.expires_at > now()
-                     WHERE left(o.key, length($1)) = $1 AND o.head > 0
-                     ORDER BY o.key",
-                    &[&prefix],
-                )
-                .await
-                .map_err(classify)?;
+            let rows = match after {
+                None => client.query(FIRST, &[&prefix, &limit]).await,
+                Some(after) => {
+                    let from = format!("{prefix}{after}");
+                    client.query(AFTER, &[&prefix, &limit, &from]).await
+                }
+            }
+            .map_err(classify)?;
             Ok(rows
                 .iter()
                 .map(|row| Listed {

@@ -206,9 +206,15 @@ impl Coordinator for Link {
         self.call(move |m| m.delete(fence)).await
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<Listed>, CoordError> {
-        let prefix = prefix.to_string();
-        self.call(move |m| m.list(&prefix)).await
+    async fn list(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Listed>, CoordError> {
+        let (prefix, after) = (prefix.to_string(), after.map(str::to_string));
+        self.call(move |m| m.list(&prefix, after.as_deref(), limit))
+            .await
     }
 
     async fn with_history(&self, keys: &[String]) -> Result<Vec<String>, CoordError> {

@@ -192,11 +192,14 @@ impl Model {
     }
 
     /// The objects with history under `prefix` (as PostgreSQL's list).
-    pub fn list(&self, prefix: &str) -> Vec<Listed> {
+    pub fn list(&self, prefix: &str, after: Option<&str>, limit: usize) -> Vec<Listed> {
         let s = self.lock();
+        let after = after.map(|a| format!("{prefix}{a}"));
         s.rows
             .iter()
             .filter(|(key, row)| key.starts_with(prefix) && row.head > 0)
+            .filter(|(key, _)| after.as_ref().is_none_or(|a| *key > a))
+            .take(limit)
             .map(|(key, row)| Listed {
                 key: key.clone(),
                 alarm_at: row.alarm_at,

@@ -421,6 +421,49 @@ impl Weir {
         self.admin_send("GET", path).await
     }
 
+    /// Every page of the actors' listing at `path` (`/actors` or
+    /// `/actors/CLASS`), each page asked with `?limit=` when `limit` is
+    /// given and after the page before's `next`: each page's actors, as
+    /// `CLASS/NAME`.
+    pub async fn actor_pages(&self, path: &str, limit: Option<usize>) -> Vec<Vec<String>> {
+        let mut pages = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let mut query = Vec::new();
+            if let Some(limit) = limit {
+                query.push(format!("limit={limit}"));
+            }
+            if let Some(after) = &after {
+                query.push(format!("after={after}"));
+            }
+            let r = self.admin_get(&format!("{path}?{}", query.join("&"))).await;
+            assert_eq!(r.status, 200, "{path} after {after:?}: {}", r.text());
+            let page = r.json();
+            pages.push(
+                page["actors"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| {
+                        format!(
+                            "{}/{}",
+                            a["class"].as_str().unwrap(),
+                            a["name"].as_str().unwrap()
+                        )
+                    })
+                    .collect(),
+            );
+            match page["next"].as_str() {
+                // Each page moves on: a cursor given back is no end.
+                Some(next) if after.as_deref() == Some(next) => {
+                    panic!("{path}: the page after {next} starts after {next} again")
+                }
+                Some(next) => after = Some(next.to_string()),
+                None => return pages,
+            }
+        }
+    }
+
     /// An admin request bearing the server's admin token.
     pub async fn admin_send(&self, method: &str, path: &str) -> Resp {
         let admin = self.admin.expect("admin listener");
