@@ -108,6 +108,17 @@ pub fn weir_command() -> Command {
     Command::new(env!("CARGO_BIN_EXE_weir"))
 }
 
+/// The keys of an actor's dump (`GET /actors/CLASS/NAME?keys=1`), in
+/// its order.
+pub fn dumped_keys(detail: &Value) -> Vec<&str> {
+    detail["keys"]
+        .as_array()
+        .expect("a dump of keys")
+        .iter()
+        .map(|e| e["key"].as_str().unwrap())
+        .collect()
+}
+
 /// The stdout of a command that must have succeeded (its stderr says why
 /// it did not).
 pub fn stdout_of(out: std::process::Output) -> String {
