@@ -89,15 +89,21 @@ impl LedgerRow {
 
 impl ActorHost {
     /// Indexes every actor the ledger names (of a declared class) at its
-    /// row's deadline; how many.
+    /// row's deadline; how many. The rows of a class no longer declared
+    /// are removed: classes change only at a start, and if the class comes
+    /// back the timer pass writes its rows again.
     pub(crate) fn arm_from_ledger(&self) -> usize {
         let Some(ledger) = &self.ledger else {
             return 0;
         };
         let began = std::time::Instant::now();
         let mut armed = 0;
+        let mut undeclared = std::collections::BTreeSet::new();
         let read = ledger.read(|class, name, at_ms| {
             if !self.classes.contains_key(class) {
+                if !undeclared.contains(class) {
+                    undeclared.insert(class.to_string());
+                }
                 return;
             }
             if let Ok(actor) = ActorAddress::new(class, name) {
@@ -107,6 +113,16 @@ impl ActorHost {
                 armed += 1;
             }
         });
+        for class in &undeclared {
+            match ledger.remove_class(class) {
+                Ok(rows) => {
+                    tracing::info!(%class, rows, "removed the timer ledger's rows of a class no longer declared")
+                }
+                Err(e) => {
+                    tracing::warn!(%class, error = %e, "cannot remove the timer ledger's rows of a class no longer declared")
+                }
+            }
+        }
         match read {
             Ok(_) => tracing::info!(
                 actors = armed,

@@ -239,6 +239,17 @@ impl TimerLedger {
         Ok(())
     }
 
+    /// Removes every row of `class` at once, and its exact values still
+    /// waiting: a class no longer declared, whose rows no start would
+    /// read. How many rows went.
+    pub fn remove_class(&self, class: &str) -> Result<usize, StoreError> {
+        let conn = self.lock();
+        self.shared.exact().retain(|(c, _), _| c != class);
+        Ok(conn
+            .prepare_cached("DELETE FROM next_deadline WHERE class = ?1")?
+            .execute(params![class])?)
+    }
+
     /// Writes the exact values still waiting, now.
     pub fn flush(&self) -> Result<(), StoreError> {
         let conn = self.lock();
@@ -435,6 +446,27 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(l.read(|_, _, _| {}).unwrap(), 100, "in one batch");
+    }
+
+    #[test]
+    fn a_class_is_removed_whole_and_its_waiting_values_with_it() {
+        let dir = weir_scratch::dir("ledger-class");
+        std::fs::create_dir_all(&dir).unwrap();
+        let ledger = ledger(&dir);
+        for name in ["a", "b"] {
+            ledger.lower("gone", name, 10).unwrap();
+            ledger.lower("kept", name, 20).unwrap();
+        }
+        // An exact value of the class, still waiting, goes with it.
+        ledger.set("gone", "c", Some(30));
+        assert_eq!(ledger.remove_class("gone").unwrap(), 2);
+        ledger.flush().unwrap();
+        let mut rows = Vec::new();
+        ledger
+            .read(|class, name, at| rows.push(format!("{class}/{name}@{at}")))
+            .unwrap();
+        assert_eq!(rows, ["kept/a@20", "kept/b@20"]);
+        assert_eq!(ledger.remove_class("nothing").unwrap(), 0);
     }
 
     #[test]

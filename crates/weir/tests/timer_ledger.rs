@@ -2,7 +2,8 @@
 //! actor's timer from the ledger before the timer pass reads a database;
 //! a ledger that is gone or not a database is made again by the pass; a
 //! row whose actor was removed from disk makes no actor, and a deleted
-//! actor's row goes with it; a ledger that cannot be opened at all is left
+//! actor's row goes with it; the rows of a class no longer declared are
+//! removed at a start; a ledger that cannot be opened at all is left
 //! alone, and the server runs on the pass.
 
 mod common;
@@ -268,4 +269,45 @@ async fn a_ledger_that_cannot_be_opened_is_left_alone_and_the_pass_finds_the_tim
         b"an operator's",
         "left alone"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rows_of_a_class_no_longer_declared_are_removed_and_come_back_with_it() {
+    let dir = data_dir("ledger-undeclared");
+    let weir = start(&dir, &[]);
+    for name in ["a", "b"] {
+        schedule(&weir, name, "tick", 3_600_000).await;
+    }
+    stop(weir);
+    assert_eq!(rows(&dir).len(), 2);
+    // The same code under another class name: `probe` is no longer
+    // declared, and its rows go.
+    let other = format!("other={}", common::guest("actor_probe").display());
+    let gateway = common::guest("gateway");
+    let weir = common::Weir::start_with(&[
+        gateway.to_str().unwrap(),
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--actor",
+        &other,
+    ]);
+    let removed = weir
+        .first_logged("weir_actors::timer_ledger", |l| {
+            l["message"] == "removed the timer ledger's rows of a class no longer declared"
+        })
+        .await;
+    assert_eq!(
+        (&removed["class"], &removed["rows"]),
+        (&"probe".into(), &2.into())
+    );
+    stop(weir);
+    assert_eq!(rows(&dir), []);
+    // Declared again: the pass reads its actors' timers and writes their
+    // rows back.
+    let weir = start(&dir, &[]);
+    let status = weir.status_after_timer_pass().await;
+    assert_eq!(status["actors"]["pending_timers"], 2, "{status}");
+    stop(weir);
+    let names: Vec<String> = rows(&dir).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["a", "b"]);
 }
