@@ -56,6 +56,8 @@ pub struct ActorPage {
 }
 
 impl ActorHost {
+    /// What an operator sees of one actor now, from this host alone (in
+    /// cluster mode the placement adds its owner and timer).
     pub(crate) fn summary(&self, actor: &ActorAddress) -> ActorSummary {
         let cell = self.lock_cells().get(actor).cloned();
         let waiting = cell.as_ref().map_or(0, |c| {

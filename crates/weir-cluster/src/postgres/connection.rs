@@ -15,9 +15,9 @@
 //! checks as it connects: a pooler that shares one session between
 //! connections (in transaction or statement mode) would move each
 //! connection's setting, prepared statements and cancel key to other
-//! connections, so it is refused by name ([`SESSION_PROBES`]); a connection error, a timeout and a server that is shutting
-//! down are all [`CoordError::Unavailable`]; a URL is never said with its
-//! password.
+//! connections, so it is refused by name ([`SESSION_PROBES`]); a
+//! connection error, a timeout and a server that is shutting down are all
+//! [`CoordError::Unavailable`]; a URL is never said with its password.
 
 use std::pin::Pin;
 use std::sync::Arc;
