@@ -246,22 +246,49 @@ fn a_schema_newer_than_the_build_is_refused_and_left_unwritten() {
 fn a_pooler_that_shares_server_sessions_between_connections_is_refused_unwritten() {
     let pg = Postgres::start();
     let tables = "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'weir\\_%'";
-    for mode in ["transaction", "statement"] {
-        let bouncer = PgBouncer::pooling(&pg, mode);
-        let out = node_that_stops_at_start(&bouncer.url(), "a", &node_dir("pooled", mode), &[]);
-        assert_eq!(out.code, Some(1), "{mode}: {}", out.stderr);
+    // An idle pooler hands a pair of connections one session; one that
+    // rotates its sessions (round robin, over sessions opened before)
+    // gives a connection's next statement another session.
+    let rotating = "server_round_robin = 1\n";
+    for (mode, more) in [
+        ("transaction", ""),
+        ("statement", ""),
+        ("transaction", rotating),
+    ] {
+        let bouncer = PgBouncer::pooling(&pg, mode, more);
+        if !more.is_empty() {
+            // Three sessions open at once, for the rotation to go round.
+            let held: Vec<_> = (0..3)
+                .map(|_| {
+                    let psql = bouncer.client();
+                    std::thread::spawn(move || {
+                        psql.psql("weir", "BEGIN; SELECT pg_sleep(0.5); COMMIT")
+                    })
+                })
+                .collect();
+            for h in held {
+                h.join().unwrap();
+            }
+        }
+        let out = node_that_stops_at_start(
+            &bouncer.url(),
+            "a",
+            &node_dir("pooled", &format!("{mode}{}", more.len())),
+            &[],
+        );
+        assert_eq!(out.code, Some(1), "{mode} {more}: {}", out.stderr);
         assert!(
             out.stderr.trim().ends_with(
-                "the cluster database refused: two of the node's connections share one \
-                 server session (a pooler in transaction or statement mode, such as \
+                "the cluster database refused: the node's connections do not keep a \
+                 server session each (a pooler in transaction or statement mode, such as \
                  PgBouncer's pool_mode = transaction?): a node needs a session of its own \
                  on each connection; pool by session"
             ),
-            "{mode}: {}",
+            "{mode} {more}: {}",
             out.stderr
         );
         // Refused before the schema is made: the database is left as it was.
-        assert_eq!(pg.psql("weir", tables), "0", "{mode}");
+        assert_eq!(pg.psql("weir", tables), "0", "{mode} {more}");
     }
     // The same database through a pooler by session: the node starts.
     let bouncer = PgBouncer::start(&pg);

@@ -62,16 +62,24 @@ pub const LEASE_POOL_SIZE: usize = 1;
 /// How long a new connection may take to open.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Pairs of connections a node compares as it connects, each pair open at
-/// once: in session mode a pooler gives each its own server session, and
-/// no pair ever shares one; in transaction mode an idle pooler hands the
-/// session a connection just let go of to the next one (PgBouncer reuses
-/// its server connections last in, first out). A few pairs, not one, so
-/// that a pooler busy with other clients still shows it.
+/// Pairs of connections a node tries as it connects, each pair open at
+/// once. In session mode a pooler gives each connection its own server
+/// session: no pair ever shares one, and what one connection sets stays
+/// set for it. In transaction mode neither holds: an idle pooler hands
+/// the session a connection just let go of to the next one (PgBouncer
+/// reuses its server connections last in, first out), so the pair
+/// shares it; one that rotates its sessions (busy, or round robin) gives
+/// a connection's next statement another session, which lacks what the
+/// statement before set. A few pairs, not one, so that either shows.
 pub const SESSION_PROBES: usize = 3;
 
+/// The setting a node's probe sets on a connection and reads back
+/// ([`SESSION_PROBES`]): a placeholder of its own, which no server or
+/// pooler knows or carries between sessions.
+const PROBE_SETTING: &str = "weir.session_probe";
+
 /// What a node says of a pooler that shares server sessions.
-pub const SHARED_SESSIONS: &str = "two of the node's connections share one server session \
+pub const SHARED_SESSIONS: &str = "the node's connections do not keep a server session each \
      (a pooler in transaction or statement mode, such as PgBouncer's pool_mode = transaction?): \
      a node needs a session of its own on each connection; pool by session";
 
@@ -153,9 +161,25 @@ impl Postgres {
     /// Refuses a database whose connections share a server session
     /// ([`SESSION_PROBES`]), before anything is written to it.
     async fn refuse_shared_sessions(&self) -> Result<(), CoordError> {
-        for _ in 0..SESSION_PROBES {
+        for probe in 0..SESSION_PROBES {
             let (a, b) = (self.client().await?, self.client().await?);
-            if backend(&a).await? == backend(&b).await? {
+            let mark = format!("{}-{probe}", std::process::id());
+            // Set, then read back by the very next statement: a pooler
+            // that rotates its sessions runs the two in different ones.
+            one_row(
+                &a,
+                &format!("SELECT set_config('{PROBE_SETTING}', '{mark}', false)"),
+            )
+            .await?;
+            let kept = one_row(
+                &a,
+                &format!("SELECT current_setting('{PROBE_SETTING}', true)"),
+            )
+            .await?
+                == mark;
+            let shared = one_row(&a, "SELECT pg_backend_pid()::text").await?
+                == one_row(&b, "SELECT pg_backend_pid()::text").await?;
+            if shared || !kept {
                 return Err(CoordError::Refused(SHARED_SESSIONS.into()));
             }
         }
@@ -231,21 +255,20 @@ impl Postgres {
     }
 }
 
-/// The server session (backend process) a connection's next statement
-/// runs in, by the simple query protocol: no statement is prepared, which
-/// a pooler in transaction mode could not keep either.
-async fn backend(client: &Connection) -> Result<String, CoordError> {
-    let messages = client
-        .simple_query("SELECT pg_backend_pid()")
-        .await
-        .map_err(classify)?;
+/// The one value `sql` answers on `client`, by the simple query protocol:
+/// no statement is prepared, which a pooler in transaction mode could not
+/// keep either. A NULL is the empty string.
+async fn one_row(client: &Connection, sql: &str) -> Result<String, CoordError> {
+    let messages = client.simple_query(sql).await.map_err(classify)?;
     messages
         .iter()
         .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+            tokio_postgres::SimpleQueryMessage::Row(row) => {
+                Some(row.get(0).unwrap_or_default().to_string())
+            }
             _ => None,
         })
-        .ok_or_else(|| CoordError::Refused("pg_backend_pid() returned no row".into()))
+        .ok_or_else(|| CoordError::Refused(format!("`{sql}` returned no row")))
 }
 
 /// The pool of one [`Postgres`], and where a cancel for its connections

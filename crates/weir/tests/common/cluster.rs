@@ -336,27 +336,30 @@ pub struct PgBouncer {
     dir: PathBuf,
     port: u16,
     child: Child,
+    /// PostgreSQL's programs (its `psql`).
+    bin: PathBuf,
 }
 
 impl PgBouncer {
     /// Starts one pooling by session in front of `pg` and waits until it
     /// answers.
     pub fn start(pg: &Postgres) -> PgBouncer {
-        PgBouncer::pooling(pg, "session")
+        PgBouncer::pooling(pg, "session", "")
     }
 
     /// Starts one in front of `pg` with `pool_mode = mode` (`session`,
-    /// `transaction` or `statement`) and waits until it answers.
-    pub fn pooling(pg: &Postgres, mode: &str) -> PgBouncer {
+    /// `transaction` or `statement`) and the settings `more` (lines of
+    /// `pgbouncer.ini`), and waits until it answers.
+    pub fn pooling(pg: &Postgres, mode: &str, more: &str) -> PgBouncer {
         let bin = PathBuf::from("/usr/sbin/pgbouncer");
         assert!(
             bin.is_file(),
             "PgBouncer is not installed (no {}): `.ci/run` installs Debian's `pgbouncer`",
             bin.display()
         );
-        let dir = pg.dir.join(format!("pgbouncer-{mode}"));
-        std::fs::create_dir_all(&dir).unwrap();
         let port = free_port();
+        let dir = pg.dir.join(format!("pgbouncer-{port}"));
+        std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("pgbouncer.ini");
         std::fs::write(
             &config,
@@ -371,7 +374,8 @@ impl PgBouncer {
                  pool_mode = {mode}\n\
                  max_client_conn = 200\n\
                  default_pool_size = 100\n\
-                 logfile = {}\n",
+                 logfile = {}\n\
+                 {more}",
                 pg.port,
                 dir.join("pgbouncer.log").display()
             ),
@@ -392,7 +396,13 @@ impl PgBouncer {
             .stderr(Stdio::null())
             .spawn()
             .expect("pgbouncer starts");
-        let bouncer = PgBouncer { dir, port, child };
+        let bin = pg.bin.clone();
+        let bouncer = PgBouncer {
+            dir,
+            port,
+            child,
+            bin,
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
@@ -403,6 +413,14 @@ impl PgBouncer {
             std::thread::sleep(Duration::from_millis(20));
         }
         bouncer
+    }
+
+    /// A way to run psql through it.
+    pub fn client(&self) -> Psql {
+        Psql {
+            bin: self.bin.clone(),
+            port: self.port,
+        }
     }
 
     /// What it logged.
