@@ -49,6 +49,8 @@ pub struct ClusterConfig {
     pub secret: String,
     /// `cluster_lease_ms`.
     pub lease: Duration,
+    /// `cluster_schema_patience_ms`.
+    pub schema_patience: Duration,
 }
 
 impl std::fmt::Debug for ClusterConfig {
@@ -60,6 +62,7 @@ impl std::fmt::Debug for ClusterConfig {
             .field("advertise", &self.advertise)
             .field("secret", &"<secret>")
             .field("lease", &self.lease)
+            .field("schema_patience", &self.schema_patience)
             .finish()
     }
 }
@@ -115,6 +118,7 @@ mod tests {
             advertise: None,
             secret: "0123456789abcdef".into(),
             lease: DEFAULT_LEASE,
+            schema_patience: crate::postgres::SCHEMA_PATIENCE,
         }
     }
 

@@ -128,7 +128,7 @@ impl Cluster {
         config.check()?;
         let database = postgres::redacted(&config.database);
         let postgres = Arc::new(
-            postgres::Postgres::connect(&config.database)
+            postgres::Postgres::connect(&config.database, config.schema_patience)
                 .await
                 .map_err(|source| ClusterError::Database {
                     database: database.clone(),

@@ -14,6 +14,10 @@ limit_table! {
             default: 5_000, range: MIN_LEASE.as_millis() as u64, MAX_LEASE.as_millis() as u64, unit: Millis,
             meaning: "a node's lease in the cluster database, renewed every third of it; a dead node's actors move after it",
         },
+        cluster_schema_patience: Duration = "cluster_schema_patience_ms" {
+            default: 120_000, range: 1_000, 86_400_000, unit: Millis,
+            meaning: "how long a starting node keeps trying to add what a newer build adds to the cluster database's schema while others hold its tables (a backup, a long transaction), before it stops naming them",
+        },
     }
 }
 
@@ -36,6 +40,10 @@ mod tests {
         assert_eq!(
             ClusterLimits::default().cluster_lease,
             crate::config::DEFAULT_LEASE
+        );
+        assert_eq!(
+            ClusterLimits::default().cluster_schema_patience,
+            crate::postgres::SCHEMA_PATIENCE
         );
         for spec in ClusterLimits::SPECS {
             assert!(

@@ -18,6 +18,7 @@ pub use connection::{
     CALL_TIMEOUT, CONNECT_TIMEOUT, LEASE_POOL_SIZE, POOL_SIZE, STATEMENT_TIMEOUT, redacted,
 };
 use connection::{Connections, classify, timed};
+pub use schema::SCHEMA_PATIENCE;
 
 use crate::coordinator::{
     Claimed, CoordError, Coordinator, Deleted, DueObject, Fence, History, Listed, NodeInfo,

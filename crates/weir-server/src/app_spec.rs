@@ -41,8 +41,9 @@ pub const SERVER_WIDE_LIMITS: &[&str] = &[
     "max_socket_send_queue_bytes",
     "socket_ping_interval_ms",
     "socket_idle_timeout_ms",
-    // One lease per node.
+    // One lease per node, and one schema.
     "cluster_lease_ms",
+    "cluster_schema_patience_ms",
 ];
 
 /// The data dir's subdirectory of declared apps.

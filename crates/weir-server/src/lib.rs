@@ -277,6 +277,7 @@ impl Server {
             Some(cluster) => {
                 let cluster = Cluster::start(ClusterConfig {
                     lease: config.limits.cluster.cluster_lease,
+                    schema_patience: config.limits.cluster.cluster_schema_patience,
                     ..cluster.clone()
                 })
                 .await?;

@@ -219,9 +219,12 @@ async fn the_coordinators_deletion_is_fenced_and_whole() {
         Claimed, Coordinator, Deleted, Entry, Fence, Registration, ShipBatch,
     };
     let pg = Postgres::start();
-    let coord = weir_cluster::postgres::Postgres::connect(&pg.url())
-        .await
-        .unwrap();
+    let coord = weir_cluster::postgres::Postgres::connect(
+        &pg.url(),
+        weir_cluster::postgres::SCHEMA_PATIENCE,
+    )
+    .await
+    .unwrap();
     let register = |name: &'static str, ttl_ms: u64| {
         let coord = &coord;
         async move {

@@ -7,11 +7,12 @@
 //! naming who holds its table, while a writer's open transaction or a
 //! backup holds it, without keeping its place in the table's queue (the
 //! running node's statements wait only while one try waits), and is added
-//! once the table is free; a schema newer than the build is refused,
-//! unwritten; and so is a database reached through a pooler that shares
-//! one server session between connections (PgBouncer in transaction or
-//! statement mode), which would move each connection's setting and its
-//! prepared statements to other connections.
+//! once the table is free, or fails the start naming its holders once
+//! `cluster_schema_patience_ms` has passed; a schema newer than the build
+//! is refused, unwritten; and so is a database reached through a pooler
+//! that does not keep a server session for each connection (PgBouncer in
+//! transaction or statement mode), which would move each connection's
+//! setting and its prepared statements to other connections.
 
 mod common;
 
@@ -218,6 +219,37 @@ async fn a_missing_column_waits_for_a_backup_to_end() {
     assert_eq!(pg.psql("weir", JOURNALED_INDEX), "1");
     let r = put(b.addr, "after", "1").await;
     assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[test]
+fn a_table_held_past_the_patience_fails_the_start_naming_who_holds_it() {
+    let pg = Postgres::start();
+    {
+        let _a = node(&pg, "a", &node_dir("schema-patience", "a"), &[]);
+    }
+    pg.psql("weir", "DROP INDEX weir_objects_journaled");
+    let writer = pg.hold("UPDATE weir_objects SET epoch = epoch");
+    let began = std::time::Instant::now();
+    let out = node_that_stops_at_start(
+        &pg.url(),
+        "b",
+        &node_dir("schema-patience", "b"),
+        &["--limit", "cluster_schema_patience_ms=1500"],
+    );
+    let took = began.elapsed();
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let said = out.stderr.trim().lines().last().unwrap_or_default();
+    assert!(
+        said.contains(
+            "the schema change (weir_objects_journaled) could not lock weir_objects for 1500 ms \
+             (cluster_schema_patience_ms); it is held by pid "
+        ) && said.contains("(psql, idle in transaction, in a transaction since "),
+        "{}",
+        out.stderr
+    );
+    println!("the start gave up after {took:?}");
+    assert_eq!(pg.psql("weir", JOURNALED_INDEX), "0");
+    drop(writer);
 }
 
 #[test]

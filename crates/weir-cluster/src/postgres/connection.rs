@@ -150,11 +150,13 @@ pub fn redacted(url: &str) -> String {
 }
 
 impl Postgres {
-    /// Connects to the database at `url` and makes sure its schema exists.
-    pub async fn connect(url: &str) -> Result<Postgres, CoordError> {
+    /// Connects to the database at `url` and makes sure its schema exists,
+    /// waiting up to `schema_patience` for a change whose tables others
+    /// hold.
+    pub async fn connect(url: &str, schema_patience: Duration) -> Result<Postgres, CoordError> {
         let postgres = Postgres::pooled(url, POOL_SIZE)?;
         timed(postgres.refuse_shared_sessions()).await?;
-        postgres.migrate().await?;
+        postgres.migrate(schema_patience).await?;
         Ok(postgres)
     }
 

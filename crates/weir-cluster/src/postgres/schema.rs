@@ -35,9 +35,10 @@ pub const SCHEMA_LOCK_WAIT: Duration = Duration::from_millis(100);
 pub const SCHEMA_RETRY: Duration = Duration::from_millis(500);
 
 /// How long a starting node keeps trying a schema change whose locks are
-/// held by others before it gives up, naming who held them: a backup of
-/// a big database can run this long, and a node that waits for it longer
-/// is better stopped and started after it.
+/// held by others before it gives up, naming who held them, unless
+/// `cluster_schema_patience_ms` says otherwise: a backup of a big
+/// database can run this long, and a node that waits for it longer is
+/// better stopped and started after it.
 pub const SCHEMA_PATIENCE: Duration = Duration::from_secs(120);
 
 /// How long a schema change may run once it has its locks: an index
@@ -212,8 +213,9 @@ impl From<CoordError> for Unchanged {
 }
 
 impl Postgres {
-    /// Adds what of the schema is missing, and checks its version.
-    pub(super) async fn migrate(&self) -> Result<(), CoordError> {
+    /// Adds what of the schema is missing, and checks its version; a
+    /// change whose locks others hold is tried for `patience`.
+    pub(super) async fn migrate(&self, patience: Duration) -> Result<(), CoordError> {
         let started = Instant::now();
         let mut said = None::<Instant>;
         loop {
@@ -245,11 +247,12 @@ impl Postgres {
                     } else {
                         holders.join("; ")
                     };
-                    if started.elapsed() >= SCHEMA_PATIENCE {
+                    if started.elapsed() >= patience {
                         return Err(CoordError::Unavailable(format!(
-                            "the schema change ({}) could not lock {table} for {} s; it is held by {holders}",
+                            "the schema change ({}) could not lock {table} for {} ms \
+                             (cluster_schema_patience_ms); it is held by {holders}",
                             names.join(", "),
-                            SCHEMA_PATIENCE.as_secs()
+                            patience.as_millis()
                         )));
                     }
                     if said.is_none_or(|at| at.elapsed() >= SCHEMA_WAIT_LOG_EVERY) {

@@ -285,6 +285,7 @@ fn cluster(
             .or(section.advertise),
         secret,
         lease: weir_cluster::config::DEFAULT_LEASE,
+        schema_patience: weir_cluster::postgres::SCHEMA_PATIENCE,
     };
     config
         .check()
