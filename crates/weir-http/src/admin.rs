@@ -310,6 +310,8 @@ fn admin_error(e: AdminError) -> Response<ServeBody> {
     error(status, e.code(), &e.to_string())
 }
 
+/// The first value of the query parameter `name`, decoded as browsers
+/// and `curl` encode it (`%2F`, `+` for a space).
 pub(crate) fn query(req: &Request<Incoming>, name: &str) -> Option<String> {
     form_urlencoded::parse(req.uri().query()?.as_bytes())
         .find(|(k, _)| k == name)
