@@ -7,6 +7,7 @@ pub mod apps;
 pub mod autobahn;
 pub mod cluster;
 pub mod hostile;
+pub mod postgres;
 pub mod programs;
 pub mod websocket;
 
