@@ -426,6 +426,12 @@ impl ActorDirectory {
                 Err(e) => return Err(e),
             }
         }
+        // Under `--durability fsync` a deletion is answered only once it
+        // would survive a power loss: the unlinks are in the directory's
+        // own blocks, which only its fsync makes durable.
+        if existed && self.durability == Durability::Fsync {
+            std::fs::File::open(path.parent().unwrap_or(&self.root))?.sync_all()?;
+        }
         if existed {
             self.release();
         }

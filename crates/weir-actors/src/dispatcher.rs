@@ -5,7 +5,9 @@
 //! sleeps until its earliest deadline (or until the index changes); an
 //! actor is delivered by one task at a time (taking it from the index is
 //! the hand-off), and a delivery that cannot wake the actor puts it back
-//! to be tried after `WAKE_RETRY_MS`; at most `max_concurrent_alarms`
+//! to be tried after `WAKE_RETRY_MS`, and one whose alarm turn could not
+//! commit (its actor reset, its timers as they were) puts it back to be
+//! tried after a wait that grows with each such failure in a row; at most `max_concurrent_alarms`
 //! deliveries run at once, and due actors past it wait in the index,
 //! earliest deadline first, so alarms that re-arm themselves for "now"
 //! take turns with each other instead of crowding out requests; a
@@ -20,7 +22,7 @@ use crate::address::ActorAddress;
 use crate::host::ActorHost;
 use crate::placement::Location;
 use crate::receipts::{TurnKind, TurnNotes};
-use crate::timers::{MAX_DISPATCH_SLEEP_MS, WAKE_RETRY_MS, now_ms};
+use crate::timers::{MAX_DISPATCH_SLEEP_MS, WAKE_RETRY_MS, commit_retry_at, now_ms};
 use crate::turn::{AlarmOutcome, alarm_turns};
 
 impl ActorHost {
@@ -88,7 +90,19 @@ impl ActorHost {
         )
         .await;
         match result {
+            Ok(()) if live.gate.is_none() => {
+                // A turn could not commit and the actor was reset: its
+                // timers are as they were before that turn, and nothing
+                // reads them again until it is dispatched again, later
+                // after each such failure in a row.
+                self.after_turn(&cell, &live, true);
+                let failures = cell.alarm_commit_failures.fetch_add(1, Ordering::Relaxed) + 1;
+                let at = commit_retry_at(now_ms(), failures);
+                tracing::warn!(actor = %address, failures, retry_in_ms = at - now_ms(), "an alarm turn could not commit; its timers are dispatched again later");
+                self.timers.set(&address, Some(at));
+            }
             Ok(()) => {
+                cell.alarm_commit_failures.store(0, Ordering::Relaxed);
                 self.after_turn(&cell, &live, true);
                 crate::mailbox::compact(&address, live.gate.clone()).await;
                 // Held until its commits settled: an actor leaves memory

@@ -29,7 +29,13 @@
 //!   dies;
 //! - every write is bounded by what the app's storage room leaves the
 //!   actor before it runs, and every turn that wrote is counted in the
-//!   room when it ends ([`crate::storage_room`]).
+//!   room when it ends ([`crate::storage_room`]);
+//! - what a turn does beyond its storage (its sockets' attachments,
+//!   auto-responses and accepts) is an [`Effect`]: it takes place only
+//!   once the writes before it are committed — at the next commit point,
+//!   or at the turn's end for what belongs to its answer — where they
+//!   must become durable first (cluster mode), once they have; and never
+//!   if the turn rolls back first, however it ends.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -60,6 +66,51 @@ impl std::fmt::Display for GateError {
     }
 }
 
+/// Something a turn did beyond its storage, held until the turn's writes
+/// before it are committed: run with `true` then, or with `false` when the
+/// turn rolls back first. Dropped unrun, it runs with `false`, so that no
+/// way out of a turn (an actor reset, a gate closed) leaves it half done.
+pub struct Effect {
+    run: Option<Box<dyn FnOnce(bool) + Send>>,
+    /// Waits for the turn's end (it belongs to the turn's answer), not for
+    /// a commit point inside the turn.
+    at_end: bool,
+}
+
+impl Effect {
+    /// An effect that takes place at the next commit of the turn.
+    pub fn at_commit(run: impl FnOnce(bool) + Send + 'static) -> Effect {
+        Effect {
+            run: Some(Box::new(run)),
+            at_end: false,
+        }
+    }
+
+    /// An effect that takes place only when the turn itself commits (a
+    /// socket accepted in the turn exists only if the turn's answer, its
+    /// 101, goes out).
+    pub fn at_end(run: impl FnOnce(bool) + Send + 'static) -> Effect {
+        Effect {
+            run: Some(Box::new(run)),
+            at_end: true,
+        }
+    }
+
+    fn finish(mut self, committed: bool) {
+        if let Some(run) = self.run.take() {
+            run(committed);
+        }
+    }
+}
+
+impl Drop for Effect {
+    fn drop(&mut self) {
+        if let Some(run) = self.run.take() {
+            run(false);
+        }
+    }
+}
+
 struct GateState {
     /// Declared before `room`: it closes first, so the room then counts
     /// the files it left.
@@ -81,6 +132,8 @@ struct GateState {
     /// A turn is open and its transaction has not begun: the next storage
     /// call of the turn begins it.
     unbegun: bool,
+    /// What the turn did beyond its storage, in order, until it commits.
+    effects: Vec<Effect>,
 }
 
 impl GateState {
@@ -184,6 +237,7 @@ impl TurnGate {
                 dirty: false,
                 failed: None,
                 unbegun: false,
+                effects: Vec::new(),
             }),
             durable,
             ledger,
@@ -326,6 +380,31 @@ impl TurnGate {
         s.timers_unledgered = false;
         s.db.watch(Some(stop));
         s.unbegun = true;
+        let left = std::mem::take(&mut s.effects);
+        drop(s);
+        drop(left);
+    }
+
+    /// Holds `effect` until the turn's writes before it are committed (see
+    /// [`Effect`]).
+    pub fn defer(&self, effect: Effect) {
+        self.lock().effects.push(effect);
+    }
+
+    /// Runs `effects`, whose writes are committed here: at once on one
+    /// machine, once they are durable where the actor's placement keeps
+    /// them otherwise (and not at all if they never are).
+    fn release(&self, effects: Vec<Effect>) {
+        if effects.is_empty() {
+            return;
+        }
+        match &self.durable {
+            None => effects.into_iter().for_each(|e| e.finish(true)),
+            Some(durable) => durable.on_settled(Box::new(move |settled| {
+                let ok = settled.is_ok();
+                effects.into_iter().for_each(|e| e.finish(ok));
+            })),
+        }
     }
 
     /// Ends the turn: commits its writes, or says why they were not.
@@ -337,14 +416,21 @@ impl TurnGate {
         if let Some(why) = s.failed.take() {
             let _ = s.db.rollback_turn();
             s.ended();
+            let effects = std::mem::take(&mut s.effects);
+            drop(s);
+            drop(effects);
             return Err(why);
         }
         s.dirty = false;
         s.ledger_before_commit(self.ledger.as_ref());
         let committed = s.db.commit_turn().map_err(|e| e.to_string());
         s.ended();
+        let effects = std::mem::take(&mut s.effects);
         committed?;
-        self.ship(&mut s.db)
+        self.ship(&mut s.db)?;
+        drop(s);
+        self.release(effects);
+        Ok(())
     }
 
     /// Drops the turn's writes.
@@ -355,6 +441,9 @@ impl TurnGate {
         s.unbegun = false;
         let _ = s.db.rollback_turn();
         s.ended();
+        let effects = std::mem::take(&mut s.effects);
+        drop(s);
+        drop(effects);
     }
 
     /// The output gate: makes the turn's writes so far durable before
@@ -364,7 +453,15 @@ impl TurnGate {
         if let Some(why) = &s.failed {
             return Err(why.clone());
         }
+        // What came before this commit point takes place with it, but
+        // what belongs to the turn's answer waits for the turn's end.
+        let (now, later): (Vec<Effect>, Vec<Effect>) = std::mem::take(&mut s.effects)
+            .into_iter()
+            .partition(|e| !e.at_end);
+        s.effects = later;
         if !s.dirty {
+            drop(s);
+            self.release(now);
             return Ok(());
         }
         s.ledger_before_commit(self.ledger.as_ref());
@@ -376,10 +473,14 @@ impl TurnGate {
         {
             Ok(()) => {
                 s.dirty = false;
+                drop(s);
+                self.release(now);
                 Ok(())
             }
             Err(why) => {
                 s.failed = Some(why.clone());
+                drop(s);
+                drop(now);
                 Err(why)
             }
         }

@@ -109,6 +109,9 @@ pub(crate) struct Cell {
     /// The host-wide order of its last turn's end: exact where
     /// milliseconds tie, so eviction takes the least recently used.
     pub(crate) last_turn: AtomicU64,
+    /// Alarm dispatches in a row whose turn failed to commit: how long the
+    /// next one waits ([`crate::timers::commit_retry_at`]).
+    pub(crate) alarm_commit_failures: std::sync::atomic::AtomicU32,
 }
 
 /// A caller's claim on a cell; dropping it ends the claim.
@@ -467,6 +470,7 @@ impl ActorHost {
                     live: Arc::new(tokio::sync::Mutex::new(Live::default())),
                     last_active_ms: AtomicU64::new(0),
                     last_turn: AtomicU64::new(0),
+                    alarm_commit_failures: Default::default(),
                 })
             })
             .clone();

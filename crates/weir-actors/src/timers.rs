@@ -42,6 +42,25 @@ pub const ALARM_RETRY_START_MS: i64 = 2_000;
 /// the timer is dropped with an error receipt.
 pub const ALARM_MAX_RETRIES: u32 = 6;
 
+/// First wait before an actor whose alarm turn could not commit (the
+/// actor was reset; its timers are as they were before the turn) is
+/// dispatched again: long enough that a failure that repeats (a full disk,
+/// a constraint the handler always breaks) does not spin, short enough
+/// that one that passes costs little. It doubles with each such failure
+/// in a row, up to [`ALARM_COMMIT_RETRY_MAX_MS`].
+pub const ALARM_COMMIT_RETRY_START_MS: i64 = 1_000;
+
+/// Longest wait between dispatches of an actor whose alarm turns keep
+/// failing to commit: about a minute, as between the last alarm retries.
+pub const ALARM_COMMIT_RETRY_MAX_MS: i64 = 64_000;
+
+/// When an actor whose alarm turns failed to commit `failures` times in a
+/// row is dispatched again.
+pub fn commit_retry_at(now_ms: i64, failures: u32) -> i64 {
+    let wait = ALARM_COMMIT_RETRY_START_MS * (1i64 << failures.saturating_sub(1).min(30));
+    now_ms + wait.min(ALARM_COMMIT_RETRY_MAX_MS)
+}
+
 /// When attempt `attempt` (1-based) of a failed alarm is retried.
 pub fn retry_at(now_ms: i64, attempt: u32) -> i64 {
     now_ms + ALARM_RETRY_START_MS * (1i64 << attempt.saturating_sub(1).min(30))

@@ -40,6 +40,7 @@ use crate::placement::Placement;
 use crate::storage_room::RoomShare;
 use crate::timer_ledger::LedgerRow;
 use crate::timers::{ALARM_MAX_RETRIES, now_ms, retry_at};
+use weir_store::timers::DueTimer;
 
 /// `alarm: func(reason: string) -> result<option<u64>, string>`.
 pub type AlarmFunc = TypedFunc<(String,), (Result<Option<u64>, String>,)>;
@@ -231,9 +232,14 @@ pub(crate) async fn wake(
         live.drop_generation();
     }
     let gate = live.gate.clone().expect("opened above");
+    // A bump that is not durable fails the wake: the instance would share
+    // its number (and its pid base) with the next one.
     let incarnation = gate
         .write_outside(|db| db.adopt_incarnation())
-        .map_err(|e| format!("cannot adopt the incarnation counter: {e}"))?;
+        .map_err(|e| {
+            report.error = Some(ActorErrorCode::StorageCommitFailed.into());
+            format!("cannot adopt the incarnation counter: {e}")
+        })?;
     let seat = ActorSeat {
         identity: ActorIdentity {
             class: ctx.address.class.clone(),
@@ -407,8 +413,15 @@ pub enum AlarmOutcome {
     CommitFailed(String),
 }
 
-/// Delivers every timer due now as its own turn, in deadline order. The
-/// due set is read once, before any handler runs.
+/// Delivers every timer due now as its own turn, in deadline order.
+///
+/// The due set is read once, before any handler runs, so a handler that
+/// re-arms its own reason for "now" runs again in a later dispatch, not
+/// this one. A timer of that set runs only if it is still as it was read
+/// when its turn comes: one that an earlier handler of the same dispatch
+/// cancelled does not fire, and one it moved fires when it was moved to.
+/// Deliveries a process that died left unfinished are due again first
+/// (see `weir_store::timers`).
 pub async fn alarm_turns(
     ctx: &TurnContext<'_>,
     live: &mut Live,
@@ -416,13 +429,13 @@ pub async fn alarm_turns(
 ) -> Result<(), String> {
     let mut report = TurnReport::default();
     wake(ctx, live, &mut report).await?;
+    let gate = live.gate.clone().expect("woken");
+    let recovered = gate.write_outside(|db| db.recover_deliveries())?;
+    if recovered > 0 {
+        tracing::info!(actor = %ctx.address, recovered, "alarm deliveries a stopped process left unfinished are due again");
+    }
     let now = now_ms();
-    let due = live
-        .gate
-        .as_ref()
-        .expect("woken")
-        .with_db(|db| db.due(now))
-        .map_err(|e| e.to_string())?;
+    let due = gate.with_db(|db| db.due(now)).map_err(|e| e.to_string())?;
     let mut woke = report.woke;
     for timer in due {
         let mut report = TurnReport {
@@ -431,8 +444,19 @@ pub async fn alarm_turns(
             ..Default::default()
         };
         wake(ctx, live, &mut report).await?;
+        let still = live
+            .gate
+            .as_ref()
+            .expect("woken")
+            .with_db(|db| db.timer(&timer.reason))
+            .map_err(|e| e.to_string())?;
+        if still.as_ref() != Some(&timer) {
+            // Cancelled or moved by an earlier handler of this dispatch.
+            woke |= report.woke;
+            continue;
+        }
         report.incarnation = live.incarnation;
-        let outcome = alarm_turn(ctx, live, &timer.reason, timer.attempt, &mut report).await;
+        let outcome = alarm_turn(ctx, live, &timer, &mut report).await;
         each(&timer.reason, &outcome, &report);
         if matches!(outcome, AlarmOutcome::CommitFailed(_)) {
             break;
@@ -444,17 +468,17 @@ pub async fn alarm_turns(
 async fn alarm_turn(
     ctx: &TurnContext<'_>,
     live: &mut Live,
-    reason: &str,
-    attempt: u32,
+    timer: &DueTimer,
     report: &mut TurnReport,
 ) -> AlarmOutcome {
     let gate = live.gate.clone().expect("woken");
+    let reason = timer.reason.as_str();
     let Some(alarm) = live.alarm else {
         // Timers cannot be scheduled without the export; a database made
         // by an older build of the class may still hold some.
         let _ = gate.write_outside(|db| db.cancel(reason));
         return AlarmOutcome::Dropped {
-            attempts: attempt,
+            attempts: timer.attempt,
             why: "the class does not export weir:actor/alarm".into(),
         };
     };
@@ -464,17 +488,23 @@ async fn alarm_turn(
         alarm,
         (reason.to_string(),),
         report,
-        // Delivered once: the timer is taken in the turn's own
-        // transaction (a re-arm puts it back).
+        // Taken in the turn's own transaction (a re-arm puts it back),
+        // with a delivery row that only a turn that ends well deletes: a
+        // commit point inside the turn makes the taking durable, not the
+        // delivery.
         |gate| {
-            gate.write(|db| db.cancel(reason).map(drop))
+            gate.write(|db| db.begin_delivery(timer))
                 .map_err(|e| e.to_string())
         },
-        |rearm, gate| match rearm {
-            Some(at) => gate
-                .write(|db| db.schedule(reason, i64::try_from(*at).unwrap_or(i64::MAX)))
-                .map_err(|e| e.to_string()),
-            None => Ok(()),
+        |rearm, gate| {
+            gate.write(|db| {
+                db.delivered(reason)?;
+                match rearm {
+                    Some(at) => db.schedule(reason, i64::try_from(*at).unwrap_or(i64::MAX)),
+                    None => Ok(()),
+                }
+            })
+            .map_err(|e| e.to_string())
         },
     )
     .await;
@@ -483,12 +513,12 @@ async fn alarm_turn(
         CallEnd::CommitFailed(why) => return AlarmOutcome::CommitFailed(why),
         CallEnd::Failed(why) => why,
     };
-    let attempt = attempt + 1;
+    let attempt = timer.attempt + 1;
     let at = retry_at(now_ms(), attempt);
     let recorded = if attempt > ALARM_MAX_RETRIES {
-        gate.write_outside(|db| db.cancel(reason).map(drop))
+        gate.write_outside(|db| db.drop_delivery(timer))
     } else {
-        gate.write_outside(|db| db.retry_alarm(reason, at, attempt))
+        gate.write_outside(|db| db.redeliver(timer, at, attempt))
     };
     if let Err(e) = recorded {
         live.reset();

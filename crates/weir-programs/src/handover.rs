@@ -69,6 +69,10 @@ pub const TAKE_OVER_RETRY_MAX: Duration = Duration::from_secs(5);
 #[derive(Default)]
 pub struct Owed {
     owed: Mutex<HashMap<Owner, Attempt>>,
+    /// The images of launches owed here, rooted until their take-over is
+    /// done (its re-drives root what they start themselves), so that a
+    /// sweep meanwhile spares what is about to start.
+    roots: Mutex<HashMap<Owner, Vec<crate::image_store::Root>>>,
     /// Rung when an owner is owed a take-over at once: the check runs
     /// then rather than at its next tick.
     due_now: Arc<tokio::sync::Notify>,
@@ -156,6 +160,11 @@ impl Owed {
             }
             _ => {
                 owed.remove(owner);
+                drop(owed);
+                self.roots
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(owner);
             }
         }
     }
@@ -185,7 +194,15 @@ impl Owed {
     /// nowhere: owed, tried after the first wait. An owner already owed
     /// keeps its own next try (and is tried once more after a try that
     /// runs now).
-    pub(crate) fn owe_later(&self, owner: Owner) {
+    pub(crate) fn owe_later(&self, owner: Owner, root: Option<crate::image_store::Root>) {
+        if let Some(root) = root {
+            self.roots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(owner.clone())
+                .or_default()
+                .push(root);
+        }
         self.insert(
             owner,
             Instant::now() + TAKE_OVER_RETRY_FIRST,
@@ -344,7 +361,7 @@ impl ProgramsHost {
             Ok(rows) => rows,
             Err(e) => {
                 tracing::warn!(%owner, error = %e, "cannot read the launch journal of an owner opened here");
-                self.owed.owe_later(owner);
+                self.owed.owe_later(owner, None);
                 return;
             }
         };
@@ -368,7 +385,7 @@ impl ProgramsHost {
             }
             Err(e) => {
                 tracing::warn!(%owner, error = %e, "cannot take over the resident processes of an owner opened here; trying again");
-                self.owed.owe_later(owner);
+                self.owed.owe_later(owner, None);
                 return;
             }
         };
@@ -429,14 +446,14 @@ mod tests {
         assert!(owed.start(&a));
         // A spawn of it ended running nowhere while the try ran: the try
         // may have read the journal before that row.
-        owed.owe_later(a.clone());
+        owed.owe_later(a.clone(), None);
         owed.done(&a);
         assert_eq!(owed.due(Instant::now()), std::slice::from_ref(&a));
         assert!(owed.start(&a));
         owed.done(&a);
         assert!(owed.is_empty());
         // Owed again while not running: it keeps its own next try.
-        owed.owe_later(a.clone());
+        owed.owe_later(a.clone(), None);
         owed.owe(a.clone());
         assert!(
             owed.due(Instant::now()).is_empty(),

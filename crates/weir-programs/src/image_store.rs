@@ -3,10 +3,12 @@
 //! server, `weir run`, `weir images`).
 //!
 //! Invariants owned here:
-//! - a file at a digest's name is a whole image or absent. A push writes a
-//!   temporary file, fsyncs it, renames it into place and fsyncs the
+//! - a file at a digest's name is a whole image or absent, and once there
+//!   it is never replaced. A push writes a temporary file, fsyncs it,
+//!   links it into place unless a file is there already, and fsyncs the
 //!   directory, so an interrupted push (a crash, a full disk, `SIGKILL`)
-//!   never leaves a file at its digest;
+//!   never leaves a file at its digest, and two pushes of one image at
+//!   once leave the file the first placed, with every root on it;
 //! - bytes are verified before anyone uses them: [`ImageStore::read`]
 //!   hashes what it read and refuses a corrupt or truncated image as
 //!   `image_corrupt`, naming the digest;
@@ -464,16 +466,32 @@ impl Incoming {
         }
         let file = self.file.take().expect("finished once");
         let store = &self.store;
-        let place = || -> std::io::Result<()> {
+        let place = || -> std::io::Result<bool> {
             file.sync_all()?;
-            std::fs::rename(&self.partial, store.path_of(&self.digest))?;
-            File::open(&store.dir)?.sync_all()
+            // Linked, never renamed, into place: a rename would replace a
+            // file another push put there meanwhile, which its users hold
+            // rooted (a root is a lock on that file), and leave at the
+            // digest's name a file nothing roots.
+            let placed = match std::fs::hard_link(&self.partial, store.path_of(&self.digest)) {
+                Ok(()) => true,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+                Err(e) => return Err(e),
+            };
+            // A partial name left behind is swept as a push whose writer
+            // is gone.
+            let _ = std::fs::remove_file(&self.partial);
+            File::open(&store.dir)?.sync_all()?;
+            Ok(placed)
         };
         match place() {
-            Ok(()) => Ok(Root {
+            Ok(true) => Ok(Root {
                 digest: self.digest,
                 file,
             }),
+            // The same bytes are stored already: that file is the image,
+            // rooted for the caller (removed meanwhile, nothing was
+            // stored, and the caller may push again).
+            Ok(false) => store.root(&self.digest),
             Err(source) => {
                 let _ = std::fs::remove_file(&self.partial);
                 Err(store.io(source))
@@ -520,6 +538,37 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn a_second_push_of_an_image_at_once_keeps_the_file_the_first_placed_and_its_roots() {
+        let dir = weir_scratch::dir("image-twice");
+        let store = ImageStore::open(&dir, 1000).unwrap();
+        let bytes: Vec<u8> = (0..700u32).map(|i| (i * 7 % 253) as u8).collect();
+        let digest = Digest::of(&bytes);
+        let inode = |root: &Root| root.file.metadata().unwrap().ino();
+        // Two pushes that both found the image missing: the first places
+        // its file, and a process runs from it (rooted).
+        let mut first = store.incoming(digest).unwrap();
+        let mut second = store.incoming(digest).unwrap();
+        first.write(&bytes).unwrap();
+        second.write(&bytes).unwrap();
+        let running = first.finish().unwrap();
+        // The second finds it placed: its root is on that same file.
+        let pushed = second.finish().unwrap();
+        let at_name = std::fs::metadata(dir.join(format!("{}.wasm", digest.hex())))
+            .unwrap()
+            .ino();
+        assert_eq!(inode(&running), at_name, "the file in use was replaced");
+        assert_eq!(inode(&pushed), at_name);
+        assert_eq!(files(&dir), [format!("{}.wasm", digest.hex())]);
+        // Once the second push lets go, the running process still roots
+        // the image: a sweep spares it.
+        drop(pushed);
+        let swept = store.sweep(&HashSet::new(), false).unwrap();
+        assert!(swept.removed.is_empty(), "{:?}", swept.removed);
+        assert_eq!(files(&dir), [format!("{}.wasm", digest.hex())]);
+        drop(running);
     }
 
     #[test]

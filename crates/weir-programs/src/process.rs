@@ -79,7 +79,7 @@ impl SlotUse {
     pub(crate) fn extras(slot: Option<&SlotUse>) -> Extras {
         let charge = slot
             .and_then(|s| s.quota.clone())
-            .map(|q| Box::new(SlotCharge(q)) as Box<dyn std::any::Any + Send>);
+            .map(|q| Box::new(SlotCharge::new(q)) as Box<dyn std::any::Any + Send>);
         Extras {
             data: charge,
             ..Default::default()
@@ -276,6 +276,11 @@ impl Process {
     /// The owner deletes this process's journal row in its own turn.
     pub fn release_by_owner(&self) {
         self.released_by_owner.store(true, Ordering::Relaxed);
+    }
+
+    /// True once its owner's turn deleted its journal row (or took that on).
+    pub fn released_by_owner(&self) -> bool {
+        self.released_by_owner.load(Ordering::Relaxed)
     }
 
     /// Ends the process because the server is shutting down: as a kill,

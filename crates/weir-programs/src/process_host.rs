@@ -29,6 +29,9 @@ struct Launching<'a> {
     programs: &'a ProgramsHost,
     owner: Option<Owner>,
     pid: u64,
+    /// Rooted for the take-over while it is owed: a sweep meanwhile must
+    /// not take what it is about to start.
+    image: crate::Digest,
 }
 
 impl Launching<'_> {
@@ -42,7 +45,12 @@ impl Drop for Launching<'_> {
     fn drop(&mut self) {
         if let Some(owner) = self.owner.take() {
             tracing::warn!(%owner, pid = self.pid, "a spawn ended before its process was up, its launch row written; the launch is re-driven once its owner's turn is over");
-            self.programs.owed.owe_later(owner);
+            let root = self
+                .programs
+                .loader()
+                .ok()
+                .and_then(|loader| loader.images.root(&self.image).ok());
+            self.programs.owed.owe_later(owner, root);
         }
     }
 }
@@ -125,6 +133,7 @@ impl ProgramsHost {
             programs: &self,
             owner: Some(owner.clone()),
             pid,
+            image: digest,
         };
         if let Err(e) = fenced_work::journal_in_turn(&seat.gate, pid, &launch).await {
             if let fenced_work::Unjournaled::NotWritten(_) = &e {
@@ -260,12 +269,13 @@ impl ProgramsHost {
         let Some(process) = self.table.get(&owner_of(&seat), pid) else {
             return Ok(false);
         };
-        // Its row goes in this turn: once the owner hears it is killed, no
-        // crash can bring it back.
-        process.release_by_owner();
-        let was_running = process.kill().await;
+        // Its row goes in this turn, durably, before the kill: once the
+        // owner asked for its end, no crash can bring it back, even if
+        // the turn is cut while the process ends (the kill, once sent,
+        // goes on without the turn).
         fenced_work::release_in_turn(&seat.gate, pid).map_err(types::Error::Failed)?;
-        Ok(was_running)
+        process.release_by_owner();
+        Ok(process.kill().await)
     }
 
     /// The console of one of the caller's `lifetime` processes, running or
@@ -296,16 +306,21 @@ impl ProgramsHost {
         pid: u64,
         timeout_ms: u32,
     ) -> Result<Option<processes::Exited>, types::Error> {
-        let (_, console) = self.console(seat, pid)?;
+        let gate = seat.as_ref().map(|s| s.gate.clone());
+        let (process, console) = self.console(seat, pid)?;
         let timeout = within_turn(scope.as_deref(), timeout_ms);
-        Ok(console.wait(timeout).await.map(|exit| {
-            let (stdout_tail, stderr_tail) = console.tails();
-            processes::Exited {
-                exit_code: exit.exit_code,
-                stopped: exit.stopped,
-                stdout_tail,
-                stderr_tail,
-            }
+        let Some(exit) = console.wait(timeout).await else {
+            return Ok(None);
+        };
+        if let Some(gate) = gate {
+            forget_ended(&gate, &process)?;
+        }
+        let (stdout_tail, stderr_tail) = console.tails();
+        Ok(Some(processes::Exited {
+            exit_code: exit.exit_code,
+            stopped: exit.stopped,
+            stdout_tail,
+            stderr_tail,
         }))
     }
 
@@ -360,10 +375,12 @@ impl ProgramsHost {
     ) -> Result<processes::ProcessInfo, types::Error> {
         let seat = seat.ok_or(types::Error::NotAnActor)?;
         let owner = owner_of(&seat);
-        self.table
+        let process = self
+            .table
             .recent(&owner, pid)
-            .map(|r| info(&r))
-            .ok_or(types::Error::NoSuchProcess)
+            .ok_or(types::Error::NoSuchProcess)?;
+        forget_ended(&seat.gate, &process)?;
+        Ok(info(&process))
     }
 
     pub(crate) async fn list(
@@ -454,6 +471,20 @@ impl ProgramsHost {
             .map_err(|e| types::Error::Failed(e.to_string()))?
             .map_err(|e| types::Error::Failed(format!("cannot remove storage slot `{name}`: {e}")))
     }
+}
+
+/// Before its owner hears that `process` ended by itself: its journal
+/// row goes in the owner's turn, durably (the deletion its end asked for
+/// waits for the owner to be between turns, and a crash before it would
+/// start again what the owner saw end). A process stopped with its launch
+/// kept keeps its row: that launch is owed, not over.
+fn forget_ended(gate: &weir_actors::gate::TurnGate, process: &Process) -> Result<(), types::Error> {
+    if process.ended().is_none() || process.launch_kept() || process.released_by_owner() {
+        return Ok(());
+    }
+    fenced_work::release_in_turn(gate, process.pid).map_err(types::Error::Failed)?;
+    process.release_by_owner();
+    Ok(())
 }
 
 fn owner_of(seat: &ActorSeat) -> Owner {

@@ -2,9 +2,13 @@
 //! pid and in which slot, and the budgets that bound them.
 //!
 //! Invariants owned here:
-//! - a pid is `pid_base + n` of its owner's incarnation (`incarnation ×
-//!   PID_STRIDE`, n from 1), never reused within the owner: a pid at or
-//!   below the owner's current base belongs to an earlier incarnation;
+//! - a pid is above the pid base of the incarnation that asks for it
+//!   (`incarnation × PID_STRIDE`) and above every pid its owner was given
+//!   before, so it never repeats within the owner: an owner's live
+//!   instance and a re-drive under a newer incarnation may reserve in
+//!   turn, and neither makes the other count again from its base. A pid
+//!   at or below the owner's current base belongs to an earlier
+//!   incarnation;
 //! - an owner holds at most `max_processes_per_actor` slots and the server
 //!   at most `max_processes`, counting processes still booting. A slot is
 //!   the lowest free number, and it is given back only when its process is
@@ -87,9 +91,9 @@ impl Drop for Reserved {
 /// What one owner holds.
 #[derive(Default)]
 struct Owned {
-    /// The incarnation pids are counted in, and the last n given.
-    incarnation: u64,
-    last_n: u64,
+    /// The last pid given: the next is above it, whatever incarnation
+    /// asks.
+    last_pid: u64,
     slots: BTreeSet<u32>,
     /// Running processes (booting ones hold a slot but are not here yet).
     running: BTreeMap<u64, Arc<Process>>,
@@ -182,12 +186,11 @@ impl ProcessTable {
             ));
         }
         let owned = owners.entry(owner.clone()).or_default();
-        if owned.incarnation != incarnation {
-            owned.incarnation = incarnation;
-            owned.last_n = 0;
-        }
-        owned.last_n += 1;
-        let pid = incarnation.saturating_mul(PID_STRIDE) + owned.last_n;
+        let pid = owned
+            .last_pid
+            .max(incarnation.saturating_mul(PID_STRIDE))
+            .saturating_add(1);
+        owned.last_pid = pid;
         let slot = (0..)
             .find(|s| !owned.slots.contains(s))
             .expect("a free slot");
@@ -380,6 +383,13 @@ mod tests {
                 slot: 2
             }
         );
+        // An older incarnation that is still live (a re-drive adopted the
+        // newer one meanwhile) never counts from its base again.
+        table.release(&a, fourth);
+        let older = table.reserve(&a, 2).unwrap();
+        assert_eq!(older.pid, 3_000_002);
+        table.release(&a, older);
+        assert_eq!(table.reserve(&a, 3).unwrap().pid, 3_000_003);
     }
 
     #[test]

@@ -8,10 +8,15 @@
 //! size set, a file, directory or link made. A growth that does not fit
 //! fails with `insufficient-space` and nothing of it is written.
 //! Removals give back what they free: an unlinked file its bytes if it was
-//! its last link, a file renamed over another the other's. A process with
-//! no slot passes straight through (it has no directory to write).
+//! its last link, a file renamed over another the other's. A file whose
+//! last link goes while the process holds it open still takes its bytes
+//! on disk: they stay counted (and so does its growth) until nothing of
+//! the process holds it, so "fill, unlink, keep open" does not escape the
+//! quota. A process with no slot passes straight through (it has no
+//! directory to write).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use wasmtime::component::{HasData, Linker, Resource};
@@ -27,13 +32,84 @@ use weir_runtime::guest_state::GenerationState;
 
 use crate::slot_quota::{ENTRY_BYTES, SlotQuota};
 
-/// A process's claim on its owner's quota, kept in its store.
-pub struct SlotCharge(pub Arc<SlotQuota>);
+/// A process's claim on its owner's quota, kept in its store, with the
+/// files it holds open.
+pub struct SlotCharge {
+    quota: Arc<SlotQuota>,
+    files: Arc<Mutex<OpenFiles>>,
+}
+
+impl SlotCharge {
+    pub fn new(quota: Arc<SlotQuota>) -> SlotCharge {
+        SlotCharge {
+            quota,
+            files: Arc::default(),
+        }
+    }
+}
+
+/// The process is gone: what its unlinked files held is free on disk.
+impl Drop for SlotCharge {
+    fn drop(&mut self) {
+        let orphans = std::mem::take(&mut lock(&self.files).orphans);
+        for file in orphans {
+            self.quota.release(file_bytes(&file));
+        }
+    }
+}
+
+/// A file's identity: wasi's metadata hash (its device and inode).
+type Identity = (u64, u64);
+
+/// The regular files a process holds open, by descriptor, and the files
+/// whose last link it removed while it held them.
+#[derive(Default)]
+struct OpenFiles {
+    open: HashMap<u32, (Identity, Arc<std::fs::File>)>,
+    /// Still counted: each is given back once only this list holds it.
+    orphans: Vec<Arc<std::fs::File>>,
+}
+
+impl OpenFiles {
+    /// A handle on the open file `identity`, if the process holds one.
+    fn held(&self, identity: Identity) -> Option<Arc<std::fs::File>> {
+        self.open
+            .values()
+            .find(|(id, _)| *id == identity)
+            .map(|(_, file)| file.clone())
+    }
+
+    /// Gives back what the orphans nothing else holds take (a descriptor
+    /// or a stream of the process holds a handle each).
+    fn settle(&mut self, quota: &SlotQuota) {
+        self.orphans.retain(|file| {
+            if Arc::strong_count(file) > 1 {
+                return true;
+            }
+            quota.release(file_bytes(file));
+            false
+        });
+    }
+
+    fn is_orphan(&self, file: &Arc<std::fs::File>) -> bool {
+        self.orphans.iter().any(|o| Arc::ptr_eq(o, file))
+    }
+}
+
+fn lock(files: &Mutex<OpenFiles>) -> std::sync::MutexGuard<'_, OpenFiles> {
+    files.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What a file takes now (an unreadable one: nothing more to give back).
+fn file_bytes(file: &std::fs::File) -> u64 {
+    file.metadata().map_or(0, |m| m.len())
+}
 
 /// The filesystem as a process sees it: wasmtime-wasi's, counted.
 pub struct SlotFs<'a> {
     inner: WasiFilesystemCtxView<'a>,
     quota: Option<Arc<SlotQuota>>,
+    files: Option<Arc<Mutex<OpenFiles>>>,
 }
 
 struct HasSlotFs;
@@ -43,10 +119,14 @@ impl HasData for HasSlotFs {
 }
 
 fn view(state: &mut GenerationState) -> SlotFs<'_> {
-    let quota = state.extension::<SlotCharge>().map(|c| c.0.clone());
+    let (quota, files) = match state.extension::<SlotCharge>() {
+        Some(c) => (Some(c.quota.clone()), Some(c.files.clone())),
+        None => (None, None),
+    };
     SlotFs {
         inner: state.filesystem(),
         quota,
+        files,
     }
 }
 
@@ -86,6 +166,78 @@ fn frees(stat: &types::DescriptorStat) -> u64 {
 }
 
 impl SlotFs<'_> {
+    /// The identity of what is at `path` (not following a link).
+    async fn identity_at(
+        &mut self,
+        dir: &Resource<types::Descriptor>,
+        path: &str,
+    ) -> Option<Identity> {
+        HostDescriptor::metadata_hash_at(
+            &mut self.inner,
+            again(dir),
+            types::PathFlags::empty(),
+            path.to_string(),
+        )
+        .await
+        .ok()
+        .map(|h| (h.lower, h.upper))
+    }
+
+    /// What the last link of a file, `stat` before it went, frees: its
+    /// entry, and its bytes unless the process holds it open (then it is
+    /// an orphan, given back when nothing holds it).
+    fn last_link_gone(&self, stat: &types::DescriptorStat, identity: Option<Identity>) -> u64 {
+        let held = match (&self.files, identity) {
+            (Some(files), Some(identity))
+                if stat.type_ == DescriptorType::RegularFile && stat.link_count == 1 =>
+            {
+                let mut files = lock(files);
+                let held = files.held(identity);
+                if let Some(file) = &held {
+                    files.orphans.push(file.clone());
+                }
+                held.is_some()
+            }
+            _ => false,
+        };
+        if held { ENTRY_BYTES } else { frees(stat) }
+    }
+
+    /// Remembers the regular file `fd` opens, with its identity.
+    async fn track(&mut self, fd: &Resource<types::Descriptor>) {
+        let Some(files) = self.files.clone() else {
+            return;
+        };
+        let file = match self.inner.table.get(fd) {
+            Ok(Descriptor::File(file)) => file.file.clone(),
+            _ => return,
+        };
+        if let Ok(h) = HostDescriptor::metadata_hash(&mut self.inner, again(fd)).await {
+            lock(&files)
+                .open
+                .insert(fd.rep(), ((h.lower, h.upper), file));
+        }
+    }
+
+    /// Gives back what orphans nothing holds any more take.
+    fn settle(&self) {
+        if let (Some(files), Some(quota)) = (&self.files, &self.quota) {
+            lock(files).settle(quota);
+        }
+    }
+
+    /// True when `fd` is a file whose last link this process removed while
+    /// holding it: its bytes are still counted.
+    fn orphaned(&mut self, fd: &Resource<types::Descriptor>) -> bool {
+        let Some(files) = &self.files else {
+            return false;
+        };
+        match self.inner.table.get(fd) {
+            Ok(Descriptor::File(file)) => lock(files).is_orphan(&file.file),
+            _ => false,
+        }
+    }
+
     fn reserve(&self, bytes: u64) -> FsResult<()> {
         match &self.quota {
             Some(quota) if !quota.reserve(bytes) => Err(full()),
@@ -205,11 +357,12 @@ impl HostDescriptor for SlotFs<'_> {
         let stat = HostDescriptor::stat(&mut self.inner, again(&fd)).await?;
         let grows = size.saturating_sub(stat.size);
         self.reserved(grows, async |inner| {
-            HostDescriptor::set_size(inner, fd, size).await
+            HostDescriptor::set_size(inner, again(&fd), size).await
         })
         .await?;
-        // Bytes of a file with no link left were given back already.
-        if size < stat.size && stat.link_count == 1 {
+        // Bytes of a file with no link left were given back already,
+        // unless it is one of the process's orphans (still counted).
+        if size < stat.size && (stat.link_count == 1 || self.orphaned(&fd)) {
             self.release(stat.size - size);
         }
         Ok(())
@@ -332,10 +485,18 @@ impl HostDescriptor for SlotFs<'_> {
         oflags: types::OpenFlags,
         flags: types::DescriptorFlags,
     ) -> FsResult<Resource<types::Descriptor>> {
-        let changes = oflags.intersects(types::OpenFlags::CREATE | types::OpenFlags::TRUNCATE);
-        if self.quota.is_none() || !changes {
+        if self.quota.is_none() {
             return HostDescriptor::open_at(&mut self.inner, fd, path_flags, path, oflags, flags)
                 .await;
+        }
+        self.settle();
+        let changes = oflags.intersects(types::OpenFlags::CREATE | types::OpenFlags::TRUNCATE);
+        if !changes {
+            let opened =
+                HostDescriptor::open_at(&mut self.inner, fd, path_flags, path, oflags, flags)
+                    .await?;
+            self.track(&opened).await;
+            return Ok(opened);
         }
         // Looked up as the open will: through a link if it follows links,
         // so that a file made through a dangling link is counted too.
@@ -356,11 +517,18 @@ impl HostDescriptor for SlotFs<'_> {
         {
             self.release(stat.size);
         }
+        self.track(&opened).await;
         Ok(opened)
     }
 
     fn drop(&mut self, fd: Resource<types::Descriptor>) -> wasmtime::Result<()> {
-        HostDescriptor::drop(&mut self.inner, fd)
+        let rep = fd.rep();
+        let dropped = HostDescriptor::drop(&mut self.inner, fd);
+        if let Some(files) = &self.files {
+            lock(files).open.remove(&rep);
+        }
+        self.settle();
+        dropped
     }
 
     async fn readlink_at(
@@ -416,8 +584,9 @@ impl HostDescriptor for SlotFs<'_> {
                 )
                 .await
                 .map(hash);
-                let same = matches!((old, new), (Ok(a), Ok(b)) if a == b);
-                (!same).then(|| frees(&stat))
+                let (old, new) = (old.ok(), new.ok());
+                let same = old.is_some() && old == new;
+                (!same).then(|| self.last_link_gone(&stat, new))
             }
             None => None,
         };
@@ -449,9 +618,11 @@ impl HostDescriptor for SlotFs<'_> {
             return HostDescriptor::unlink_file_at(&mut self.inner, fd, path).await;
         }
         let stat = self.stat_at(&fd, types::PathFlags::empty(), &path).await;
+        let identity = self.identity_at(&fd, &path).await;
         HostDescriptor::unlink_file_at(&mut self.inner, fd, path).await?;
         if let Some(stat) = stat {
-            self.release(frees(&stat));
+            let freed = self.last_link_gone(&stat, identity);
+            self.release(freed);
         }
         Ok(())
     }

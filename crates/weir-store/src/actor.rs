@@ -18,12 +18,14 @@
 //!   control the turn's transaction; a turn's statements stop when its
 //!   stop check says so ([`ActorDb::watch`]), and what one call hands back
 //!   is bounded by the result limit;
-//! - timers keep the earliest deadline per reason; an alarm's turn consumes
+//! - timers keep the earliest deadline per reason; an alarm's turn takes
 //!   its reason first, so a handler that re-arms the same reason creates a
-//!   new timer, and a handler that fails (its turn rolled back) leaves the
-//!   timer in place for a retry;
-//! - the incarnation counter is bumped and committed before it is returned:
-//!   two instances of one actor never share a number.
+//!   new timer, and a delivery that does not end well is retried, even
+//!   when a commit inside its turn made the taking durable (see
+//!   [`crate::timers`]);
+//! - the incarnation counter is bumped and committed before it is returned,
+//!   and a bump whose commit fails is an error: two instances of one actor
+//!   never share a number.
 
 use std::path::Path;
 
@@ -78,14 +80,17 @@ pub use crate::timers::DueTimer;
 
 /// Version of [`SCHEMA`], kept in the database's `user_version`: a database of an
 /// older version gets the tables it lacks at its next open (version 2 added
-/// `_weir_journal`).
-const SCHEMA_VERSION: i64 = 2;
+/// `_weir_journal`, version 3 `_weir_deliveries`). A build that knows an
+/// older version opens a newer database all the same: it only adds what it
+/// lacks, so nodes of two builds share one history.
+const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS _weir_kv (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS _weir_timers (reason TEXT PRIMARY KEY, at_ms INTEGER NOT NULL, attempt INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS _weir_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS _weir_journal (pid INTEGER PRIMARY KEY, spec TEXT NOT NULL, attempt INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS _weir_deliveries (reason TEXT PRIMARY KEY, at_ms INTEGER NOT NULL, attempt INTEGER NOT NULL) WITHOUT ROWID;
 ";
 
 /// Why an actor storage call failed.
@@ -295,11 +300,8 @@ impl ActorDb {
     pub fn incarnation(&self) -> Result<u64, ActorStoreError> {
         let n: Option<i64> = self
             .conn
-            .query_row(
-                "SELECT value FROM _weir_meta WHERE name = 'incarnation'",
-                [],
-                |r| r.get(0),
-            )
+            .prepare_cached("SELECT value FROM _weir_meta WHERE name = 'incarnation'")?
+            .query_row([], |r| r.get(0))
             .optional()?;
         Ok(n.unwrap_or(0).max(0) as u64)
     }
@@ -316,20 +318,21 @@ impl ActorDb {
     /// durable before returning the new number.
     ///
     /// Every fresh generation of an actor runs this (every
-    /// `retirement_admission_limit` turns, and at every wake), so it is one
-    /// statement, prepared once per connection: it reads, bumps and commits
-    /// in its own transaction.
+    /// `retirement_admission_limit` turns, and at every wake), so both
+    /// statements are prepared once per connection. The bump is its own
+    /// statement, run to its end, because that end is where SQLite commits
+    /// it: a `RETURNING` read stops before it, and a commit that then fails
+    /// (a full disk, an I/O error) would roll the bump back unseen while
+    /// the caller ran with the new number.
     pub fn adopt_incarnation(&mut self) -> Result<u64, ActorStoreError> {
-        let next: i64 = self
-            .conn
+        self.conn
             .prepare_cached(
                 "INSERT INTO _weir_meta (name, value) VALUES ('incarnation', 1)
-                 ON CONFLICT(name) DO UPDATE SET value = value + 1
-                 RETURNING value",
+                 ON CONFLICT(name) DO UPDATE SET value = value + 1",
             )?
-            .query_row([], |r| r.get(0))?;
+            .execute([])?;
         self.commits += 1;
-        Ok(next as u64)
+        self.incarnation()
     }
 
     /// Commits since this connection last checkpointed by hand (SQLite's

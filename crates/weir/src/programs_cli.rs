@@ -239,15 +239,41 @@ fn render_images(
 /// caller holds its lock); `refused` says what was not done if they
 /// cannot be read.
 fn journaled_images(data_dir: &Path, refused: &str) -> anyhow::Result<Journaled> {
-    let directory =
-        weir_actors::ActorDirectory::new(data_dir, Default::default()).with_stamps(data_dir);
-    weir_programs::fenced_work::journaled_images(&directory).map_err(|e| {
+    let failed = |e: String| {
         if refused.is_empty() {
             anyhow::anyhow!("{e}")
         } else {
             anyhow::anyhow!("{e}; {refused}")
         }
-    })
+    };
+    // The actors of the app a `weir serve app.wasm` served live at the
+    // root, and those of each `[apps.NAME]` under `apps/NAME`.
+    let mut places = vec![data_dir.to_path_buf()];
+    let apps = data_dir.join(weir_server::app_spec::APPS_DIR);
+    match std::fs::read_dir(&apps) {
+        Ok(entries) => {
+            let mut found: Vec<std::path::PathBuf> = entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .collect();
+            found.sort();
+            places.extend(found);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(failed(format!("cannot list {}: {e}", apps.display()))),
+    }
+    let mut journaled = Journaled::new();
+    for place in places {
+        let directory =
+            weir_actors::ActorDirectory::new(&place, Default::default()).with_stamps(data_dir);
+        for (digest, owner) in
+            weir_programs::fenced_work::journaled_images(&directory).map_err(failed)?
+        {
+            journaled.entry(digest).or_insert(owner);
+        }
+    }
+    Ok(journaled)
 }
 
 /// The images launch journals name, each with an owner that names it.

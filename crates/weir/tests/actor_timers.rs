@@ -294,3 +294,232 @@ async fn the_timers_of_actors_on_disk_are_indexed_by_a_pass_after_the_start_and_
     }
     assert_eq!(alarm_log(&weir, "a1").await.len(), 0, "no timer, no alarm");
 }
+
+/// `/probe/NAME/get?key=K` as text (the actor's own counters).
+async fn value(weir: &common::Weir, actor: &str, key: &str) -> String {
+    weir.get(&format!("/probe/{actor}/get?key={key}"))
+        .await
+        .text()
+}
+
+#[tokio::test]
+async fn an_alarm_that_calls_out_and_then_fails_is_delivered_again_until_it_succeeds() {
+    let dir = data_dir("callout");
+    let upstream = common::HoldServer::start(Some(1));
+    let allow = format!("http://127.0.0.1:{}", upstream.port);
+    let weir = start(&dir, &["--allow-outbound", &allow]);
+    // Its first run counts itself, calls out (a commit point: the count
+    // and the timer's taking are committed there), then fails.
+    let r = post(
+        &weir,
+        &format!("/probe/co/callout?port={}&for_ms=1500", upstream.port),
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let failed = weir
+        .actor_receipt_where(|r| r["name"] == "co" && r["reason"] == "callout")
+        .await;
+    assert_eq!(failed["outcome"], "retrying", "{failed}");
+    assert_eq!(failed["attempt"], 1, "{failed}");
+    let timers = inspect(&weir, "co").await["timers"].clone();
+    assert_eq!(timers.as_array().unwrap().len(), 1, "{timers}");
+    assert_eq!(timers[0]["reason"], "callout", "{timers}");
+    assert_eq!(timers[0]["attempt"], 1, "{timers}");
+    // Retried after its backoff, it succeeds: delivered until then.
+    let log = wait_log(&weir, "co", |l| l.iter().any(|e| e.starts_with("callout@"))).await;
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(value(&weir, "co", "callout-runs").await, "2");
+    weir.actor_receipt_where(|r| {
+        r["name"] == "co" && r["reason"] == "callout" && r["outcome"] == "ok"
+    })
+    .await;
+    assert!(
+        inspect(&weir, "co").await["timers"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alarm_cut_by_sigkill_after_its_call_out_is_delivered_after_the_restart() {
+    use std::io::Read;
+
+    let dir = data_dir("callout-kill");
+    let upstream = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = upstream.local_addr().unwrap().port();
+    let allow = format!("http://127.0.0.1:{port}");
+    let weir = start(&dir, &["--allow-outbound", &allow]);
+    // The moment the alarm's call out arrives, the server is killed: the
+    // turn's commit point has made the timer's taking durable.
+    let pid = weir.pid();
+    let killer = std::thread::spawn(move || {
+        let (mut stream, _) = upstream.accept().unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut head = [0u8; 1024];
+        let n = stream.read(&mut head).unwrap();
+        assert!(String::from_utf8_lossy(&head[..n]).starts_with("GET / HTTP/1.1"));
+        std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .unwrap();
+        upstream
+    });
+    let r = post(
+        &weir,
+        &format!("/probe/ck/callout?port={port}&for_ms=0"),
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let upstream = tokio::task::spawn_blocking(move || killer.join().unwrap())
+        .await
+        .unwrap();
+    let mut weir = weir;
+    assert!(weir.wait_exit(Duration::from_secs(10)).is_some(), "killed");
+    drop(weir);
+    // The call out answers from now on.
+    std::thread::spawn(move || {
+        for stream in upstream.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut head = [0u8; 1024];
+            let _ = stream.read(&mut head);
+            let _ = std::io::Write::write_all(
+                &mut stream,
+                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+            );
+        }
+    });
+    let weir = start(&dir, &["--allow-outbound", &allow]);
+    let log = wait_log(&weir, "ck", |l| l.iter().any(|e| e.starts_with("callout@"))).await;
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(
+        value(&weir, "ck", "callout-runs").await,
+        "2",
+        "its first run was cut, its second delivered"
+    );
+}
+
+#[tokio::test]
+async fn a_timer_an_earlier_handler_cancels_or_moves_does_not_fire_in_the_same_dispatch() {
+    let dir = data_dir("dispatch-rule");
+    let weir = start(&dir, &[]);
+    // Both due when the dispatch reads its due set; the first handler
+    // cancels the second's timer: it does not fire.
+    let r = post(&weir, "/probe/dc/dispatch?first=cancels-victim", Vec::new()).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    weir.actor_receipt_where(|r| {
+        r["name"] == "dc" && r["reason"] == "cancels-victim" && r["outcome"] == "ok"
+    })
+    .await;
+    // Moved an hour later: it does not fire now, and its new timer stays.
+    let r = post(&weir, "/probe/dm/dispatch?first=moves-victim", Vec::new()).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    weir.actor_receipt_where(|r| {
+        r["name"] == "dm" && r["reason"] == "moves-victim" && r["outcome"] == "ok"
+    })
+    .await;
+    tokio::time::sleep(common::SETTLE).await;
+    assert_eq!(alarm_log(&weir, "dc").await, ["cancels-victim"]);
+    assert_eq!(alarm_log(&weir, "dm").await, ["moves-victim"]);
+    assert!(
+        weir.actor_receipts()
+            .iter()
+            .all(|r| r["reason"] != "victim"),
+        "{:#?}",
+        weir.actor_receipts()
+    );
+    assert!(
+        inspect(&weir, "dc").await["timers"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    let timers = inspect(&weir, "dm").await["timers"].clone();
+    assert_eq!(timers.as_array().unwrap().len(), 1, "{timers}");
+    assert_eq!(timers[0]["reason"], "victim", "{timers}");
+    assert!(
+        timers[0]["at_ms"].as_u64().unwrap() > now_ms() + 3_500_000,
+        "{timers}"
+    );
+}
+
+#[tokio::test]
+async fn an_alarm_turn_whose_commit_fails_is_dispatched_again_later_and_its_actors_timers_fire() {
+    let dir = data_dir("commit-fails");
+    let weir = start(&dir, &[]);
+    // Its commit fails for 1.5 s: the actor is reset each time, and its
+    // timers (that one and a `tick` due 50 ms later) stay as they were.
+    let r = post(&weir, "/probe/cf/commit-fails?for_ms=1500", Vec::new()).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let failed = weir
+        .actor_receipt_where(|r| r["name"] == "cf" && r["reason"] == "commit-fails")
+        .await;
+    assert_eq!(failed["outcome"], "failed", "{failed}");
+    assert_eq!(failed["error"], "storage_commit_failed", "{failed}");
+    // Dispatched again later, both fire once the commit goes through.
+    let log = wait_log(&weir, "cf", |l| l.len() == 2).await;
+    assert!(log[0].starts_with("commit-fails@"), "{log:?}");
+    assert!(log[1].starts_with("tick@"), "{log:?}");
+    // Later each time: a failure that repeats does not spin.
+    let failures: Vec<serde_json::Value> = weir
+        .actor_receipts()
+        .into_iter()
+        .filter(|r| r["name"] == "cf" && r["outcome"] == "failed")
+        .collect();
+    assert!(
+        (1..=3).contains(&failures.len()),
+        "{} failed dispatches in 1.5 s: {failures:#?}",
+        failures.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alarms_that_call_out_and_fail_are_delivered_until_they_succeed_across_sigkill_cycles() {
+    const ACTORS: usize = 6;
+    let dir = data_dir("callout-soak");
+    let upstream = common::HoldServer::start(Some(1));
+    let allow = format!("http://127.0.0.1:{}", upstream.port);
+    let names: Vec<String> = (0..ACTORS).map(|i| format!("s{i}")).collect();
+    // Each alarm calls out (a commit point) and then fails for 5 s: its
+    // runs fall at 0, 2 and 6 s, whatever the kills between them.
+    let weir = start(&dir, &["--allow-outbound", &allow]);
+    for name in &names {
+        let r = post(
+            &weir,
+            &format!("/probe/{name}/callout?port={}&for_ms=5000", upstream.port),
+            Vec::new(),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+    }
+    // SIGKILL at uneven moments, many times, across those runs.
+    let mut weir = weir;
+    for cycle in 0..12u64 {
+        tokio::time::sleep(Duration::from_millis(300 + (cycle * 397) % 900)).await;
+        weir.signal("KILL");
+        assert!(weir.wait_exit(Duration::from_secs(10)).is_some());
+        drop(weir);
+        weir = start(&dir, &["--allow-outbound", &allow]);
+    }
+    // Every alarm is delivered until it succeeds, once.
+    for name in &names {
+        let log = wait_log(&weir, name, |l| l.iter().any(|e| e.starts_with("callout@"))).await;
+        assert_eq!(log.len(), 1, "{name}: {log:?}");
+        let runs: u64 = value(&weir, name, "callout-runs").await.parse().unwrap();
+        assert!(
+            runs >= 2,
+            "{name} ran {runs} times: its failures were retried"
+        );
+        assert!(
+            inspect(&weir, name).await["timers"]
+                .as_array()
+                .unwrap()
+                .is_empty(),
+            "{name}"
+        );
+    }
+}

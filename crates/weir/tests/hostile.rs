@@ -328,47 +328,6 @@ async fn no_actor_name_can_break_storage_and_bad_files_never_stop_the_server() {
     assert_eq!(weir.get("/p/n/incr").await.text(), "2");
 }
 
-/// Opens `/h/<actor>/ws?<query>` on the hostile actor class: the socket,
-/// or the status and body of the answer that refused it.
-async fn hostile_socket(
-    weir: &Weir,
-    actor: &str,
-    query: &str,
-) -> Result<HostileSocket, (u16, String)> {
-    use tokio_tungstenite::tungstenite::Error;
-    let url = format!("ws://{}/h/{actor}/ws?{query}", weir.addr);
-    match tokio_tungstenite::connect_async(url).await {
-        Ok((ws, response)) => {
-            assert_eq!(response.status(), 101);
-            Ok(ws)
-        }
-        Err(Error::Http(response)) => Err((
-            response.status().as_u16(),
-            String::from_utf8_lossy(response.body().as_deref().unwrap_or_default()).into(),
-        )),
-        Err(e) => panic!("{query}: {e}"),
-    }
-}
-
-type HostileSocket =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-/// Sends `text` (if any) and returns the next text message.
-async fn exchange(ws: &mut HostileSocket, text: Option<String>) -> String {
-    use futures::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::Message;
-    if let Some(text) = text {
-        ws.send(Message::text(text)).await.unwrap();
-    }
-    loop {
-        match tokio::time::timeout(Duration::from_secs(30), ws.next()).await {
-            Ok(Some(Ok(Message::Text(t)))) => return t.to_string(),
-            Ok(Some(Ok(_))) => {}
-            other => panic!("no message: {other:?}"),
-        }
-    }
-}
-
 #[tokio::test]
 async fn what_an_actor_hangs_on_its_sockets_is_bounded_and_a_refusal_keeps_nothing() {
     let dir = data_dir("socket-limits");

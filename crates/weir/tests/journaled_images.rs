@@ -197,3 +197,62 @@ async fn the_sweep_spares_what_a_booting_spawn_and_a_launch_journal_hold() {
     kill(weir);
     let _ = std::fs::remove_dir_all(&data);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offline_sweep_and_rm_read_the_journals_of_every_declared_app() {
+    use common::apps::{app_section, config_file, toml_path};
+
+    let data = data_dir("apps");
+    let runner = guest("runner");
+    // An app declared as `[apps.jobs]` keeps its actors under
+    // `apps/jobs/actors`, not `actors`.
+    let config = config_file(
+        "journaled-apps",
+        &(app_section("jobs", &runner, &["/"], "")
+            + &format!(
+                "[apps.jobs.actors.runner]\ncomponent = {}\nroute = \"/r\"\n",
+                toml_path(&runner)
+            )),
+    );
+    let weir = Weir::start_with(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    let image = push_image(&weir, &guest("resident")).await;
+    let r = call(&weir, "POST", &format!("/r/owner/spawn/{image}"), b"").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(data.join("apps/jobs/actors/runner").is_dir());
+    // Down after a crash, its journal names the image: kept.
+    kill(weir);
+    let out = images(&data, &["sweep"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{image}  kept (a launch journal names it)\n")
+    );
+    let out = images(&data, &["rm", &image]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("the launch journal of actor runner/owner names it"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // And the next start finds it to run again.
+    let weir = Weir::start_with(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    let running = wait_running(&weir, 1).await;
+    assert_eq!(running[0]["image"], image.as_str());
+    kill(weir);
+    let _ = std::fs::remove_dir_all(&data);
+}

@@ -549,3 +549,24 @@ fn a_slots_directory_that_cannot_be_opened_stops_the_start_naming_it() {
     );
     let _ = std::fs::remove_dir_all(&data);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_unlinked_while_held_open_stays_counted_until_it_is_closed() {
+    const MAX: u64 = 4 << 20;
+    let limit = format!("max_slot_bytes={MAX}");
+    // A thousand files take a debug build past the default second.
+    let o = Owners::start("slot-orphans", &[&limit, "event_limit_ms=20000"]).await;
+    let (pid, _) = o.spawn("owner", "slot=app&durable=1").await;
+    // Fill, unlink, keep open: each file's MiB is still on the disk while
+    // the process holds it, so beside `starts.log` three fit, not more.
+    let (done, error) = fill(&o, pid, "owner", "orphans", 20).await;
+    assert_eq!(done, 3, "{error:?}");
+    assert!(error.is_some());
+    // Closed, they give their bytes back: as many empty files fit as in
+    // a slot holding only `starts.log`.
+    assert_eq!(fill(&o, pid, "owner", "let-go", 0).await, (3, None));
+    assert_eq!(
+        fill(&o, pid, "owner", "files", 2000).await,
+        (1022, Some("StorageFull".to_string()))
+    );
+}

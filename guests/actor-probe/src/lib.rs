@@ -19,6 +19,9 @@
 //! | `POST /sleep?ms=N` | sleeps N ms inside the turn |
 //! | `POST /schedule?reason=R&in_ms=N` | schedules R N ms from now (may be negative) |
 //! | `POST /flaky?for_ms=N` | alarm `flaky` traps until N ms from now, then succeeds |
+//! | `POST /callout?port=P&for_ms=N` | alarm `callout` counts its runs (`callout-runs`), GETs `http://127.0.0.1:P/` (a commit point), then errs until N ms from now; schedules it now |
+//! | `POST /commit-fails?for_ms=N` | alarm `commit-fails` leaves a deferred foreign key broken (its commit fails) until N ms from now; schedules it now and `tick` 50 ms later |
+//! | `POST /dispatch?first=R` | schedules alarm R and then `victim` 10 ms later, both already due, in one turn (R: `cancels-victim` or `moves-victim`) |
 //! | `GET /timers` | the actor's timers (JSON) |
 //! | `GET /log` | what alarm handlers recorded, in order (JSON) |
 //! | `POST /loop` | spins forever |
@@ -30,7 +33,10 @@
 //! Alarm handlers: `tick` logs; `rearm` logs and re-arms itself 150 ms
 //! later, three times; `self-now` logs and schedules itself for "now"
 //! (twice in all); `flaky` traps until its window ends; `always-fails`
-//! errs; `other` is not handled (ignored).
+//! errs; `callout` and `commit-fails` as their paths say, logging once
+//! they succeed; `cancels-victim` logs and cancels `victim`;
+//! `moves-victim` logs and moves `victim` an hour later; `victim` logs;
+//! `other` is not handled (ignored).
 
 use std::time::Duration;
 
@@ -258,6 +264,32 @@ fn handle(request: &IncomingRequest, path: &str) -> Result<(u16, String), Error>
             timers::schedule("flaky", timers::now_ms())?;
             (200, String::new())
         }
+        "/callout" => {
+            let port: u64 = query(path, "port").and_then(|v| v.parse().ok()).unwrap_or(80);
+            let for_ms: u64 = query(path, "for_ms")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1000);
+            storage::put("callout-port", &port)?;
+            storage::put("callout-until", &(timers::now_ms() + for_ms))?;
+            timers::schedule("callout", timers::now_ms())?;
+            (200, String::new())
+        }
+        "/commit-fails" => {
+            let for_ms: u64 = query(path, "for_ms")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1000);
+            storage::put("commit-fails-until", &(timers::now_ms() + for_ms))?;
+            timers::schedule("commit-fails", timers::now_ms())?;
+            timers::schedule("tick", timers::now_ms() + 50)?;
+            (200, String::new())
+        }
+        "/dispatch" => {
+            let first = query(path, "first").unwrap_or("cancels-victim");
+            let now = timers::now_ms();
+            timers::schedule(first, now - 20)?;
+            timers::schedule("victim", now - 10)?;
+            (200, String::new())
+        }
         "/timers" => {
             let list: Vec<serde_json::Value> = timers::list()?
                 .into_iter()
@@ -419,10 +451,73 @@ fn always_fails() -> Result<Option<u64>, String> {
     Err("always-fails never succeeds".into())
 }
 
+/// Counts its run, calls out (which commits the turn's writes so far, its
+/// timer's taking among them), then fails until its window ends.
+fn callout() -> Result<Option<u64>, String> {
+    let e = |e: Error| e.to_string();
+    let runs: u64 = storage::get("callout-runs").map_err(e)?.unwrap_or(0) + 1;
+    storage::put("callout-runs", &runs).map_err(e)?;
+    let port: u64 = storage::get("callout-port").map_err(e)?.unwrap_or(80);
+    weir_guest::http::send("GET", &format!("127.0.0.1:{port}"), "/", b"")
+        .map_err(|e| format!("the call out failed: {e}"))?;
+    let until: u64 = storage::get("callout-until").map_err(e)?.unwrap_or(0);
+    if timers::now_ms() < until {
+        return Err(format!("run {runs} fails after calling out"));
+    }
+    log(&format!("callout@{}", timers::now_ms())).map_err(e)?;
+    Ok(None)
+}
+
+/// Leaves a deferred foreign key broken, so its turn's commit fails, until
+/// its window ends.
+fn commit_fails() -> Result<Option<u64>, String> {
+    let e = |e: Error| e.to_string();
+    let until: u64 = storage::get("commit-fails-until").map_err(e)?.unwrap_or(0);
+    if timers::now_ms() < until {
+        storage::exec(
+            "CREATE TABLE IF NOT EXISTS parent (id INTEGER PRIMARY KEY)",
+            &[],
+        )
+        .map_err(e)?;
+        storage::exec(
+            "CREATE TABLE IF NOT EXISTS child (p INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)",
+            &[],
+        )
+        .map_err(e)?;
+        storage::exec("INSERT INTO child (p) VALUES (42)", &[]).map_err(e)?;
+        return Ok(None);
+    }
+    log(&format!("commit-fails@{}", timers::now_ms())).map_err(e)?;
+    Ok(None)
+}
+
+fn cancels_victim() -> Result<Option<u64>, String> {
+    timers::cancel("victim").map_err(|e| e.to_string())?;
+    log("cancels-victim").map_err(|e| e.to_string())?;
+    Ok(None)
+}
+
+fn moves_victim() -> Result<Option<u64>, String> {
+    timers::cancel("victim").map_err(|e| e.to_string())?;
+    timers::schedule("victim", timers::now_ms() + 3_600_000).map_err(|e| e.to_string())?;
+    log("moves-victim").map_err(|e| e.to_string())?;
+    Ok(None)
+}
+
+fn victim() -> Result<Option<u64>, String> {
+    log(&format!("victim@{}", timers::now_ms())).map_err(|e| e.to_string())?;
+    Ok(None)
+}
+
 weir_guest::alarms! {
     "tick" => tick,
     "rearm" => rearm,
     "self-now" => self_now,
     "flaky" => flaky,
     "always-fails" => always_fails,
+    "callout" => callout,
+    "commit-fails" => commit_fails,
+    "cancels-victim" => cancels_victim,
+    "moves-victim" => moves_victim,
+    "victim" => victim,
 }

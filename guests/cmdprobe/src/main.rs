@@ -57,6 +57,22 @@ fn main() {
         }
         "panic" => panic!("cmdprobe was told to panic"),
         // Never ends by itself.
+        // A life of MS ms: counts its start in /data/starts (when it has a
+        // slot), then sleeps and exits 0.
+        "sleep-exit" => {
+            let ms: u64 = args.get(2).and_then(|c| c.parse().ok()).unwrap_or(0);
+            if std::path::Path::new("/data").exists() {
+                let mut starts = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open("/data/starts")
+                    .expect("/data/starts");
+                starts.write_all(b"start\n").expect("count the start");
+                starts.sync_all().expect("sync the start");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            println!("slept {ms} ms");
+        }
         "spin" => {
             let mut x = 0u64;
             loop {

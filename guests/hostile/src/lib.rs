@@ -22,7 +22,7 @@
 //! | `GET /print?kb=N` | writes N KiB of lines to its standard error |
 //! | `POST /say?stream=S` | writes the body, as it is, to its standard error (or standard output with `S=stdout`): a forged log line, a line cut short, control bytes |
 //! | `GET /hello` | a harmless answer: proves the server still serves |
-//! | `GET /ws?tags=N&tag_bytes=B&key_bytes=K&attachment=A&auto=R` | (actor, an upgrade) accepts with N tags of B bytes (and a replacement key of K bytes), then sets an attachment of A bytes and an auto-response whose request is R bytes; a refused accept is answered 400 with `{"accept": error}`, an accepted socket gets `{"attachment": result, "auto": result}` as its first message and then answers each message with the bytes of the attachment it holds |
+//! | `GET /ws?tags=N&tag_bytes=B&key_bytes=K&attachment=A&auto=R&trap=1` | (actor, an upgrade) accepts with N tags of B bytes (and a replacement key of K bytes), then sets an attachment of A bytes and an auto-response whose request is R bytes (and with `trap`, then traps); a refused accept is answered 400 with `{"accept": error}`, an accepted socket gets `{"attachment": result, "auto": result}` as its first message and then answers each message with the bytes of the attachment it holds, but for these, which fail their turn after an effect: `attach:N:trap` sets an attachment of N bytes, `auto:trap` sets the auto-response `auto-ping` → `auto-pong`, `write-close-trap` writes `closed` and closes the socket with 1000 `bye`; each then traps. Each `on-close` adds a byte to the entry `closes` |
 
 use std::cell::RefCell;
 
@@ -498,19 +498,51 @@ fn socket_limits(path: &str, out: ResponseOutparam) {
         id,
         &json!({ "attachment": attachment, "auto": auto }).to_string(),
     );
+    if query(path, "trap").is_some() {
+        panic!("the accepting turn traps");
+    }
 }
 
 /// Each message is answered with the size of the attachment its socket
-/// holds: what a refused `set-attachment` left in place.
-fn on_message(socket: u64, _message: weir_guest::websocket::Message) -> Result<(), String> {
+/// holds: what a refused `set-attachment` left in place. Some messages
+/// make an effect and then fail their turn (see the module's table).
+fn on_message(socket: u64, message: weir_guest::websocket::Message) -> Result<(), String> {
     use weir_guest::websocket::actor as sockets;
+    let text = match &message {
+        weir_guest::websocket::Message::Text(t) => t.as_str(),
+        _ => "",
+    };
+    if let Some(n) = text
+        .strip_prefix("attach:")
+        .and_then(|rest| rest.strip_suffix(":trap"))
+        .and_then(|n| n.parse::<usize>().ok())
+    {
+        sockets::set_attachment(socket, &vec![7u8; n]).map_err(|e| format!("{e:?}"))?;
+        panic!("a turn that set an attachment traps");
+    }
+    if text == "auto:trap" {
+        sockets::set_auto_response(Some(("auto-ping", "auto-pong")))
+            .map_err(|e| format!("{e:?}"))?;
+        panic!("a turn that set an auto-response traps");
+    }
+    if text == "write-close-trap" {
+        weir_guest::actor::storage::put("closed", &vec![1u8]).map_err(|e| format!("{e:?}"))?;
+        sockets::close(socket, 1000, "bye").map_err(|e| format!("{e:?}"))?;
+        panic!("a turn that closed its socket traps");
+    }
     let held = sockets::attachment(socket).map_err(|e| format!("{e:?}"))?;
     let answer = json!({ "attachment_bytes": held.map(|a| a.len()) }).to_string();
     sockets::send_text(socket, &answer).map_err(|e| format!("{e:?}"))
 }
 
+/// Counts the ends it is told of, a byte each.
 fn on_close(_socket: u64, _close: weir_guest::websocket::CloseFrame) -> Result<(), String> {
-    Ok(())
+    use weir_guest::actor::storage;
+    let mut closes = storage::get_bytes("closes")
+        .map_err(|e| format!("{e:?}"))?
+        .unwrap_or_default();
+    closes.push(1);
+    storage::put("closes", &closes).map_err(|e| format!("{e:?}"))
 }
 
 weir_guest::socket_handler!(on_message, on_close);

@@ -8,7 +8,7 @@
 //! | `PUT /files/<name>` | writes the body to `/data/<name>` (its storage slot) |
 //! | `GET /files/<name>` | the file, or 404 with the error |
 //! | `GET /escape` | tries to leave `/data` (`..`, absolute paths, a symlink out, the host's files): one line per try |
-//! | `POST /fill?how=H&n=N` | tries to fill `/data`: `write` appends N chunks of 1 MiB to `big`, `files` makes N empty files, `dirs` N directories, `sparse` sets `sparse`'s length to N MiB, `rewrite` writes `big`'s first N MiB over again in place, `churn` runs N rounds of every way to grow and shrink files (positional and stream writes over and past the end, appends, a rename over a file, a hard link, a file made through a dangling link, sizes set down and up, a file unlinked while open), each round leaving nothing, `clear` removes everything; answers `{done, error}`: how many steps worked and the first error's kind |
+//! | `POST /fill?how=H&n=N` | tries to fill `/data`: `write` appends N chunks of 1 MiB to `big`, `files` makes N empty files, `dirs` N directories (numbered from `from`, 0 unless given), `sparse` sets `sparse`'s length to N MiB, `rewrite` writes `big`'s first N MiB over again in place, `churn` runs N rounds of every way to grow and shrink files (positional and stream writes over and past the end, appends, a rename over a file, a hard link, a file made through a dangling link, sizes set down and up, a file unlinked while open), each round leaving nothing, `orphans` writes N files of 1 MiB, unlinking each and keeping it open, `let-go` closes those, `clear` removes everything; answers `{done, error}`: how many steps worked and the first error's kind |
 //! | `/call?authority=A&path=P` | GETs `http://A/P` (P without its leading `/`): `ok STATUS BODY`, or `refused ERROR` |
 //! | `/spin` | never answers |
 //! | `/trap` | traps |
@@ -36,6 +36,8 @@ thread_local! {
     static STARTS: Cell<u64> = const { Cell::new(0) };
     static REQUESTS: Cell<u64> = const { Cell::new(0) };
     static START_ARGS: RefCell<String> = const { RefCell::new(String::new()) };
+    /// Files `/fill?how=orphans` unlinked and keeps open.
+    static ORPHANS: RefCell<Vec<std::fs::File>> = const { RefCell::new(Vec::new()) };
 }
 
 struct Resident;
@@ -173,7 +175,8 @@ impl wasi::exports::http::incoming_handler::Guest for Resident {
                 };
                 let n: u64 = param("n").and_then(|v| v.parse().ok()).unwrap_or(1);
                 let how = param("how").unwrap_or_default();
-                let (done, error) = fill(&how, n);
+                let from: u64 = param("from").and_then(|v| v.parse().ok()).unwrap_or(0);
+                let (done, error) = fill(&how, n, from);
                 let body = format!("{{\"done\":{done},\"error\":{}}}", match error {
                     Some(e) => format!("\"{e}\""),
                     None => "null".to_string(),
@@ -221,7 +224,7 @@ impl wasi::exports::http::incoming_handler::Guest for Resident {
 
 /// One way of filling `/data`, N steps: how many worked, and the first
 /// error's kind.
-fn fill(how: &str, n: u64) -> (u64, Option<String>) {
+fn fill(how: &str, n: u64, from: u64) -> (u64, Option<String>) {
     use std::io::{Seek, SeekFrom, Write};
     let kind = |e: std::io::Error| Some(format!("{:?}", e.kind()));
     let chunk = vec![7u8; 1 << 20];
@@ -255,7 +258,7 @@ fn fill(how: &str, n: u64) -> (u64, Option<String>) {
         }
         "files" | "dirs" => {
             for i in 0..n {
-                let path = format!("/data/{how}-{i}");
+                let path = format!("/data/{how}-{}", from + i);
                 let made = if how == "files" {
                     std::fs::File::create(&path).map(drop)
                 } else {
@@ -284,6 +287,28 @@ fn fill(how: &str, n: u64) -> (u64, Option<String>) {
                 }
             }
             (n, None)
+        }
+        // Fill, unlink, keep open: each step writes 1 MiB into a new file,
+        // unlinks it and keeps it open (its bytes stay on the disk);
+        // `let-go` closes them all.
+        "orphans" => {
+            for i in 0..n {
+                let path = format!("/data/orphan-{i}");
+                let kept = std::fs::File::create(&path).and_then(|mut file| {
+                    let written = file.write_all(&chunk).and_then(|()| file.flush());
+                    std::fs::remove_file(&path)?;
+                    written.map(|()| file)
+                });
+                match kept {
+                    Ok(file) => ORPHANS.with(|o| o.borrow_mut().push(file)),
+                    Err(e) => return (i, kind(e)),
+                }
+            }
+            (n, None)
+        }
+        "let-go" => {
+            let held = ORPHANS.with(|o| std::mem::take(&mut *o.borrow_mut()));
+            (held.len() as u64, None)
         }
         "clear" => {
             let mut removed = 0;

@@ -12,7 +12,8 @@
 //! | `POST /remove-storage/<name>` | `{removed}` |
 //! | `POST /broken-spawn/<digest>` | leaves a deferred foreign key broken in its turn, then spawns (the journal's commit fails) |
 //! | `ANY /proc/<pid>/<path>` | forwards the request (method, path, headers, body) to `<pid>.process.internal` and answers with its response as it came |
-//! | `POST /kill/<pid>` | `{killed}` |
+//! | `POST /kill/<pid>?after_ms=N` | `{killed}` (after sleeping N ms in the turn) |
+//! | `POST /sleep?ms=N` | sleeps N ms in the turn: `{slept}` |
 //! | `GET /status/<pid>`, `GET /list` | the process(es): `{pid, image, slot, state, requests}` |
 //! | `POST /count` | counts in the actor's storage |
 //!
@@ -237,6 +238,11 @@ impl wasi::exports::http::incoming_handler::Guest for Runner {
         }
         if let Some(pid) = route.strip_prefix("/kill/") {
             let pid = pid.parse().unwrap_or(0);
+            // Most of the turn spent first, so the kill meets its deadline.
+            let after = number(query, "after_ms");
+            if after > 0 {
+                wasi::clocks::monotonic_clock::subscribe_duration(after * 1_000_000).block();
+            }
             return answer(
                 out,
                 processes::kill(pid).map(|k| serde_json::json!({ "killed": k })),
@@ -328,6 +334,11 @@ impl wasi::exports::http::incoming_handler::Guest for Runner {
                 out,
                 processes::list().map(|ps| serde_json::Value::Array(ps.iter().map(info).collect())),
             );
+        }
+        if route == "/sleep" {
+            let ms = number(query, "ms");
+            wasi::clocks::monotonic_clock::subscribe_duration(ms * 1_000_000).block();
+            return json(out, 200, serde_json::json!({ "slept": ms }));
         }
         if route == "/count" {
             let n: u64 = storage::get("n").ok().flatten().unwrap_or(0) + 1;

@@ -10,11 +10,19 @@
 //!   order, by one task per socket; a turn that fails is rolled back (the
 //!   actor's turn rules) and the socket stays open; the socket's end is
 //!   delivered once (`on-close`), after it left the actor's list;
-//! - a send never waits on a client: a full queue closes the socket with
-//!   1008; the turn's writes are made durable before a message leaves;
+//! - a send or a close is a commit point of its turn: the turn's writes
+//!   are committed (and in cluster mode durable) before it leaves. A send
+//!   never waits on a client: a full queue closes the socket with 1008;
+//! - every other socket effect of a turn takes place only if the turn
+//!   commits ([`weir_actors::gate::Effect`]): an attachment or an
+//!   auto-response set in a turn that rolls back is not kept (the turn
+//!   itself reads its own), and a socket accepted in a turn exists only
+//!   once the turn ends well and its 101 goes out. Until then it is the
+//!   turn's alone: no delivery, no `on-close`, and the older socket its
+//!   replacement key names stays open;
 //! - an accept that is refused (a limit, a bad tag) closes nothing; one
 //!   with a replacement key closes the older socket of that key with 1000
-//!   only once the new one is accepted;
+//!   only once the new one is accepted and its turn committed;
 //! - in cluster mode a socket lives only as long as its node's hold on
 //!   the actor: it is closed with 1012 when that ends, so that the actor's
 //!   next owner holds all of the sockets its clients reach it by;
@@ -34,6 +42,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use wasmtime::StoreContextMut;
 use wasmtime::component::Linker;
 use weir_actors::bindings::ActorSeat;
+use weir_actors::gate::Effect;
 use weir_actors::placement::BoxFuture;
 use weir_actors::{ActorAddress, ActorHost, Holdings};
 use weir_runtime::guest_state::GenerationState;
@@ -73,10 +82,20 @@ struct Held {
     sender: SocketSender,
     tags: Vec<String>,
     key: Option<String>,
-    attachment: Mutex<Option<Vec<u8>>>,
+    attachment: Mutex<Attachment>,
     auto_at: Arc<AtomicU64>,
     /// Set when its actor is deleted: nothing of it reaches an actor again.
     orphaned: Arc<AtomicBool>,
+}
+
+/// A socket's attachment: what committed turns set, and what the turn
+/// running now set and has not yet committed (with the number of that
+/// call, so that only the last call's outcome clears it).
+#[derive(Default)]
+struct Attachment {
+    kept: Option<Vec<u8>>,
+    staged: Option<(u64, Vec<u8>)>,
+    calls: u64,
 }
 
 #[derive(Default)]
@@ -231,67 +250,84 @@ impl ActorSockets {
         if !answer.set(Ok(response)) {
             return Ok(Err(types::Error::AlreadyAnswered));
         }
+        let Some(gate) = state.extension::<ActorSeat>().map(|seat| seat.gate.clone()) else {
+            return Ok(Err(types::Error::NotAnActor));
+        };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let auto_at = Arc::new(AtomicU64::new(0));
         let orphaned = Arc::new(AtomicBool::new(false));
-        let replaced = {
+        {
             let mut actors = self.actors();
             let set = actors.entry(actor.clone()).or_default();
             wire.auto = Some((set.auto.clone(), auto_at.clone()));
-            let replaced: Vec<Arc<Held>> = match &key {
-                Some(key) => set
-                    .sockets
-                    .values()
-                    .filter(|h| h.key.as_ref() == Some(key))
-                    .cloned()
-                    .collect(),
-                None => Vec::new(),
-            };
             set.sockets.insert(
                 id,
                 Arc::new(Held {
                     sender: guest.sender,
                     tags,
-                    key,
-                    attachment: Mutex::new(None),
+                    key: key.clone(),
+                    attachment: Mutex::new(Attachment::default()),
                     auto_at,
                     orphaned: orphaned.clone(),
                 }),
             );
-            replaced
-        };
-        for old in replaced {
-            old.sender
-                .close_with(Close::new(CLOSE_NORMAL, "replaced by a new connection"));
         }
-        tokio::spawn(
-            Wire {
-                hub: offer.hub.clone(),
-                permit,
-                upgrade,
-                end: wire,
-                // An actor's socket outlives the turn that accepted it,
-                // but not its node's hold on the actor.
-                ending: self.tenure(&actor),
-                app: self.label(&actor.class).into(),
-                version: self
-                    .host
-                    .get()
-                    .and_then(Weak::upgrade)
-                    .and_then(|host| {
-                        host.class_versions()
-                            .into_iter()
-                            .find(|(class, _)| *class == actor.class)
-                    })
-                    .map(|(_, version)| version)
-                    .unwrap_or_else(|| Arc::from("")),
-                relayer: offer.relayer.clone(),
-                protocol,
-                grace: std::time::Duration::ZERO,
+        let wire = Wire {
+            hub: offer.hub.clone(),
+            permit,
+            upgrade,
+            end: wire,
+            // An actor's socket outlives the turn that accepted it,
+            // but not its node's hold on the actor.
+            ending: self.tenure(&actor),
+            app: self.label(&actor.class).into(),
+            version: self
+                .host
+                .get()
+                .and_then(Weak::upgrade)
+                .and_then(|host| {
+                    host.class_versions()
+                        .into_iter()
+                        .find(|(class, _)| *class == actor.class)
+                })
+                .map(|(_, version)| version)
+                .unwrap_or_else(|| Arc::from("")),
+            relayer: offer.relayer.clone(),
+            protocol,
+            grace: std::time::Duration::ZERO,
+        };
+        // The socket is the turn's until the turn ends well: then its
+        // wire and its deliveries start, and the socket it replaces is
+        // closed. A turn that fails gives its place back: its 101 never
+        // went out, and the actor never hears of it.
+        let sockets = self.clone();
+        let receiver = guest.receiver;
+        gate.defer(Effect::at_end(move |committed| {
+            if !committed {
+                sockets.forget(&actor, id);
+                return;
             }
-            .run(),
-        );
-        tokio::spawn(deliver(self.clone(), actor, id, orphaned, guest.receiver));
+            let replaced: Vec<Arc<Held>> = match &key {
+                Some(key) => sockets
+                    .actors()
+                    .get(&actor)
+                    .map(|set| {
+                        set.sockets
+                            .iter()
+                            .filter(|(other, h)| **other != id && h.key.as_ref() == Some(key))
+                            .map(|(_, h)| h.clone())
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                None => Vec::new(),
+            };
+            for old in replaced {
+                old.sender
+                    .close_with(Close::new(CLOSE_NORMAL, "replaced by a new connection"));
+            }
+            tokio::spawn(wire.run());
+            tokio::spawn(deliver(sockets, actor, id, orphaned, receiver));
+        }));
         Ok(Ok(id))
     }
 }
@@ -438,12 +474,22 @@ pub(crate) fn add_to_linker(
         "close",
         move |store: StoreContextMut<'_, GenerationState>,
               (id, code, reason): (u64, u16, String)| {
-            let Some(actor) = caller(store.data()) else {
+            let state = store.data();
+            let Some(actor) = caller(state) else {
                 return Ok((Err(types::Error::NotAnActor),));
             };
-            Ok((s
-                .held(&actor, id)
-                .and_then(|held| held.sender.close(code, reason).map_err(to_guest_error)),))
+            let held = match s.held(&actor, id) {
+                Ok(held) => held,
+                Err(e) => return Ok((Err(e),)),
+            };
+            // A close is seen by the client as a send is: not before the
+            // turn's writes.
+            if let Err(why) = state.flush_output() {
+                return Ok((Err(types::Error::Invalid(format!(
+                    "output_gate_refused: {why}"
+                ))),));
+            }
+            Ok((held.sender.close(code, reason).map_err(to_guest_error),))
         },
     )?;
     let s = sockets.clone();
@@ -481,17 +527,41 @@ pub(crate) fn add_to_linker(
     actor.func_wrap(
         "set-attachment",
         move |store: StoreContextMut<'_, GenerationState>, (id, bytes): (u64, Vec<u8>)| {
-            let Some(actor) = caller(store.data()) else {
+            let Some(seat) = store.data().extension::<ActorSeat>() else {
                 return Ok((Err(types::Error::NotAnActor),));
+            };
+            let actor = ActorAddress {
+                class: seat.identity.class.clone(),
+                name: seat.identity.name.clone(),
             };
             if bytes.len() > MAX_ATTACHMENT_BYTES {
                 return Ok((Err(types::Error::Invalid(format!(
                     "an attachment is at most {MAX_ATTACHMENT_BYTES} bytes"
                 ))),));
             }
-            Ok((s.held(&actor, id).map(|held| {
-                *held.attachment.lock().unwrap_or_else(|p| p.into_inner()) = Some(bytes);
-            }),))
+            let held = match s.held(&actor, id) {
+                Ok(held) => held,
+                Err(e) => return Ok((Err(e),)),
+            };
+            // The turn reads its own at once; it is kept only if the turn
+            // commits.
+            let call = {
+                let mut a = held.attachment.lock().unwrap_or_else(|p| p.into_inner());
+                a.calls += 1;
+                a.staged = Some((a.calls, bytes));
+                a.calls
+            };
+            seat.gate.defer(Effect::at_commit(move |committed| {
+                let mut a = held.attachment.lock().unwrap_or_else(|p| p.into_inner());
+                let Some((staged, _)) = &a.staged else { return };
+                let last = *staged == call;
+                if committed && last {
+                    a.kept = a.staged.take().map(|(_, bytes)| bytes);
+                } else if last {
+                    a.staged = None;
+                }
+            }));
+            Ok((Ok(()),))
         },
     )?;
     let s = sockets.clone();
@@ -502,10 +572,11 @@ pub(crate) fn add_to_linker(
                 return Ok((Err(types::Error::NotAnActor),));
             };
             Ok((s.held(&actor, id).map(|held| {
-                held.attachment
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone()
+                let a = held.attachment.lock().unwrap_or_else(|p| p.into_inner());
+                match &a.staged {
+                    Some((_, bytes)) => Some(bytes.clone()),
+                    None => a.kept.clone(),
+                }
             }),))
         },
     )?;
@@ -514,8 +585,12 @@ pub(crate) fn add_to_linker(
         "set-auto-response",
         move |store: StoreContextMut<'_, GenerationState>,
               (pair,): (Option<(String, String)>,)| {
-            let Some(actor) = caller(store.data()) else {
+            let Some(seat) = store.data().extension::<ActorSeat>() else {
                 return Ok((Err(types::Error::NotAnActor),));
+            };
+            let actor = ActorAddress {
+                class: seat.identity.class.clone(),
+                name: seat.identity.name.clone(),
             };
             if let Some((request, reply)) = &pair
                 && (request.len() > MAX_AUTO_RESPONSE_BYTES || reply.len() > MAX_AUTO_RESPONSE_BYTES)
@@ -524,8 +599,13 @@ pub(crate) fn add_to_linker(
                     "an auto-response request and reply are each at most {MAX_AUTO_RESPONSE_BYTES} bytes"
                 ))),));
             }
-            let mut actors = s.actors();
-            actors.entry(actor).or_default().auto.set(pair);
+            // Weir answers with it only once the turn that set it commits.
+            let s = s.clone();
+            seat.gate.defer(Effect::at_commit(move |committed| {
+                if committed {
+                    s.actors().entry(actor).or_default().auto.set(pair);
+                }
+            }));
             Ok((Ok(()),))
         },
     )?;

@@ -122,3 +122,44 @@ pub fn innermost(mut answer: Value) -> (u64, Value, usize) {
         answer = body;
     }
 }
+
+/// Opens `/h/<actor>/ws?<query>` on the hostile actor class: the socket,
+/// or the status and body of the answer that refused it.
+pub async fn hostile_socket(
+    weir: &Weir,
+    actor: &str,
+    query: &str,
+) -> Result<HostileSocket, (u16, String)> {
+    use tokio_tungstenite::tungstenite::Error;
+    let url = format!("ws://{}/h/{actor}/ws?{query}", weir.addr);
+    match tokio_tungstenite::connect_async(url).await {
+        Ok((ws, response)) => {
+            assert_eq!(response.status(), 101);
+            Ok(ws)
+        }
+        Err(Error::Http(response)) => Err((
+            response.status().as_u16(),
+            String::from_utf8_lossy(response.body().as_deref().unwrap_or_default()).into(),
+        )),
+        Err(e) => panic!("{query}: {e}"),
+    }
+}
+
+pub type HostileSocket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Sends `text` (if any) and returns the next text message.
+pub async fn exchange(ws: &mut HostileSocket, text: Option<String>) -> String {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    if let Some(text) = text {
+        ws.send(Message::text(text)).await.unwrap();
+    }
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), ws.next()).await {
+            Ok(Some(Ok(Message::Text(t)))) => return t.to_string(),
+            Ok(Some(Ok(_))) => {}
+            other => panic!("no message: {other:?}"),
+        }
+    }
+}

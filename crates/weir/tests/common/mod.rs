@@ -9,6 +9,8 @@ pub mod cluster;
 pub mod hostile;
 pub mod postgres;
 pub mod programs;
+pub mod small_disk;
+pub mod strace;
 pub mod websocket;
 
 mod hold_server;
