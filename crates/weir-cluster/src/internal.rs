@@ -3,8 +3,14 @@
 //!
 //! Invariants owned here:
 //! - a call between nodes carries the cluster's shared secret; one
-//!   without it is refused (401) before its body is read, and the
-//!   comparison takes the same time whatever the guess;
+//!   without it is refused (401) before its body is read, on a connection
+//!   then closed, and the comparison takes the same time whatever the
+//!   guess;
+//! - a connection keeps a place only once a call on it bore the secret
+//!   ([`ConnectionPlaces`]): until then it is one of a few, the oldest of
+//!   which goes when a new one comes, and it must speak at once. So no
+//!   number of idle or secret-less connections keeps another node's calls
+//!   out; and no connection stays idle or unread without end;
 //! - a call is run only if this node owns its target now (claiming it if
 //!   nobody does) and is not leaving the cluster ([`crate::leaving`]);
 //!   otherwise the answer says it did not run, and nothing ran;
@@ -37,9 +43,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use weir_actors::call_chain::CallChain;
 use weir_actors::{ActorAddress, ActorHost, Forwarded, SocketDoor};
+use weir_http::connection_places::{ConnectionPlaces, Place};
 use weir_http::shutdown::Stops;
 
 use crate::call_versions::{self, Spoken, VERSIONS_HEADER};
@@ -66,8 +72,28 @@ pub const SECRET_HEADER: &str = "x-weir-cluster-secret";
 /// limit (64 MiB by default); the rest is room for the head.
 pub const MAX_ENVELOPE_BYTES: usize = (64 << 20) + (1 << 20);
 
-/// Connections from other nodes served at once, at most.
+/// Connections from other nodes served at once, at most (those whose
+/// calls bore the secret).
 pub const MAX_CONNECTIONS: usize = 1024;
+
+/// Connections that have not yet shown the secret, at once: a node's
+/// connection shows it in its first call, within moments, so a few are
+/// enough; past it the oldest is closed for the newest.
+pub const MAX_UNPROVEN_CONNECTIONS: usize = 64;
+
+/// How long a new connection has to send its first call: a node sends it
+/// as soon as it connects.
+pub const FIRST_CALL_WINDOW: Duration = Duration::from_secs(2);
+
+/// How long a call's head may take to arrive, and a connection may stay
+/// idle between calls: other nodes keep theirs for less
+/// ([`POOL_IDLE_TIMEOUT`]), so they never send on one this node is about
+/// to close.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long this node keeps an idle connection to another node for its
+/// next call: below the other's [`HEAD_TIMEOUT`].
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How long a connection to another node may take to open before the call
 /// counts as never sent.
@@ -220,18 +246,36 @@ fn plain(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     response
 }
 
+/// A response after which the connection is closed.
+fn closing(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+    let mut response = plain(status, body);
+    response.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    response
+}
+
 async fn handle(
     request: Request<Incoming>,
     secret: &Secret,
     served: &Served,
+    place: &Place,
 ) -> Response<Full<Bytes>> {
+    place.spoke();
     let offered = request
         .headers()
         .get(SECRET_HEADER)
         .map(|v| v.as_bytes())
         .unwrap_or_default();
     if !secret.admits(offered) {
-        return plain(StatusCode::UNAUTHORIZED, "the cluster secret is required\n");
+        return closing(StatusCode::UNAUTHORIZED, "the cluster secret is required\n");
+    }
+    if !place.earn() {
+        return closing(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "every connection place of this node is taken\n",
+        );
     }
     if request.method() == http::Method::GET && request.uri().path() == socket_relay::SOCKET_PATH {
         return socket_relay::take(request, served).await;
@@ -255,12 +299,16 @@ async fn handle(
         }
         return refused;
     };
-    let body = match Limited::new(request.into_body(), MAX_ENVELOPE_BYTES)
-        .collect()
-        .await
+    // Read within the time a sender waits for its answer at most.
+    let body = match tokio::time::timeout(
+        FORWARD_TIMEOUT,
+        Limited::new(request.into_body(), MAX_ENVELOPE_BYTES).collect(),
+    )
+    .await
     {
-        Ok(body) => body.to_bytes(),
-        Err(_) => return plain(StatusCode::PAYLOAD_TOO_LARGE, "envelope too large\n"),
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(_)) => return closing(StatusCode::PAYLOAD_TOO_LARGE, "envelope too large\n"),
+        Err(_) => return closing(StatusCode::REQUEST_TIMEOUT, "envelope not sent in time\n"),
     };
     let (target, call) = match envelope::decode_request(body, version) {
         Ok(decoded) => decoded,
@@ -295,16 +343,14 @@ async fn handle(
 /// ([`Leaving::closed`]), then lets each connection go once the answer
 /// in flight on it is written (at most [`CLOSE_TIMEOUT`]).
 pub async fn serve(listener: TcpListener, secret: Secret, served: Arc<Served>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let places =
+        ConnectionPlaces::new(MAX_CONNECTIONS, MAX_UNPROVEN_CONNECTIONS, FIRST_CALL_WINDOW);
     let stops = Arc::new(Stops::default());
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT);
     loop {
-        let permit = tokio::select! {
-            permit = slots.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => return,
-            },
-            _ = served.leaving.closed() => break,
-        };
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -317,24 +363,29 @@ pub async fn serve(listener: TcpListener, secret: Secret, served: Arc<Served>) {
             _ = served.leaving.closed() => break,
         };
         let _ = stream.set_nodelay(true);
+        let place = places.take();
         let secret = secret.clone();
         let served = served.clone();
         let (ticket, stop) = stops.register();
+        let connection_place = place.clone();
+        let service = hyper::service::service_fn(move |request| {
+            let secret = secret.clone();
+            let served = served.clone();
+            let place = place.clone();
+            async move { Ok::<_, Infallible>(handle(request, &secret, &served, &place).await) }
+        });
+        // With upgrades: a relayed socket takes its connection over
+        // (and gives its place among the connections back).
+        let connection = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let secret = secret.clone();
-                let served = served.clone();
-                async move { Ok::<_, Infallible>(handle(request, &secret, &served).await) }
-            });
-            // With upgrades: a relayed socket takes its connection over
-            // (and gives its place among the connections back).
-            let connection = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .with_upgrades();
             let mut connection = std::pin::pin!(connection);
             tokio::select! {
                 biased;
                 _ = connection.as_mut() => {}
+                // Silent, or pushed out before it showed the secret.
+                _ = connection_place.ended() => {}
                 _ = stop => {
                     // No new call on this connection; the answer in flight
                     // is written first.
@@ -343,19 +394,15 @@ pub async fn serve(listener: TcpListener, secret: Secret, served: Arc<Served>) {
                 }
             }
             drop(ticket);
-            drop(permit);
+            drop(connection_place);
         });
     }
     drop(listener);
     stops.stop();
     // Every connection has gone when each has given its place back.
-    let all = u32::try_from(MAX_CONNECTIONS).unwrap_or(u32::MAX);
-    if tokio::time::timeout(CLOSE_TIMEOUT, slots.acquire_many(all))
-        .await
-        .is_err()
-    {
+    if !places.drained(CLOSE_TIMEOUT).await {
         tracing::warn!(
-            open = MAX_CONNECTIONS - slots.available_permits(),
+            open = places.earned(),
             "connections from other nodes still open as this node stops (an answer not taken in time); they are cut"
         );
     }
@@ -388,7 +435,10 @@ impl Forwarder {
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         Forwarder {
-            client: Client::builder(TokioExecutor::new()).build(connector),
+            client: Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+                .pool_timer(hyper_util::rt::TokioTimer::new())
+                .build(connector),
             secret: Arc::from(secret),
             counters,
             spoken: Arc::default(),
@@ -417,6 +467,9 @@ impl Forwarder {
         let needed = target.since();
         let mut version = self.spoken.to(node, needed);
         let mut tries = 0;
+        // The whole exchange, answer body included: a node that sends a
+        // head and then stalls is one that did not answer in time.
+        let deadline = tokio::time::Instant::now() + FORWARD_TIMEOUT;
         let response = loop {
             tries += 1;
             let Ok(call) = Request::post(format!(
@@ -427,14 +480,14 @@ impl Forwarder {
             .body(Full::new(body.clone())) else {
                 return failed("an unusable node address", false);
             };
-            let response =
-                match tokio::time::timeout(FORWARD_TIMEOUT, self.client.request(call)).await {
-                    Ok(Ok(response)) => response,
-                    // No connection was made: the call never left.
-                    Ok(Err(e)) if e.is_connect() => return failed(&with_causes(&e), false),
-                    Ok(Err(e)) => return self.cut(node, &with_causes(&e)).await,
-                    Err(_) => return failed("no answer in time", true),
-                };
+            let response = match tokio::time::timeout_at(deadline, self.client.request(call)).await
+            {
+                Ok(Ok(response)) => response,
+                // No connection was made: the call never left.
+                Ok(Err(e)) if e.is_connect() => return failed(&with_causes(&e), false),
+                Ok(Err(e)) => return self.cut(node, &with_causes(&e)).await,
+                Err(_) => return failed("no answer in time", true),
+            };
             if response.status() == StatusCode::OK {
                 break response;
             }
@@ -442,11 +495,13 @@ impl Forwarder {
             // node of another build): its own words, briefly.
             let status = response.status();
             let (head, body) = response.into_parts();
-            let said = Limited::new(body, REFUSAL_BYTES)
-                .collect()
-                .await
-                .map(|b| String::from_utf8_lossy(&b.to_bytes()).trim().to_string())
-                .unwrap_or_default();
+            let said =
+                tokio::time::timeout_at(deadline, Limited::new(body, REFUSAL_BYTES).collect())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .map(|b| String::from_utf8_lossy(&b.to_bytes()).trim().to_string())
+                    .unwrap_or_default();
             let agreed = (status == StatusCode::BAD_REQUEST)
                 .then(|| call_versions::spoken_by(&head.headers, &said))
                 .flatten()
@@ -483,12 +538,15 @@ impl Forwarder {
             // once found not to speak: it has been upgraded since.
             self.spoken.found(node, version);
         }
-        let body = match Limited::new(response.into_body(), MAX_ENVELOPE_BYTES)
-            .collect()
-            .await
+        let body = match tokio::time::timeout_at(
+            deadline,
+            Limited::new(response.into_body(), MAX_ENVELOPE_BYTES).collect(),
+        )
+        .await
         {
-            Ok(body) => body.to_bytes(),
-            Err(e) => return failed(&e.to_string(), true),
+            Ok(Ok(body)) => body.to_bytes(),
+            Ok(Err(e)) => return failed(&e.to_string(), true),
+            Err(_) => return failed("its answer did not arrive in time", true),
         };
         match envelope::decode_answer(body) {
             Ok(Answer::Answered(response)) => Forwarded::Answered(response),

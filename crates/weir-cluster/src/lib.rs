@@ -236,7 +236,7 @@ impl Cluster {
         stores: &[String],
         databases: &[String],
         durability: Durability,
-        max_bytes: u64,
+        own: stores::OwnBounds,
         pool: Arc<weir_runtime::sql_pool::SqlPool>,
     ) -> Arc<stores::StorePlacement> {
         stores::StorePlacement::new(
@@ -245,7 +245,7 @@ impl Cluster {
             stores,
             databases,
             durability,
-            max_bytes,
+            own,
             self.ownership.clone(),
             self.replicas.clone(),
             self.forwarder.clone(),

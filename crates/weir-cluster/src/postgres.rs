@@ -12,10 +12,12 @@ use async_trait::async_trait;
 mod connection;
 mod images;
 mod operators;
+mod password;
 mod schema;
 
 pub use connection::{
-    CALL_TIMEOUT, CONNECT_TIMEOUT, LEASE_POOL_SIZE, POOL_SIZE, STATEMENT_TIMEOUT, redacted,
+    CALL_TIMEOUT, CONNECT_TIMEOUT, LEASE_POOL_SIZE, POOL_SIZE, STATEMENT_TIMEOUT, has_password,
+    redacted,
 };
 use connection::{Connections, classify, timed};
 pub use schema::SCHEMA_PATIENCE;

@@ -33,7 +33,7 @@ use weir_store::{Durability, KvStore, StoreError};
 
 use crate::envelope::{self, Target};
 use crate::error_code::ClusterErrorCode;
-use crate::internal::Forwarder;
+use crate::internal::{FORWARD_TIMEOUT, Forwarder};
 use crate::ownership::{Located, Owned, Ownership};
 use crate::replicas::Replicas;
 use crate::shipper::Shipper;
@@ -85,6 +85,19 @@ struct Open {
     owned: Owned,
 }
 
+/// The bounds an app's own calls to its stores run under, which bound the
+/// calls other nodes send here for it too.
+#[derive(Clone, Copy, Debug)]
+pub struct OwnBounds {
+    /// Each store's and database's size (`max_database_bytes`).
+    pub max_bytes: u64,
+    /// What one call hands back (`max_sql_result_bytes`).
+    pub max_result_bytes: usize,
+    /// The longest one of its own calls may run: to the end of its event
+    /// or session (`event_limit_ms`, `session_limit_ms`).
+    pub longest_call: std::time::Duration,
+}
+
 /// The stores and databases of one app, wherever their owners are.
 pub struct StorePlacement {
     pub(crate) app: String,
@@ -95,6 +108,10 @@ pub struct StorePlacement {
     pub(crate) durability: Durability,
     /// Each store's and database's bound (`max_database_bytes`).
     pub(crate) max_bytes: u64,
+    /// What one call hands back at most, and runs for at most: a call
+    /// from another node is bounded by them too, whatever it asks.
+    pub(crate) max_result_bytes: usize,
+    pub(crate) longest_call: std::time::Duration,
     pub(crate) ownership: Arc<Ownership>,
     pub(crate) replicas: Arc<Replicas>,
     pub(crate) forwarder: Forwarder,
@@ -114,10 +131,23 @@ fn batch_unavailable(code: ClusterErrorCode) -> BatchError {
     BatchError::OutcomeUnknown(code.as_str().to_string())
 }
 
-/// A stop check that fires at `left` from now (a call from another node).
-fn stop_after(bounds: Bounds) -> Option<StopCheck> {
-    let deadline = Instant::now() + bounds.left?;
-    Some(Arc::new(move || Instant::now() >= deadline))
+/// The bounds a call from another node runs under here: what it asked,
+/// within this node's own. Its time ends at the sender's deadline, and at
+/// the latest when this node's own calls would have ended, or no sender
+/// waits any more ([`FORWARD_TIMEOUT`]), even when it asked for no limit;
+/// its answer is at most what this node's own calls may hand back.
+fn own_bounds(
+    asked: Bounds,
+    max_result_bytes: usize,
+    longest_call: std::time::Duration,
+) -> (StopCheck, usize) {
+    let own = longest_call.min(FORWARD_TIMEOUT);
+    let left = asked.left.unwrap_or(own).min(own);
+    let deadline = Instant::now() + left;
+    (
+        Arc::new(move || Instant::now() >= deadline),
+        asked.max_result_bytes.min(max_result_bytes),
+    )
 }
 
 fn bounds(call: &StoreCall) -> Bounds {
@@ -137,7 +167,7 @@ impl StorePlacement {
         stores: &[String],
         databases: &[String],
         durability: Durability,
-        max_bytes: u64,
+        own: OwnBounds,
         ownership: Arc<Ownership>,
         replicas: Arc<Replicas>,
         forwarder: Forwarder,
@@ -150,7 +180,9 @@ impl StorePlacement {
             stores: stores.iter().cloned().collect(),
             databases: databases.iter().cloned().collect(),
             durability,
-            max_bytes,
+            max_bytes: own.max_bytes,
+            max_result_bytes: own.max_result_bytes,
+            longest_call: own.longest_call,
             ownership,
             replicas,
             forwarder,
@@ -405,14 +437,10 @@ impl StorePlacement {
             }
             Ok((op, bounds)) => match self.locate(Kind::Kv, store, false, true).await {
                 Ok(Located::Here(owned)) => {
-                    self.kv_here(
-                        store,
-                        owned,
-                        op,
-                        stop_after(bounds),
-                        bounds.max_result_bytes,
-                    )
-                    .await
+                    let (stop, max_result_bytes) =
+                        own_bounds(bounds, self.max_result_bytes, self.longest_call);
+                    self.kv_here(store, owned, op, Some(stop), max_result_bytes)
+                        .await
                 }
                 Ok(Located::Elsewhere(_)) => return None,
                 Err(code) => Err(unavailable(code)),
@@ -434,8 +462,9 @@ impl StorePlacement {
             }
             Ok((statements, bounds)) => match self.locate(Kind::Sql, database, false, true).await {
                 Ok(Located::Here(owned)) => {
-                    let stop = stop_after(bounds).unwrap_or_else(|| Arc::new(|| false));
-                    self.sql_here(database, owned, statements, stop, bounds.max_result_bytes)
+                    let (stop, max_result_bytes) =
+                        own_bounds(bounds, self.max_result_bytes, self.longest_call);
+                    self.sql_here(database, owned, statements, stop, max_result_bytes)
                         .await
                 }
                 Ok(Located::Elsewhere(_)) => return None,

@@ -6,11 +6,17 @@
 //! several apps, `/actors` and `/processes` take `?app=NAME`.
 //!
 //! Invariants owned here: the admin listener is separate from the app's, so
-//! an app at capacity can still be observed. `/healthz`, `/status` and
-//! `/metrics` are open (monitoring reads them); everything under
+//! an app at capacity can still be observed. `/healthz`, `/metrics` and
+//! the health part of `/status` are open (monitoring reads them); the
+//! rest of `/status` (owners, pids, images, nodes) and everything under
 //! `/actors`, `/images`, `/processes` and `/apps` — actor names, key
 //! dumps, deletion, images, processes, deploys — answers only a request that bears the
-//! admin token (`Authorization: Bearer <token>`), and 401 otherwise.
+//! admin token (`Authorization: Bearer <token>`), and 401 otherwise, on a
+//! connection then closed. A request whose `Host` is not an IP address or
+//! `localhost` is refused (421) before anything else: a web page that
+//! rebinds its own name to the admin address reads nothing. Connections
+//! take places of [`ConnectionPlaces`]: only those that showed the token
+//! keep one, so idle connections cannot crowd operators out.
 //! `DELETE /actors/<class>/<name>` waits for the actor's turn like any
 //! caller.
 
@@ -33,8 +39,27 @@ use weir_programs::process_table::ProcessTable;
 use weir_runtime::metrics::Metrics;
 
 use crate::admin_apps::Deployer;
+use crate::connection_places::{ConnectionPlaces, Place};
 use crate::response_body::ServeBody;
 use crate::routing::Router;
+
+/// Admin connections that showed the token, at once: a dashboard, a CLI
+/// and a few scrapers each need one, and every one is a file descriptor
+/// the app listener and the actors' databases also need.
+pub const MAX_ADMIN_CONNECTIONS: usize = 64;
+
+/// Admin connections that have not shown the token (health checks,
+/// scrapers that send none, and whatever else connects), at once: past
+/// it, the oldest of them is closed for the newest.
+pub const MAX_ADMIN_UNPROVEN: usize = 64;
+
+/// How long a new admin connection has to send its first request: a
+/// client sends it at once; a connection that sends nothing is closed.
+pub const ADMIN_FIRST_REQUEST: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long an admin request's head may take to arrive, and an idle
+/// keep-alive connection may wait for the next one.
+pub const ADMIN_HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the admin endpoints look at.
 pub struct AdminState {
@@ -134,23 +159,103 @@ fn authorized(req: &Request<Incoming>, token: &str) -> bool {
 
 /// Serves the admin endpoints on `listener` until the process ends.
 pub async fn serve_admin(listener: TcpListener, state: Arc<AdminState>) {
+    let places = ConnectionPlaces::new(
+        MAX_ADMIN_CONNECTIONS,
+        MAX_ADMIN_UNPROVEN,
+        ADMIN_FIRST_REQUEST,
+    );
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(ADMIN_HEAD_TIMEOUT);
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             continue;
         };
         let state = state.clone();
+        let place = places.take();
+        let connection_place = place.clone();
+        let service = service_fn(move |req| {
+            let state = state.clone();
+            let place = place.clone();
+            async move { Ok::<_, Infallible>(admitted(&state, &place, req).await) }
+        });
+        let connection = builder.serve_connection(TokioIo::new(stream), service);
         tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(route(&state, req).await) }
-            });
-            let _ = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            tokio::select! {
+                _ = connection => {}
+                _ = connection_place.ended() => {}
+            }
         });
     }
+}
+
+/// A request on a connection that holds `place`: refused if its `Host`
+/// could be a web page's, and its connection given a place of its own
+/// once it shows the token.
+async fn admitted(
+    state: &AdminState,
+    place: &Place,
+    req: Request<Incoming>,
+) -> Response<ServeBody> {
+    place.spoke();
+    if let Some(refused) = foreign_host(&req) {
+        return refused;
+    }
+    if authorized(&req, &state.token) && !place.earn() {
+        let mut refused = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "connection_limit_exceeded",
+            &format!(
+                "{MAX_ADMIN_CONNECTIONS} admin connections with the token are open; close one"
+            ),
+        );
+        refused
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return refused;
+    }
+    route(state, req).await
+}
+
+/// Refuses a request whose `Host` names something other than an IP
+/// address or `localhost`: the admin listener has no name of its own, so
+/// any other name is a page that rebound its name to this address.
+fn foreign_host(req: &Request<Incoming>) -> Option<Response<ServeBody>> {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if host_is_ours(host) {
+        return None;
+    }
+    let mut refused = error(
+        StatusCode::MISDIRECTED_REQUEST,
+        "admin_host_refused",
+        "the admin address answers requests whose Host is an IP address or localhost",
+    );
+    refused
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    Some(refused)
+}
+
+/// True for an IP address or `localhost`, with or without a port.
+fn host_is_ours(host: &str) -> bool {
+    if host.parse::<std::net::SocketAddr>().is_ok() || host.parse::<std::net::IpAddr>().is_ok() {
+        return true;
+    }
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.parse::<u16>().is_ok() => name,
+        _ => host,
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .strip_prefix('[')
+            .and_then(|n| n.strip_suffix(']'))
+            .is_some_and(|n| n.parse::<std::net::Ipv6Addr>().is_ok())
 }
 
 pub(crate) fn respond(
@@ -439,6 +544,10 @@ async fn route(state: &AdminState, req: Request<Incoming>) -> Response<ServeBody
         response
             .headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        // A connection that guesses is not kept.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
         return response;
     }
     if let Some(rest) = under(&path, "/apps") {
@@ -494,10 +603,21 @@ async fn route(state: &AdminState, req: Request<Incoming>) -> Response<ServeBody
                 )
             }
         }
-        "/status" => respond(
+        // Without the token, health only: the rest names owners, pids,
+        // images and nodes.
+        "/status" if authorized(&req, &state.token) => respond(
             StatusCode::OK,
             "application/json",
             status_json(state).to_string(),
+        ),
+        "/status" => respond(
+            StatusCode::OK,
+            "application/json",
+            json!({
+                "healthy": state.router.table().apps().iter().all(|s| s.app.healthy()),
+                "full": "send the admin token for the whole status",
+            })
+            .to_string(),
         ),
         "/metrics" => respond(
             StatusCode::OK,

@@ -10,6 +10,7 @@ pub mod admin;
 pub mod admin_apps;
 pub mod admin_images;
 pub mod admin_processes;
+pub mod connection_places;
 pub mod head;
 pub mod request_body;
 pub mod response_body;

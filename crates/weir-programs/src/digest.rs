@@ -59,18 +59,19 @@ impl FromStr for Digest {
     fn from_str(s: &str) -> Result<Digest, ImageError> {
         let hex = s.strip_prefix("sha256:").unwrap_or(s);
         let invalid = || ImageError::InvalidDigest(s.chars().take(80).collect());
-        if hex.len() != 64 {
+        // One spelling: 64 lower-case hex digits, nothing else (upper case
+        // would name the same bytes under a second file name, and a sign
+        // is not a digit).
+        if hex.len() != 64 || !hex.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
             return Err(invalid());
         }
+        let nibble = |c: u8| match c {
+            b'0'..=b'9' => c - b'0',
+            _ => c - b'a' + 10,
+        };
         let mut bytes = [0u8; 32];
-        for (i, byte) in bytes.iter_mut().enumerate() {
-            let pair = hex.get(2 * i..2 * i + 2).ok_or_else(invalid)?;
-            // Upper-case hex would name the same bytes under a second file
-            // name: only the canonical spelling is accepted.
-            if pair.bytes().any(|c| c.is_ascii_uppercase()) {
-                return Err(invalid());
-            }
-            *byte = u8::from_str_radix(pair, 16).map_err(|_| invalid())?;
+        for (byte, pair) in bytes.iter_mut().zip(hex.as_bytes().chunks_exact(2)) {
+            *byte = nibble(pair[0]) << 4 | nibble(pair[1]);
         }
         Ok(Digest(bytes))
     }
@@ -106,5 +107,17 @@ mod tests {
                 .is_err()
         );
         assert!(format!("{}0", digest.hex()).parse::<Digest>().is_err());
+        // A sign is not a digit, though `from_str_radix` takes one.
+        assert!(
+            format!("sha256:{}", "+0".repeat(32))
+                .parse::<Digest>()
+                .is_err()
+        );
+        assert!("+0".repeat(32).parse::<Digest>().is_err());
+        assert!(
+            format!("sha256:{}", " 0".repeat(32))
+                .parse::<Digest>()
+                .is_err()
+        );
     }
 }

@@ -99,11 +99,15 @@ impl Loader {
 
     /// Roots what `name` names: a digest in the store, or a component file,
     /// which is pushed first (a file already stored is not written again).
+    /// A digest names the store's image; only when the store has none is a
+    /// file of that name taken, and then its bytes must hash to it.
     pub fn root(&self, name: &str) -> Result<Root, ProgramLoadError> {
-        if let Ok(digest) = name.parse::<Digest>()
-            && !Path::new(name).exists()
-        {
-            return Ok(self.images.root(&digest)?);
+        let named = name.parse::<Digest>().ok();
+        if let Some(digest) = named {
+            match self.images.root(&digest) {
+                Err(ImageError::NotFound(_)) if Path::new(name).exists() => {}
+                stored => return Ok(stored?),
+            }
         }
         let limit = self.images_limit();
         let read = |source| ProgramLoadError::Read {
@@ -115,6 +119,19 @@ impl Loader {
             return Err(ImageError::TooLarge { bytes: size, limit }.into());
         }
         let bytes = std::fs::read(name).map_err(read)?;
+        if let Some(digest) = named
+            && Digest::of(&bytes) != digest
+        {
+            return Err(ImageError::Corrupt {
+                digest,
+                why: format!(
+                    "the file {name} holds {} bytes that hash to {}, not to the digest it is named",
+                    bytes.len(),
+                    Digest::of(&bytes)
+                ),
+            }
+            .into());
+        }
         Ok(self.images.push(&bytes)?.0)
     }
 

@@ -215,17 +215,15 @@ impl WasiHttpHooks for OutboundPolicy {
 }
 
 /// Resolves the request's destination and refuses it if any of its
-/// addresses is one of Weir's own; a plain-HTTP request is then addressed
-/// to the checked address itself (its `Host` header is kept), so a second
-/// resolution cannot lead it elsewhere.
+/// addresses is one of Weir's own, or of a kind only a pattern that names
+/// it reaches ([`OutboundRules::guards`]); a plain-HTTP request is then
+/// addressed to the checked address itself (its `Host` header is kept),
+/// so a second resolution cannot lead it elsewhere.
 async fn pin_destination(
     mut request: http::Request<WasiBody>,
     rules: &OutboundRules,
     options: &RequestOptions,
 ) -> Result<http::Request<WasiBody>, Error> {
-    if !rules.knows_own() {
-        return Ok(request);
-    }
     let uri = request.uri();
     let tls = uri
         .scheme_str()
@@ -250,7 +248,10 @@ async fn pin_destination(
             info_code: None,
         });
     };
-    if addrs.iter().any(|a| rules.is_own(*a)) {
+    if addrs
+        .iter()
+        .any(|a| rules.is_own(*a) || rules.guards(a.ip()))
+    {
         return Err(Error::HttpRequestDenied);
     }
     if !tls {

@@ -6,6 +6,12 @@
 //!   scheme, host and port (nothing by default);
 //! - no pattern makes Weir's own listen or admin addresses reachable
 //!   ([`OutboundRules::is_own`], checked on every resolved address);
+//! - a wildcard or a name never reaches this machine's loopback, a
+//!   link-local address or a cloud's metadata service
+//!   ([`OutboundRules::guards`], checked on every resolved address): only
+//!   a pattern that names that very address (or `localhost`) does, so
+//!   `http://*:*`, or a name whose DNS someone else controls, cannot read
+//!   the metadata service or the listeners of this machine;
 //! - no pattern makes a reserved internal domain the network's
 //!   ([`OutboundRules::reserve`]).
 
@@ -23,6 +29,14 @@ pub struct HostPattern {
     host: HostMatch,
     port: Option<u16>,
 }
+
+/// Metadata services' IPv4 addresses outside the link-local range
+/// (Alibaba Cloud's).
+const METADATA_V4: [std::net::Ipv4Addr; 1] = [std::net::Ipv4Addr::new(100, 100, 100, 200)];
+
+/// Metadata services' IPv6 addresses (AWS's, outside the link-local range).
+const METADATA_V6: [std::net::Ipv6Addr; 1] =
+    [std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)];
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum HostMatch {
@@ -172,12 +186,6 @@ impl OutboundRules {
         self.own = own;
     }
 
-    /// True when some of Weir's own addresses are known (then every
-    /// destination is resolved and checked before it is reached).
-    pub fn knows_own(&self) -> bool {
-        !self.own.is_empty()
-    }
-
     /// True when `target` would reach one of Weir's own listeners.
     pub fn is_own(&self, target: SocketAddr) -> bool {
         let ip = target.ip().to_canonical();
@@ -189,6 +197,38 @@ impl OutboundRules {
                     || (own_ip.is_unspecified() && local)
                     || (ip.is_unspecified()
                         && (own_ip.is_loopback() || self.local_ips.contains(&own_ip))))
+        })
+    }
+
+    /// True when `ip` is an address of a kind only a pattern that names it
+    /// literally reaches, and none does: loopback and unspecified
+    /// addresses (this machine's other listeners), link-local ones
+    /// (169.254.0.0/16 and fe80::/10, where clouds put their metadata
+    /// services) and the metadata services' other addresses.
+    pub fn guards(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        let guarded = ip.is_loopback()
+            || ip.is_unspecified()
+            || match ip {
+                IpAddr::V4(v4) => v4.is_link_local() || METADATA_V4.contains(&v4),
+                IpAddr::V6(v6) => {
+                    (v6.segments()[0] & 0xffc0) == 0xfe80 || METADATA_V6.contains(&v6)
+                }
+            };
+        guarded && !self.names_literally(ip)
+    }
+
+    /// True when some pattern names `ip` itself (or `localhost`, for a
+    /// loopback address).
+    fn names_literally(&self, ip: IpAddr) -> bool {
+        self.patterns.iter().any(|p| match &p.host {
+            HostMatch::Exact(host) => {
+                let bare = host.trim_start_matches('[').trim_end_matches(']');
+                bare.parse::<IpAddr>()
+                    .is_ok_and(|named| named.to_canonical() == ip)
+                    || (host == "localhost" && ip.is_loopback())
+            }
+            _ => false,
         })
     }
 
@@ -285,6 +325,46 @@ mod tests {
                 "{ip}: a local interface"
             );
         }
+    }
+
+    #[test]
+    fn loopback_link_local_and_metadata_addresses_need_a_pattern_that_names_them() {
+        let any = rules(&["http://*:*"]);
+        for ip in [
+            "169.254.169.254",
+            "169.254.1.1",
+            "127.0.0.1",
+            "127.9.9.9",
+            "0.0.0.0",
+            "::1",
+            "::",
+            "fe80::1",
+            "fd00:ec2::254",
+            "100.100.100.200",
+            "::ffff:169.254.169.254",
+        ] {
+            assert!(any.guards(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in [
+            "10.1.2.3",
+            "192.168.1.1",
+            "8.8.8.8",
+            "2001:db8::1",
+            "fd00::1",
+        ] {
+            assert!(!any.guards(ip.parse().unwrap()), "{ip}");
+        }
+        let named = rules(&[
+            "http://169.254.169.254",
+            "http://127.0.0.1:*",
+            "http://[::1]:8080",
+            "http://localhost:9000",
+        ]);
+        for ip in ["169.254.169.254", "127.0.0.1", "::1", "127.0.0.2"] {
+            assert!(!named.guards(ip.parse().unwrap()), "{ip} is named");
+        }
+        assert!(named.guards("169.254.169.253".parse().unwrap()));
+        assert!(named.guards("fe80::1".parse().unwrap()));
     }
 
     #[test]

@@ -270,6 +270,7 @@ impl Server {
         if let Some(admin) = &admin_listener {
             own.push(local_addr(admin));
         }
+        data_dir.record_admin_address(admin_listener.as_ref().map(local_addr))?;
         // Cluster mode: the node joins before any app loads (its actors
         // need their placement), and its internal listener is one of the
         // server's own addresses no guest may reach.

@@ -207,7 +207,11 @@ impl Tenant {
                 &spec.kv_stores,
                 &spec.sql_databases,
                 shared.durability,
-                max_database_bytes,
+                weir_cluster::stores::OwnBounds {
+                    max_bytes: max_database_bytes,
+                    max_result_bytes: limits.runtime.max_sql_result_bytes,
+                    longest_call: limits.runtime.event_limit.max(limits.runtime.session_limit),
+                },
                 shared.pool.clone(),
             )
         });

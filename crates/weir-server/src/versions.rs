@@ -189,6 +189,9 @@ impl Apps {
                 .map(|e| (&e.served, e.current.recipe.routes.as_slice())),
         )
         .map_err(|e| ServerError::Config(e.to_string()))?;
+        // The apps are fixed from now on (adding one needs a restart): each
+        // holds its share of the sockets.
+        shared.sockets.set_apps(entries.len());
         Ok(Arc::new(Apps {
             shared,
             router: Router::new(table),

@@ -7,9 +7,15 @@
 //!   value; a second server is refused with the holder's pid. The kernel
 //!   drops the lock when the process ends, however it ends (`SIGKILL`
 //!   included), so a crash never leaves the directory locked;
+//! - the data directory is this user's alone: it is created 0700, one
+//!   that exists is refused when another user owns it or others may write
+//!   it (they could plant a token they know, or compiled code Weir would
+//!   load), and one others may read is closed to them (0700) before
+//!   anything is read from it;
 //! - the admin token is created once, at the first start, from the
 //!   operating system's random source, readable by its owner only (mode
-//!   0600), and never logged;
+//!   0600), and never logged; a token file that is not a plain file of
+//!   this user's, or that others may read or write, is refused;
 //! - the lock file holds the holder's pid on its first line, then
 //!   **stamps**: lines this build carries over from one holder to the
 //!   next. Every build that takes the lock rewrites the file, and builds
@@ -28,6 +34,11 @@ pub const LOCK_FILE: &str = "weir.lock";
 /// The admin token's file name inside the data directory.
 pub const TOKEN_FILE: &str = "admin-token";
 
+/// Where a server records its admin address (and its pid) inside its data
+/// directory: the operators' commands send the token there, and nowhere
+/// they merely guess.
+pub const ADDRESS_FILE: &str = "admin-address";
+
 /// Random bytes in an admin token (hex encoded: twice as many characters).
 /// 32 bytes is 256 bits: not guessable by any number of requests.
 pub const TOKEN_BYTES: usize = 32;
@@ -42,6 +53,57 @@ pub enum DataDirError {
         path: PathBuf,
         cause: std::io::Error,
     },
+    /// Someone else could read or change what it holds.
+    #[error("refusing {path}: {why}")]
+    Unsafe { path: PathBuf, why: String },
+}
+
+/// Makes sure `path` is a data directory only this user can reach:
+/// created 0700 if missing; refused if another user owns it or others may
+/// write it; closed to others (0700) if they may read it.
+pub fn prepare(path: &Path) -> Result<(), DataDirError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let io = |source| DataDirError::Io {
+        path: path.to_path_buf(),
+        cause: source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(io)?;
+    let meta = std::fs::metadata(path).map_err(io)?;
+    let unsafe_because = |why: String| DataDirError::Unsafe {
+        path: path.to_path_buf(),
+        why,
+    };
+    if !meta.is_dir() {
+        return Err(unsafe_because("it is not a directory".into()));
+    }
+    let me = current_user();
+    if meta.uid() != me {
+        return Err(unsafe_because(format!(
+            "the data dir is owned by uid {}, not by this user (uid {me}): whoever owns it could plant an admin token or code that Weir would trust",
+            meta.uid()
+        )));
+    }
+    let mode = meta.mode() & 0o777;
+    if mode & 0o022 != 0 {
+        return Err(unsafe_because(format!(
+            "the data dir's mode is {mode:04o}: others may write it, and could plant an admin token or code that Weir would trust; make it 0700"
+        )));
+    }
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+        tracing::info!(path = %path.display(), was = format!("{mode:04o}"), "closed the data dir to other users (0700): it holds every actor's storage and the admin token");
+    }
+    Ok(())
+}
+
+/// The effective user this process acts as.
+fn current_user() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 /// A data directory held by this process.
@@ -58,14 +120,14 @@ impl DataDir {
             path: path.to_path_buf(),
             cause: source,
         };
-        std::fs::create_dir_all(path).map_err(io)?;
+        prepare(path)?;
         let lock_path = path.join(LOCK_FILE);
         let mut lock = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .mode(0o644)
+            .mode(0o600)
             .open(&lock_path)
             .map_err(io)?;
         let locked = lock.try_lock();
@@ -119,9 +181,35 @@ impl DataDir {
             path: path.clone(),
             cause: source,
         };
-        match std::fs::read_to_string(&path) {
-            Ok(token) if !token.trim().is_empty() => return Ok(token.trim().to_string()),
-            Ok(_) => {}
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) => {
+                use std::os::unix::fs::MetadataExt;
+                let refused = |why: String| DataDirError::Unsafe {
+                    path: path.clone(),
+                    why,
+                };
+                if !meta.file_type().is_file() {
+                    return Err(refused(
+                        "the admin token is not a plain file (a link, or a directory)".into(),
+                    ));
+                }
+                if meta.uid() != current_user() {
+                    return Err(refused(format!(
+                        "the admin token is owned by uid {}, not by this user: whoever made it knows it",
+                        meta.uid()
+                    )));
+                }
+                let mode = meta.mode() & 0o777;
+                if mode & 0o077 != 0 {
+                    return Err(refused(format!(
+                        "the admin token's mode is {mode:04o}: others may read or write it; make it 0600, or remove it for a new one"
+                    )));
+                }
+                let token = std::fs::read_to_string(&path).map_err(io)?;
+                if !token.trim().is_empty() {
+                    return Ok(token.trim().to_string());
+                }
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io(e)),
         }
@@ -141,6 +229,50 @@ impl DataDir {
         file.sync_all().map_err(io)?;
         Ok(token)
     }
+}
+
+impl DataDir {
+    /// Records where this server's admin endpoints are (or that it serves
+    /// none), for the operators' commands.
+    pub fn record_admin_address(
+        &self,
+        addr: Option<std::net::SocketAddr>,
+    ) -> Result<(), DataDirError> {
+        let path = self.path.join(ADDRESS_FILE);
+        let io = |source| DataDirError::Io {
+            path: path.clone(),
+            cause: source,
+        };
+        let Some(addr) = addr else {
+            return match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(e)),
+                _ => Ok(()),
+            };
+        };
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io)?;
+        file.write_all(format!("{addr} {}\n", std::process::id()).as_bytes())
+            .map_err(io)
+    }
+}
+
+/// The admin address the server holding `data_dir` recorded, if that
+/// server still runs (a server that died leaves a file naming an address
+/// someone else may listen on by now).
+pub fn admin_address(data_dir: &Path) -> Option<std::net::SocketAddr> {
+    let text = std::fs::read_to_string(data_dir.join(ADDRESS_FILE)).ok()?;
+    let (addr, pid) = text.trim().split_once(' ')?;
+    let pid: i32 = pid.parse().ok()?;
+    // SAFETY: signal 0 only asks whether the process exists.
+    let alive = pid > 0 && unsafe { libc::kill(pid, 0) } == 0;
+    let held = std::fs::read_to_string(data_dir.join(LOCK_FILE))
+        .is_ok_and(|lock| lock.lines().next().map(str::trim) == Some(&pid.to_string()));
+    (alive && held).then(|| addr.parse().ok()).flatten()
 }
 
 /// Serializes this process's changes to lock files' stamps (apps start

@@ -157,7 +157,7 @@ fn render_detail(d: &ActorDetail, now_ms: i64) -> String {
     let s = &d.summary;
     let mut out = String::new();
     let mut fact = |label: &str, value: String| {
-        let _ = writeln!(out, "{label:<12} {value}");
+        let _ = writeln!(out, "{label:<12} {}", table::shown(&value));
     };
     fact("actor", format!("{}/{}", s.class, s.name));
     fact(

@@ -1,9 +1,14 @@
 //! The operators' commands' one way to a running server: through its admin
-//! address, with its admin token (`--token`, `WEIR_ADMIN_TOKEN`, or the
-//! data dir's `admin-token`), printing the JSON answer, or reading it for
-//! a command that shows it as a table ([`crate::table`]). `weir actors`,
-//! `weir processes`, `weir apps` and `weir deploy` are its callers; nothing
-//! here opens the server's data.
+//! address, with its admin token (`--token-file`, `WEIR_ADMIN_TOKEN`, or
+//! the data dir's `admin-token`), printing the JSON answer, or reading it
+//! for a command that shows it as a table ([`crate::table`]). `weir
+//! actors`, `weir processes`, `weir apps` and `weir deploy` are its
+//! callers; nothing here opens the server's data.
+//!
+//! Invariant owned here: the token goes only where a Weir server said it
+//! listens (`--admin`, or the address the server holding the data dir
+//! recorded there), never to an address merely guessed, and it is never
+//! taken from the command line, where every user reads it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,25 +23,19 @@ use crate::config::UsageError;
 /// Where the server is and how to prove the caller is its operator.
 #[derive(clap::Args)]
 pub struct AdminArgs {
-    /// The server's admin address (`weir serve --admin ADDR`).
-    #[arg(
-        long,
-        value_name = "ADDR",
-        global = true,
-        default_value = "127.0.0.1:9090"
-    )]
-    admin: SocketAddr,
+    /// The server's admin address (`weir serve --admin ADDR`); else the
+    /// one the server running on `--data-dir` recorded there.
+    #[arg(long, value_name = "ADDR", global = true)]
+    admin: Option<SocketAddr>,
     /// The server's data dir, where its admin token is (`admin-token`).
     #[arg(long, value_name = "DIR", global = true, default_value = ".weir")]
     data_dir: PathBuf,
-    /// The admin token itself (else `WEIR_ADMIN_TOKEN`, else the data dir's).
-    #[arg(
-        long,
-        value_name = "TOKEN",
-        global = true,
-        env = "WEIR_ADMIN_TOKEN",
-        hide_env_values = true
-    )]
+    /// A file that holds the admin token (else `WEIR_ADMIN_TOKEN`, else
+    /// the data dir's `admin-token`).
+    #[arg(long, value_name = "FILE", global = true)]
+    token_file: Option<PathBuf>,
+    /// Refused: a token on the command line is visible to every user.
+    #[arg(long, value_name = "TOKEN", global = true, hide = true)]
     token: Option<String>,
     /// On a server of several apps: the app whose actors or processes are
     /// meant.
@@ -87,10 +86,13 @@ pub fn send<T: serde::de::DeserializeOwned>(
 
 /// The answer's body, indented if it is JSON.
 fn pretty(body: &[u8]) -> String {
-    serde_json::from_slice::<serde_json::Value>(body)
+    match serde_json::from_slice::<serde_json::Value>(body)
         .ok()
         .and_then(|v| serde_json::to_string_pretty(&v).ok())
-        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned())
+    {
+        Some(json) => crate::table::shown_json(&json),
+        None => crate::table::shown(&String::from_utf8_lossy(body)),
+    }
 }
 
 /// Sends `method path` with the admin token; the body of a success, or
@@ -101,20 +103,40 @@ fn answer(args: &AdminArgs, method: &str, path: &str, body: Bytes) -> anyhow::Re
         Some(app) => format!("{path}?app={app}"),
         None => path.to_string(),
     };
-    let token = match &args.token {
-        Some(token) => token.clone(),
-        None => weir_store::data_dir::read_admin_token(&args.data_dir).map_err(|e| {
+    if args.token.is_some() {
+        return Err(UsageError(
+            "--token puts the admin token where every user of this machine reads it (/proc/*/cmdline): give --token-file FILE or WEIR_ADMIN_TOKEN instead".into(),
+        )
+        .into());
+    }
+    let token = match (&args.token_file, std::env::var("WEIR_ADMIN_TOKEN")) {
+        (Some(file), _) => std::fs::read_to_string(file)
+            .map(|t| t.trim().to_string())
+            .map_err(|e| {
+                UsageError(format!("cannot read the admin token in {}: {e}", file.display()))
+            })?,
+        (None, Ok(token)) if !token.trim().is_empty() => token.trim().to_string(),
+        _ => weir_store::data_dir::read_admin_token(&args.data_dir).map_err(|e| {
             UsageError(format!(
-                "no admin token: cannot read {}/{} ({e}); pass --data-dir, --token or WEIR_ADMIN_TOKEN",
+                "no admin token: cannot read {}/{} ({e}); pass --data-dir, --token-file or WEIR_ADMIN_TOKEN",
                 args.data_dir.display(),
                 weir_store::data_dir::TOKEN_FILE
+            ))
+        })?,
+    };
+    let admin = match args.admin {
+        Some(admin) => admin,
+        None => weir_store::data_dir::admin_address(&args.data_dir).ok_or_else(|| {
+            UsageError(format!(
+                "no admin address: no server running on {} recorded one; pass --admin ADDR (the server's `--admin`)",
+                args.data_dir.display()
             ))
         })?,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let (status, body) = runtime.block_on(request(args.admin, method, &path, &token, body))?;
+    let (status, body) = runtime.block_on(request(admin, method, &path, &token, body))?;
     if status >= 400 {
         let pretty = pretty(&body);
         if status == 404 || status == 400 || status == 401 {

@@ -115,7 +115,7 @@ fn render_one(p: &Value) -> String {
     ];
     facts
         .iter()
-        .map(|(label, value)| format!("{label:<9} {value}\n"))
+        .map(|(label, value)| format!("{label:<9} {}\n", table::shown(value)))
         .collect()
 }
 

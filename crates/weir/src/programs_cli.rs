@@ -97,6 +97,9 @@ impl ReceiptSink for StderrReceipts {
 }
 
 fn open_store(data_dir: &Path, limits: &RunLimits) -> anyhow::Result<ImageStore> {
+    // The data dir is checked as a server checks it: its images and their
+    // compiled code are trusted.
+    weir_store::data_dir::prepare(data_dir)?;
     Ok(ImageStore::open(
         &data_dir.join(IMAGES_DIR),
         limits.programs.max_image_bytes,

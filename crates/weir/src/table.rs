@@ -3,6 +3,11 @@
 //! with sizes in binary units, moments relative to now and digests cut to
 //! their first [`SHORT_DIGEST`] hex digits. Their `--json` prints the
 //! server's answer whole instead, for scripts; nothing here is parsed back.
+//!
+//! Invariant owned here: what a guest chose (a timer's reason, a key, how
+//! its process ended) reaches the operator's terminal as text, never as a
+//! command to it: every cell and fact goes through [`shown`], which writes
+//! control characters and bidirectional overrides as escapes.
 
 use std::fmt::Write as _;
 
@@ -13,6 +18,49 @@ pub const SHORT_DIGEST: usize = 12;
 
 /// Spaces between two columns.
 const GAP: usize = 2;
+
+/// True for a character a terminal may act on instead of showing it: a
+/// C0 or C1 control (escape sequences, bells, a line's end) or DEL, and
+/// the marks that reorder what follows them on the line.
+fn acts(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{061c}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `text` as a terminal should show it: each character it would act on
+/// written as its escape (`\u{1b}`).
+pub fn shown(text: &str) -> String {
+    if !text.chars().any(acts) {
+        return text.to_string();
+    }
+    text.chars()
+        .map(|c| {
+            if acts(c) {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// JSON text as a terminal should show it: the characters it would act on
+/// that JSON lets through as they are (C1 controls, DEL, bidirectional
+/// marks) written as `\uXXXX`, which a JSON reader reads back the same.
+pub fn shown_json(json: &str) -> String {
+    if !json.chars().any(acts) {
+        return json.to_string();
+    }
+    json.chars()
+        .map(|c| {
+            if acts(c) && c != '\n' {
+                format!("\\u{:04x}", c as u32)
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
 
 /// A table: a header row, rows of cells, and which columns are numbers
 /// (aligned right).
@@ -33,9 +81,10 @@ impl Table {
         }
     }
 
+    /// A row; each cell is [`shown`] as a terminal should.
     pub fn row(&mut self, cells: Vec<String>) {
         debug_assert_eq!(cells.len(), self.headers.len());
-        self.rows.push(cells);
+        self.rows.push(cells.iter().map(|c| shown(c)).collect());
     }
 
     pub fn is_empty(&self) -> bool {

@@ -135,7 +135,8 @@ async fn operators_list_inspect_and_delete_actors() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no admin token"));
     let out = common::weir_command()
-        .args(["actors", "--admin", &admin, "--token", "wrong", "list"])
+        .args(["actors", "--admin", &admin, "list"])
+        .env("WEIR_ADMIN_TOKEN", "wrong")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));

@@ -278,9 +278,33 @@ async fn what_does_not_run_in_cluster_mode_is_refused_by_name() {
 fn a_node_whose_database_cannot_be_reached_exits_naming_it_and_why() {
     // Nothing listens on the port: the start fails, naming the database
     // (its port included, its password not) and why it cannot be reached.
+    // The password in a weir.toml only its owner reads (on the command
+    // line it would be refused before anything is tried).
     let port = common::cluster::free_port();
     let url = format!("postgres://weir:hunter2@127.0.0.1:{port}/weir");
-    let out = node_that_stops_at_start(&url, "n1", &node_dir("unreachable", "n1"), &[]);
+    let dir = node_dir("unreachable", "n1");
+    let config = dir.with_extension("toml");
+    std::fs::write(
+        &config,
+        format!("[cluster]\ndatabase = {url:?}\nnode = \"n1\"\nlisten = \"127.0.0.1:0\"\n"),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let gateway = guest("gateway");
+    let out = common::run_weir_with_env(
+        &[
+            "serve",
+            gateway.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[("WEIR_CLUSTER_SECRET", common::cluster::SECRET)],
+    );
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     let said = out.stderr.trim();
     assert!(

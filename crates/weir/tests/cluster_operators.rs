@@ -117,7 +117,8 @@ async fn an_operator_inspects_and_deletes_an_actor_through_any_node_and_its_hist
         let out = common::weir_command()
             .arg("actors")
             .args(["--admin", &n.admin.unwrap().to_string()])
-            .args(["--token", n.token.as_ref().unwrap(), "list", "probe"])
+            .env("WEIR_ADMIN_TOKEN", n.token.as_ref().unwrap())
+            .args(["list", "probe"])
             .output()
             .unwrap();
         let table = String::from_utf8(out.stdout).unwrap();

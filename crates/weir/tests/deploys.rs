@@ -158,47 +158,43 @@ async fn rollback_returns_to_the_previous_version_the_same_way() {
     assert_eq!(deploy(&weir, "site", &next, "?label=v2").await.status, 200);
     assert_eq!(weir.get("/").await.text(), V2);
     let admin = weir.admin.unwrap();
-    let exited = run_weir(&[
-        "deploy",
-        "--admin",
-        &admin.to_string(),
-        "--token",
-        weir.token.as_ref().unwrap(),
-        "--rollback",
-        "site",
-    ]);
+    let token = [("WEIR_ADMIN_TOKEN", weir.token.as_deref().unwrap())];
+    let exited = run_weir_with_env(
+        &[
+            "deploy",
+            "--admin",
+            &admin.to_string(),
+            "--rollback",
+            "site",
+        ],
+        &token,
+    );
     assert_eq!(exited.code, Some(0), "{}", exited.stderr);
     let done: Value = serde_json::from_str(&exited.stdout).unwrap();
     assert_eq!(done["deployed"][0]["previous"], "v2");
     assert_eq!(weir.get("/").await.text(), V1);
     // `weir deploy` of a component file, and `weir apps list`.
-    let exited = run_weir(&[
-        "deploy",
-        "--admin",
-        &admin.to_string(),
-        "--token",
-        weir.token.as_ref().unwrap(),
-        "site",
-        guest("hello_next").to_str().unwrap(),
-        "--label",
-        // A `+` of its own, which a query string would read as a space
-        // unless the CLI encodes it.
-        "v3+build.7",
-    ]);
+    let exited = run_weir_with_env(
+        &[
+            "deploy",
+            "--admin",
+            &admin.to_string(),
+            "site",
+            guest("hello_next").to_str().unwrap(),
+            "--label",
+            // A `+` of its own, which a query string would read as a space
+            // unless the CLI encodes it.
+            "v3+build.7",
+        ],
+        &token,
+    );
     assert_eq!(exited.code, Some(0), "{}", exited.stderr);
     assert_eq!(weir.get("/").await.text(), V2);
     let admin_text = admin.to_string();
     let list = |more: &[&str]| {
-        let mut args = vec![
-            "apps",
-            "list",
-            "--admin",
-            &admin_text,
-            "--token",
-            weir.token.as_ref().unwrap(),
-        ];
+        let mut args = vec!["apps", "list", "--admin", &admin_text];
         args.extend_from_slice(more);
-        run_weir(&args)
+        run_weir_with_env(&args, &token)
     };
     let listed: Value = serde_json::from_str(&list(&["--json"]).stdout).unwrap();
     assert_eq!(listed["apps"][0]["version"], "v3+build.7");

@@ -228,7 +228,7 @@ async fn the_admin_needs_its_token_and_guests_never_reach_weir_itself() {
         let mut req = Request::builder()
             .method(method)
             .uri(path)
-            .header("host", "x");
+            .header("host", admin.to_string());
         if let Some(auth) = auth {
             req = req.header("authorization", auth);
         }
@@ -249,7 +249,7 @@ async fn the_admin_needs_its_token_and_guests_never_reach_weir_itself() {
         let r = send_to(
             admin,
             Request::get(path)
-                .header("host", "x")
+                .header("host", admin.to_string())
                 .body(Full::new(Bytes::new()))
                 .unwrap(),
         )

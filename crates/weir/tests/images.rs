@@ -335,3 +335,75 @@ async fn a_pushed_image_that_exhausts_the_compiler_is_stored_uncompiled_naming_t
     drop(weir);
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// Runs `weir <args>` in `cwd`, at most a minute: its exit code, stdout
+/// and stderr.
+fn weir_in_dir(cwd: &std::path::Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let mut child = common::weir_command()
+        .current_dir(cwd)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = common::exit_within(&mut child, std::time::Duration::from_secs(60))
+        .expect("weir exits within a minute");
+    let mut out = String::new();
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status.code(), out, err)
+}
+
+#[test]
+fn a_digest_names_the_stores_image_and_a_file_of_that_name_must_hash_to_it() {
+    let data = data_dir("digest-name");
+    let digest = push(&data, &cmdprobe());
+    // In the working directory, a file named like that digest that holds
+    // other bytes.
+    let cwd = weir_scratch::dir("digest-name-cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    std::fs::copy(guest("wc"), cwd.join(&digest)).unwrap();
+    let data_arg = data.to_str().unwrap();
+    // The store's image runs, never the file.
+    let (code, out, err) = weir_in_dir(
+        &cwd,
+        &["run", "--data-dir", data_arg, &digest, "--", "exit", "0"],
+    );
+    assert_eq!((code, out.as_str()), (Some(0), "exiting with 0\n"), "{err}");
+    // With no such image stored, the file is taken only if it hashes to
+    // its name: it does not, and nothing runs.
+    let ran = weir(&data, &["images", "rm", &digest], b"");
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    let (code, out, err) = weir_in_dir(
+        &cwd,
+        &["run", "--data-dir", data_arg, &digest, "--", "exit", "0"],
+    );
+    assert_eq!(code, Some(126), "{err}");
+    assert!(
+        err.contains("image_corrupt") && err.contains("not to the digest it is named"),
+        "{err}"
+    );
+    assert_eq!(out, "", "nothing ran");
+    // One spelling of a digest: a sign is not a hex digit.
+    let signed = format!("sha256:{}", "+0".repeat(32));
+    let ran = weir(&data, &["images", "rm", &signed], b"");
+    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("is not an image digest"),
+        "{}",
+        ran.stderr
+    );
+}

@@ -470,3 +470,92 @@ async fn the_connect_timeout_comes_from_the_limit() {
     );
     drop(listener);
 }
+
+/// Set inside the network namespace the test below runs its body in.
+const IN_NETNS: &str = "WEIR_TEST_IN_NETNS";
+
+/// Whether the metadata service, link-local and loopback addresses are
+/// reached under `http://*:*`, by address and by a name that resolves to
+/// them. Run in a network namespace of its own with only a loopback
+/// interface (and a hosts file of the test's), so that a refusal that
+/// failed would send no packet anywhere.
+#[test]
+fn a_wildcard_allow_list_reaches_no_metadata_link_local_or_loopback_address() {
+    if std::env::var_os(IN_NETNS).is_some() {
+        return tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(guarded_addresses_inside_a_namespace());
+    }
+    let hosts = weir_scratch::dir("netns-hosts");
+    std::fs::write(
+        &hosts,
+        "127.0.0.1 localhost\n169.254.169.254 meta.test\nfd00:ec2::254 meta6.test\n127.0.0.1 loop.test\n10.99.0.1 private.test\n",
+    )
+    .unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut child = std::process::Command::new("unshare")
+        .args(["--net", "--mount", "sh", "-c"])
+        .arg(format!(
+            "ip link set lo up && mount --bind {} /etc/hosts && exec \"$0\" \"$@\"",
+            hosts.display()
+        ))
+        .arg(&exe)
+        .args([
+            "--exact",
+            "a_wildcard_allow_list_reaches_no_metadata_link_local_or_loopback_address",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(IN_NETNS, "1")
+        .spawn()
+        .expect("unshare runs (util-linux; the tests run as root)");
+    let status = common::exit_within(&mut child, Duration::from_secs(120))
+        .expect("the test's body in its namespace ended within two minutes");
+    assert!(
+        status.success(),
+        "the body in its namespace failed: {status}"
+    );
+}
+
+async fn guarded_addresses_inside_a_namespace() {
+    // Only loopback here: nothing leaves this namespace.
+    let links = std::process::Command::new("ip")
+        .args(["-o", "link"])
+        .output()
+        .unwrap();
+    let links = String::from_utf8_lossy(&links.stdout);
+    assert_eq!(links.lines().count(), 1, "only loopback: {links}");
+    let weir = Weir::start(&probe(), &["--allow-outbound", "http://*:*"]);
+    let upstream = Upstream::start(Behavior::Answer(Duration::ZERO)).await;
+    for url in [
+        "http://169.254.169.254/latest/meta-data/".to_string(),
+        "http://meta.test/latest/meta-data/".to_string(),
+        "http://[fd00:ec2::254]/latest/meta-data/".to_string(),
+        "http://meta6.test/".to_string(),
+        "http://169.254.1.1/".to_string(),
+        "http://[fe80::1]/".to_string(),
+        "http://100.100.100.200/".to_string(),
+        // This machine's other listeners: not named, not reached.
+        upstream.url(),
+        format!("http://loop.test:{}/", upstream.port),
+        format!("http://[::ffff:127.0.0.1]:{}/", upstream.port),
+    ] {
+        let r = weir.get(&format!("/fetch?url={url}")).await;
+        assert_eq!(r.text(), "ErrorCode::HttpRequestDenied", "{url}");
+    }
+    assert_eq!(upstream.accepted(), 0, "nothing reached the upstream");
+    // An address of no guarded kind is not refused for its kind (here it
+    // has no route: nothing leaves the namespace).
+    let r = weir.get("/fetch?url=http://private.test/").await;
+    assert_ne!(r.text(), "ErrorCode::HttpRequestDenied");
+    // A pattern that names the address itself reaches it.
+    let named = Weir::start(
+        &probe(),
+        &[
+            "--allow-outbound",
+            &format!("http://127.0.0.1:{}", upstream.port),
+        ],
+    );
+    let r = named.get(&format!("/fetch?url={}", upstream.url())).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}

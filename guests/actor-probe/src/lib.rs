@@ -17,7 +17,7 @@
 //! | `POST /sql` | runs the body as one statement; JSON result or 400 with the error |
 //! | `GET /whoami` | class, name, incarnation, pid base (JSON) |
 //! | `POST /sleep?ms=N` | sleeps N ms inside the turn |
-//! | `POST /schedule?reason=R&in_ms=N` | schedules R N ms from now (may be negative) |
+//! | `POST /schedule?reason=R&in_ms=N` | schedules R (or the body's text, when it has one) N ms from now (may be negative) |
 //! | `POST /flaky?for_ms=N` | alarm `flaky` traps until N ms from now, then succeeds |
 //! | `POST /callout?port=P&for_ms=N` | alarm `callout` counts its runs (`callout-runs`), GETs `http://127.0.0.1:P/` (a commit point), then errs until N ms from now; schedules it now |
 //! | `POST /commit-fails?for_ms=N` | alarm `commit-fails` leaves a deferred foreign key broken (its commit fails) until N ms from now; schedules it now and `tick` 50 ms later |
@@ -248,7 +248,15 @@ fn handle(request: &IncomingRequest, path: &str) -> Result<(u16, String), Error>
             (200, ms.to_string())
         }
         "/schedule" => {
-            let reason = query(path, "reason").unwrap_or("tick");
+            // The reason is the body's when it has one (any text a guest
+            // may choose), else the query's.
+            let body = read_body(request, MAX_BODY);
+            let reason = if body.is_empty() {
+                query(path, "reason").unwrap_or("tick").to_string()
+            } else {
+                String::from_utf8_lossy(&body).into_owned()
+            };
+            let reason = reason.as_str();
             let in_ms: i64 = query(path, "in_ms")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0);

@@ -22,7 +22,7 @@
 //! | `GET /print?kb=N` | writes N KiB of lines to its standard error |
 //! | `POST /say?stream=S` | writes the body, as it is, to its standard error (or standard output with `S=stdout`): a forged log line, a line cut short, control bytes |
 //! | `GET /hello` | a harmless answer: proves the server still serves |
-//! | `GET /ws?tags=N&tag_bytes=B&key_bytes=K&attachment=A&auto=R&trap=1` | (actor, an upgrade) accepts with N tags of B bytes (and a replacement key of K bytes), then sets an attachment of A bytes and an auto-response whose request is R bytes (and with `trap`, then traps); a refused accept is answered 400 with `{"accept": error}`, an accepted socket gets `{"attachment": result, "auto": result}` as its first message and then answers each message with the bytes of the attachment it holds, but for these, which fail their turn after an effect: `attach:N:trap` sets an attachment of N bytes, `auto:trap` sets the auto-response `auto-ping` → `auto-pong`, `write-close-trap` writes `closed` and closes the socket with 1000 `bye`; each then traps. Each `on-close` adds a byte to the entry `closes` |
+//! | `GET /ws?tags=N&tag_bytes=B&key_bytes=K&attachment=A&auto=R&trap=1` | (actor, an upgrade) accepts with N tags of B bytes (and a replacement key of K bytes), then sets an attachment of A bytes and an auto-response whose request is R bytes (and with `trap`, then traps); a refused accept is answered 400 with `{"accept": error}`, an accepted socket gets `{"attachment": result, "auto": result}` as its first message and then answers each message with the bytes of the attachment it holds, but for these, which fail their turn after an effect: `attach:N:trap` sets an attachment of N bytes, `auto:trap` sets the auto-response `auto-ping` → `auto-pong`, `write-close-trap` writes `closed` and closes the socket with 1000 `bye`; each then traps; and `sleep:N…` (padding after the digits) takes N ms and answers nothing. Each `on-close` adds a byte to the entry `closes` |
 
 use std::cell::RefCell;
 
@@ -519,6 +519,17 @@ fn on_message(socket: u64, message: weir_guest::websocket::Message) -> Result<()
     {
         sockets::set_attachment(socket, &vec![7u8; n]).map_err(|e| format!("{e:?}"))?;
         panic!("a turn that set an attachment traps");
+    }
+    // `sleep:N…` (anything after the digits is padding): a slow turn.
+    if let Some(rest) = text.strip_prefix("sleep:") {
+        let ms: u64 = rest
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .unwrap_or(0);
+        wasi::clocks::monotonic_clock::subscribe_duration(ms * 1_000_000).block();
+        return Ok(());
     }
     if text == "auto:trap" {
         sockets::set_auto_response(Some(("auto-ping", "auto-pong")))

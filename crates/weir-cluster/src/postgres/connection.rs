@@ -113,6 +113,12 @@ pub(super) fn classify(e: tokio_postgres::Error) -> CoordError {
 }
 
 /// A database URL with its password replaced, for messages and logs.
+/// True when the connection string `url` holds a password itself.
+pub fn has_password(url: &str) -> bool {
+    url.parse::<tokio_postgres::Config>()
+        .is_ok_and(|config| config.get_password().is_some())
+}
+
 pub fn redacted(url: &str) -> String {
     match url.parse::<tokio_postgres::Config>() {
         Ok(config) => {
@@ -203,6 +209,7 @@ impl Postgres {
         let mut config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| CoordError::Refused(format!("{}: {e}", redacted(url))))?;
+        super::password::fill(&mut config);
         config.connect_timeout(CONNECT_TIMEOUT);
         config.application_name("weir");
         let cancel_at = match (config.get_hosts(), config.get_ports()) {

@@ -241,11 +241,13 @@ impl ActorSockets {
         let Some((upgrade, permit)) = offer.take() else {
             return Ok(Err(types::Error::NotAnUpgrade));
         };
-        let (guest, mut wire) = socket::pair(
+        let (mut guest, mut wire) = socket::pair(
             limits.max_socket_message_bytes,
             limits.max_socket_send_queue_bytes,
             protocol.clone(),
         );
+        let permit = Arc::new(permit);
+        guest.receiver.hold(permit.clone());
         let response = switching_protocols(&offer, protocol.as_deref())?;
         if !answer.set(Ok(response)) {
             return Ok(Err(types::Error::AlreadyAnswered));

@@ -2,10 +2,13 @@
 //! closes them all at shutdown, their receipts and their metrics.
 //!
 //! Invariants owned here:
-//! - at most `max_sockets` sockets are open at once: a permit is taken
-//!   before the upgrade is offered to the guest and held until the socket's
-//!   connection is gone, so one more upgrade is answered 503
-//!   `socket_capacity_exceeded` and the guest never sees it;
+//! - at most `max_sockets` sockets are open at once, and each app of a
+//!   server of several holds at most its share of them (`max_sockets`
+//!   divided by the apps served), so one app's clients cannot take every
+//!   place: a permit is taken before the upgrade is offered to the guest
+//!   and held until the socket's connection is gone, so one more upgrade
+//!   is answered 503 `socket_capacity_exceeded` and the guest never sees
+//!   it;
 //! - every socket ends with exactly one receipt line, saying who closed it,
 //!   with which code and why.
 
@@ -89,10 +92,24 @@ impl ClosedBy {
     }
 }
 
+/// Sockets open per app, and how many apps share `max_sockets`.
+#[derive(Default)]
+struct Shares {
+    open: std::sync::Mutex<std::collections::HashMap<Arc<str>, usize>>,
+    apps: std::sync::atomic::AtomicUsize,
+}
+
+impl Shares {
+    fn open(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Arc<str>, usize>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// The server's sockets.
 pub struct SocketHub {
     pub limits: SocketLimits,
     capacity: Arc<Semaphore>,
+    shares: Arc<Shares>,
     shutdown: watch::Sender<bool>,
     /// Versions replaced by a deploy, `(app, version)`, newest last: their
     /// sockets close with 1012.
@@ -120,9 +137,24 @@ pub const MAX_REPLACED_VERSIONS: usize = 1024;
 /// the bound keeps a long-lived owner from growing the list.
 pub const MAX_RELAYERS_GONE: usize = 1024;
 
-/// A place among the `max_sockets`, held by one socket.
+/// A place among the `max_sockets`, and in its app's share, held by one
+/// socket.
 pub struct SocketPermit {
     _permit: OwnedSemaphorePermit,
+    app: Arc<str>,
+    shares: Arc<Shares>,
+}
+
+impl Drop for SocketPermit {
+    fn drop(&mut self) {
+        let mut open = self.shares.open();
+        if let Some(n) = open.get_mut(&self.app) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.app);
+            }
+        }
+    }
 }
 
 impl SocketHub {
@@ -150,6 +182,10 @@ impl SocketHub {
         );
         Arc::new(SocketHub {
             capacity: Arc::new(Semaphore::new(limits.max_sockets)),
+            shares: Arc::new(Shares {
+                apps: std::sync::atomic::AtomicUsize::new(1),
+                ..Default::default()
+            }),
             limits,
             shutdown: watch::Sender::new(false),
             replaced: Default::default(),
@@ -161,13 +197,37 @@ impl SocketHub {
         })
     }
 
-    /// A place for one more socket, or `socket_capacity_exceeded`.
-    pub fn admit(&self) -> Result<SocketPermit, SocketErrorCode> {
-        self.capacity
+    /// How many apps this server serves: each holds at most its share of
+    /// `max_sockets`.
+    pub fn set_apps(&self, apps: usize) {
+        self.shares.apps.store(apps.max(1), Ordering::Relaxed);
+    }
+
+    /// What one app may hold of `max_sockets`.
+    pub fn share(&self) -> usize {
+        (self.limits.max_sockets / self.shares.apps.load(Ordering::Relaxed).max(1)).max(1)
+    }
+
+    /// A place for one more socket of `app`, or `socket_capacity_exceeded`
+    /// when the server's places or the app's share are all held.
+    pub fn admit(&self, app: &Arc<str>) -> Result<SocketPermit, SocketErrorCode> {
+        let share = self.share();
+        let mut open = self.shares.open();
+        let held = open.get(app).copied().unwrap_or(0);
+        if held >= share {
+            return Err(SocketErrorCode::CapacityExceeded);
+        }
+        let permit = self
+            .capacity
             .clone()
             .try_acquire_owned()
-            .map(|permit| SocketPermit { _permit: permit })
-            .map_err(|_| SocketErrorCode::CapacityExceeded)
+            .map_err(|_| SocketErrorCode::CapacityExceeded)?;
+        open.insert(app.clone(), held + 1);
+        Ok(SocketPermit {
+            _permit: permit,
+            app: app.clone(),
+            shares: self.shares.clone(),
+        })
     }
 
     /// Sockets open now.

@@ -24,7 +24,7 @@ limit_table! {
         },
         max_sockets: usize = "max_sockets" {
             default: 10_000, range: 1, MAX_SOCKETS, unit: Count,
-            meaning: "open WebSockets of the whole server; an upgrade past it is answered 503 socket_capacity_exceeded",
+            meaning: "open WebSockets of the whole server, each app of several holding at most its share (max_sockets divided by the apps served); an upgrade past it is answered 503 socket_capacity_exceeded",
         },
         max_sockets_per_actor: usize = "max_sockets_per_actor" {
             default: 32_768, range: 1, MAX_SOCKETS, unit: Count,

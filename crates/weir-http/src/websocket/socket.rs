@@ -2,14 +2,19 @@
 //! wire's (what [`super::wire`] drives), and the bounded queues between them.
 //!
 //! Invariants owned here:
-//! - the bytes sent to a socket and not yet written to its connection are
-//!   counted, and never pass `max_socket_send_queue_bytes`, except that one
-//!   message always fits an empty queue: a sender waits for room
+//! - what is sent to a socket and not yet written to its connection is
+//!   counted at what it costs the host ([`Message::cost`]: its bytes and
+//!   [`MESSAGE_COST_BYTES`] more, so an empty message is not free), and
+//!   never passes `max_socket_send_queue_bytes`, except that one message
+//!   always fits an empty queue: a sender waits for room
 //!   ([`GuestEnd::send`]), or a socket that cannot wait is closed with 1008
 //!   naming the limit ([`GuestEnd::send_or_close`]);
 //! - at most [`INBOUND_MESSAGES_BUFFERED`] messages wait for the guest; past
 //!   them the wire stops reading, so a fast client meets TCP back-pressure
-//!   rather than growing memory;
+//!   rather than growing memory; and the socket's place among
+//!   `max_sockets` is held until the guest's receiving end is gone too
+//!   ([`SocketReceiver::hold`]), so messages a closed socket left for the
+//!   guest are counted among the open sockets until they are taken;
 //! - a close the guest asks for is one an endpoint may send
 //!   ([`super::close`]), or refused;
 //! - once a socket has ended, every call on it says how it ended (the
@@ -26,6 +31,12 @@ use super::close::{CLOSE_NORMAL, CLOSE_POLICY, Close, MAX_CLOSE_REASON_BYTES, se
 
 /// Messages read from the client that wait for the guest to take them.
 pub const INBOUND_MESSAGES_BUFFERED: usize = 4;
+
+/// What a queued message costs the host besides its bytes: its place in
+/// the queue, its buffer's header and allocation, and its frame's head.
+/// Counted so that a guest sending empty messages to a client that reads
+/// nothing meets the queue's bound like any other.
+pub const MESSAGE_COST_BYTES: usize = 64;
 
 /// A whole message.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,6 +55,11 @@ impl Message {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// What the message costs the host while it is queued.
+    pub fn cost(&self) -> usize {
+        self.len() + MESSAGE_COST_BYTES
     }
 }
 
@@ -136,6 +152,9 @@ pub struct SocketSender {
 /// What receives from a socket.
 pub struct SocketReceiver {
     shared: Arc<Shared>,
+    /// The socket's place, shared with its wire: given back once both are
+    /// gone.
+    place: Option<Arc<super::hub::SocketPermit>>,
 }
 
 impl Drop for SocketSender {
@@ -215,6 +234,7 @@ pub fn pair(
             },
             receiver: SocketReceiver {
                 shared: shared.clone(),
+                place: None,
             },
             protocol,
         },
@@ -250,6 +270,12 @@ fn locked<T>(queue: &Mutex<VecDeque<T>>) -> std::sync::MutexGuard<'_, VecDeque<T
 }
 
 impl SocketReceiver {
+    /// Holds the socket's place until this end is gone as well as the
+    /// wire's.
+    pub fn hold(&mut self, place: Arc<super::hub::SocketPermit>) {
+        self.place = Some(place);
+    }
+
     /// The next thing the client sent; once the socket has ended, how.
     pub async fn receive(&mut self) -> Result<Incoming, SocketError> {
         let shared = &self.shared;
@@ -324,7 +350,7 @@ impl SocketSender {
     /// Queues a message, waiting while the queue is full.
     pub async fn send(&self, message: Message) -> Result<(), SocketError> {
         self.check(&message)?;
-        let len = message.len();
+        let len = message.cost();
         loop {
             let room = self.shared.room.notified();
             if self.shared.closing.load(Ordering::Acquire) {
@@ -341,7 +367,7 @@ impl SocketSender {
     /// (for senders that must not wait on a client).
     pub fn send_or_close(&self, message: Message) -> Result<(), SocketError> {
         self.check(&message)?;
-        if self.shared.try_reserve(message.len()) {
+        if self.shared.try_reserve(message.cost()) {
             return self.queue(message);
         }
         let close = Close::new(
@@ -426,7 +452,8 @@ impl WireEnd {
         locked(&self.shared.outbound).pop_front()
     }
 
-    /// `len` bytes of queued messages are written: room for more.
+    /// Queued messages that cost `len` ([`Message::cost`]) are written:
+    /// room for more.
     pub fn written(&self, len: usize) {
         self.shared.queued.fetch_sub(len, Ordering::AcqRel);
         self.shared.room.notify_waiters();
@@ -500,7 +527,7 @@ mod tests {
             wire.next_outgoing().await,
             Some(Outgoing::Message(_))
         ));
-        wire.written(50);
+        wire.written(50 + MESSAGE_COST_BYTES);
         let guest = blocked.await.unwrap();
         assert!(
             matches!(wire.next_outgoing().await, Some(Outgoing::Message(Message::Text(t))) if t == "x")
@@ -508,6 +535,18 @@ mod tests {
         assert!(matches!(
             guest.send(Message::Binary(vec![0; 101])).await,
             Err(SocketError::TooLarge(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn an_empty_message_costs_the_queue_what_it_costs_the_host() {
+        let (guest, _wire) = pair(100, 16 * MESSAGE_COST_BYTES, None);
+        for _ in 0..16 {
+            guest.send_or_close(Message::Binary(Vec::new())).unwrap();
+        }
+        assert!(matches!(
+            guest.send_or_close(Message::Binary(Vec::new())),
+            Err(SocketError::Closed(_))
         ));
     }
 

@@ -34,7 +34,7 @@ pub(crate) fn offer_upgrade(
     match handshake::inspect(req) {
         Upgrade::No => Ok(None),
         Upgrade::Invalid(why) => Err((Outcome::Limit, SocketErrorCode::InvalidUpgrade, Some(why))),
-        Upgrade::Valid(handshake) => match hub.admit() {
+        Upgrade::Valid(handshake) => match hub.admit(&app.name) {
             Ok(permit) => Ok(Some(UpgradeOffer::new(
                 handshake,
                 hub.clone(),
@@ -63,7 +63,7 @@ pub(crate) fn refuse_socket(
         Some(format!(
             "{}: {}",
             code.as_str(),
-            why.unwrap_or("max_sockets reached")
+            why.unwrap_or("max_sockets, or the app's share of it, reached")
         )),
     );
     receipt.status(code.status());

@@ -60,7 +60,8 @@ pub type Ending = Pin<Box<dyn Future<Output = (Close, ClosedBy)> + Send>>;
 /// One socket, before its connection is upgraded.
 pub struct Wire {
     pub hub: Arc<SocketHub>,
-    pub permit: SocketPermit,
+    /// Shared with the guest's receiving end ([`super::socket::SocketReceiver::hold`]).
+    pub permit: Arc<SocketPermit>,
     pub upgrade: OnUpgrade,
     pub end: WireEnd,
     pub ending: Ending,
@@ -88,11 +89,37 @@ fn config(max_message: usize) -> WebSocketConfig {
         .max_frame_size(Some(max_message))
 }
 
-fn to_wire(message: Message) -> tungstenite::Message {
-    match message {
-        Message::Text(t) => tungstenite::Message::text(t),
-        Message::Binary(b) => tungstenite::Message::binary(b),
-    }
+/// The frames of a message: one, or, when it is larger than
+/// [`WRITE_BUFFER_BYTES`], fragments of that size. The framing buffers a
+/// frame whole before it writes it, and its buffer keeps the size of the
+/// largest frame it held for the socket's life: in fragments, a socket
+/// that once sent a large message keeps no buffer of its size.
+fn to_wire(message: Message) -> Vec<tungstenite::Message> {
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    let (kind, bytes) = match message {
+        Message::Text(t) if t.len() <= WRITE_BUFFER_BYTES => {
+            return vec![tungstenite::Message::text(t)];
+        }
+        Message::Binary(b) if b.len() <= WRITE_BUFFER_BYTES => {
+            return vec![tungstenite::Message::binary(b)];
+        }
+        Message::Text(t) => (Data::Text, bytes::Bytes::from(t)),
+        Message::Binary(b) => (Data::Binary, bytes::Bytes::from(b)),
+    };
+    let pieces = bytes.len().div_ceil(WRITE_BUFFER_BYTES);
+    (0..pieces)
+        .map(|i| {
+            let piece = bytes
+                .slice(i * WRITE_BUFFER_BYTES..((i + 1) * WRITE_BUFFER_BYTES).min(bytes.len()));
+            let opcode = if i == 0 {
+                OpCode::Data(kind)
+            } else {
+                OpCode::Data(Data::Continue)
+            };
+            tungstenite::Message::Frame(Frame::message(piece, opcode, i + 1 == pieces))
+        })
+        .collect()
 }
 
 fn close_frame(close: &Close) -> tungstenite::Message {
@@ -211,6 +238,8 @@ async fn serve(
     let mut tick = tokio::time::interval(limits.socket_ping_interval.min(idle));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut heard = Instant::now();
+    // Since when a pong the client has not taken waits.
+    let mut pong_owed: Option<Instant> = None;
     // Room for one more message to the guest.
     let mut slot = false;
     let stop = loop {
@@ -241,10 +270,13 @@ async fn serve(
                     }
                 }
                 let bytes: usize = batch.iter().map(Message::len).sum();
+                let cost: usize = batch.iter().map(Message::cost).sum();
                 let count = batch.len() as u64;
                 let write = async {
                     for m in batch {
-                        ws.feed(to_wire(m)).await?;
+                        for frame in to_wire(m) {
+                            ws.feed(frame).await?;
+                        }
                     }
                     ws.flush().await
                 };
@@ -279,7 +311,7 @@ async fn serve(
                 if let Some(stop) = stuck {
                     break stop;
                 }
-                end.written(bytes);
+                end.written(cost);
                 record.messages_out += count;
                 record.bytes_out += bytes as u64;
                 record.counters.outgoing.inc_by(count);
@@ -318,9 +350,18 @@ async fn serve(
                     }
                     Some(Ok(tungstenite::Message::Binary(bytes))) => Message::Binary(bytes.to_vec()),
                     Some(Ok(tungstenite::Message::Ping(_))) => {
-                        // The pong is queued by the framing: send it now.
-                        if let Err(e) = ws.flush().await {
-                            break lost(e);
+                        // The framing queued the pong: sent now if the
+                        // client takes it, else by the framing as it next
+                        // reads. Never waited on: a client that pings and
+                        // reads nothing holds up no close, no send and no
+                        // timer, and is dropped once it has taken nothing
+                        // for socket_idle_timeout_ms.
+                        match futures::FutureExt::now_or_never(ws.flush()) {
+                            Some(Ok(())) => pong_owed = None,
+                            Some(Err(e)) => break lost(e),
+                            None => {
+                                pong_owed.get_or_insert_with(Instant::now);
+                            }
                         }
                         continue;
                     }
@@ -347,6 +388,14 @@ async fn serve(
                 }
             }
             _ = tick.tick() => {
+                if let Some(since) = pong_owed {
+                    match futures::FutureExt::now_or_never(ws.flush()) {
+                        Some(Ok(())) => pong_owed = None,
+                        Some(Err(e)) => break lost(e),
+                        None if since.elapsed() >= idle => break Stop::Lost(Close::new(CLOSE_GOING_AWAY, "socket_idle_timeout_ms passed with the client taking nothing")),
+                        None => {}
+                    }
+                }
                 if !slot {
                     // Waiting on the guest, not on the client.
                     heard = Instant::now();
@@ -413,7 +462,9 @@ async fn serve(
                             record.messages_out += 1;
                             record.bytes_out += m.len() as u64;
                             record.counters.outgoing.inc();
-                            ws.feed(to_wire(m)).await?;
+                            for frame in to_wire(m) {
+                                ws.feed(frame).await?;
+                            }
                         }
                         ws.flush().await
                     };

@@ -219,11 +219,13 @@ impl worker::Host for GenerationState {
             return Ok(Err(types::Error::NotAnUpgrade));
         };
         let limits = &offer.hub.limits;
-        let (guest, wire) = socket::pair(
+        let (mut guest, wire) = socket::pair(
             limits.max_socket_message_bytes,
             limits.max_socket_send_queue_bytes,
             protocol.clone(),
         );
+        let permit = std::sync::Arc::new(permit);
+        guest.receiver.hold(permit.clone());
         let (handoff, ending) = ending();
         let mut response = switching_protocols(&offer, protocol.as_deref())?;
         response.extensions_mut().insert(handoff);

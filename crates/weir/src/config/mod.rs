@@ -192,7 +192,7 @@ impl Config {
         outbound.extend(overrides.allow_outbound.iter().cloned());
         let (listen, admin, receipt_headers) =
             (parsed.listen, parsed.admin, parsed.receipt_headers);
-        let cluster = cluster(parsed.cluster.take(), overrides, base)?;
+        let cluster = cluster(parsed.cluster.take(), overrides, base, file)?;
 
         let apps = if parsed.apps.is_empty() {
             vec![single_app(parsed, app, base, overrides, outbound)?]
@@ -225,12 +225,29 @@ impl Config {
     }
 }
 
+/// Refuses `file` when users other than its owner may read or write it:
+/// it holds a secret (`why`).
+fn private_to_owner(file: &Path, why: &str) -> Result<(), UsageError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(file)
+        .map_err(|e| UsageError(format!("cannot read config {}: {e}", file.display())))?;
+    let mode = meta.mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(UsageError(format!(
+            "config {} {why}, and its mode is {mode:04o}: others may read it; make it 0600",
+            file.display()
+        )));
+    }
+    Ok(())
+}
+
 /// This node's cluster settings, from `[cluster]` and the command line
 /// (which wins); none when neither asks for cluster mode.
 fn cluster(
     section: Option<ClusterSection>,
     overrides: Overrides<'_>,
     base: Option<&Path>,
+    file: Option<&Path>,
 ) -> Result<Option<ClusterConfig>, UsageError> {
     let asked = section.is_some()
         || overrides.cluster.is_some()
@@ -247,13 +264,28 @@ fn cluster(
         advertise: None,
         secret: None,
     });
-    let database = overrides
-        .cluster
-        .map(str::to_string)
-        .or(section.database)
-        .ok_or_else(|| {
-            UsageError("cluster mode needs its database: --cluster postgres://… or `database` in [cluster]".into())
-        })?;
+    let database = match (overrides.cluster, section.database) {
+        (Some(url), _) if weir_cluster::postgres::has_password(url) => {
+            return Err(UsageError(
+                "--cluster holds a password, which every user of this machine reads (/proc/*/cmdline): give it in PGPASSWORD, in a password file (~/.pgpass or PGPASSFILE, mode 0600), or in [cluster] database of a weir.toml only you can read".into(),
+            ));
+        }
+        (Some(url), _) => url.to_string(),
+        (None, Some(url)) => {
+            if weir_cluster::postgres::has_password(&url)
+                && let Some(file) = file
+            {
+                private_to_owner(file, "holds the cluster database's password")?;
+            }
+            url
+        }
+        (None, None) => {
+            return Err(UsageError(
+                "cluster mode needs its database: --cluster postgres://… or `database` in [cluster]"
+                    .into(),
+            ));
+        }
+    };
     let node = overrides
         .node
         .map(str::to_string)

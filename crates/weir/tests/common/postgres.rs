@@ -223,6 +223,19 @@ impl Postgres {
         let _ = child.wait();
     }
 
+    /// Makes `user` give its password (scram) when it connects over TCP,
+    /// whatever the trust rules after say.
+    pub fn require_password(&self, user: &str) {
+        let hba = self.data().join("pg_hba.conf");
+        let rules = std::fs::read_to_string(&hba).unwrap();
+        std::fs::write(
+            &hba,
+            format!("host all {user} 127.0.0.1/32 scram-sha-256\n{rules}"),
+        )
+        .unwrap();
+        self.psql("postgres", "SELECT pg_reload_conf()");
+    }
+
     /// What the server logged since it last started.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join(format!("log-{}", self.port))).unwrap_or_default()
