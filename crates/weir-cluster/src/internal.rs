@@ -139,16 +139,19 @@ pub struct Served {
     pub(crate) counters: Arc<Counters>,
     /// Whether calls still run here, as this node leaves the cluster.
     pub leaving: Leaving,
+    /// The node's lease: without it, nothing runs here.
+    lease: Arc<crate::lease::Lease>,
 }
 
 impl Served {
-    pub fn new(counters: Arc<Counters>) -> Served {
+    pub fn new(counters: Arc<Counters>, lease: Arc<crate::lease::Lease>) -> Served {
         Served {
             actors: OnceLock::new(),
             stores: OnceLock::new(),
             doors: OnceLock::new(),
             counters,
             leaving: Leaving::default(),
+            lease,
         }
     }
 
@@ -173,6 +176,12 @@ impl Served {
     /// Every app's door.
     pub(crate) fn doors(&self) -> impl Iterator<Item = &Arc<dyn SocketDoor>> {
         self.doors.get().into_iter().flat_map(|d| d.values())
+    }
+
+    /// True while this node holds no lease: it owns nothing, and runs
+    /// nothing another node sends it (each is answered "not run").
+    pub(crate) fn runs_nothing(&self) -> bool {
+        self.lease.held().is_none()
     }
 
     fn stores_of(&self, app: &str) -> Option<&Arc<StorePlacement>> {
@@ -244,6 +253,28 @@ fn plain(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(body.into()));
     *response.status_mut() = status;
     response
+}
+
+/// The answer of a call to `target` that may have run and whose end this
+/// node does not know: as the target's own failures are told.
+fn may_have_run(target: &Target) -> http::Response<Bytes> {
+    let unknown = || {
+        format!(
+            "outcome_unknown: {} (the call may have run)",
+            weir_runtime::WeirError::as_str(ClusterErrorCode::OwnerUnreachable)
+        )
+    };
+    match target {
+        Target::Kv { .. } => http::Response::new(crate::store_wire::encode_kv_answer(&Err(
+            weir_store::StoreError::Unavailable(unknown()),
+        ))),
+        Target::Sql { .. } => http::Response::new(crate::store_wire::encode_sql_answer(&Err(
+            weir_store::sql::BatchError::OutcomeUnknown(unknown()),
+        ))),
+        Target::Actor { .. } | Target::Operator { .. } => {
+            weir_runtime::error_code::error_response(ClusterErrorCode::OwnerUnreachable)
+        }
+    }
 }
 
 /// A response after which the connection is closed.
@@ -318,8 +349,20 @@ async fn handle(
         }
     };
     let answer = match served.leaving.admit().await {
+        // A node that holds no lease (its own end of it passed, or it is
+        // registering again) owns nothing and runs nothing: "not run", so
+        // the sender looks the object up again rather than pass on this
+        // node's failure, and finds the node that may own it now.
+        Some(_) if served.runs_nothing() => Answer::NotRun,
         Some(running) => {
-            let answer = served.call(target, call).await;
+            let unsure = may_have_run(&target);
+            let answer = tokio::select! {
+                answer = served.call(target, call) => answer,
+                // This node leaves without waiting for the call any more:
+                // it may have run, and its sender is told so (never "not
+                // run", which it would send again).
+                _ = served.leaving.given_up() => Answer::Answered(unsure),
+            };
             drop(running);
             answer
         }

@@ -11,6 +11,16 @@
 //! - a renewal refused because the lease had expired ends the session:
 //!   the generation moves on (everything owned under the old one is
 //!   dropped by its holders) and a new session is registered;
+//! - so does the node's own end of its lease, reached before a renewal
+//!   answered: a renewal answered after that may have committed after the
+//!   coordinator's expiry, when another node could already have claimed
+//!   what this one owned (its answer proves nothing about the time
+//!   between). Only a renewal answered before the node's own end proves
+//!   that no claim could slip in (it committed before the expiry, and
+//!   every claim after it sees the renewed lease), so only such a renewal
+//!   keeps the session: a node never answers for an object after another
+//!   could have claimed it, and everything that lives by its tenure (its
+//!   sockets, its processes) ends at its own end of the lease;
 //! - a node whose name has a live session elsewhere (its previous run,
 //!   killed) waits for that lease to expire before registering, so two
 //!   runs of one node never hold leases at once.
@@ -170,6 +180,20 @@ impl Lease {
         self.changed.send_replace(generation);
     }
 
+    /// The node's own end of its lease came before a renewal answered:
+    /// everything owned under the session is dropped at once (the
+    /// generation moves on), and the session is released if the
+    /// coordinator can be reached, so that its objects need not wait for
+    /// its expiry (a new session is registered next).
+    async fn lapsed(&self, coordinator: &dyn Coordinator, held: Held) {
+        tracing::warn!(node = %self.name, session = held.session, "the cluster lease was not renewed within this node's own end of it; everything this node owned is dropped");
+        self.ended();
+        let released = tokio::time::timeout(self.ttl, coordinator.release(held.session)).await;
+        if !matches!(released, Ok(Ok(()))) {
+            tracing::warn!(node = %self.name, session = held.session, "cannot release the lapsed session; its objects wait for it to expire");
+        }
+    }
+
     /// Registers a session, waiting while the name's previous one lives.
     /// Gives up with the coordinator's error only when `give_up` says so.
     pub async fn register(
@@ -245,17 +269,41 @@ impl Lease {
                     return;
                 }
             }
+            // The node's own end of its lease: a renewal not answered by
+            // then proves nothing (see the module's invariants).
+            let Some(until) = self.lock().valid_until else {
+                continue;
+            };
+            if Instant::now() >= until {
+                self.lapsed(coordinator.as_ref(), held).await;
+                continue;
+            }
             let sent = Instant::now();
-            match coordinator.renew(held.session, ttl_ms).await {
-                Ok(Renewal::Renewed(nodes)) => {
+            let answered = tokio::select! {
+                answered = coordinator.renew(held.session, ttl_ms) => Some(answered),
+                _ = tokio::time::sleep_until(until) => None,
+                _ = stopped(&mut stop) => {
+                    self.ended();
+                    if let Err(e) = coordinator.release(held.session).await {
+                        tracing::warn!(error = %e, "cannot release the cluster lease; its objects wait for it to expire");
+                    }
+                    return;
+                }
+            };
+            match answered {
+                Some(Ok(Renewal::Renewed(nodes))) if Instant::now() < until => {
                     self.renewed(nodes, sent);
                     next = sent + self.ttl / 3;
                 }
-                Ok(Renewal::Expired) => {
+                // Answered too late, or not at all by the node's own end.
+                None | Some(Ok(Renewal::Renewed(_))) => {
+                    self.lapsed(coordinator.as_ref(), held).await;
+                }
+                Some(Ok(Renewal::Expired)) => {
                     tracing::warn!(node = %self.name, session = held.session, "the cluster lease expired; everything this node owned is dropped");
                     self.ended();
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     tracing::warn!(node = %self.name, error = %e, "cannot renew the cluster lease; retrying");
                     // Sooner than a third of the lease: several tries fit
                     // before the node's own end of it.

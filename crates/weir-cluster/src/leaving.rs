@@ -8,7 +8,10 @@
 //!   looks its object up again, finds no owner and takes it over;
 //! - the calls from other nodes already running when the node starts
 //!   leaving finish first (at most [`LEAVE_TIMEOUT`]), so their commits
-//!   ship under the lease they ran under;
+//!   ship under the lease they ran under; one still running then is
+//!   answered as one that may have run ([`Leaving::given_up`]), before the
+//!   lease goes, never left to look "not run" to its sender, which would
+//!   send it again;
 //! - the internal listener takes connections until every waiting call has
 //!   been answered (at most [`ANSWER_TIMEOUT`] after the release): no
 //!   sender finds it closed while this node still owns anything, which
@@ -48,6 +51,8 @@ pub struct Leaving {
     running: watch::Sender<usize>,
     /// Calls from other nodes waiting for the release.
     waiting: watch::Sender<usize>,
+    /// Set when the node stops waiting for the calls still running.
+    given_up: watch::Sender<bool>,
 }
 
 /// One call counted while it lives.
@@ -72,6 +77,7 @@ impl Default for Leaving {
             stage: watch::Sender::new(Stage::Serving),
             running: watch::Sender::new(0),
             waiting: watch::Sender::new(0),
+            given_up: watch::Sender::new(false),
         }
     }
 }
@@ -105,9 +111,18 @@ impl Leaving {
         {
             tracing::warn!(
                 running = *self.running.borrow(),
-                "calls from other nodes still run as this node leaves; their commits will be refused"
+                "calls from other nodes still run as this node leaves; they are answered as calls that may have run, and their commits will be refused"
             );
+            self.given_up.send_replace(true);
+            let _ = tokio::time::timeout(ANSWER_TIMEOUT, running.wait_for(|n| *n == 0)).await;
         }
+    }
+
+    /// Resolves once the node stopped waiting for the calls still running
+    /// as it leaves: each is then answered as a call that may have run.
+    pub async fn given_up(&self) {
+        let mut given_up = self.given_up.subscribe();
+        let _ = given_up.wait_for(|g| *g).await;
     }
 
     /// The lease is released: the calls that waited are answered "not

@@ -172,7 +172,7 @@ impl Cluster {
         let ownership = Arc::new(Ownership::new(coordinator.clone(), lease.clone()));
         let records = Arc::new(Records::default());
         let (stop, stopped) = watch::channel(false);
-        let served = Arc::new(Served::new(ownership.counters().clone()));
+        let served = Arc::new(Served::new(ownership.counters().clone(), lease.clone()));
         let keeper = tokio::spawn(lease.clone().keep(leasing, stopped.clone()));
         let listening = tokio::spawn(internal::serve(
             listener,

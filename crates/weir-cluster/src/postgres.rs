@@ -127,9 +127,13 @@ impl Coordinator for Postgres {
         timed(async {
             let client = self.client().await?;
             let stmt = client
+                // Judged by the clock as it is when the row is reached,
+                // not when the statement began: a renewal that waited for
+                // the row past the lease's expiry finds it expired (and
+                // leaves it so), whatever the node then makes of it.
                 .prepare_cached(
-                    "UPDATE weir_nodes SET expires_at = now() + make_interval(secs => $2)
-                     WHERE session = $1 AND expires_at > now() RETURNING session",
+                    "UPDATE weir_nodes SET expires_at = clock_timestamp() + make_interval(secs => $2)
+                     WHERE session = $1 AND expires_at > clock_timestamp() RETURNING session",
                 )
                 .await
                 .map_err(classify)?;
@@ -249,12 +253,14 @@ impl Coordinator for Postgres {
 
     async fn commit_many(&self, all: &[ShipBatch]) -> Result<Vec<bool>, CoordError> {
         let batches: Vec<&ShipBatch> = all.iter().filter(|b| !b.entries.is_empty()).collect();
-        let Some(first) = batches.first() else {
+        if batches.is_empty() {
             return Ok(vec![true; all.len()]);
-        };
-        let session = first.fence.session;
-        // Per object: its fence, where it was, where it goes.
+        }
+        // Per object: its fence (each batch under the session it was
+        // shipped under: two sessions never share one), where it was,
+        // where it goes.
         let mut objects = Vec::with_capacity(batches.len());
+        let mut sessions = Vec::with_capacity(batches.len());
         let mut epochs = Vec::with_capacity(batches.len());
         let mut previous = Vec::with_capacity(batches.len());
         let mut heads = Vec::with_capacity(batches.len());
@@ -269,6 +275,7 @@ impl Coordinator for Postgres {
         for b in &batches {
             let last = b.entries.last().expect("not empty");
             objects.push(b.fence.object);
+            sessions.push(b.fence.session);
             epochs.push(b.fence.epoch);
             previous.push(b.previous as i64);
             heads.push(last.head as i64);
@@ -291,8 +298,9 @@ impl Coordinator for Postgres {
                 .prepare_cached(
                     "WITH input AS (
                         SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[],
-                                             $5::bigint[], $6::bigint[], $7::bigint[], $12::boolean[])
-                            AS i(object, epoch, previous, head, checksum, alarm, bytes, journaled)
+                                             $5::bigint[], $6::bigint[], $7::bigint[], $12::boolean[],
+                                             $8::bigint[])
+                            AS i(object, epoch, previous, head, checksum, alarm, bytes, journaled, session)
                      ), fence AS (
                         UPDATE weir_objects o
                         SET head = i.head, checksum = i.checksum, alarm_at = i.alarm,
@@ -302,9 +310,9 @@ impl Coordinator for Postgres {
                         -- `= ANY` lets the plan reach each row by its key,
                         -- whatever the planner guesses of `input`'s size.
                         WHERE o.id = ANY($1::bigint[]) AND o.id = i.object
-                          AND o.owner = $8 AND o.epoch = i.epoch
+                          AND o.owner = i.session AND o.epoch = i.epoch
                           AND o.head = i.previous
-                          AND EXISTS (SELECT 1 FROM weir_nodes n WHERE n.session = $8 AND n.expires_at > now())
+                          AND EXISTS (SELECT 1 FROM weir_nodes n WHERE n.session = i.session AND n.expires_at > now())
                         RETURNING o.id
                      ), logged AS (
                         INSERT INTO weir_log (object, head, ltx)
@@ -328,7 +336,7 @@ impl Coordinator for Postgres {
                         &checksums,
                         &alarms,
                         &bytes,
-                        &session,
+                        &sessions,
                         &entry_objects,
                         &entry_heads,
                         &entry_ltx,

@@ -321,7 +321,10 @@ impl<C: Commit> Shipper<C> {
             let mut s = self.lock();
             match s.failure {
                 Some(failure) => Err(failure),
-                None if s.shipped >= s.queued => Ok(()),
+                // At once only behind no earlier waiter: one whose head
+                // was just accepted may not have been called yet, and the
+                // calls keep their order (a socket's messages theirs).
+                None if s.shipped >= s.queued && s.waiters.is_empty() => Ok(()),
                 None => {
                     let target = s.queued;
                     s.waiters.push_back((target, done));

@@ -154,6 +154,11 @@ pub(crate) async fn take(request: Request<Incoming>, served: &Served) -> Respons
         add(&served.counters.not_run, 1);
         return marked(plain(StatusCode::CONFLICT, "not run\n"), NOT_RUN);
     };
+    // Nor does a node without a lease (see `Served::runs_nothing`).
+    if served.runs_nothing() {
+        add(&served.counters.not_run, 1);
+        return marked(plain(StatusCode::CONFLICT, "not run\n"), NOT_RUN);
+    }
     let answer = door.open(actor, path, request).await;
     drop(running);
     match answer {

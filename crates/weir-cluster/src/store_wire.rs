@@ -379,6 +379,7 @@ pub fn encode_sql_answer(answer: &Result<Vec<StatementResult>, BatchError>) -> B
                 BatchError::Refused { index, message } => (5, *index, 0, message.clone()),
                 BatchError::Stopped(m) => (6, 0, 0, m.clone()),
                 BatchError::OutcomeUnknown(m) => (7, 0, 0, m.clone()),
+                BatchError::NotRun(m) => (8, 0, 0, m.clone()),
             };
             w.u8(kind);
             w.u64(index as u64);
@@ -417,6 +418,7 @@ pub fn decode_sql_answer(
             5 => BatchError::Refused { index, message },
             6 => BatchError::Stopped(message),
             7 => BatchError::OutcomeUnknown(message),
+            8 => BatchError::NotRun(message),
             _ => return Err(Malformed("an unknown batch error")),
         })
     };
@@ -542,6 +544,7 @@ mod tests {
             },
             BatchError::Stopped("s".into()),
             BatchError::OutcomeUnknown("u".into()),
+            BatchError::NotRun("n".into()),
         ] {
             let shown = e.to_string();
             let back = decode_sql_answer(encode_sql_answer(&Err(e))).unwrap();

@@ -123,12 +123,36 @@ pub struct StorePlacement {
     me: std::sync::Weak<StorePlacement>,
 }
 
-fn unavailable(code: ClusterErrorCode) -> StoreError {
-    StoreError::Unavailable(code.as_str().to_string())
+/// How a call that failed here ended, as its caller is told: whether it
+/// did not run (it may be sent again as it is) or may have (sent again,
+/// a write could happen twice). Key-value and SQL calls say the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ran {
+    No,
+    Perhaps,
 }
 
-fn batch_unavailable(code: ClusterErrorCode) -> BatchError {
-    BatchError::OutcomeUnknown(code.as_str().to_string())
+/// A key-value call that failed with `code`: `unavailable: …` when it did
+/// not run, `outcome_unknown: …` when it may have.
+fn unavailable(code: ClusterErrorCode, ran: Ran) -> StoreError {
+    StoreError::Unavailable(match ran {
+        Ran::No => format!("unavailable: {} (the call did not run)", code.as_str()),
+        Ran::Perhaps => format!("outcome_unknown: {} (the call may have run)", code.as_str()),
+    })
+}
+
+/// A SQL batch that failed with `code`, told as [`unavailable`] tells it.
+fn batch_unavailable(code: ClusterErrorCode, ran: Ran) -> BatchError {
+    match ran {
+        Ran::No => BatchError::NotRun(format!(
+            "unavailable: {} (the batch did not run)",
+            code.as_str()
+        )),
+        Ran::Perhaps => BatchError::OutcomeUnknown(format!(
+            "outcome_unknown: {} (the batch may have run)",
+            code.as_str()
+        )),
+    }
 }
 
 /// The bounds a call from another node runs under here: what it asked,
@@ -319,7 +343,9 @@ impl StorePlacement {
         let open = self
             .replica(Kind::Kv, store, owned)
             .await
-            .map_err(unavailable)?;
+            .map_err(|code| unavailable(code, Ran::No))?;
+        // A write not confirmed durable may have run; a read did nothing.
+        let ran = if op.writes() { Ran::Perhaps } else { Ran::No };
         let taken = open.clone();
         let answer = self
             .pool
@@ -328,12 +354,14 @@ impl StorePlacement {
                     unreachable!("a key-value key opens a store")
                 };
                 let answer = kv.apply(op, stop, max_result_bytes);
-                ship(&taken).map_err(unavailable)?;
+                ship(&taken).map_err(|code| unavailable(code, ran))?;
                 answer
             })
             .await
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        self.settle(&open).await.map_err(unavailable)?;
+            .map_err(|_| unavailable(ClusterErrorCode::StorageUnavailable, ran))?;
+        self.settle(&open)
+            .await
+            .map_err(|code| unavailable(code, ran))?;
         answer
     }
 
@@ -349,7 +377,7 @@ impl StorePlacement {
         let open = self
             .replica(Kind::Sql, database, owned)
             .await
-            .map_err(batch_unavailable)?;
+            .map_err(|code| batch_unavailable(code, Ran::No))?;
         let taken = open.clone();
         let ran = self
             .pool
@@ -358,12 +386,14 @@ impl StorePlacement {
                     unreachable!("a SQL key opens a database")
                 };
                 let ran = db.run(&statements, stop, max_result_bytes);
-                ship(&taken).map_err(batch_unavailable)?;
+                ship(&taken).map_err(|code| batch_unavailable(code, Ran::Perhaps))?;
                 ran
             })
             .await
-            .map_err(|e| BatchError::OutcomeUnknown(e.to_string()))?;
-        self.settle(&open).await.map_err(batch_unavailable)?;
+            .map_err(|e| BatchError::OutcomeUnknown(format!("outcome_unknown: {e}")))?;
+        self.settle(&open)
+            .await
+            .map_err(|code| batch_unavailable(code, Ran::Perhaps))?;
         ran
     }
 
@@ -389,7 +419,7 @@ impl StorePlacement {
         body: Bytes,
         here: impl AsyncFnOnce(Owned) -> T,
         answer: impl Fn(Bytes) -> Result<T, envelope::Malformed>,
-        failed: impl Fn(ClusterErrorCode) -> T,
+        failed: impl Fn(ClusterErrorCode, Ran) -> T,
     ) -> T {
         let target = match kind {
             Kind::Kv => Target::Kv {
@@ -414,17 +444,19 @@ impl StorePlacement {
                         Forwarded::Answered(response) => {
                             return answer(response.into_body()).unwrap_or_else(|e| {
                                 tracing::warn!(error = %e, "a storage answer from another node is malformed");
-                                failed(ClusterErrorCode::OwnerUnreachable)
+                                failed(ClusterErrorCode::OwnerUnreachable, Ran::Perhaps)
                             });
                         }
                         Forwarded::NotRun(_) => last = ClusterErrorCode::OwnerUnreachable,
-                        Forwarded::Failed(_) => return failed(ClusterErrorCode::OwnerUnreachable),
+                        Forwarded::Failed(_) => {
+                            return failed(ClusterErrorCode::OwnerUnreachable, Ran::Perhaps);
+                        }
                     }
                 }
-                Err(code) => return failed(code),
+                Err(code) => return failed(code, Ran::No),
             }
         }
-        failed(last)
+        failed(last, Ran::No)
     }
 
     /// A key-value call another node sent: run here, or `None` when this
@@ -443,7 +475,7 @@ impl StorePlacement {
                         .await
                 }
                 Ok(Located::Elsewhere(_)) => return None,
-                Err(code) => Err(unavailable(code)),
+                Err(code) => Err(unavailable(code, Ran::No)),
             },
         };
         Some(store_wire::encode_kv_answer(&answer))
@@ -468,7 +500,7 @@ impl StorePlacement {
                         .await
                 }
                 Ok(Located::Elsewhere(_)) => return None,
-                Err(code) => Err(batch_unavailable(code)),
+                Err(code) => Err(batch_unavailable(code, Ran::No)),
             },
         };
         Some(store_wire::encode_sql_answer(&answer))
@@ -510,7 +542,7 @@ impl StoreRouter for StorePlacement {
                 body,
                 async |owned| this.kv_here(&store, owned, op, stop, max).await,
                 store_wire::decode_kv_answer,
-                |code| Err(unavailable(code)),
+                |code, ran| Err(unavailable(code, ran)),
             )
             .await
         })
@@ -533,7 +565,7 @@ impl StoreRouter for StorePlacement {
                 body,
                 async |owned| this.sql_here(&database, owned, statements, stop, max).await,
                 store_wire::decode_sql_answer,
-                |code| Err(batch_unavailable(code)),
+                |code, ran| Err(batch_unavailable(code, ran)),
             )
             .await
         })

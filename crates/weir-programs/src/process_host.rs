@@ -228,14 +228,38 @@ impl ProgramsHost {
             receipts: self.config.receipts.clone(),
             threads,
         };
-        let spawned = match code {
-            Code::Server(code) => resident::spawn(spawn, code).await,
-            Code::Command(code) => lifetime::spawn(spawn, code).await.map(|p| (p, Vec::new())),
+        let spawning = async {
+            match code {
+                Code::Server(code) => resident::spawn(spawn, code).await,
+                Code::Command(code) => lifetime::spawn(spawn, code).await.map(|p| (p, Vec::new())),
+            }
+        };
+        // In cluster mode a boot ends with this node's hold on its owner:
+        // a process not yet in the table is one nothing else would stop,
+        // while the owner's next node may start the launch again.
+        let spawned = match self.tenure_of(owner) {
+            Some(tenure) => tokio::select! {
+                biased;
+                spawned = spawning => spawned,
+                () = tenure => Err(SpawnError::Start(
+                    "this node no longer holds its owner; its launch is kept for the node that holds the owner next".into(),
+                )),
+            },
+            None => spawning.await,
         };
         spawned.map_err(|e| match e {
             SpawnError::NotRunnable(why) => types::Error::NotRunnable(why),
             e => types::Error::Failed(e.to_string()),
         })
+    }
+
+    /// Resolves when this node's hold on `owner` ends (cluster mode; none on
+    /// one machine, where it never does).
+    fn tenure_of(&self, owner: &Owner) -> Option<weir_actors::placement::BoxFuture<'static, ()>> {
+        let actors = self.fence.actors()?;
+        let placement = actors.placement()?;
+        let address = weir_actors::ActorAddress::new(&owner.class, &owner.name).ok()?;
+        Some(placement.tenure(&address))
     }
 
     /// The values of a launch's secrets, from its owner's class's

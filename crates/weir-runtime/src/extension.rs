@@ -94,6 +94,24 @@ pub struct StoreCall {
 /// What an output gate leaves to wait for before a request goes.
 pub type Settle = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
+/// Passes `gate` before a write to a store leaves the generation: the
+/// writes its layer buffered so far are made durable first (an actor's
+/// turn commits them, and in cluster mode waits until the cluster has
+/// them). A store write is an effect that leaves the actor, like an
+/// outbound request: a turn that fails after it does not undo it, and it
+/// never lands before the writes the turn made before it. Why not, if the
+/// gate refuses.
+pub async fn pass_gate(gate: Option<&Arc<dyn OutputGate>>) -> Result<(), String> {
+    let Some(gate) = gate else {
+        return Ok(());
+    };
+    gate.flush()?;
+    match gate.settle() {
+        Some(settle) => settle.await,
+        None => Ok(()),
+    }
+}
+
 /// Who a generation is, as the layer that made it names it (an actor's
 /// identity): handed to internal routers with each of its requests, so a
 /// router can answer only the callers it belongs to.

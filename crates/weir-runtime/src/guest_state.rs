@@ -65,6 +65,7 @@ impl GenerationState {
             stores: &self.kv,
             router: self.router.as_ref(),
             scope: self.outbound.scope.as_ref(),
+            gate: self.outbound.output_gate.as_ref(),
             pool: &self.pool,
             max_result_bytes: self.max_result_bytes,
         }
@@ -78,6 +79,7 @@ impl GenerationState {
             databases: &self.sql,
             router: self.router.as_ref(),
             scope: self.outbound.scope.as_ref(),
+            gate: self.outbound.output_gate.as_ref(),
             pool: &self.pool,
             max_result_bytes: self.max_result_bytes,
         }

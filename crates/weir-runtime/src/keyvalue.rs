@@ -7,7 +7,10 @@
 //! - every call is an operation of the event's scope: refused once the
 //!   scope is full or closed (a guest that kept a bucket handle past its
 //!   event cannot write with it in the next one without a new event scope);
-//! - a write that returned `ok` to the guest is committed (see `weir-store`).
+//! - a write that returned `ok` to the guest is committed (see `weir-store`);
+//! - a write from an actor's turn is a commit point of the turn: the
+//!   turn's writes before it are made durable first
+//!   ([`crate::extension::pass_gate`]).
 //!
 //! Calls run on the SQL pool, never on an async worker: a value may be
 //! 32 MiB, a page of keys may scan far into a large store, and with
@@ -76,6 +79,8 @@ pub struct KeyValueView<'a> {
     pub stores: &'a KvStores,
     pub router: Option<&'a Arc<dyn StoreRouter>>,
     pub scope: Option<&'a Arc<EventScope>>,
+    /// The generation's output gate (an actor's turn), passed before a write.
+    pub gate: Option<&'a Arc<dyn crate::extension::OutputGate>>,
     pub pool: &'a Arc<SqlPool>,
     pub max_result_bytes: usize,
 }
@@ -107,6 +112,12 @@ impl KeyValueView<'_> {
             ),
             None => return Err(KvError::Other("event_scope_closed".into())),
         };
+        // A write waits for the writes its actor's turn made before it.
+        if op.writes() {
+            crate::extension::pass_gate(self.gate)
+                .await
+                .map_err(|why| KvError::Other(format!("output_gate_refused: {why}")))?;
+        }
         let bucket = self.table.get(bucket)?;
         match (&bucket.store, self.router) {
             (Some(store), _) => {

@@ -40,6 +40,9 @@ pub struct SqlView<'a> {
     /// Where the databases are, in cluster mode.
     pub router: Option<&'a Arc<dyn crate::extension::StoreRouter>>,
     pub scope: Option<&'a Arc<EventScope>>,
+    /// The generation's output gate (an actor's turn), passed before a
+    /// batch (any batch may write).
+    pub gate: Option<&'a Arc<dyn crate::extension::OutputGate>>,
     pub pool: &'a Arc<SqlPool>,
     pub max_result_bytes: usize,
 }
@@ -91,6 +94,7 @@ fn to_guest_error(e: BatchError) -> batch::Error {
             message: m,
         }),
         BatchError::OutcomeUnknown(m) => batch::Error::OutcomeUnknown(m),
+        BatchError::NotRun(m) => batch::Error::Refused(m),
     }
 }
 
@@ -126,6 +130,12 @@ impl batch::Host for SqlView<'_> {
             },
             None => return Ok(Err(batch::Error::Refused("event_scope_closed".into()))),
         };
+        // A batch waits for the writes its actor's turn made before it.
+        if let Err(why) = crate::extension::pass_gate(self.gate).await {
+            return Ok(Err(batch::Error::Refused(format!(
+                "output_gate_refused: {why}"
+            ))));
+        }
         let max_result_bytes = self.max_result_bytes;
         let ran = match (db, self.router) {
             (Some(db), _) => {

@@ -63,6 +63,10 @@ pub enum BatchError {
     Stopped(String),
     #[error("the batch's outcome is unknown: {0}")]
     OutcomeUnknown(String),
+    /// The batch did not run (cluster mode: its database's owner could not
+    /// take it); it may be sent again as it is.
+    #[error("the batch did not run: {0}")]
+    NotRun(String),
 }
 
 /// One named SQL database.

@@ -198,3 +198,59 @@ async fn a_node_restarted_gracefully_under_writes_fails_no_call_through_the_othe
     assert_eq!(acked, (2..=n + 1).collect::<Vec<_>>());
     assert_eq!(incr_at(&n2, &actor).await, (n + 2).to_string());
 }
+
+/// A node that stops gracefully while a call another node sent it still
+/// runs waits for it (at most 30 s), and then tells its sender that the
+/// call may have run: it is never sent to the next owner, which would run
+/// it a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_still_running_when_its_node_stops_waiting_is_failed_not_sent_again() {
+    let pg = Postgres::start();
+    let upstream = common::HoldServer::start(None);
+    // Long enough that the turn outlives the node's wait for it.
+    let extra = [
+        "--allow-outbound",
+        "http://127.0.0.1:*",
+        "--limit",
+        "event_limit_ms=120000",
+        "--limit",
+        "outbound_first_byte_timeout_ms=120000",
+    ];
+    let n1 = node(&pg, "n1", &node_dir("given-up", "n1"), &extra);
+    let mut n2 = node(&pg, "n2", &node_dir("given-up", "n2"), &extra);
+    let actor = actor_of(&pg, &n1, "n2", "held").await;
+    // Through n1 to n2, whose turn waits on the upstream.
+    let call = {
+        let (addr, port) = (n1.addr, upstream.port);
+        let path = format!("/direct/{actor}/gate?port={port}");
+        tokio::spawn(async move {
+            common::send_to(
+                addr,
+                http::Request::post(path)
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .unwrap(),
+            )
+            .await
+        })
+    };
+    common::wait_for("the turn to reach the upstream", || async {
+        match upstream.arrived() {
+            0 => Err("not yet".to_string()),
+            _ => Ok(()),
+        }
+    })
+    .await;
+    n2.signal("TERM");
+    let r = call.await.unwrap();
+    assert_eq!(r.status, 502, "{:?}", r.body);
+    assert_eq!(r.json()["error"], "owner_unreachable");
+    assert!(
+        n2.wait_exit(std::time::Duration::from_secs(30))
+            .is_some_and(|s| s.success()),
+        "a graceful stop"
+    );
+    // The call ran once; n1 took the actor over without running it again.
+    assert_eq!(incr_at(&n1, &actor).await, "2");
+    assert_eq!(upstream.arrived(), 1);
+    upstream.release();
+}

@@ -13,6 +13,8 @@
 //! | `POST /put-many?n=N&bytes=B&big=I` | N entries `many:<i>` of B bytes in one call; entry I (if given) is one byte over the entry limit |
 //! | `POST /write-then-trap` | writes `trapped`, then traps |
 //! | `POST /sync-then-trap` | writes `before`, syncs, writes `after`, traps |
+//! | `POST /store-then-trap?kv=S&key=K` or `?sql=D&key=K` | writes `store-mark`, then sets key K of key-value store S to `stored` (or inserts K into table `from_actor` of database D), writes `store-after`, traps; 500 with the store's error if it refuses |
+//! | `GET /store-read?kv=S&key=K` or `?sql=D&key=K` | key K of store S (404 when unset), or how many rows of table `from_actor` of database D are K |
 //! | `POST /fk-violation` | writes `fk`, then leaves a deferred foreign key broken |
 //! | `POST /sql` | runs the body as one statement; JSON result or 400 with the error |
 //! | `GET /whoami` | class, name, incarnation, pid base (JSON) |
@@ -192,6 +194,67 @@ fn handle(request: &IncomingRequest, path: &str) -> Result<(u16, String), Error>
             storage::sync()?;
             storage::put("after", &1u64)?;
             panic!("trap after a sync");
+        }
+        "/store-then-trap" => {
+            let key = query(path, "key").unwrap_or("from-actor");
+            storage::put("store-mark", &"before".to_string())?;
+            let stored = if let Some(store) = query(path, "kv") {
+                weir_guest::keyvalue::store::open(store)
+                    .and_then(|bucket| bucket.set(key, b"stored"))
+                    .map_err(|e| format!("{e:?}"))
+            } else {
+                let db = query(path, "sql").unwrap_or("app");
+                weir_guest::sql::batch(
+                    db,
+                    &[
+                        weir_guest::sql::stmt("CREATE TABLE IF NOT EXISTS from_actor (v TEXT)", []),
+                        weir_guest::sql::stmt(
+                            "INSERT INTO from_actor VALUES (?1)",
+                            [weir_guest::sql::Value::Text(key.to_string())],
+                        ),
+                    ],
+                )
+                .map(|_| ())
+                .map_err(|e| format!("{e:?}"))
+            };
+            if let Err(e) = stored {
+                return Ok((500, e));
+            }
+            storage::put("store-after", &"after".to_string())?;
+            panic!("trap after a store write");
+        }
+        "/store-read" => {
+            let key = query(path, "key").unwrap_or("from-actor");
+            let read = if let Some(store) = query(path, "kv") {
+                weir_guest::keyvalue::store::open(store)
+                    .and_then(|bucket| bucket.get(key))
+                    .map(|v| match v {
+                        Some(v) => (200, String::from_utf8_lossy(&v).into_owned()),
+                        None => (404, String::new()),
+                    })
+                    .map_err(|e| format!("{e:?}"))
+            } else {
+                let db = query(path, "sql").unwrap_or("app");
+                weir_guest::sql::batch(
+                    db,
+                    &[
+                        weir_guest::sql::stmt("CREATE TABLE IF NOT EXISTS from_actor (v TEXT)", []),
+                        weir_guest::sql::stmt(
+                            "SELECT count(*) FROM from_actor WHERE v = ?1",
+                            [weir_guest::sql::Value::Text(key.to_string())],
+                        ),
+                    ],
+                )
+                .map(|results| {
+                    let n = results[1].rows[0][0].as_i64().unwrap_or(-1);
+                    (200, n.to_string())
+                })
+                .map_err(|e| format!("{e:?}"))
+            };
+            match read {
+                Ok(answer) => answer,
+                Err(e) => (500, e),
+            }
         }
         "/fk-violation" => {
             storage::exec(

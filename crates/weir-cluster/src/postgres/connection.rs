@@ -434,7 +434,9 @@ pub(super) async fn timed<T>(
 }
 
 /// Bounds one call by `limit`; the connections a call given up on took
-/// are closed and what runs on them cancelled ([`Connection`]).
+/// are closed and what runs on them cancelled ([`Connection`]). A call
+/// its caller stops waiting for (the future dropped before it ended: the
+/// lease racing a renewal against its own end, say) is given up on too.
 pub(super) async fn timed_for<T, E: From<CoordError>>(
     limit: Duration,
     call: impl Future<Output = Result<T, E>>,
@@ -442,7 +444,10 @@ pub(super) async fn timed_for<T, E: From<CoordError>>(
     let this = Arc::new(Call::default());
     let call = CALL.scope(this.clone(), call);
     tokio::pin!(call);
-    tokio::select! {
+    // Declared after `call`, so dropped before it: the connections the
+    // call holds see that it was given up on as they are dropped.
+    let abandoned = Abandoned(Some(this.clone()));
+    let result = tokio::select! {
         result = &mut call => result,
         () = tokio::time::sleep(limit) => {
             // Before the call (and its connections) is dropped.
@@ -452,6 +457,25 @@ pub(super) async fn timed_for<T, E: From<CoordError>>(
                 limit.as_millis()
             ))
             .into())
+        }
+    };
+    abandoned.finished();
+    result
+}
+
+/// Marks its call given up on if dropped before [`Abandoned::finished`].
+struct Abandoned(Option<Arc<Call>>);
+
+impl Abandoned {
+    fn finished(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if let Some(call) = self.0.take() {
+            call.given_up.store(true, Ordering::Release);
         }
     }
 }

@@ -73,6 +73,11 @@ pub const DELETED_REASON: &str = "the actor was deleted";
 /// actor's new owner).
 pub const MOVED_REASON: &str = "the actor moved to another node";
 
+/// Why an actor's socket was closed when what its turn had written before
+/// a send or a close could not be made durable (with 1012: a client that
+/// connects again reaches the actor as its storage really is).
+pub const UNDURABLE_REASON: &str = "the actor's writes could not be made durable";
+
 /// The interface actor classes export to receive their sockets' turns.
 pub const HANDLER_INTERFACE: &str = "weir:websocket/handler@0.1.0";
 const ACTOR_INTERFACE: &str = "weir:websocket/actor@0.1.0";
@@ -452,23 +457,40 @@ pub(crate) fn add_to_linker(
         "send",
         move |store: StoreContextMut<'_, GenerationState>, (id, message): (u64, types::Message)| {
             let state = store.data();
-            let Some(actor) = caller(state) else {
+            let Some(seat) = state.extension::<ActorSeat>() else {
                 return Ok((Err(types::Error::NotAnActor),));
+            };
+            let actor = ActorAddress {
+                class: seat.identity.class.clone(),
+                name: seat.identity.name.clone(),
             };
             let held = match s.held(&actor, id) {
                 Ok(held) => held,
                 Err(e) => return Ok((Err(e),)),
             };
-            // What the client sees must not outlive the turn's writes.
+            let message = from_guest(message);
+            if let Err(e) = held.sender.check(&message) {
+                return Ok((Err(to_guest_error(e)),));
+            }
+            // What the client sees must not outlive the turn's writes: the
+            // message leaves once they are committed, and in cluster mode
+            // once the cluster's database has them; if they never are, the
+            // socket closes (1012) rather than tell the client what the
+            // actor's next owner will not know.
+            seat.gate.defer(Effect::at_commit(move |committed| {
+                if committed {
+                    let _ = held.sender.send_or_close(message);
+                } else {
+                    held.sender
+                        .close_with(Close::new(CLOSE_SERVICE_RESTART, UNDURABLE_REASON));
+                }
+            }));
             if let Err(why) = state.flush_output() {
                 return Ok((Err(types::Error::Invalid(format!(
                     "output_gate_refused: {why}"
                 ))),));
             }
-            Ok((held
-                .sender
-                .send_or_close(from_guest(message))
-                .map_err(to_guest_error),))
+            Ok((Ok(()),))
         },
     )?;
     let s = sockets.clone();
@@ -477,21 +499,36 @@ pub(crate) fn add_to_linker(
         move |store: StoreContextMut<'_, GenerationState>,
               (id, code, reason): (u64, u16, String)| {
             let state = store.data();
-            let Some(actor) = caller(state) else {
+            let Some(seat) = state.extension::<ActorSeat>() else {
                 return Ok((Err(types::Error::NotAnActor),));
+            };
+            let actor = ActorAddress {
+                class: seat.identity.class.clone(),
+                name: seat.identity.name.clone(),
             };
             let held = match s.held(&actor, id) {
                 Ok(held) => held,
                 Err(e) => return Ok((Err(e),)),
             };
+            if let Err(e) = socket::closable(code, &reason) {
+                return Ok((Err(to_guest_error(e)),));
+            }
             // A close is seen by the client as a send is: not before the
-            // turn's writes.
+            // turn's writes are durable.
+            seat.gate.defer(Effect::at_commit(move |committed| {
+                if committed {
+                    let _ = held.sender.close(code, reason);
+                } else {
+                    held.sender
+                        .close_with(Close::new(CLOSE_SERVICE_RESTART, UNDURABLE_REASON));
+                }
+            }));
             if let Err(why) = state.flush_output() {
                 return Ok((Err(types::Error::Invalid(format!(
                     "output_gate_refused: {why}"
                 ))),));
             }
-            Ok((held.sender.close(code, reason).map_err(to_guest_error),))
+            Ok((Ok(()),))
         },
     )?;
     let s = sockets.clone();

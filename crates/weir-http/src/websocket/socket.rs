@@ -265,6 +265,21 @@ impl Shared {
     }
 }
 
+/// Why a guest may not close with `code` and `reason`, if it may not.
+pub fn closable(code: u16, reason: &str) -> Result<(), SocketError> {
+    if !sendable_code(code) {
+        return Err(SocketError::Invalid(format!(
+            "close code {code} may not be sent (1000-1003, 1007-1011, 3000-4999)"
+        )));
+    }
+    if reason.len() > MAX_CLOSE_REASON_BYTES {
+        return Err(SocketError::Invalid(format!(
+            "a close reason is at most {MAX_CLOSE_REASON_BYTES} bytes"
+        )));
+    }
+    Ok(())
+}
+
 fn locked<T>(queue: &Mutex<VecDeque<T>>) -> std::sync::MutexGuard<'_, VecDeque<T>> {
     queue.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -324,7 +339,9 @@ impl SocketSender {
         self.begin_close(close, true);
     }
 
-    fn check(&self, message: &Message) -> Result<(), SocketError> {
+    /// Why `message` could not be sent now, if it could not (the socket is
+    /// closing, or the message is too large).
+    pub fn check(&self, message: &Message) -> Result<(), SocketError> {
         if self.shared.closing.load(Ordering::Acquire) {
             return Err(self.shared.closed_error());
         }
@@ -383,16 +400,7 @@ impl SocketSender {
 
     /// Starts the close handshake with `code` and `reason`.
     pub fn close(&self, code: u16, reason: String) -> Result<(), SocketError> {
-        if !sendable_code(code) {
-            return Err(SocketError::Invalid(format!(
-                "close code {code} may not be sent (1000-1003, 1007-1011, 3000-4999)"
-            )));
-        }
-        if reason.len() > MAX_CLOSE_REASON_BYTES {
-            return Err(SocketError::Invalid(format!(
-                "a close reason is at most {MAX_CLOSE_REASON_BYTES} bytes"
-            )));
-        }
+        closable(code, &reason)?;
         if self.shared.closing.load(Ordering::Acquire) {
             return Err(self.shared.closed_error());
         }

@@ -5,6 +5,7 @@
 pub mod actors;
 pub mod apps;
 pub mod autobahn;
+pub mod chat;
 pub mod cluster;
 pub mod hostile;
 pub mod postgres;

@@ -494,3 +494,90 @@ impl Drop for Postgres {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A TCP proxy between some nodes and PostgreSQL that can cut the link
+/// as a partition does: nothing more crosses it either way, and nothing is
+/// closed or reset, so each side sees silence, not an error.
+pub struct Partition {
+    pub port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Partition {
+    /// A proxy to PostgreSQL on `pg`, passing everything until cut.
+    pub fn to(pg: &Postgres) -> Partition {
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (target, shared) = (pg.port, cut.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let cut = shared.clone();
+                std::thread::spawn(move || {
+                    // A connection made while cut waits, as a SYN to a
+                    // host behind a partition would.
+                    while cut.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+                        return;
+                    };
+                    let pipe = |mut from: TcpStream, mut to: TcpStream, cut: std::sync::Arc<std::sync::atomic::AtomicBool>| {
+                        use std::io::{Read, Write};
+                        let _ = from.set_read_timeout(Some(Duration::from_millis(20)));
+                        let mut buf = [0u8; 16384];
+                        loop {
+                            if cut.load(Ordering::Relaxed) {
+                                std::thread::sleep(Duration::from_millis(20));
+                                continue;
+                            }
+                            match from.read(&mut buf) {
+                                Ok(0) => {
+                                    let _ = to.shutdown(std::net::Shutdown::Write);
+                                    return;
+                                }
+                                Ok(n) => {
+                                    // Held, not lost, if the link was cut meanwhile.
+                                    while cut.load(Ordering::Relaxed) {
+                                        std::thread::sleep(Duration::from_millis(20));
+                                    }
+                                    if to.write_all(&buf[..n]).is_err() {
+                                        return;
+                                    }
+                                }
+                                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                                Err(_) => return,
+                            }
+                        }
+                    };
+                    let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                    let up = {
+                        let cut = cut.clone();
+                        std::thread::spawn(move || pipe(client, server, cut))
+                    };
+                    pipe(s2, c2, cut);
+                    let _ = up.join();
+                });
+            }
+        });
+        Partition { port, cut }
+    }
+
+    /// Cuts the link: nothing crosses it from now on.
+    pub fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Heals the link: what waited crosses, and new connections pass.
+    pub fn heal(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Database for Partition {
+    fn url(&self) -> String {
+        format!("postgres://weir@127.0.0.1:{}/weir", self.port)
+    }
+}
