@@ -21,6 +21,7 @@ use weir_store::actor::{ActorDb, ActorStoreError};
 
 use crate::address::ActorAddress;
 use crate::directory::ActorDirectory;
+use crate::gate::TurnGate;
 use crate::host::{ActorHost, Claim};
 use crate::operators::AdminError;
 use crate::turn::Live;
@@ -172,8 +173,30 @@ impl ActorHost {
     pub async fn call_export<P>(
         &self,
         held: &mut Exclusive,
+        export: (&str, &str),
+        params: P,
+    ) -> Result<Option<()>, String>
+    where
+        P: wasmtime::component::ComponentNamedList
+            + wasmtime::component::Lower
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.call_export_with(held, export, params, |_| Ok(()))
+            .await
+    }
+
+    /// [`ActorHost::call_export`], with `before` run in the turn before
+    /// the export is called: what it writes with the gate commits with
+    /// the turn, or not at all (how the socket layer takes a socket off
+    /// its actor's list in the turn that tells the actor of its end).
+    pub async fn call_export_with<P>(
+        &self,
+        held: &mut Exclusive,
         (interface, function): (&str, &str),
         params: P,
+        before: impl FnOnce(&TurnGate) -> Result<(), String>,
     ) -> Result<Option<()>, String>
     where
         P: wasmtime::component::ComponentNamedList
@@ -213,7 +236,7 @@ impl ActorHost {
                 func,
                 params,
                 &mut report,
-                |_| Ok(()),
+                before,
                 |_, _| Ok(()),
             )
             .await;

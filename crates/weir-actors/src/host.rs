@@ -502,6 +502,7 @@ impl ActorHost {
             ledger: self.ledger.as_ref(),
             placement: self.placement.as_ref(),
             handover: self.handover.get(),
+            holdings: &self.holdings,
             metrics: &class.metrics,
             next_generation: &class.next_generation,
             install: class.install.load(Ordering::Relaxed),

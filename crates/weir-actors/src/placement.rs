@@ -174,6 +174,16 @@ pub trait Placement: Send + Sync + 'static {
     /// if it does not own it): the sockets it accepted then close, so that
     /// the node that owns it next holds all of them.
     fn tenure(&self, actor: &ActorAddress) -> BoxFuture<'static, ()>;
+
+    /// Resolves when the node at `node` is known to have left: it holds
+    /// no lease as of this node's latest word from the cluster. A socket
+    /// relayed to it then ends here, so that its client reaches the
+    /// actor's next owner, even when the owner vanished without a reset
+    /// (power lost, cut off, stopped). Never, unless a placement says.
+    fn owner_gone(&self, node: Arc<str>) -> BoxFuture<'static, ()> {
+        let _ = node;
+        Box::pin(std::future::pending())
+    }
 }
 
 /// The durable half of one open actor database: where its commits go.

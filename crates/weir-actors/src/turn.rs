@@ -90,6 +90,9 @@ pub struct TurnContext<'a> {
     pub placement: Option<&'a Arc<dyn Placement>>,
     /// Told of each opening of the actor's storage in cluster mode.
     pub handover: Option<&'a Arc<dyn crate::handover::Handover>>,
+    /// The layers that keep something in actors' names, each told of each
+    /// opening of the actor's storage ([`crate::Holdings::opened`]).
+    pub holdings: &'a std::sync::Mutex<Vec<Arc<dyn crate::holdings::Holdings>>>,
     pub metrics: &'a weir_runtime::metrics::AppMetrics,
     /// Numbers generations for receipts and logs (per class).
     pub next_generation: &'a std::sync::atomic::AtomicU64,
@@ -211,6 +214,14 @@ pub(crate) async fn open_if_closed(
             && let Some(handover) = ctx.handover
         {
             handover.opened(ctx.address, &gate).await;
+        }
+        let holdings = ctx
+            .holdings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for holding in holdings {
+            holding.opened(ctx.address, &gate);
         }
     }
     Ok(())

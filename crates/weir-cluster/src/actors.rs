@@ -290,6 +290,24 @@ impl Placement for ActorPlacement {
     fn tenure(&self, actor: &ActorAddress) -> BoxFuture<'static, ()> {
         Box::pin(self.ownership.tenure(&actor_key(&self.app, actor)))
     }
+
+    /// Checked at each renewal's pace: a node whose lease ended is gone
+    /// within a lease and a third of one of its end (its lease runs out,
+    /// and this node's next renewal lists the live nodes without it).
+    /// Judged only while this node holds its own lease: a node that lost
+    /// its word from the cluster cannot tell who left.
+    fn owner_gone(&self, node: Arc<str>) -> BoxFuture<'static, ()> {
+        let lease = self.ownership.lease().clone();
+        Box::pin(async move {
+            let every = lease.ttl() / 3;
+            loop {
+                tokio::time::sleep(every).await;
+                if lease.held().is_some() && !lease.knows_address(&node) {
+                    return;
+                }
+            }
+        })
+    }
 }
 
 #[cfg(test)]

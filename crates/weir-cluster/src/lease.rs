@@ -141,6 +141,12 @@ impl Lease {
         self.lock().nodes.clone()
     }
 
+    /// True when a live node, as of the last renewal, is reached at
+    /// `address`.
+    pub fn knows_address(&self, address: &str) -> bool {
+        self.lock().nodes.iter().any(|n| n.address == address)
+    }
+
     /// Waits for the generation to move past `generation`.
     pub async fn changed_since(&self, generation: u64) {
         let mut rx = self.changed.subscribe();

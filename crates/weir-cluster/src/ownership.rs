@@ -183,10 +183,21 @@ impl Ownership {
         if let Some(owned) = self.owned(key) {
             return Ok(Located::Here(owned));
         }
-        if refresh {
+        let hint = if refresh {
             self.hints().remove(key);
-        } else if let Some(address) = self.hints().get(key) {
-            return Ok(Located::Elsewhere(address.clone()));
+            None
+        } else {
+            self.hints().get(key).cloned()
+        };
+        if let Some(address) = hint {
+            // A hint is trusted only while its node holds a lease (as of
+            // this node's last renewal): one that vanished without a reset
+            // (stopped, cut off) would otherwise take every call until
+            // something answered "not run", which it never does.
+            if self.lease.knows_address(&address) {
+                return Ok(Located::Elsewhere(address));
+            }
+            self.hints().remove(key);
         }
         match self
             .coordinator

@@ -80,10 +80,11 @@ pub use crate::timers::DueTimer;
 
 /// Version of [`SCHEMA`], kept in the database's `user_version`: a database of an
 /// older version gets the tables it lacks at its next open (version 2 added
-/// `_weir_journal`, version 3 `_weir_deliveries`). A build that knows an
+/// `_weir_journal`, version 3 `_weir_deliveries`, version 4
+/// `_weir_sockets`). A build that knows an
 /// older version opens a newer database all the same: it only adds what it
 /// lacks, so nodes of two builds share one history.
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS _weir_kv (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
@@ -91,6 +92,7 @@ CREATE TABLE IF NOT EXISTS _weir_timers (reason TEXT PRIMARY KEY, at_ms INTEGER 
 CREATE TABLE IF NOT EXISTS _weir_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS _weir_journal (pid INTEGER PRIMARY KEY, spec TEXT NOT NULL, attempt INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS _weir_deliveries (reason TEXT PRIMARY KEY, at_ms INTEGER NOT NULL, attempt INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS _weir_sockets (id INTEGER PRIMARY KEY);
 ";
 
 /// Why an actor storage call failed.

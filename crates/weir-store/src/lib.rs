@@ -27,6 +27,7 @@ pub mod journal;
 pub mod kv;
 pub mod kv_op;
 pub mod replica;
+pub mod socket_ledger;
 pub mod sql;
 pub mod statement_bounds;
 pub mod statement_memory;

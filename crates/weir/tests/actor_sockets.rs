@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::Weir;
+use common::chat::departures_once;
 use futures::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::Message;
@@ -337,9 +338,12 @@ async fn deleting_an_actor_closes_its_sockets_and_a_namesake_finds_none_of_them(
 #[tokio::test]
 async fn an_actor_can_name_only_its_own_sockets() {
     let weir = start(&[]);
+    // Ids are the actor's own: a's second socket is 2, and b has no 2.
+    let _first = join(&weir, "a", "ada").await;
     let mut a = join(&weir, "a", "ada").await;
     say(&mut a, "/whoami").await;
     let id = next_of(&mut a, "me").await["socket"].as_u64().unwrap();
+    assert_eq!(id, 2);
     let mut b = join(&weir, "b", "bob").await;
     say(&mut b, &format!("/to {id} hello from b")).await;
     assert_eq!(
@@ -452,6 +456,20 @@ async fn after_a_kill_clients_see_the_drop_reconnect_and_the_history_is_intact()
             format!("kept {i}")
         );
     }
+    // The room is told of the ends of the two sockets the killed process
+    // held (once each, 1006), and the new socket is not taken for one of
+    // them: its id is the room's third.
+    assert_eq!(
+        departures_once(&weir, "h", 2).await,
+        serde_json::json!([[1, 1006], [2, 1006]])
+    );
+    say(&mut again, "/whoami").await;
+    assert_eq!(next_of(&mut again, "me").await["socket"], 3);
+    again.close(None).await.unwrap();
+    assert_eq!(
+        departures_once(&weir, "h", 3).await,
+        serde_json::json!([[1, 1006], [2, 1006], [3, 1005]])
+    );
 }
 
 #[test]
@@ -466,4 +484,40 @@ fn the_autobahn_fuzzing_client_passes_every_case_but_compression_against_an_acto
     let report = common::autobahn::run(&kosoku, &format!("ws://{}/rooms/echo/echo", weir.addr));
     assert!(report.passed > 300, "{report:?}");
     assert_eq!(report.failed, Vec::<String>::new(), "{report:?}");
+}
+
+#[tokio::test]
+async fn under_fsync_durability_a_message_leaves_only_after_the_write_it_reports_is_synced() {
+    let dir = common::fresh_data_dir();
+    let weir = start_in(&dir, &["--durability", "fsync"]);
+    let mut ada = join(&weir, "synced", "ada").await;
+    let mut bob = join(&weir, "synced", "bob").await;
+    say(&mut ada, "first").await;
+    assert_eq!(next_of(&mut bob, "message").await["text"], "first");
+    let strace = common::strace::Strace::attach(
+        &weir,
+        "fsync,fdatasync,write,writev,sendto,sendmsg",
+        || async {
+            let _ = weir.get("/rooms/other/history").await;
+        },
+    )
+    .await;
+    say(&mut ada, "hello-fsync").await;
+    assert_eq!(next_of(&mut bob, "message").await["text"], "hello-fsync");
+    let lines = strace.finish();
+    let log = lines.join("\n");
+    // The room's message, as it leaves for a client (its frame's text
+    // within the bytes strace shows).
+    let sent = lines
+        .iter()
+        .position(|l| !l.contains("sqlite3") && l.contains("hello-fsync"))
+        .unwrap_or_else(|| panic!("the message never left:\n{log}"));
+    let room = format!("{}", dir.join("actors/room/synced.sqlite3").display());
+    assert!(
+        lines[..sent]
+            .iter()
+            .any(|l| (l.contains("fsync(") || l.contains("fdatasync(")) && l.contains(&room)),
+        "the message left before the room's write was synced:\n{}",
+        lines[..=sent].join("\n")
+    );
 }

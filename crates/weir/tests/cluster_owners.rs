@@ -10,7 +10,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::Weir;
-use common::chat::{chat_node, history, join, message_of, presence_of, room_key, said, say};
+use common::chat::{
+    chat_node, departures_once, history, join, message_of, next_where, presence_of, room_key, said,
+    say,
+};
 use common::cluster::{Postgres, actor_key, actor_of, node, node_dir, put, until_ok};
 use common::postgres::Partition;
 use common::websocket::{Client, close_of};
@@ -262,4 +265,55 @@ async fn batches_shipped_under_two_sessions_are_each_fenced_by_their_own() {
         "SELECT string_agg(key || '=' || head, ',' ORDER BY key) FROM weir_objects",
     );
     assert_eq!(heads, "x=1,y=0,z=1");
+}
+
+/// The id of the socket `ws` is, as its room tells it.
+async fn socket_id(ws: &mut Client) -> u64 {
+    say(ws, "/whoami").await;
+    next_where(ws, "whoami", |v| v["type"] == "me").await["socket"]
+        .as_u64()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_a_rooms_owner_vanishes_its_relayed_sockets_end_and_the_next_owner_tells_the_room_of_every_end_once()
+ {
+    let pg = Postgres::start();
+    let n1 = chat_node(&pg, "n1", &node_dir("owners-vanish", "n1"), &[]);
+    let n2 = chat_node(&pg, "n2", &node_dir("owners-vanish", "n2"), &[]);
+    // Ann on the room's owner, n2; Bob relayed to it through n1.
+    let (room, mut ann) = room_of(&pg, &n2, "n2", "ann").await;
+    let mut bob = join(&n1, &room, "bob").await;
+    presence_of(&mut bob, &["ann", "bob"]).await;
+    let ids = (socket_id(&mut ann).await, socket_id(&mut bob).await);
+    // The owner stops without a word (no reset reaches anyone): Bob's
+    // relay notices by the lease that it is gone, and drops his socket.
+    n2.signal("STOP");
+    let (_, ended) = frames_until_closed(&mut bob).await;
+    assert!(
+        ended.is_err() && ended != Err("no close within 30 s".to_string()),
+        "Bob's relayed socket of a vanished owner: {ended:?}"
+    );
+    // Bob again, through n1, which takes the room over: the room is told
+    // of both sockets n2 held, once each, and Bob's new one is not taken
+    // for either.
+    let mut bob = join(&n1, &room, "bob").await;
+    assert_eq!(pg.owner(&room_key(&room)).as_deref(), Some("n1"));
+    assert_eq!(
+        departures_once(&n1, &room, 2).await,
+        serde_json::json!([[ids.0, 1006], [ids.1, 1006]])
+    );
+    let again = socket_id(&mut bob).await;
+    assert!(again > ids.0.max(ids.1), "{again} after {ids:?}");
+    // n2 runs again: by its own clock its lease is over, so it closes
+    // Ann's socket (she reconnects to n1) and tells the room nothing.
+    n2.signal("CONT");
+    assert_eq!(
+        close_of(&mut ann).await,
+        Ok((1012, "the actor moved to another node".to_string()))
+    );
+    assert_eq!(
+        departures_once(&n1, &room, 2).await,
+        serde_json::json!([[ids.0, 1006], [ids.1, 1006]])
+    );
 }

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::Weir;
 use common::cluster::{Postgres, node_dir, placed_on, runner_key, runner_node, session};
+use common::postgres::Partition;
 use common::programs::{call, push_image, running, wait_running};
 use serde_json::Value;
 
@@ -516,4 +517,60 @@ async fn a_spawn_the_database_did_not_confirm_is_started_once_if_the_database_ke
     assert_eq!(pids_running(&a, 1).await, back);
     let recoveries = process_receipts(&a, |r| r["message"] == "recovery");
     assert_eq!(recoveries.len(), 1, "{recoveries:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_still_booting_when_its_nodes_lease_ends_is_stopped_and_runs_once_on_the_next_owner()
+ {
+    let pg = Postgres::start();
+    let link = Partition::to(&pg);
+    // Turns long enough for a boot of 3 s.
+    let extra = ["--limit", "event_limit_ms=20000"];
+    let a = runner_node(&link, "a", &node_dir("procs-booting", "a"), &extra);
+    let b = runner_node(&pg, "b", &node_dir("procs-booting", "b"), &extra);
+    let image = push_image(&a, &common::guest("resident")).await;
+    let owner = placed_on("a", &["a", "b"]);
+    // A start that takes 3 s, spawned through a.
+    let spawning = {
+        let (addr, path) = (
+            a.addr,
+            format!("/r/{owner}/spawn/{image}?slot=scratch&start=slow"),
+        );
+        tokio::spawn(async move {
+            common::send_to(
+                addr,
+                http::Request::post(path)
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .unwrap(),
+            )
+            .await
+        })
+    };
+    // Once its launch is journaled, a is cut off from the database: its
+    // own end of its lease comes within the boot.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while journaled(&pg, &owner) != "t" {
+        assert!(Instant::now() < deadline, "the launch was never journaled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    link.cut();
+    // The boot is stopped with a's hold on the owner: the spawn fails,
+    // and a runs nothing, now or later (never a copy that boots after a's
+    // lease ended, to be stopped once it is up).
+    let spawned = spawning.await.unwrap();
+    assert_ne!(spawned.status, 200, "{:?}", spawned.body);
+    // b takes the owner over and starts the process, once.
+    let on_b = pids_running(&b, 1).await;
+    assert_eq!(running(&a).await.len(), 0);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        running(&a).await.len(),
+        0,
+        "a copy booted on a after its lease ended"
+    );
+    assert_eq!(pids_running(&b, 1).await, on_b);
+    // No copy ever came up on a: its start did not run on past a's end of
+    // the lease, while b's ran.
+    let on_a = process_receipts(&a, |r| r["message"] == "process");
+    assert!(on_a.is_empty(), "{on_a:#?}");
 }

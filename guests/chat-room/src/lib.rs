@@ -6,7 +6,9 @@
 //! auto-response), so an idle tab's keepalive never wakes the room.
 //!
 //! Routes (under `/rooms/<room>`): `/?user=NAME` joins (an upgrade);
-//! `/history` is the last 50 messages as JSON; `/echo` is an upgrade whose
+//! `/history` is the last 50 messages as JSON; `/departures` is every
+//! socket whose end the room was told of, in order, with its close code
+//! (JSON: `[[socket, code], …]`); `/echo` is an upgrade whose
 //! socket gets back whatever it sends (for conformance runs and
 //! benchmarks). `/?user=NAME&key=K` joins with a replacement key. A
 //! message `/whoami` is answered with the socket's id, `/to ID TEXT` tries
@@ -131,7 +133,37 @@ fn on_message(socket: u64, message: Message) -> Result<(), String> {
     Ok(())
 }
 
-fn on_close(_socket: u64, _close: CloseFrame) -> Result<(), String> {
+fn departures_table() -> Result<(), String> {
+    storage::exec(
+        "CREATE TABLE IF NOT EXISTS departures (socket INTEGER NOT NULL, code INTEGER NOT NULL)",
+        &[],
+    )
+    .map(|_| ())
+    .map_err(|e| format!("{e:?}"))
+}
+
+fn departures() -> Result<serde_json::Value, String> {
+    departures_table()?;
+    let rows = storage::exec("SELECT socket, code FROM departures ORDER BY rowid", &[])
+        .map_err(|e| format!("{e:?}"))?;
+    let number = |v: &Value| match v {
+        Value::Integer(i) => json!(i),
+        _ => json!(null),
+    };
+    Ok(json!(rows
+        .rows
+        .iter()
+        .map(|row| json!([number(&row[0]), number(&row[1])]))
+        .collect::<Vec<_>>()))
+}
+
+fn on_close(socket: u64, close: CloseFrame) -> Result<(), String> {
+    departures_table()?;
+    storage::exec(
+        "INSERT INTO departures (socket, code) VALUES (?1, ?2)",
+        &[Value::Integer(socket as i64), Value::Integer(i64::from(close.code))],
+    )
+    .map_err(|e| format!("{e:?}"))?;
     broadcast(&presence());
     Ok(())
 }
@@ -146,6 +178,10 @@ impl wasi::exports::http::incoming_handler::Guest for Room {
         match route {
             "/history" => match history() {
                 Ok(h) => respond(out, 200, json_header, json!(h).to_string().as_bytes()),
+                Err(e) => respond(out, 500, json_header, json!({ "error": e }).to_string().as_bytes()),
+            },
+            "/departures" => match departures() {
+                Ok(d) => respond(out, 200, json_header, d.to_string().as_bytes()),
                 Err(e) => respond(out, 500, json_header, json!({ "error": e }).to_string().as_bytes()),
             },
             "/echo" => match sockets::accept(&["echo".to_string()], None, None) {

@@ -8,8 +8,19 @@
 //!   id space, so another actor's socket is `no-such-socket`;
 //! - what a client sends is delivered one turn at a time per socket, in
 //!   order, by one task per socket; a turn that fails is rolled back (the
-//!   actor's turn rules) and the socket stays open; the socket's end is
-//!   delivered once (`on-close`), after it left the actor's list;
+//!   actor's turn rules) and the socket stays open;
+//! - the actor is told of each of its sockets' ends once (`on-close`),
+//!   after the socket left its list, whatever ended it: a socket is listed
+//!   in the actor's own storage (`weir_store::socket_ledger`) by the turn
+//!   that accepts it, and taken off the list by the turn that tells the
+//!   actor of its end (or, if that turn fails, right after it). A socket
+//!   whose process or node could not tell the actor (killed, or no longer
+//!   holding the actor: its `on-close` turn cannot open the actor) stays
+//!   listed, and whoever opens the actor's storage next tells it, with
+//!   1006 and [`LOST_REASON`]: in cluster mode the actor's next owner;
+//! - a socket's id is unique among its actor's sockets across processes
+//!   and nodes (the ledger keeps the sequence), so a listed socket of an
+//!   earlier process is never taken for one open here;
 //! - a send or a close is a commit point of its turn: the turn's writes
 //!   are committed (and in cluster mode durable) before it leaves. A send
 //!   never waits on a client: a full queue closes the socket with 1008;
@@ -78,6 +89,14 @@ pub const MOVED_REASON: &str = "the actor moved to another node";
 /// connects again reaches the actor as its storage really is).
 pub const UNDURABLE_REASON: &str = "the actor's writes could not be made durable";
 
+/// What an actor is told of a socket whose end its process or node could
+/// not tell it (with 1006, abnormal closure, as a browser reports a
+/// connection lost without a close frame).
+pub const LOST_REASON: &str = "the socket was lost with the process or node that held it";
+
+/// The code an actor is told a lost socket ended with.
+pub const CLOSE_ABNORMAL: u16 = 1006;
+
 /// The interface actor classes export to receive their sockets' turns.
 pub const HANDLER_INTERFACE: &str = "weir:websocket/handler@0.1.0";
 const ACTOR_INTERFACE: &str = "weir:websocket/actor@0.1.0";
@@ -106,6 +125,10 @@ struct Attachment {
 #[derive(Default)]
 struct ActorSet {
     sockets: HashMap<u64, Arc<Held>>,
+    /// Sockets off `sockets` whose end the actor is being told of (by
+    /// their own task, or as lost ones): still listed in its storage, and
+    /// not lost.
+    ending: std::collections::HashSet<u64>,
     auto: Arc<socket::AutoResponse>,
 }
 
@@ -116,18 +139,19 @@ pub struct ActorSockets {
     /// and a `/` on a server of several apps.
     prefix: String,
     actors: Mutex<HashMap<ActorAddress, ActorSet>>,
-    next_id: AtomicU64,
+    /// Itself, for the tasks its hooks start.
+    me: Weak<ActorSockets>,
 }
 
 impl ActorSockets {
     /// The sockets of one app's actors; `prefix` as [`ActorSockets::label`]
     /// says.
     pub fn new(prefix: &str) -> Arc<Self> {
-        Arc::new(ActorSockets {
+        Arc::new_cyclic(|me| ActorSockets {
             host: OnceLock::new(),
             prefix: prefix.to_string(),
             actors: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
+            me: me.clone(),
         })
     }
 
@@ -162,10 +186,27 @@ impl ActorSockets {
         let mut actors = self.actors();
         if let Some(set) = actors.get_mut(actor) {
             set.sockets.remove(&id);
-            if set.sockets.is_empty() && !set.auto.is_set() {
+            set.ending.remove(&id);
+            if set.sockets.is_empty() && set.ending.is_empty() && !set.auto.is_set() {
                 actors.remove(actor);
             }
         }
+    }
+
+    /// Socket `id` left `actor`'s list: its end is being told.
+    fn ending(&self, actor: &ActorAddress, id: u64) {
+        if let Some(set) = self.actors().get_mut(actor) {
+            set.sockets.remove(&id);
+            set.ending.insert(id);
+        }
+    }
+
+    /// True while the end of socket `id` is being told to `actor` (false
+    /// once the actor was deleted: its sockets are not told of).
+    fn is_ending(&self, actor: &ActorAddress, id: u64) -> bool {
+        self.actors()
+            .get(actor)
+            .is_some_and(|set| set.ending.contains(&id))
     }
 }
 
@@ -242,8 +283,24 @@ impl ActorSockets {
                 actor.class
             ))));
         }
+        let Some(gate) = state.extension::<ActorSeat>().map(|seat| seat.gate.clone()) else {
+            return Ok(Err(types::Error::NotAnActor));
+        };
+        // Listed in the actor's storage by this turn: kept if it commits.
+        let id = match gate.write(|db| db.socket_opened()) {
+            Ok(id) => id,
+            Err(e) => {
+                return Ok(Err(types::Error::Invalid(format!(
+                    "the actor's storage refused the socket: {e}"
+                ))));
+            }
+        };
+        let unlisted = |gate: &weir_actors::gate::TurnGate| {
+            let _ = gate.write(|db| db.socket_ended(id));
+        };
         let (offer, answer) = state.take_offer::<UpgradeOffer>().expect("just seen");
         let Some((upgrade, permit)) = offer.take() else {
+            unlisted(&gate);
             return Ok(Err(types::Error::NotAnUpgrade));
         };
         let (mut guest, mut wire) = socket::pair(
@@ -255,12 +312,9 @@ impl ActorSockets {
         guest.receiver.hold(permit.clone());
         let response = switching_protocols(&offer, protocol.as_deref())?;
         if !answer.set(Ok(response)) {
+            unlisted(&gate);
             return Ok(Err(types::Error::AlreadyAnswered));
         }
-        let Some(gate) = state.extension::<ActorSeat>().map(|seat| seat.gate.clone()) else {
-            return Ok(Err(types::Error::NotAnActor));
-        };
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let auto_at = Arc::new(AtomicU64::new(0));
         let orphaned = Arc::new(AtomicBool::new(false));
         {
@@ -364,6 +418,44 @@ impl ActorSockets {
 /// A deleted actor's sockets: closed, and forgotten before its namesake
 /// could name them.
 impl Holdings for ActorSockets {
+    /// The sockets the actor's storage lists that no task here holds were
+    /// lost with an earlier process or node: the actor is told of their
+    /// ends, after the turn that opened it.
+    fn opened(&self, actor: &ActorAddress, gate: &Arc<weir_actors::gate::TurnGate>) {
+        let listed = match gate.with_db(|db| db.sockets_listed()) {
+            Ok(listed) => listed,
+            Err(e) => {
+                tracing::warn!(actor = %actor, error = %e, "cannot read the sockets an actor's storage lists");
+                return;
+            }
+        };
+        if listed.is_empty() {
+            return;
+        }
+        let lost: Vec<u64> = {
+            let mut actors = self.actors();
+            let held_here = |id: &u64| {
+                actors
+                    .get(actor)
+                    .is_some_and(|set| set.sockets.contains_key(id) || set.ending.contains(id))
+            };
+            let lost: Vec<u64> = listed.into_iter().filter(|id| !held_here(id)).collect();
+            if lost.is_empty() {
+                return;
+            }
+            actors
+                .entry(actor.clone())
+                .or_default()
+                .ending
+                .extend(lost.iter().copied());
+            lost
+        };
+        let Some(me) = self.me.upgrade() else {
+            return;
+        };
+        tokio::spawn(tell_lost(me, actor.clone(), lost));
+    }
+
     fn let_go<'a>(&'a self, actor: &'a ActorAddress) -> BoxFuture<'a, Result<(), String>> {
         let set = self.actors().remove(actor);
         for held in set.into_iter().flat_map(|set| set.sockets.into_values()) {
@@ -394,17 +486,32 @@ async fn deliver(
             ),
         };
         if last {
-            sockets.forget(&actor, id);
+            sockets.ending(&actor, id);
         }
         let Some(host) = sockets.host.get().and_then(Weak::upgrade) else {
             return;
         };
         let Ok(mut held) = Box::pin(host.exclusive(&actor.class, &actor.name)).await else {
+            sockets.forget(&actor, id);
             return;
         };
         // Its actor was deleted (perhaps while this waited for its turn):
         // a new actor of that name is not this socket's.
         if orphaned.load(Ordering::Acquire) {
+            return;
+        }
+        // This node no longer holds the actor (cluster mode): nothing of
+        // the socket runs here. It closes (its client reconnects to the
+        // next owner), and stays listed: the node that opens the actor
+        // next tells it of the end.
+        if !holds(&host, &actor) {
+            if let Ok(socket) = sockets.held(&actor, id) {
+                socket
+                    .sender
+                    .close_with(Close::new(CLOSE_SERVICE_RESTART, MOVED_REASON));
+            }
+            drop(held);
+            sockets.forget(&actor, id);
             return;
         }
         // Boxed: a turn's future is large, and this task lives as long as
@@ -423,16 +530,87 @@ async fn deliver(
                     code: c.code,
                     reason: c.reason,
                 };
-                Box::pin(host.call_export(&mut held, (HANDLER_INTERFACE, "on-close"), (id, frame)))
-                    .await
+                tell_end(&host, &mut held, id, frame).await
             }
         };
         drop(held);
+        if last {
+            sockets.forget(&actor, id);
+        }
         if let Err(why) = ended {
             tracing::debug!(actor = %actor, socket = id, error = %why, "a socket's turn failed; it was rolled back");
         }
         if last {
             return;
+        }
+    }
+}
+
+/// True unless this node is of a cluster and does not hold `actor` now.
+fn holds(host: &ActorHost, actor: &ActorAddress) -> bool {
+    host.placement().is_none_or(|p| p.owns(actor))
+}
+
+/// Tells the held actor that its socket `id` ended with `frame`: one turn
+/// that takes the socket off the actor's list and calls its `on-close`.
+/// If that turn fails, the socket is taken off the list after it (the
+/// actor was told once, and failed to hear it); if it could not open the
+/// actor (this node no longer holds it), the socket stays listed for
+/// whoever opens the actor next.
+async fn tell_end(
+    host: &ActorHost,
+    held: &mut weir_actors::Exclusive,
+    id: u64,
+    frame: types::CloseFrame,
+) -> Result<Option<()>, String> {
+    let unlist = |gate: &weir_actors::gate::TurnGate| {
+        gate.write(|db| db.socket_ended(id))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let told =
+        Box::pin(host.call_export_with(held, (HANDLER_INTERFACE, "on-close"), (id, frame), unlist))
+            .await;
+    if told.is_err() {
+        // Best effort: a holder that cannot reach the storage leaves it
+        // listed, which is what a later opening needs.
+        let _ = held.storage(|db| db.socket_ended(id));
+    }
+    told
+}
+
+/// Tells `actor` of the end of each socket in `lost` (listed in its
+/// storage, held by no task here), one turn each, in order.
+async fn tell_lost(sockets: Arc<ActorSockets>, actor: ActorAddress, lost: Vec<u64>) {
+    for id in lost {
+        let Some(host) = sockets.host.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        let Ok(mut held) = Box::pin(host.exclusive(&actor.class, &actor.name)).await else {
+            sockets.forget(&actor, id);
+            continue;
+        };
+        // Deleted meanwhile: nothing of it is told to a namesake. Nor is
+        // anything told by a node that no longer holds the actor.
+        if !sockets.is_ending(&actor, id) || !holds(&host, &actor) {
+            drop(held);
+            sockets.forget(&actor, id);
+            continue;
+        }
+        let frame = types::CloseFrame {
+            code: CLOSE_ABNORMAL,
+            reason: LOST_REASON.to_string(),
+        };
+        let told = tell_end(&host, &mut held, id, frame).await;
+        drop(held);
+        sockets.forget(&actor, id);
+        match told {
+            Ok(_) => {
+                tracing::info!(actor = %actor, socket = id, "an actor was told of a socket lost with the process or node that held it")
+            }
+            Err(why) => {
+                tracing::debug!(actor = %actor, socket = id, error = %why, "telling an actor of a lost socket failed")
+            }
         }
     }
 }

@@ -15,6 +15,11 @@
 //!   cluster's secret among them);
 //! - once one direction of a relayed socket ends, the other is given
 //!   [`RELAY_LINGER`] (the close handshake) and then dropped;
+//! - a relayed socket lives no longer than its owner's lease: once the
+//!   owner's node is known to have left (`Placement::owner_gone`, within a
+//!   lease and a third of it), the socket is dropped here, so that a
+//!   client of an owner that vanished without a reset reconnects to the
+//!   actor's next owner;
 //! - at this node's shutdown its relayed sockets close as its own do,
 //!   with 1001: the owner is told (once, for all of them) and closes them
 //!   while their bytes still flow here, for at most [`LEAVING_LINGER`];
@@ -169,8 +174,12 @@ fn carry(
         let (by, why) = match client.await {
             Ok(upgraded) => {
                 let mut spliced = pin!(splice(TokioIo::new(upgraded), owner));
+                let gone = placement.owner_gone(node.clone());
                 tokio::select! {
                     ended = &mut spliced => ended,
+                    // Dropped both ways: the client sees its connection
+                    // end, as it would had the owner died with a reset.
+                    () = gone => ("owner", Some("the owner's node left the cluster (its lease ended)".into())),
                     () = hub.shutting_down() => {
                         if placement.relayer_leaving(node).await {
                             match tokio::time::timeout(LEAVING_LINGER, spliced).await {

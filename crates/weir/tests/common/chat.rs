@@ -31,15 +31,20 @@ pub async fn join(node: &Weir, room: &str, user: &str) -> Client {
     let url = format!("ws://{}/rooms/{room}/?user={user}", node.addr);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match tokio_tungstenite::connect_async(&url).await {
-            Ok((ws, response)) => {
+        // Each try bounded too: a node that never answers fails the test,
+        // it does not hang it.
+        let tried =
+            tokio::time::timeout_at(deadline.into(), tokio_tungstenite::connect_async(&url)).await;
+        match tried {
+            Ok(Ok((ws, response))) => {
                 assert_eq!(response.status(), 101);
                 return ws;
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 assert!(Instant::now() < deadline, "{user} could not join: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
+            Err(_) => panic!("{user} could not join within 30 s: no answer"),
         }
     }
 }
@@ -104,4 +109,23 @@ pub fn said(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 
 pub async fn say(ws: &mut Client, text: &str) {
     ws.send(Message::text(text)).await.unwrap();
+}
+
+/// The sockets whose ends `room` was told of, once there are `n` (at most
+/// 30 s); checked again a moment later, so that one told twice shows.
+pub async fn departures_once(weir: &Weir, room: &str, n: usize) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let told = weir.get(&format!("/rooms/{room}/departures")).await.json();
+        let len = told.as_array().map_or(0, Vec::len);
+        assert!(len <= n, "told more than {n}: {told}");
+        if len == n {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let again = weir.get(&format!("/rooms/{room}/departures")).await.json();
+            assert_eq!(again, told, "told again");
+            return told;
+        }
+        assert!(Instant::now() < deadline, "{told}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -182,7 +182,7 @@ pub async fn until_ok(node: &Weir, method: &str, path: &str, body: &str) -> Resp
 /// Starts node `name` serving the runner guest: its app, and its actor
 /// class `runner` at `/r/NAME/…` (`/r/NAME/run/<digest>` runs an image,
 /// `/r/NAME/spawn/<digest>` spawns one).
-pub fn runner_node(pg: &Postgres, name: &str, dir: &Path, extra: &[&str]) -> Weir {
+pub fn runner_node(pg: &impl Database, name: &str, dir: &Path, extra: &[&str]) -> Weir {
     let runner = guest("runner");
     let actor = format!("runner={}", runner.display());
     let mut args = vec![
