@@ -291,18 +291,22 @@ impl Placement for ActorPlacement {
         Box::pin(self.ownership.tenure(&actor_key(&self.app, actor)))
     }
 
-    /// Checked at each renewal's pace: a node whose lease ended is gone
-    /// within a lease and a third of one of its end (its lease runs out,
-    /// and this node's next renewal lists the live nodes without it).
-    /// Judged only while this node holds its own lease: a node that lost
-    /// its word from the cluster cannot tell who left.
+    /// Checked at each renewal's pace: a node whose lease ended is known
+    /// gone once a renewal of this node sent after that lists the live
+    /// nodes without it, within about a lease and two thirds of its last
+    /// renewal (its lease, this node's next renewal, this check's period),
+    /// longer if this node's renewals fail meanwhile. Judged only by a
+    /// list newer than the relay, and only while this node holds its own
+    /// lease: a node without its word from the cluster cannot tell who
+    /// left, and one that registered after the list was made is not on it.
     fn owner_gone(&self, node: Arc<str>) -> BoxFuture<'static, ()> {
         let lease = self.ownership.lease().clone();
+        let since = tokio::time::Instant::now();
         Box::pin(async move {
             let every = lease.ttl() / 3;
             loop {
                 tokio::time::sleep(every).await;
-                if lease.held().is_some() && !lease.knows_address(&node) {
+                if lease.lacks_address_since(&node, since) {
                     return;
                 }
             }

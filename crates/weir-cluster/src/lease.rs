@@ -64,6 +64,8 @@ struct State {
     held: Option<Held>,
     valid_until: Option<Instant>,
     nodes: Vec<NodeInfo>,
+    /// When the renewal (or registration) that listed `nodes` was sent.
+    nodes_sent: Option<Instant>,
     generation: u64,
 }
 
@@ -87,6 +89,7 @@ impl Lease {
                 held: None,
                 valid_until: None,
                 nodes: Vec::new(),
+                nodes_sent: None,
                 generation: 0,
             }),
             changed: watch::channel(0).0,
@@ -141,10 +144,17 @@ impl Lease {
         self.lock().nodes.clone()
     }
 
-    /// True when a live node, as of the last renewal, is reached at
-    /// `address`.
-    pub fn knows_address(&self, address: &str) -> bool {
-        self.lock().nodes.iter().any(|n| n.address == address)
+    /// True when this node holds its lease and a renewal sent after
+    /// `since` listed the live nodes without one reached at `address`:
+    /// that node had no lease then. False when the list is older than
+    /// `since` (a node that registered after it is not yet on it) or this
+    /// node cannot tell (it holds no lease).
+    pub fn lacks_address_since(&self, address: &str, since: Instant) -> bool {
+        let s = self.lock();
+        let current = matches!(s.valid_until, Some(until) if Instant::now() < until);
+        current
+            && s.nodes_sent.is_some_and(|sent| sent > since)
+            && !s.nodes.iter().any(|n| n.address == address)
     }
 
     /// Waits for the generation to move past `generation`.
@@ -163,6 +173,7 @@ impl Lease {
         s.held = Some(held);
         s.valid_until = Some(sent + self.ttl - self.margin());
         s.nodes = nodes;
+        s.nodes_sent = Some(sent);
         let generation = s.generation;
         drop(s);
         self.changed.send_replace(generation);
@@ -173,6 +184,7 @@ impl Lease {
         let mut s = self.lock();
         s.valid_until = Some(sent + self.ttl - self.margin());
         s.nodes = nodes;
+        s.nodes_sent = Some(sent);
     }
 
     /// The session is over (expired at the coordinator, or released).

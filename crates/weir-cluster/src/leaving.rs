@@ -193,7 +193,14 @@ mod tests {
         let leaving = Leaving::default();
         let _stuck = leaving.admit().await;
         let started = tokio::time::Instant::now();
-        leaving.leave().await;
-        assert_eq!(started.elapsed(), LEAVE_TIMEOUT);
+        // Given up on at the bound (its sender is then told it may have
+        // run), and waited for no longer than an answer takes after it.
+        let given_up = async {
+            leaving.given_up().await;
+            started.elapsed()
+        };
+        let (given_up, ()) = tokio::join!(given_up, leaving.leave());
+        assert_eq!(given_up, LEAVE_TIMEOUT);
+        assert_eq!(started.elapsed(), LEAVE_TIMEOUT + ANSWER_TIMEOUT);
     }
 }

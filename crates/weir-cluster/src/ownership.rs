@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use tokio::time::Instant;
 
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
@@ -67,7 +68,8 @@ pub struct Ownership {
     counters: Arc<Counters>,
     lease: Arc<Lease>,
     owned: Mutex<HashMap<String, Owned>>,
-    elsewhere: Mutex<HashMap<String, Arc<str>>>,
+    /// Where objects owned elsewhere were last found, and when.
+    elsewhere: Mutex<HashMap<String, (Arc<str>, Instant)>>,
     /// Bumped whenever an object is lost or deleted here, so that what
     /// lives only as long as an object's ownership ([`Ownership::tenure`])
     /// looks again.
@@ -133,7 +135,7 @@ impl Ownership {
         self.owned.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn hints(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<str>>> {
+    fn hints(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Arc<str>, Instant)>> {
         self.elsewhere.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -163,7 +165,7 @@ impl Ownership {
         if hints.len() >= MAX_REMEMBERED_OWNERS {
             hints.clear();
         }
-        hints.insert(key.to_string(), address.clone());
+        hints.insert(key.to_string(), (address.clone(), Instant::now()));
         address
     }
 
@@ -189,12 +191,14 @@ impl Ownership {
         } else {
             self.hints().get(key).cloned()
         };
-        if let Some(address) = hint {
-            // A hint is trusted only while its node holds a lease (as of
-            // this node's last renewal): one that vanished without a reset
-            // (stopped, cut off) would otherwise take every call until
-            // something answered "not run", which it never does.
-            if self.lease.knows_address(&address) {
+        if let Some((address, at)) = hint {
+            // A hint is trusted unless a renewal sent after it was made
+            // lists its node among the dead (no lease): one that vanished
+            // without a reset (stopped, cut off) would otherwise take
+            // every call, since it never answers "not run". A node that
+            // registered after this one's last renewal is trusted until
+            // the next.
+            if !self.lease.lacks_address_since(&address, at) {
                 return Ok(Located::Elsewhere(address));
             }
             self.hints().remove(key);
@@ -310,9 +314,10 @@ impl Ownership {
 
     /// Resolves when this node's hold on `key`, as of now, ends: its
     /// session ends, or the object is lost or deleted here (at once if the
-    /// node does not own it now). A lease that merely could not be renewed
-    /// in time does not end it: if the renewal then succeeds, nobody else
-    /// could have claimed the object meanwhile, and the hold goes on.
+    /// node does not own it now). The node's own end of its lease, reached
+    /// before a renewal answered, ends the session (see `crate::lease`),
+    /// and so every tenure under it: a renewal answered later proves
+    /// nothing of the time between.
     pub fn tenure(self: &Arc<Self>, key: &str) -> impl Future<Output = ()> + Send + 'static {
         let now = self.owned(key);
         let this = self.clone();

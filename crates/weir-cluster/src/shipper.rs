@@ -184,6 +184,10 @@ struct State<C> {
     /// What waits for a head to be accepted, in head order: released by
     /// the shipping task itself, with no task of their own.
     waiters: std::collections::VecDeque<(u64, Waiter)>,
+    /// Waiters taken off `waiters` are being called (outside the lock):
+    /// until they all are, a new one waits behind them, so that none is
+    /// called before one made earlier.
+    dispatching: bool,
 }
 
 /// Something to do once the commits before it are accepted (or failed).
@@ -243,6 +247,7 @@ impl<C: Commit> Shipper<C> {
                     snapshot: None,
                     running: false,
                     waiters: std::collections::VecDeque::new(),
+                    dispatching: false,
                 }),
                 progress: watch::channel(Progress {
                     shipped: head,
@@ -321,10 +326,10 @@ impl<C: Commit> Shipper<C> {
             let mut s = self.lock();
             match s.failure {
                 Some(failure) => Err(failure),
-                // At once only behind no earlier waiter: one whose head
-                // was just accepted may not have been called yet, and the
-                // calls keep their order (a socket's messages theirs).
-                None if s.shipped >= s.queued && s.waiters.is_empty() => Ok(()),
+                // At once only behind no earlier waiter, queued or being
+                // called: the calls keep their order (a socket's messages
+                // theirs).
+                None if s.shipped >= s.queued && s.waiters.is_empty() && !s.dispatching => Ok(()),
                 None => {
                     let target = s.queued;
                     s.waiters.push_back((target, done));
@@ -336,10 +341,15 @@ impl<C: Commit> Shipper<C> {
     }
 
     /// Calls the waiters whose heads are accepted now (or all of them,
-    /// with the failure).
+    /// with the failure), in order: one release at a time calls them, and
+    /// calls the ones that came meanwhile too before it ends.
     fn release(&self) {
-        let (ready, result) = {
-            let mut s = self.lock();
+        let mut s = self.lock();
+        if s.dispatching {
+            return;
+        }
+        s.dispatching = true;
+        loop {
             let result = match s.failure {
                 Some(failure) => Err(failure),
                 None => Ok(()),
@@ -351,14 +361,16 @@ impl<C: Commit> Shipper<C> {
                 }
                 ready.push(s.waiters.pop_front().expect("a front").1);
             }
-            (ready, result)
-        };
-        if ready.is_empty() {
-            return;
-        }
-        let result = result.and_then(|()| self.inner.may_answer());
-        for done in ready {
-            done(result);
+            if ready.is_empty() {
+                s.dispatching = false;
+                return;
+            }
+            drop(s);
+            let result = result.and_then(|()| self.inner.may_answer());
+            for done in ready {
+                done(result);
+            }
+            s = self.lock();
         }
     }
 

@@ -379,6 +379,10 @@ pub fn encode_sql_answer(answer: &Result<Vec<StatementResult>, BatchError>) -> B
                 BatchError::Refused { index, message } => (5, *index, 0, message.clone()),
                 BatchError::Stopped(m) => (6, 0, 0, m.clone()),
                 BatchError::OutcomeUnknown(m) => (7, 0, 0, m.clone()),
+                // New in this build; a node of the build before reads an
+                // unknown kind as a malformed answer, which it tells as a
+                // batch that may have run: the safe side, so the call
+                // version need not move for it.
                 BatchError::NotRun(m) => (8, 0, 0, m.clone()),
             };
             w.u8(kind);

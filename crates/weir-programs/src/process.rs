@@ -118,6 +118,10 @@ pub struct Spawn {
     pub storage: Option<SlotUse>,
     /// The boot must be done by then (the spawning turn's deadline).
     pub deadline: Instant,
+    /// Ends the boot early when it fires (in cluster mode, the end of this
+    /// node's hold on the owner): it is cut as at its deadline, and given
+    /// back the same way.
+    pub cancel: Option<tokio::sync::oneshot::Receiver<()>>,
     pub table: Arc<ProcessTable>,
     /// Deletes the journal row of a process that ended by itself.
     pub fence: Arc<Fence>,

@@ -213,6 +213,27 @@ impl ProgramsHost {
         if let Some(storage) = &mut storage {
             storage.quota = quota;
         }
+        // In cluster mode a boot ends with this node's hold on its owner:
+        // a process not yet in the table is one nothing else would stop,
+        // while the owner's next node may start the launch again. It is
+        // cut as at its deadline (and its slot given back).
+        let tenure_ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cancel = self.tenure_of(owner).map(|tenure| {
+            let (stop, cancel) = tokio::sync::oneshot::channel();
+            let ended = tenure_ended.clone();
+            tokio::spawn(async move {
+                let mut stop = stop;
+                tokio::select! {
+                    () = tenure => {
+                        ended.store(true, std::sync::atomic::Ordering::Release);
+                        let _ = stop.send(());
+                    }
+                    // The boot is over (its receiver dropped).
+                    () = stop.closed() => {}
+                }
+            });
+            cancel
+        });
         let spawn = Spawn {
             reserved,
             root,
@@ -221,6 +242,7 @@ impl ProgramsHost {
             start_args: launch.start_args(),
             storage,
             deadline,
+            cancel,
             table: self.table.clone(),
             fence: self.fence.clone(),
             metrics: self.config.metrics.clone(),
@@ -228,24 +250,19 @@ impl ProgramsHost {
             receipts: self.config.receipts.clone(),
             threads,
         };
-        let spawning = async {
-            match code {
-                Code::Server(code) => resident::spawn(spawn, code).await,
-                Code::Command(code) => lifetime::spawn(spawn, code).await.map(|p| (p, Vec::new())),
-            }
+        let spawned = match code {
+            Code::Server(code) => resident::spawn(spawn, code).await,
+            Code::Command(code) => lifetime::spawn(spawn, code).await.map(|p| (p, Vec::new())),
         };
-        // In cluster mode a boot ends with this node's hold on its owner:
-        // a process not yet in the table is one nothing else would stop,
-        // while the owner's next node may start the launch again.
-        let spawned = match self.tenure_of(owner) {
-            Some(tenure) => tokio::select! {
-                biased;
-                spawned = spawning => spawned,
-                () = tenure => Err(SpawnError::Start(
-                    "this node no longer holds its owner; its launch is kept for the node that holds the owner next".into(),
-                )),
-            },
-            None => spawning.await,
+        let spawned = match spawned {
+            Err(SpawnError::Start(_))
+                if tenure_ended.load(std::sync::atomic::Ordering::Acquire) =>
+            {
+                Err(SpawnError::Start(
+                    "this node no longer holds its owner; the boot was cut".into(),
+                ))
+            }
+            spawned => spawned,
         };
         spawned.map_err(|e| match e {
             SpawnError::NotRunnable(why) => types::Error::NotRunnable(why),

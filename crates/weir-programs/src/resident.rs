@@ -128,7 +128,16 @@ pub async fn spawn(
         }
     };
     let start_args = std::mem::take(&mut spawn.start_args);
-    let payload = match boot(&code, &mut generation, start_args, spawn.deadline, &cpu).await {
+    let mut cancel = spawn.cancel.take();
+    let payload = match boot(
+        &code,
+        &mut generation,
+        start_args,
+        (spawn.deadline, cancel.as_mut()),
+        &cpu,
+    )
+    .await
+    {
         Ok(payload) => payload,
         Err(why) => {
             drop(generation);
@@ -172,7 +181,7 @@ async fn boot(
     code: &AppCode,
     generation: &mut Generation,
     args: Vec<u8>,
-    deadline: Instant,
+    (deadline, cancel): (Instant, Option<&mut tokio::sync::oneshot::Receiver<()>>),
     cpu: &AtomicU64,
 ) -> Result<Vec<u8>, String> {
     let index = code
@@ -196,7 +205,7 @@ async fn boot(
             deadline,
             cancellation_limit: code.limits.cancellation_limit,
         },
-        None,
+        cancel,
         &mut NoResponse,
     )
     .await;

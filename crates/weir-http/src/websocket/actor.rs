@@ -122,8 +122,13 @@ struct Attachment {
     calls: u64,
 }
 
+/// One actor's sockets in this process. Socket ids are the actor's own,
+/// so the ids of a deleted actor's sockets come again for a new actor of
+/// its name: each set is made with an `epoch` of its own, which the tasks
+/// of its sockets carry, so that none of them touches a namesake's set.
 #[derive(Default)]
 struct ActorSet {
+    epoch: u64,
     sockets: HashMap<u64, Arc<Held>>,
     /// Sockets off `sockets` whose end the actor is being told of (by
     /// their own task, or as lost ones): still listed in its storage, and
@@ -139,8 +144,22 @@ pub struct ActorSockets {
     /// and a `/` on a server of several apps.
     prefix: String,
     actors: Mutex<HashMap<ActorAddress, ActorSet>>,
+    /// Numbers the actor sets as they are made.
+    epochs: AtomicU64,
     /// Itself, for the tasks its hooks start.
     me: Weak<ActorSockets>,
+}
+
+/// `actor`'s set, made (with a new epoch) if it has none.
+fn set_of<'m>(
+    actors: &'m mut HashMap<ActorAddress, ActorSet>,
+    epochs: &AtomicU64,
+    actor: &ActorAddress,
+) -> &'m mut ActorSet {
+    actors.entry(actor.clone()).or_insert_with(|| ActorSet {
+        epoch: epochs.fetch_add(1, Ordering::Relaxed),
+        ..ActorSet::default()
+    })
 }
 
 impl ActorSockets {
@@ -151,6 +170,7 @@ impl ActorSockets {
             host: OnceLock::new(),
             prefix: prefix.to_string(),
             actors: Mutex::new(HashMap::new()),
+            epochs: AtomicU64::new(1),
             me: me.clone(),
         })
     }
@@ -182,9 +202,18 @@ impl ActorSockets {
         self.actors().get(actor).map_or(0, |set| set.sockets.len())
     }
 
-    fn forget(&self, actor: &ActorAddress, id: u64) {
+    /// The set of `actor` made in `epoch`, if it is still there.
+    fn set_in<'m>(
+        actors: &'m mut HashMap<ActorAddress, ActorSet>,
+        actor: &ActorAddress,
+        epoch: u64,
+    ) -> Option<&'m mut ActorSet> {
+        actors.get_mut(actor).filter(|set| set.epoch == epoch)
+    }
+
+    fn forget(&self, actor: &ActorAddress, epoch: u64, id: u64) {
         let mut actors = self.actors();
-        if let Some(set) = actors.get_mut(actor) {
+        if let Some(set) = Self::set_in(&mut actors, actor, epoch) {
             set.sockets.remove(&id);
             set.ending.remove(&id);
             if set.sockets.is_empty() && set.ending.is_empty() && !set.auto.is_set() {
@@ -194,19 +223,19 @@ impl ActorSockets {
     }
 
     /// Socket `id` left `actor`'s list: its end is being told.
-    fn ending(&self, actor: &ActorAddress, id: u64) {
-        if let Some(set) = self.actors().get_mut(actor) {
+    fn ending(&self, actor: &ActorAddress, epoch: u64, id: u64) {
+        if let Some(set) = Self::set_in(&mut self.actors(), actor, epoch) {
             set.sockets.remove(&id);
             set.ending.insert(id);
         }
     }
 
-    /// True while the end of socket `id` is being told to `actor` (false
-    /// once the actor was deleted: its sockets are not told of).
-    fn is_ending(&self, actor: &ActorAddress, id: u64) -> bool {
-        self.actors()
-            .get(actor)
-            .is_some_and(|set| set.ending.contains(&id))
+    /// True while socket `id` is `actor`'s (open, or its end being told)
+    /// in the set of `epoch`: false once the actor was deleted, whose
+    /// sockets reach no actor again.
+    fn is_current(&self, actor: &ActorAddress, epoch: u64, id: u64) -> bool {
+        Self::set_in(&mut self.actors(), actor, epoch)
+            .is_some_and(|set| set.sockets.contains_key(&id) || set.ending.contains(&id))
     }
 }
 
@@ -317,9 +346,9 @@ impl ActorSockets {
         }
         let auto_at = Arc::new(AtomicU64::new(0));
         let orphaned = Arc::new(AtomicBool::new(false));
-        {
+        let epoch = {
             let mut actors = self.actors();
-            let set = actors.entry(actor.clone()).or_default();
+            let set = set_of(&mut actors, &self.epochs, &actor);
             wire.auto = Some((set.auto.clone(), auto_at.clone()));
             set.sockets.insert(
                 id,
@@ -332,7 +361,8 @@ impl ActorSockets {
                     orphaned: orphaned.clone(),
                 }),
             );
-        }
+            set.epoch
+        };
         let wire = Wire {
             hub: offer.hub.clone(),
             permit,
@@ -365,7 +395,7 @@ impl ActorSockets {
         let receiver = guest.receiver;
         gate.defer(Effect::at_end(move |committed| {
             if !committed {
-                sockets.forget(&actor, id);
+                sockets.forget(&actor, epoch, id);
                 return;
             }
             let replaced: Vec<Arc<Held>> = match &key {
@@ -387,7 +417,8 @@ impl ActorSockets {
                     .close_with(Close::new(CLOSE_NORMAL, "replaced by a new connection"));
             }
             tokio::spawn(wire.run());
-            tokio::spawn(deliver(sockets, actor, id, orphaned, receiver));
+            let mine = Mine { actor, epoch, id };
+            tokio::spawn(deliver(sockets, mine, orphaned, receiver));
         }));
         Ok(Ok(id))
     }
@@ -432,7 +463,7 @@ impl Holdings for ActorSockets {
         if listed.is_empty() {
             return;
         }
-        let lost: Vec<u64> = {
+        let (epoch, lost) = {
             let mut actors = self.actors();
             let held_here = |id: &u64| {
                 actors
@@ -443,17 +474,14 @@ impl Holdings for ActorSockets {
             if lost.is_empty() {
                 return;
             }
-            actors
-                .entry(actor.clone())
-                .or_default()
-                .ending
-                .extend(lost.iter().copied());
-            lost
+            let set = set_of(&mut actors, &self.epochs, actor);
+            set.ending.extend(lost.iter().copied());
+            (set.epoch, lost)
         };
         let Some(me) = self.me.upgrade() else {
             return;
         };
-        tokio::spawn(tell_lost(me, actor.clone(), lost));
+        tokio::spawn(tell_lost(me, actor.clone(), epoch, lost));
     }
 
     fn let_go<'a>(&'a self, actor: &'a ActorAddress) -> BoxFuture<'a, Result<(), String>> {
@@ -467,15 +495,22 @@ impl Holdings for ActorSockets {
     }
 }
 
-/// Delivers what the client of socket `id` sends, one turn at a time, and
-/// its end once.
+/// One socket of one actor's set (see [`ActorSet`]).
+struct Mine {
+    actor: ActorAddress,
+    epoch: u64,
+    id: u64,
+}
+
+/// Delivers what the client of socket `mine` sends, one turn at a time,
+/// and its end once.
 async fn deliver(
     sockets: Arc<ActorSockets>,
-    actor: ActorAddress,
-    id: u64,
+    mine: Mine,
     orphaned: Arc<AtomicBool>,
     mut from: SocketReceiver,
 ) {
+    let Mine { actor, epoch, id } = &mine;
     loop {
         let (incoming, last) = match from.receive().await {
             Ok(Incoming::Message(m)) => (Incoming::Message(m), false),
@@ -485,33 +520,38 @@ async fn deliver(
                 true,
             ),
         };
+        // Its actor was deleted: nothing of it reaches an actor again.
+        if orphaned.load(Ordering::Acquire) {
+            return;
+        }
         if last {
-            sockets.ending(&actor, id);
+            sockets.ending(actor, *epoch, *id);
         }
         let Some(host) = sockets.host.get().and_then(Weak::upgrade) else {
             return;
         };
         let Ok(mut held) = Box::pin(host.exclusive(&actor.class, &actor.name)).await else {
-            sockets.forget(&actor, id);
+            sockets.forget(actor, *epoch, *id);
             return;
         };
-        // Its actor was deleted (perhaps while this waited for its turn):
-        // a new actor of that name is not this socket's.
-        if orphaned.load(Ordering::Acquire) {
+        // Deleted while this waited for its turn (its set is gone, or a
+        // namesake's is there): a new actor of that name is not this
+        // socket's.
+        if orphaned.load(Ordering::Acquire) || !sockets.is_current(actor, *epoch, *id) {
             return;
         }
         // This node no longer holds the actor (cluster mode): nothing of
         // the socket runs here. It closes (its client reconnects to the
         // next owner), and stays listed: the node that opens the actor
         // next tells it of the end.
-        if !holds(&host, &actor) {
-            if let Ok(socket) = sockets.held(&actor, id) {
+        if !holds(&host, actor) {
+            if let Ok(socket) = sockets.held(actor, *id) {
                 socket
                     .sender
                     .close_with(Close::new(CLOSE_SERVICE_RESTART, MOVED_REASON));
             }
+            sockets.forget(actor, *epoch, *id);
             drop(held);
-            sockets.forget(&actor, id);
             return;
         }
         // Boxed: a turn's future is large, and this task lives as long as
@@ -521,7 +561,7 @@ async fn deliver(
                 Box::pin(host.call_export(
                     &mut held,
                     (HANDLER_INTERFACE, "on-message"),
-                    (id, to_guest(m)),
+                    (*id, to_guest(m)),
                 ))
                 .await
             }
@@ -530,13 +570,15 @@ async fn deliver(
                     code: c.code,
                     reason: c.reason,
                 };
-                tell_end(&host, &mut held, id, frame).await
+                tell_end(&host, &mut held, *id, frame).await
             }
         };
-        drop(held);
+        // Forgotten before the hold goes: a turn that opens the actor
+        // next finds the socket either here or, still listed, lost.
         if last {
-            sockets.forget(&actor, id);
+            sockets.forget(actor, *epoch, *id);
         }
+        drop(held);
         if let Err(why) = ended {
             tracing::debug!(actor = %actor, socket = id, error = %why, "a socket's turn failed; it was rolled back");
         }
@@ -553,9 +595,10 @@ fn holds(host: &ActorHost, actor: &ActorAddress) -> bool {
 
 /// Tells the held actor that its socket `id` ended with `frame`: one turn
 /// that takes the socket off the actor's list and calls its `on-close`.
-/// If that turn fails, the socket is taken off the list after it (the
-/// actor was told once, and failed to hear it); if it could not open the
-/// actor (this node no longer holds it), the socket stays listed for
+/// If the guest was called and the turn failed, the socket is taken off
+/// the list after it (the actor was told once, and failed to hear it); if
+/// the guest was never called (the actor could not be opened or woken
+/// here: this node no longer holds it, say), the socket stays listed for
 /// whoever opens the actor next.
 async fn tell_end(
     host: &ActorHost,
@@ -563,15 +606,17 @@ async fn tell_end(
     id: u64,
     frame: types::CloseFrame,
 ) -> Result<Option<()>, String> {
+    let called = AtomicBool::new(false);
     let unlist = |gate: &weir_actors::gate::TurnGate| {
         gate.write(|db| db.socket_ended(id))
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        called.store(true, Ordering::Relaxed);
+        Ok(())
     };
     let told =
         Box::pin(host.call_export_with(held, (HANDLER_INTERFACE, "on-close"), (id, frame), unlist))
             .await;
-    if told.is_err() {
+    if told.is_err() && called.load(Ordering::Relaxed) {
         // Best effort: a holder that cannot reach the storage leaves it
         // listed, which is what a later opening needs.
         let _ = held.storage(|db| db.socket_ended(id));
@@ -580,21 +625,22 @@ async fn tell_end(
 }
 
 /// Tells `actor` of the end of each socket in `lost` (listed in its
-/// storage, held by no task here), one turn each, in order.
-async fn tell_lost(sockets: Arc<ActorSockets>, actor: ActorAddress, lost: Vec<u64>) {
+/// storage, held by no task here; in its set of `epoch`), one turn each,
+/// in order.
+async fn tell_lost(sockets: Arc<ActorSockets>, actor: ActorAddress, epoch: u64, lost: Vec<u64>) {
     for id in lost {
         let Some(host) = sockets.host.get().and_then(Weak::upgrade) else {
             return;
         };
         let Ok(mut held) = Box::pin(host.exclusive(&actor.class, &actor.name)).await else {
-            sockets.forget(&actor, id);
+            sockets.forget(&actor, epoch, id);
             continue;
         };
         // Deleted meanwhile: nothing of it is told to a namesake. Nor is
         // anything told by a node that no longer holds the actor.
-        if !sockets.is_ending(&actor, id) || !holds(&host, &actor) {
+        if !sockets.is_current(&actor, epoch, id) || !holds(&host, &actor) {
+            sockets.forget(&actor, epoch, id);
             drop(held);
-            sockets.forget(&actor, id);
             continue;
         }
         let frame = types::CloseFrame {
@@ -602,8 +648,8 @@ async fn tell_lost(sockets: Arc<ActorSockets>, actor: ActorAddress, lost: Vec<u6
             reason: LOST_REASON.to_string(),
         };
         let told = tell_end(&host, &mut held, id, frame).await;
+        sockets.forget(&actor, epoch, id);
         drop(held);
-        sockets.forget(&actor, id);
         match told {
             Ok(_) => {
                 tracing::info!(actor = %actor, socket = id, "an actor was told of a socket lost with the process or node that held it")
@@ -820,7 +866,7 @@ pub(crate) fn add_to_linker(
             let s = s.clone();
             seat.gate.defer(Effect::at_commit(move |committed| {
                 if committed {
-                    s.actors().entry(actor).or_default().auto.set(pair);
+                    set_of(&mut s.actors(), &s.epochs, &actor).auto.set(pair);
                 }
             }));
             Ok((Ok(()),))

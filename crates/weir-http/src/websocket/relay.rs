@@ -16,10 +16,10 @@
 //! - once one direction of a relayed socket ends, the other is given
 //!   [`RELAY_LINGER`] (the close handshake) and then dropped;
 //! - a relayed socket lives no longer than its owner's lease: once the
-//!   owner's node is known to have left (`Placement::owner_gone`, within a
-//!   lease and a third of it), the socket is dropped here, so that a
-//!   client of an owner that vanished without a reset reconnects to the
-//!   actor's next owner;
+//!   owner's node is known to have left (`Placement::owner_gone`: within
+//!   about a lease and two thirds of its last renewal), the socket is
+//!   dropped here, so that a client of an owner that vanished without a
+//!   reset reconnects to the actor's next owner;
 //! - at this node's shutdown its relayed sockets close as its own do,
 //!   with 1001: the owner is told (once, for all of them) and closes them
 //!   while their bytes still flow here, for at most [`LEAVING_LINGER`];
