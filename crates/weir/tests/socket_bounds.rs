@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use futures::SinkExt;
+use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -177,33 +177,47 @@ async fn empty_messages_to_a_client_that_reads_nothing_meet_the_send_queues_boun
 async fn messages_a_reset_socket_left_behind_hold_its_place_until_they_are_taken() {
     let dir = data_dir("reset-loop");
     let weir = common::hostile::start(&dir, &["--limit", "max_sockets=4"]);
-    // Each connection sends four slow messages of 256 KiB, then resets.
-    let message = format!("sleep:300{}", " ".repeat(256 << 10));
-    let mut refused = 0;
-    for i in 0..12 {
-        match hostile_socket(&weir, &format!("r{i}"), "").await {
-            Ok(mut ws) => {
-                for _ in 0..4 {
-                    ws.send(Message::text(message.clone())).await.unwrap();
-                }
-                // A reset, not a close: nothing is said.
-                let stream = ws.into_inner();
-                if let tokio_tungstenite::MaybeTlsStream::Plain(tcp) = stream {
-                    // A zero linger resets at once: nothing blocks on drop.
-                    #[allow(deprecated)]
-                    tcp.set_linger(Some(Duration::ZERO)).unwrap();
-                }
-            }
-            Err((status, body)) => {
-                assert_eq!(status, 503, "{body}");
-                refused += 1;
-            }
+    // Each connection takes the guest's greeting (so that Weir has written
+    // all it will write before the reset), sends four slow messages, waits
+    // until the server's kernel has acknowledged every byte (so the reset
+    // loses none of them in the client's own send queue), then resets. Its
+    // place is held for the four seconds its messages take.
+    let message = format!("sleep:1000{}", " ".repeat(8 << 10));
+    for i in 0..4 {
+        let mut ws = hostile_socket(&weir, &format!("r{i}"), "")
+            .await
+            .unwrap_or_else(|(status, body)| panic!("socket {i}: {status} {body}"));
+        let greeting = tokio::time::timeout(Duration::from_secs(30), ws.next())
+            .await
+            .expect("the greeting within 30 s");
+        assert!(
+            matches!(greeting, Some(Ok(Message::Text(_)))),
+            "{greeting:?}"
+        );
+        for _ in 0..4 {
+            ws.send(Message::text(message.clone())).await.unwrap();
         }
+        let tokio_tungstenite::MaybeTlsStream::Plain(tcp) = ws.into_inner() else {
+            panic!("a plain connection");
+        };
+        common::wait_for("every byte acknowledged", || async {
+            match unacknowledged(&tcp) {
+                0 => Ok(()),
+                n => Err(format!("{n} bytes")),
+            }
+        })
+        .await;
+        // A reset, not a close: nothing is said. A zero linger resets at
+        // once.
+        #[allow(deprecated)]
+        tcp.set_linger(Some(Duration::ZERO)).unwrap();
     }
-    assert!(
-        refused > 0,
-        "every connection was taken while four sockets' messages still waited"
-    );
+    // The four places are held by messages no client will ever read the
+    // answers to.
+    match hostile_socket(&weir, "fifth", "").await {
+        Ok(_) => panic!("a fifth socket was taken while four sockets' messages still waited"),
+        Err((status, body)) => assert_eq!(status, 503, "{body}"),
+    }
     // Every message is taken in the end, and the places come back.
     common::wait_for("the places back", || async {
         match hostile_socket(&weir, "after", "").await {
@@ -212,4 +226,29 @@ async fn messages_a_reset_socket_left_behind_hold_its_place_until_they_are_taken
         }
     })
     .await;
+    // Each reset socket's four messages were taken.
+    let closed = weir
+        .logged("weir::socket")
+        .into_iter()
+        .filter(|r| {
+            r["message"] == "socket closed"
+                && r["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("reset by peer"))
+        })
+        .map(|r| r["messages_in"].clone())
+        .collect::<Vec<_>>();
+    assert_eq!(closed, [4, 4, 4, 4], "{}", weir.log());
+}
+
+/// Bytes the connection sent that its peer's kernel has not yet
+/// acknowledged (`SIOCOUTQ`).
+fn unacknowledged(tcp: &tokio::net::TcpStream) -> i32 {
+    use std::os::fd::AsRawFd;
+    let mut queued: libc::c_int = 0;
+    // SAFETY: a valid socket descriptor and a pointer to an int, as
+    // SIOCOUTQ (TIOCOUTQ) takes.
+    let rc = unsafe { libc::ioctl(tcp.as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
+    assert_eq!(rc, 0, "SIOCOUTQ: {}", std::io::Error::last_os_error());
+    queued
 }

@@ -284,11 +284,10 @@ async fn serve(
                 // takes nothing) cannot be said: once the write has had
                 // CLOSE_HANDSHAKE_TIMEOUT more, the connection is dropped
                 // with it.
-                let idle_out = || Stop::Lost(Close::new(CLOSE_GOING_AWAY, "socket_idle_timeout_ms passed with the client taking nothing"));
-                let outcome = |written: Result<Result<(), WsError>, tokio::time::error::Elapsed>| match written {
+                                let outcome = |written: Result<Result<(), WsError>, tokio::time::error::Elapsed>| match written {
                     Ok(Ok(())) => None,
                     Ok(Err(e)) => Some(lost(e)),
-                    Err(_) => Some(idle_out()),
+                    Err(_) => Some(taking_nothing()),
                 };
                 let mut write = std::pin::pin!(tokio::time::timeout(idle, write));
                 let first = {
@@ -343,7 +342,7 @@ async fn serve(
                             match tokio::time::timeout(idle, ws.send(tungstenite::Message::text(reply))).await {
                                 Ok(Ok(())) => continue,
                                 Ok(Err(e)) => break lost(e),
-                                Err(_) => break Stop::Lost(Close::new(CLOSE_GOING_AWAY, "socket_idle_timeout_ms passed with the client taking nothing")),
+                                Err(_) => break taking_nothing(),
                             }
                         }
                         Message::Text(text.as_str().to_string())
@@ -355,12 +354,18 @@ async fn serve(
                         // reads. Never waited on: a client that pings and
                         // reads nothing holds up no close, no send and no
                         // timer, and is dropped once it has taken nothing
-                        // for socket_idle_timeout_ms.
+                        // for socket_idle_timeout_ms. Judged here as well
+                        // as on the tick: a client that pings faster than
+                        // this loop reads keeps this branch ready, and the
+                        // tick, polled after it, would never come.
                         match futures::FutureExt::now_or_never(ws.flush()) {
                             Some(Ok(())) => pong_owed = None,
                             Some(Err(e)) => break lost(e),
                             None => {
-                                pong_owed.get_or_insert_with(Instant::now);
+                                let since = *pong_owed.get_or_insert_with(Instant::now);
+                                if since.elapsed() >= idle {
+                                    break taking_nothing();
+                                }
                             }
                         }
                         continue;
@@ -392,7 +397,7 @@ async fn serve(
                     match futures::FutureExt::now_or_never(ws.flush()) {
                         Some(Ok(())) => pong_owed = None,
                         Some(Err(e)) => break lost(e),
-                        None if since.elapsed() >= idle => break Stop::Lost(Close::new(CLOSE_GOING_AWAY, "socket_idle_timeout_ms passed with the client taking nothing")),
+                        None if since.elapsed() >= idle => break taking_nothing(),
                         None => {}
                     }
                 }
@@ -410,7 +415,7 @@ async fn serve(
                     match tokio::time::timeout(idle - quiet, ping).await {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => break lost(e),
-                        Err(_) => break Stop::Lost(Close::new(CLOSE_GOING_AWAY, "socket_idle_timeout_ms passed with the client taking nothing")),
+                        Err(_) => break taking_nothing(),
                     }
                 }
             }
@@ -534,4 +539,12 @@ fn refusal(e: WsError) -> Stop {
         _ => return lost(e),
     };
     Stop::Close(close, ClosedBy::Weir)
+}
+
+/// How a client that took nothing for `socket_idle_timeout_ms` is let go.
+fn taking_nothing() -> Stop {
+    Stop::Lost(Close::new(
+        CLOSE_GOING_AWAY,
+        "socket_idle_timeout_ms passed with the client taking nothing",
+    ))
 }
