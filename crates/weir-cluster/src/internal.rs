@@ -99,6 +99,23 @@ pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
 /// counts as never sent.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long a peer may go without acknowledging anything on a connection
+/// before the connection is given up: a partition drops packets without a
+/// word, and a call sent on the connection would otherwise wait out
+/// [`FORWARD_TIMEOUT`]. Data sent and not acknowledged for this long ends
+/// it (`TCP_USER_TIMEOUT`), and so does an idle connection whose peer
+/// answers none of the keepalive probes sent over this long
+/// ([`PEER_PROBE_IDLE`], then [`PEER_PROBES`] a second apart). A slow
+/// turn is not silence: the owner's kernel acknowledges the probes.
+pub const PEER_SILENCE_LIMIT: Duration = Duration::from_secs(5);
+
+/// Idle time before the first keepalive probe of a peer connection.
+pub const PEER_PROBE_IDLE: Duration = Duration::from_secs(2);
+
+/// Keepalive probes of a peer connection, a second apart, before it is
+/// given up (with [`PEER_PROBE_IDLE`]: [`PEER_SILENCE_LIMIT`]).
+pub const PEER_PROBES: u32 = 3;
+
 /// How long a forwarded call may take in all: past a turn's own deadlines
 /// and its wait in the owner's mailbox, so only a node that stopped
 /// answering reaches it.
@@ -477,6 +494,12 @@ impl Forwarder {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        // A peer cut off by a partition is found out within
+        // PEER_SILENCE_LIMIT, whether a call waits on it or not.
+        connector.set_tcp_user_timeout(Some(PEER_SILENCE_LIMIT));
+        connector.set_keepalive(Some(PEER_PROBE_IDLE));
+        connector.set_keepalive_interval(Some(Duration::from_secs(1)));
+        connector.set_keepalive_retries(Some(PEER_PROBES));
         Forwarder {
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(POOL_IDLE_TIMEOUT)

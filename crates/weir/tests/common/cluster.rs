@@ -87,6 +87,36 @@ pub fn node_listening(
     Weir::start_with_env(&args, &[("WEIR_CLUSTER_SECRET", SECRET)])
 }
 
+/// Starts node `party` of `net` ([`super::netns::Net`]) in its namespace,
+/// listening (clients, admin, peers) on its address there: the same app
+/// and classes as [`node`], the node named as its party.
+pub fn node_in(
+    net: &super::netns::Net,
+    party: &str,
+    pg: &impl Database,
+    dir: &Path,
+    extra: &[&str],
+) -> Weir {
+    let any = format!("{}:0", net.addr(party));
+    let actor = format!("probe={}", guest("actor_probe").display());
+    let lease = format!("cluster_lease_ms={LEASE_MS}");
+    let mut command = std::process::Command::new("ip");
+    command
+        .args(["netns", "exec", &net.ns(party)])
+        .arg(env!("CARGO_BIN_EXE_weir"))
+        .arg("serve")
+        .args(["--listen", &any, "--admin", &any])
+        .arg(guest("gateway"))
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["--cluster", &pg.url(), "--node", party])
+        .args(["--cluster-listen", &any, "--limit", &lease])
+        .args(["--actor", &actor, "--actor-route", "probe=/direct"])
+        .args(extra)
+        .env("WEIR_CLUSTER_SECRET", SECRET);
+    Weir::serving(command)
+}
+
 /// Runs node `name` of the cluster at `url` (the gateway app, data in
 /// `dir`, with `extra` arguments) to its end: for starts that must fail.
 pub fn node_that_stops_at_start(
@@ -156,6 +186,18 @@ pub async fn actor_of(pg: &Postgres, through: &Weir, owner: &str, prefix: &str) 
         }
     }
     panic!("no actor of {owner}'s among 32 names");
+}
+
+/// Runs a turn on each of `nodes` (named `names`), on an actor that node
+/// owns, and waits for its receipt in that node's log: a count of receipts
+/// taken after this holds every turn that ended on those nodes before,
+/// rather than what a moment's settling let through.
+pub async fn marker_turns(pg: &Postgres, nodes: &[&Weir], names: &[&str]) {
+    for (node, name) in nodes.iter().zip(names) {
+        let actor = actor_of(pg, node, name, &format!("marker-{name}-")).await;
+        node.actor_receipt_where(|r| r["name"] == actor.as_str())
+            .await;
+    }
 }
 
 /// Sends until the answer is 200 (a node may still be failing over),

@@ -90,15 +90,56 @@ pub struct Postgres {
     user: Option<&'static str>,
     pub port: u16,
     server: Option<Child>,
+    /// Where it listens: loopback, or an address of a network namespace
+    /// of the test's own ([`super::netns`]), its programs run in it.
+    at: At,
+}
+
+/// Where a server of the test listens: a network namespace (`None`: this
+/// process's own) and an address in it.
+#[derive(Clone, Debug)]
+pub struct At {
+    pub netns: Option<String>,
+    pub host: String,
+}
+
+impl At {
+    /// Loopback, in this process's own namespace.
+    pub fn loopback() -> At {
+        At {
+            netns: None,
+            host: "127.0.0.1".into(),
+        }
+    }
+
+    /// `command`, run in this namespace.
+    pub fn wrap(&self, command: Command) -> Command {
+        match &self.netns {
+            None => command,
+            Some(ns) => {
+                let mut wrapped = Command::new("ip");
+                wrapped
+                    .args(["netns", "exec", ns])
+                    .arg(command.get_program())
+                    .args(command.get_args());
+                wrapped
+            }
+        }
+    }
 }
 
 impl Postgres {
     fn command(&self, program: &str) -> Command {
-        as_user(self.user, &self.bin.join(program))
+        self.at.wrap(as_user(self.user, &self.bin.join(program)))
     }
 
     /// A fresh cluster on a free port, started, with a database `weir`.
     pub fn start() -> Postgres {
+        Postgres::start_at(At::loopback())
+    }
+
+    /// [`Postgres::start`], listening at `at`.
+    pub fn start_at(at: At) -> Postgres {
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = weir_scratch::dir(&format!("pg-{n}"));
@@ -118,9 +159,10 @@ impl Postgres {
             user,
             port: free_port(),
             server: None,
+            at,
         };
-        let out = pg
-            .command("initdb")
+        let mut initdb = pg.command("initdb");
+        initdb
             .args([
                 "-D",
                 pg.data().to_str().unwrap(),
@@ -129,14 +171,20 @@ impl Postgres {
                 "-U",
                 "weir",
             ])
-            .args(["--no-sync", "-E", "UTF8"])
-            .output()
-            .expect("initdb runs");
+            .args(["--no-sync", "-E", "UTF8"]);
+        let out = super::output_within(&mut initdb, super::EXITS_WITHIN);
         assert!(
             out.status.success(),
             "initdb: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        if pg.at.netns.is_some() {
+            // Reached from the other namespaces of the test's bridge (and
+            // from nowhere else: nothing routes out of it).
+            let hba = pg.data().join("pg_hba.conf");
+            let rules = std::fs::read_to_string(&hba).unwrap();
+            std::fs::write(&hba, format!("{rules}\nhost all all 0.0.0.0/0 trust\n")).unwrap();
+        }
         pg.run();
         pg.psql("postgres", "CREATE DATABASE weir");
         pg
@@ -177,7 +225,7 @@ impl Postgres {
             ])
             .args([
                 "-c",
-                "listen_addresses=127.0.0.1",
+                &format!("listen_addresses={}", self.at.host),
                 "-c",
                 "max_connections=200",
             ])
@@ -191,7 +239,7 @@ impl Postgres {
         loop {
             let ready = self
                 .command("pg_isready")
-                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-q"])
+                .args(["-h", &self.at.host, "-p", &self.port.to_string(), "-q"])
                 .status()
                 .is_ok_and(|s| s.success());
             if ready {
@@ -230,7 +278,7 @@ impl Postgres {
         let rules = std::fs::read_to_string(&hba).unwrap();
         std::fs::write(
             &hba,
-            format!("host all {user} 127.0.0.1/32 scram-sha-256\n{rules}"),
+            format!("host all {user} {}/32 scram-sha-256\n{rules}", self.at.host),
         )
         .unwrap();
         self.psql("postgres", "SELECT pg_reload_conf()");
@@ -243,7 +291,22 @@ impl Postgres {
 
     /// The URL nodes reach it at directly.
     pub fn url(&self) -> String {
-        format!("postgres://weir@127.0.0.1:{}/weir", self.port)
+        format!("postgres://weir@{}:{}/weir", self.at.host, self.port)
+    }
+
+    /// Every row of every table of the cluster's database, as `pg_dump
+    /// --data-only` writes them (byte strings in hex).
+    pub fn dump(&self) -> String {
+        let mut dump = self.at.wrap(Command::new(self.bin.join("pg_dump")));
+        dump.args(["-h", &self.at.host, "-p", &self.port.to_string()])
+            .args(["-U", "weir", "--data-only", "weir"]);
+        let out = super::output_within(&mut dump, super::EXITS_WITHIN);
+        assert!(
+            out.status.success(),
+            "pg_dump: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// Runs `sql` in `db` with psql; its unaligned output, trimmed.
@@ -256,6 +319,7 @@ impl Postgres {
         Psql {
             bin: self.bin.clone(),
             port: self.port,
+            at: self.at.clone(),
         }
     }
 
@@ -284,8 +348,10 @@ impl Postgres {
     /// `sql` took, until it is dropped.
     pub fn hold(&self, sql: &str) -> Held {
         use std::io::Write;
-        let mut session = Command::new(self.bin.join("psql"))
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+        let mut session = self
+            .at
+            .wrap(Command::new(self.bin.join("psql")))
+            .args(["-h", &self.at.host, "-p", &self.port.to_string()])
             .args(["-U", "weir", "-d", "weir", "-q", "-v", "ON_ERROR_STOP=1"])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -358,6 +424,10 @@ impl PgBouncer {
             "PgBouncer is not installed (no {}): `.ci/run` installs Debian's `pgbouncer`",
             bin.display()
         );
+        assert!(
+            pg.at.netns.is_none(),
+            "a PgBouncer runs beside a loopback PostgreSQL"
+        );
         let port = free_port();
         let dir = pg.dir.join(format!("pgbouncer-{port}"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -421,6 +491,7 @@ impl PgBouncer {
         Psql {
             bin: self.bin.clone(),
             port: self.port,
+            at: At::loopback(),
         }
     }
 
@@ -448,23 +519,23 @@ impl Drop for PgBouncer {
 pub struct Psql {
     bin: PathBuf,
     port: u16,
+    at: At,
 }
 
 impl Psql {
     /// Runs `sql` in `db`; its unaligned output, trimmed.
     pub fn psql(&self, db: &str, sql: &str) -> String {
-        let out = Command::new(self.bin.join("psql"))
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "weir",
-            ])
-            .args(["-d", db, "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
-            .output()
-            .expect("psql runs");
+        let mut psql = self.at.wrap(Command::new(self.bin.join("psql")));
+        psql.args([
+            "-h",
+            &self.at.host,
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "weir",
+        ])
+        .args(["-d", db, "-At", "-v", "ON_ERROR_STOP=1", "-c", sql]);
+        let out = super::output_within(&mut psql, super::EXITS_WITHIN);
         assert!(
             out.status.success(),
             "psql {sql}: {}",
