@@ -76,6 +76,8 @@ pub struct Owed {
     /// Rung when an owner is owed a take-over at once: the check runs
     /// then rather than at its next tick.
     due_now: Arc<tokio::sync::Notify>,
+    /// Take-overs an opening of an owner's storage runs now.
+    openings: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -212,6 +214,33 @@ impl Owed {
 
     fn is_empty(&self) -> bool {
         self.lock().is_empty()
+    }
+
+    /// Take-overs owed here (waiting for their try, or running one) and
+    /// those openings run now: 0 once every launch this node was owed is
+    /// running or lost, which is when a count of re-drives is final until
+    /// an owner moves again.
+    pub(crate) fn pending(&self) -> usize {
+        self.lock().len() + self.openings.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Counts an opening's take-over among [`Owed::pending`] while it runs.
+struct Opening<'a>(&'a Owed);
+
+impl<'a> Opening<'a> {
+    fn new(owed: &'a Owed) -> Self {
+        owed.openings
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Opening(owed)
+    }
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        self.0
+            .openings
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -357,6 +386,7 @@ impl ProgramsHost {
         if self.stopping() {
             return;
         }
+        let _opening = Opening::new(&self.owed);
         let rows = match gate.with_db(|db| db.journal()) {
             Ok(rows) => rows,
             Err(e) => {
@@ -399,6 +429,15 @@ impl ProgramsHost {
                 tell(&actors, &mut held, told).await;
             }
         });
+    }
+}
+
+impl ProgramsHost {
+    /// Take-overs of resident processes owed or running on this node
+    /// (owed, waiting for their try or running one, and openings running
+    /// one): what `/status` shows as `take_overs.pending`.
+    pub fn take_overs_pending(&self) -> usize {
+        self.owed.pending()
     }
 }
 

@@ -9,6 +9,8 @@
 //! a call whose event ends meanwhile is skipped by its own stop check.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::oneshot;
 
@@ -24,6 +26,9 @@ pub enum PoolError {
 /// A fixed set of threads for blocking storage work.
 pub struct SqlPool {
     pool: rayon::ThreadPool,
+    /// Threads running work now: what an operator (and a test) reads to
+    /// see that the pool is taken, on `/status`.
+    busy: Arc<AtomicUsize>,
 }
 
 impl SqlPool {
@@ -34,7 +39,10 @@ impl SqlPool {
             .thread_name(|i| format!("weir-sql-{i}"))
             .build()
             .map_err(|e| PoolError::Start(e.to_string()))?;
-        Ok(SqlPool { pool })
+        Ok(SqlPool {
+            pool,
+            busy: Arc::new(AtomicUsize::new(0)),
+        })
     }
 
     /// Runs `work` on a pool thread and waits for it without blocking the
@@ -46,8 +54,12 @@ impl SqlPool {
         F: FnOnce() -> T + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
+        let busy = self.busy.clone();
         self.pool.spawn(move || {
-            let out = std::panic::catch_unwind(AssertUnwindSafe(work)).map_err(|p| {
+            busy.fetch_add(1, Ordering::Relaxed);
+            let out = std::panic::catch_unwind(AssertUnwindSafe(work));
+            busy.fetch_sub(1, Ordering::Relaxed);
+            let out = out.map_err(|p| {
                 let why = p
                     .downcast_ref::<&str>()
                     .map(|s| s.to_string())
@@ -64,6 +76,11 @@ impl SqlPool {
     /// Threads in the pool.
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
+    }
+
+    /// Threads running work at this moment.
+    pub fn busy(&self) -> usize {
+        self.busy.load(Ordering::Relaxed)
     }
 }
 
@@ -104,7 +121,12 @@ mod tests {
         tokio::task::yield_now().await;
         let other = tokio::spawn(async { 1 + 1 }).await.unwrap();
         assert_eq!(other, 2);
+        // The pool says its one thread is taken, and free again after.
+        while pool.busy() != 1 {
+            tokio::task::yield_now().await;
+        }
         release.store(true, Ordering::SeqCst);
         busy.await.unwrap().unwrap();
+        assert_eq!(pool.busy(), 0);
     }
 }

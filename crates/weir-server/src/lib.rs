@@ -126,6 +126,28 @@ impl ServerConfig {
     }
 }
 
+/// The operators' view of the resident processes' take-overs: how many
+/// owners' launches are owed a re-drive on this node, or being re-driven
+/// (0: every launch it was handed runs, or was reported lost).
+fn processes_section(
+    programs: Vec<Arc<weir_programs::host::ProgramsHost>>,
+) -> (&'static str, weir_http::admin::StatusSection) {
+    let section: weir_http::admin::StatusSection = Arc::new(move || {
+        let pending: usize = programs.iter().map(|p| p.take_overs_pending()).sum();
+        serde_json::json!({ "pending": pending })
+    });
+    ("take_overs", section)
+}
+
+/// The operators' view of the SQL pool: its threads, and how many run a
+/// statement or a storage call now (all of them busy is what queues the
+/// next SQL call).
+fn sql_pool_section(pool: Arc<SqlPool>) -> (&'static str, weir_http::admin::StatusSection) {
+    let section: weir_http::admin::StatusSection =
+        Arc::new(move || serde_json::json!({ "threads": pool.threads(), "busy": pool.busy() }));
+    ("sql_pool", section)
+}
+
 /// The operators' view of the compute share: how many slices long
 /// computations may start per tick, how many they were given, and how
 /// many wait for one now, in all and per app.
@@ -297,6 +319,7 @@ impl Server {
         let lane_capacity = lanes * VERSIONS_AT_ONCE;
         let budget = MemoryBudget::new(server_limits.total_guest_memory());
         let pool = Arc::new(SqlPool::new(server_limits.sql_threads)?);
+        let pool_seen = pool.clone();
         server_limits
             .check_sql_memory()
             .map_err(ServerError::Config)?;
@@ -431,6 +454,7 @@ impl Server {
             .filter(|t| t.actors.is_some())
             .map(|t| t.programs.clone())
             .collect();
+        let handed_over = programs.clone();
         let prepare_image = (!programs.is_empty()).then(|| {
             let prepare: weir_http::admin::PrepareImage = Arc::new(move |digest| {
                 programs
@@ -480,6 +504,8 @@ impl Server {
                         ("images", section)
                     }))
                     .chain(std::iter::once(share_section(share)))
+                    .chain(std::iter::once(sql_pool_section(pool_seen.clone())))
+                    .chain(std::iter::once(processes_section(handed_over.clone())))
                     .collect(),
             });
             (listener, state)

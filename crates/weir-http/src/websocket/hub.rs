@@ -420,6 +420,7 @@ impl SocketHub {
                 messages_out: record.messages_out,
                 bytes_in: record.bytes_in,
                 bytes_out: record.bytes_out,
+                queue_peak_bytes: record.queue_peak_bytes,
                 close_code: how.code,
                 closed_by: by,
             },
@@ -528,6 +529,9 @@ pub(crate) struct SocketRecord {
     pub messages_out: u64,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// The most its send queue held at once, in cost (bytes and
+    /// [`super::socket::MESSAGE_COST_BYTES`] a message).
+    pub queue_peak_bytes: u64,
 }
 
 #[derive(Serialize)]
@@ -544,6 +548,7 @@ struct SocketFields<'a> {
     messages_out: u64,
     bytes_in: u64,
     bytes_out: u64,
+    queue_peak_bytes: u64,
     close_code: u16,
     closed_by: ClosedBy,
 }

@@ -108,6 +108,9 @@ struct Shared {
     max_queue_bytes: usize,
     /// Bytes queued and not yet written.
     queued: AtomicUsize,
+    /// The most `queued` ever was (its cost, [`Message::cost`]): what the
+    /// socket's receipt says its send queue held at its fullest.
+    queued_peak: AtomicUsize,
     /// Room in the queue, or the socket's end.
     room: Notify,
     /// Set once: the guest asked to close, or the socket ended.
@@ -215,6 +218,7 @@ pub fn pair(
         max_message_bytes,
         max_queue_bytes,
         queued: AtomicUsize::new(0),
+        queued_peak: AtomicUsize::new(0),
         room: Notify::new(),
         closing: AtomicBool::new(false),
         ended: Mutex::new(None),
@@ -257,11 +261,17 @@ impl Shared {
     /// Takes `len` bytes of queue if they fit (one message always fits an
     /// empty queue).
     fn try_reserve(&self, len: usize) -> bool {
-        self.queued
+        match self
+            .queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
                 (q == 0 || q + len <= self.max_queue_bytes).then_some(q + len)
-            })
-            .is_ok()
+            }) {
+            Ok(before) => {
+                self.queued_peak.fetch_max(before + len, Ordering::Relaxed);
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 
@@ -487,6 +497,11 @@ impl WireEnd {
     /// Bytes queued now.
     pub fn queued(&self) -> usize {
         self.shared.queued.load(Ordering::Acquire)
+    }
+
+    /// The most the send queue held at once, in cost ([`Message::cost`]).
+    pub fn queued_peak(&self) -> usize {
+        self.shared.queued_peak.load(Ordering::Relaxed)
     }
 
     pub fn max_message_bytes(&self) -> usize {

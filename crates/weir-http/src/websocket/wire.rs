@@ -175,6 +175,7 @@ impl Wire {
             messages_out: 0,
             bytes_in: 0,
             bytes_out: 0,
+            queue_peak_bytes: 0,
         };
         let mut ending = Some(ending);
         let upgraded = tokio::select! {
@@ -495,6 +496,7 @@ async fn serve(
         }
     };
     end.end(how.clone());
+    record.queue_peak_bytes = end.queued_peak() as u64;
     (how, by)
 }
 
