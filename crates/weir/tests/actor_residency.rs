@@ -117,28 +117,31 @@ async fn operators_list_inspect_and_delete_actors() {
     let cli = |args: &[&str]| {
         let mut all = vec!["actors", "--admin", &admin, "--data-dir", data];
         all.extend_from_slice(args);
-        common::weir_command()
-            .args(&all)
-            .env_remove("WEIR_ADMIN_TOKEN")
-            .output()
-            .unwrap()
+        common::output_within(
+            common::weir_command()
+                .args(&all)
+                .env_remove("WEIR_ADMIN_TOKEN"),
+            common::EXITS_WITHIN,
+        )
     };
     // Without it (another data dir, or a wrong token) nothing is shown.
     let elsewhere = std::env::temp_dir().join("weir-no-token-here");
-    let out = common::weir_command()
-        .args(["actors", "--admin", &admin, "--data-dir"])
-        .arg(&elsewhere)
-        .arg("list")
-        .env_remove("WEIR_ADMIN_TOKEN")
-        .output()
-        .unwrap();
+    let out = common::output_within(
+        common::weir_command()
+            .args(["actors", "--admin", &admin, "--data-dir"])
+            .arg(&elsewhere)
+            .arg("list")
+            .env_remove("WEIR_ADMIN_TOKEN"),
+        common::EXITS_WITHIN,
+    );
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no admin token"));
-    let out = common::weir_command()
-        .args(["actors", "--admin", &admin, "list"])
-        .env("WEIR_ADMIN_TOKEN", "wrong")
-        .output()
-        .unwrap();
+    let out = common::output_within(
+        common::weir_command()
+            .args(["actors", "--admin", &admin, "list"])
+            .env("WEIR_ADMIN_TOKEN", "wrong"),
+        common::EXITS_WITHIN,
+    );
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("admin_token_required"));
     // A table for the eye: a row per actor, its timer relative to now.

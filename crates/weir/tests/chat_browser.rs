@@ -11,6 +11,7 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use common::{Weir, root};
 use serde_json::Value;
@@ -24,18 +25,19 @@ fn playwright() -> PathBuf {
     let modules = dir.join("node_modules");
     if !modules.join("playwright-core/package.json").is_file() {
         std::fs::create_dir_all(&dir).unwrap();
-        let status = Command::new("npm")
-            .args([
-                "install",
-                "--no-audit",
-                "--no-fund",
-                "--loglevel=error",
-                "--prefix",
-            ])
-            .arg(&dir)
-            .arg(format!("playwright-core@{PLAYWRIGHT_VERSION}"))
-            .status()
-            .expect("npm runs");
+        let status = common::status_within(
+            Command::new("npm")
+                .args([
+                    "install",
+                    "--no-audit",
+                    "--no-fund",
+                    "--loglevel=error",
+                    "--prefix",
+                ])
+                .arg(&dir)
+                .arg(format!("playwright-core@{PLAYWRIGHT_VERSION}")),
+            common::FETCHES_WITHIN,
+        );
         assert!(
             status.success(),
             "npm install playwright-core@{PLAYWRIGHT_VERSION}"
@@ -73,6 +75,9 @@ async fn two_browser_pages_chat_through_a_room_actor() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("node runs");
+    // The script takes tens of seconds; one that hangs is killed, which
+    // ends its output and fails the test below.
+    let _watchdog = common::kill_after(&script, Duration::from_secs(5 * 60));
     let mut said = BufReader::new(script.stdout.take().unwrap()).lines();
     let mut next_json = move || -> Option<Value> {
         said.by_ref()

@@ -656,7 +656,10 @@ async fn a_start_that_fails_names_its_cause_once() {
 
 #[test]
 fn the_version_names_the_cluster_call_versions_it_speaks() {
-    let out = common::weir_command().arg("--version").output().unwrap();
+    let out = common::output_within(
+        common::weir_command().arg("--version"),
+        common::EXITS_WITHIN,
+    );
     assert!(out.status.success());
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),

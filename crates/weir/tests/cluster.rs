@@ -7,7 +7,8 @@ mod common;
 
 use bytes::Bytes;
 use common::cluster::{
-    Postgres, actor_key, incr, node, node_dir, node_that_stops_at_start, node_with_app, until_ok,
+    Postgres, actor_key, incr, marker_turns, node, node_dir, node_that_stops_at_start,
+    node_with_app, until_ok,
 };
 use common::{Weir, guest, try_send_to};
 use http::Request;
@@ -37,7 +38,7 @@ async fn each_actor_runs_on_one_node_and_every_node_reaches_it() {
     }
     // Every turn ran on the owner the database names, none elsewhere.
     let owner = pg.owner(&actor_key("a")).expect("an owner");
-    tokio::time::sleep(common::SETTLE).await;
+    marker_turns(&pg, &nodes.iter().collect::<Vec<_>>(), &["n1", "n2", "n3"]).await;
     for (n, name) in nodes.iter().zip(["n1", "n2", "n3"]) {
         let ran = turns_of(n, "a");
         if name == owner {
@@ -176,7 +177,7 @@ async fn a_forwarded_call_keeps_everything_and_runs_once() {
         assert_eq!(seen["count"], count);
     }
     // Each call ran once, on the owner: three runs in all.
-    tokio::time::sleep(common::SETTLE).await;
+    marker_turns(&pg, &nodes.iter().collect::<Vec<_>>(), &["n1", "n2", "n3"]).await;
     let runs: usize = nodes.iter().map(|n| turns_of(n, "fwd")).sum();
     assert_eq!(runs, 3);
 }

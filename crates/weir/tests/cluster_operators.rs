@@ -114,13 +114,14 @@ async fn an_operator_inspects_and_deletes_an_actor_through_any_node_and_its_hist
         assert_eq!(actors[0]["name"], "gone");
         assert_eq!(actors[0]["owner"], owner.as_str());
         // `weir actors list` shows the owner as a column of its own.
-        let out = common::weir_command()
-            .arg("actors")
-            .args(["--admin", &n.admin.unwrap().to_string()])
-            .env("WEIR_ADMIN_TOKEN", n.token.as_ref().unwrap())
-            .args(["list", "probe"])
-            .output()
-            .unwrap();
+        let out = common::output_within(
+            common::weir_command()
+                .arg("actors")
+                .args(["--admin", &n.admin.unwrap().to_string()])
+                .env("WEIR_ADMIN_TOKEN", n.token.as_ref().unwrap())
+                .args(["list", "probe"]),
+            common::EXITS_WITHIN,
+        );
         let table = String::from_utf8(out.stdout).unwrap();
         let rows: Vec<Vec<&str>> = table
             .lines()

@@ -98,7 +98,7 @@ async fn frames_until_closed(ws: &mut Client) -> (Vec<String>, Result<(u16, Stri
     let mut texts = Vec::new();
     loop {
         match tokio::time::timeout(Duration::from_secs(30), ws.next()).await {
-            Err(_) => return (texts, Err("no close within 30 s".into())),
+            Err(_) => panic!("the socket neither closed nor ended within 30 s; it had {texts:?}"),
             Ok(None) => return (texts, Err("ended without a close frame".into())),
             Ok(Some(Err(e))) => return (texts, Err(e.to_string())),
             Ok(Some(Ok(Message::Text(t)))) => texts.push(t.to_string()),
@@ -291,7 +291,7 @@ async fn when_a_rooms_owner_vanishes_its_relayed_sockets_end_and_the_next_owner_
     n2.signal("STOP");
     let (_, ended) = frames_until_closed(&mut bob).await;
     assert!(
-        ended.is_err() && ended != Err("no close within 30 s".to_string()),
+        ended.is_err(),
         "Bob's relayed socket of a vanished owner: {ended:?}"
     );
     // Bob again, through n1, which takes the room over: the room is told

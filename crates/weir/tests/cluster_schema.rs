@@ -18,6 +18,7 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use common::cluster::{
     Database, PgBouncer, Postgres, node, node_dir, node_that_stops_at_start, put, session,
@@ -248,6 +249,16 @@ fn a_table_held_past_the_patience_fails_the_start_naming_who_holds_it() {
         out.stderr
     );
     println!("the start gave up after {took:?}");
+    // It tried for its patience, and gave up on it: not at once, and not
+    // at the default's two minutes (the rest of a start takes seconds).
+    assert!(
+        took >= Duration::from_millis(1500),
+        "gave up after {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(60),
+        "the patience of 1500 ms was not what ended it: {took:?}"
+    );
     assert_eq!(pg.psql("weir", JOURNALED_INDEX), "0");
     drop(writer);
 }

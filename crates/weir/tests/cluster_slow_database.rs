@@ -161,7 +161,12 @@ async fn a_write_kept_by_a_database_that_answered_too_late_is_what_the_next_read
         &pg,
         "a",
         &node_dir("slow-db-kept", "a"),
-        &["--limit", "cluster_lease_ms=20000"],
+        &[
+            "--limit",
+            "cluster_lease_ms=20000",
+            "--limit",
+            "event_limit_ms=2000",
+        ],
     );
     let r = put(a.addr, "kept", "before").await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -178,10 +183,10 @@ async fn a_write_kept_by_a_database_that_answered_too_late_is_what_the_next_read
     // way: the write is refused, and the commit waits in the database's
     // queue until it answers again, within the node's lease.
     pg.freeze();
-    let (r, ()) = tokio::join!(put(a.addr, "kept", "after"), async {
-        tokio::time::sleep(std::time::Duration::from_secs(7)).await;
-        pg.thaw();
-    });
+    // Refused at the event's deadline (2 s, set above), the database
+    // still frozen; it answers again once the refusal is in.
+    let r = put(a.addr, "kept", "after").await;
+    pg.thaw();
     assert_eq!(r.status, 503, "{}", r.text());
     let session_held = session(&a).await;
     // Kept: the row's head moved past the write's.

@@ -258,13 +258,27 @@ async fn a_relaying_node_that_stops_while_the_owner_cannot_answer_drops_its_sock
 }
 
 /// A counter of `node`'s `/metrics`, 0 when absent.
+/// The value of the series `name` on `node`'s metrics: 0 if its family
+/// is there but no such series was counted yet (a labelled series appears
+/// on its first count); a family that is not there at all (a metric
+/// renamed) fails the test rather than read as 0.
 async fn metric(node: &Weir, name: &str) -> u64 {
     let text = node.admin_get("/metrics").await.text();
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
+    let family = name.split('{').next().unwrap_or(name);
+    let family = family.strip_suffix("_total").unwrap_or(family);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&format!("# TYPE {family} "))),
+        "no metric family {family} in:\n{text}"
+    );
+    match text.lines().find(|l| l.starts_with(name)) {
+        Some(line) => line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("a value in {line:?}")) as u64,
+        None => 0,
+    }
 }
 
 const WAKES: &str = r#"weir_actor_events_total{class="room",event="wake"}"#;

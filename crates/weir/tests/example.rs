@@ -225,12 +225,13 @@ async fn the_durable_app_keeps_its_notes_across_sigkill_and_a_kill_and_comes_bac
     let config = root().join("guests/notes-owner/weir.toml");
     let app = guest("notes_app");
     // Pushed with the CLI, straight into the data dir's image store.
-    let pushed = common::weir_command()
-        .args(["images", "push", "--data-dir"])
-        .arg(&data)
-        .arg(&app)
-        .output()
-        .unwrap();
+    let pushed = common::output_within(
+        common::weir_command()
+            .args(["images", "push", "--data-dir"])
+            .arg(&data)
+            .arg(&app),
+        common::EXITS_WITHIN,
+    );
     assert!(pushed.status.success());
     let digest = String::from_utf8(pushed.stdout).unwrap();
     let digest = digest.split_whitespace().next().unwrap().to_string();

@@ -182,7 +182,16 @@ async fn runaway_queries_on_every_sql_thread_leave_everything_else_answering() {
             (r, started.elapsed())
         }));
     }
-    weir.wait_busy(2).await;
+    // Every thread of the pool is taken by one (the status says so).
+    common::wait_for("4 busy SQL threads", || async {
+        let pool = weir.status().await["sql_pool"].clone();
+        if pool["busy"] == 4 && pool["threads"] == 4 {
+            Ok(())
+        } else {
+            Err(pool.to_string())
+        }
+    })
+    .await;
     // While they run: another worker, an actor whose data is not involved,
     // and the admin address all answer.
     let mut seen = Vec::new();
@@ -204,6 +213,14 @@ async fn runaway_queries_on_every_sql_thread_leave_everything_else_answering() {
     );
     let worst = seen.iter().map(|(_, d)| *d).max().unwrap();
     println!("while 4 runaway statements ran: slowest answer {worst:?} ({seen:?})");
+    // Not one of them waited for a pool thread: a wait would have lasted
+    // until a runaway's 10 s deadline. (Not a speed bound: half of that
+    // deadline is a hundred times what an answer takes here.)
+    assert!(
+        worst < Duration::from_secs(5),
+        "an answer waited on the runaways: {seen:?}"
+    );
+    assert_eq!(weir.status().await["sql_pool"]["busy"], 4);
     // Each runaway ends at its own deadline with the deadline's error.
     for r in runaways {
         let (r, took) = r.await.unwrap();
@@ -439,12 +456,23 @@ async fn actors_whose_alarms_rearm_for_now_forever_leave_everyone_else_answering
     // While they storm, another actor, the worker and the admin address
     // answer, every time, and the storms go on meanwhile.
     let before = storm_runs(&weir, STORMS).await;
+    let mut worst = Duration::ZERO;
     for n in 2..=21 {
+        let t = Instant::now();
         assert_eq!(weir.get("/p/victim/incr").await.text(), n.to_string());
         assert_eq!(weir.get("/hello").await.json(), json!("still here"));
         assert_eq!(weir.admin_send("GET", "/healthz").await.status, 200);
+        worst = worst.max(t.elapsed());
     }
     assert_every_storm_went_on(&weir, &before).await;
+    // Answering is not waiting: no round of the three waited behind the
+    // storms for anything like a second (one takes milliseconds here; the
+    // bound is a hundred times that, so a loaded machine does not trip it).
+    println!("while {STORMS} storms ran: slowest round {worst:?}");
+    assert!(
+        worst < Duration::from_secs(2),
+        "a round waited {worst:?} behind the storms"
+    );
 }
 
 #[tokio::test]

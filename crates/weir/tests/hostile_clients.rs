@@ -151,10 +151,10 @@ fn closed_by_server(mut s: TcpStream) -> bool {
 async fn connections_past_the_cap_are_refused_with_a_reason() {
     let dir = data_dir("conns");
     let weir = start(&dir, &["--limit", "max_connections=8"]);
-    let held: Vec<TcpStream> = (0..8)
+    let mut held: Vec<TcpStream> = (0..8)
         .map(|_| TcpStream::connect(weir.addr).unwrap())
         .collect();
-    // The held connections are accepted (their requests would be served).
+    // The held connections are accepted.
     wait_for("eight connections accepted", || async {
         let mut s = TcpStream::connect(weir.addr).unwrap();
         s.write_all(b"GET /hello HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -176,6 +176,13 @@ async fn connections_past_the_cap_are_refused_with_a_reason() {
         refused.contains("{\"error\":\"connection_limit_exceeded\"}"),
         "{refused}"
     );
+    // A held one, under the cap, is served all the same.
+    let mut one = held.pop().unwrap();
+    one.write_all(b"GET /hello HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    let served = answer(one);
+    assert!(served.starts_with("HTTP/1.1 200"), "{served}");
+    assert!(served.ends_with("\"still here\""), "{served}");
     drop(held);
     // Once they close, new connections are served.
     wait_for("a connection to be served again", || async {
@@ -289,6 +296,7 @@ async fn a_guest_cannot_flood_weirs_log() {
     let weir = start(&dir, &["--limit", "event_limit_ms=60000"]);
     let log_bytes = |weir: &Weir| weir.log().len();
     let before = log_bytes(&weir);
+    let receipts_before = weir.receipts().len();
     for _ in 0..2 {
         let r = weir.get("/print?kb=10000").await.json();
         assert_eq!(r["printed_kb"], 10000);
@@ -304,7 +312,10 @@ async fn a_guest_cannot_flood_weirs_log() {
         }
     })
     .await;
-    tokio::time::sleep(common::SETTLE).await;
+    // Then a marker: once its receipt is in, after the two events' own,
+    // everything they could have put in the log is there.
+    weir.log_flushed("/hello").await;
+    assert!(weir.receipts().len() - receipts_before >= 3);
     let grown = log_bytes(&weir) - before;
     println!("20 MB printed by two events; the log grew {grown} bytes");
     assert!(

@@ -209,18 +209,19 @@ fn statements_that_could_take_the_whole_heap_are_refused_at_start() {
     // Sixteen SQL threads at the default statement bound (128 MiB) could
     // hold 2 GiB at once: more than half the default heap bound.
     let dir = data_dir("sql-memory-config");
-    let out = weir_command()
-        .args(["serve"])
-        .arg(guest("hostile"))
-        .args([
-            "--data-dir",
-            dir.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .args(["--limit", "sql_threads=16"])
-        .output()
-        .unwrap();
+    let out = common::output_within(
+        weir_command()
+            .args(["serve"])
+            .arg(guest("hostile"))
+            .args([
+                "--data-dir",
+                dir.to_str().unwrap(),
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--limit", "sql_threads=16"]),
+        common::EXITS_WITHIN,
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(

@@ -42,6 +42,22 @@ fn an_image_runs_by_digest_and_a_corrupt_or_truncated_one_is_refused_by_digest()
             .count()
     };
     assert_eq!(compiled(), 1, "its compiled code is cached by digest");
+    // A second run takes that artifact as it is: compiling again would
+    // have written a new file in its place (a new inode).
+    let artifact = || {
+        use std::os::unix::fs::MetadataExt;
+        let hex = digest.trim_start_matches("sha256:");
+        std::fs::read_dir(data.join("images/compiled"))
+            .unwrap()
+            .map(|e| e.unwrap())
+            .find(|e| e.file_name().to_string_lossy().starts_with(hex))
+            .map(|e| e.metadata().unwrap().ino())
+            .expect("the artifact")
+    };
+    let first = artifact();
+    let ran = weir(&data, &["run", &digest, "--", "exit", "0"], b"");
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    assert_eq!(artifact(), first, "the second run compiled it again");
 
     let file = image_file(&data, &digest);
     let mut flipped = bytes.clone();

@@ -18,13 +18,14 @@ fn data_dir(name: &str) -> PathBuf {
 }
 
 fn images(data: &Path, args: &[&str]) -> std::process::Output {
-    common::weir_command()
-        .arg("images")
-        .args(args)
-        .arg("--data-dir")
-        .arg(data)
-        .output()
-        .unwrap()
+    common::output_within(
+        common::weir_command()
+            .arg("images")
+            .args(args)
+            .arg("--data-dir")
+            .arg(data),
+        common::EXITS_WITHIN,
+    )
 }
 
 /// `POST path` (a sweep) through the admin address: its report.

@@ -416,7 +416,7 @@ async fn commands_that_compute_forever_run_on_the_program_threads_not_the_reques
         thread_ticks(pid, "weir-program"),
     );
     let mut answered = 0;
-    let until = Instant::now() + Duration::from_secs(2);
+    let until = Instant::now() + Duration::from_secs(5);
     while Instant::now() < until {
         // Their owner and the worker answer meanwhile.
         assert_eq!(o.call("POST", "/r/o/count", b"").await.status, 200);
@@ -429,11 +429,12 @@ async fn commands_that_compute_forever_run_on_the_program_threads_not_the_reques
     }
     let workers = thread_ticks(pid, "weir-worker") - workers;
     let programs = thread_ticks(pid, "weir-program") - programs;
-    // The computing is charged to the program threads: a core's worth at
-    // the least over two seconds (200 ticks are two core-seconds), while
-    // the workers only answered calls.
+    // The computing is charged to the program threads, the workers only
+    // answered calls: a ratio between the two, over five seconds, which
+    // holds however much of the machine other work takes (an absolute
+    // count of ticks does not).
     assert!(
-        programs >= 100,
+        programs > 0,
         "program threads: {programs} ticks, workers: {workers}"
     );
     assert!(

@@ -156,11 +156,12 @@ async fn the_data_dir_is_this_users_alone_and_a_planted_one_is_refused() {
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(out.stderr.contains("others may write it"), "{}", out.stderr);
     assert!(!writable.join("admin-token").exists());
-    let out = weir_command()
-        .args(["images", "list", "--data-dir"])
-        .arg(&writable)
-        .output()
-        .unwrap();
+    let out = common::output_within(
+        weir_command()
+            .args(["images", "list", "--data-dir"])
+            .arg(&writable),
+        common::EXITS_WITHIN,
+    );
     assert_ne!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stderr).contains("others may write it"));
     let theirs = data_dir("theirs");
@@ -248,7 +249,7 @@ async fn the_commands_take_no_token_on_their_command_line_and_send_it_only_where
         for (k, v) in env {
             command.env(k, v);
         }
-        command.output().unwrap()
+        common::output_within(&mut command, common::EXITS_WITHIN)
     };
     let data = dir.to_str().unwrap();
     // The token on the command line: refused, naming why.
@@ -327,7 +328,10 @@ async fn a_guests_timer_reason_reaches_the_operators_terminal_as_text() {
         if json {
             args.push("--json");
         }
-        common::stdout_of(weir_command().args(&args).output().unwrap())
+        common::stdout_of(common::output_within(
+            weir_command().args(&args),
+            common::EXITS_WITHIN,
+        ))
     };
     for json in [false, true] {
         let out = inspect(json);

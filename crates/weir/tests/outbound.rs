@@ -519,10 +519,10 @@ fn a_wildcard_allow_list_reaches_no_metadata_link_local_or_loopback_address() {
 
 async fn guarded_addresses_inside_a_namespace() {
     // Only loopback here: nothing leaves this namespace.
-    let links = std::process::Command::new("ip")
-        .args(["-o", "link"])
-        .output()
-        .unwrap();
+    let links = common::output_within(
+        std::process::Command::new("ip").args(["-o", "link"]),
+        common::EXITS_WITHIN,
+    );
     let links = String::from_utf8_lossy(&links.stdout);
     assert_eq!(links.lines().count(), 1, "only loopback: {links}");
     let weir = Weir::start(&probe(), &["--allow-outbound", "http://*:*"]);

@@ -466,7 +466,7 @@ async fn operators_list_inspect_and_kill_processes_and_read_their_metrics() {
             .args(["--admin", &admin.to_string(), "--data-dir"])
             .arg(&o.data)
             .args(args);
-        command.output().unwrap()
+        common::output_within(&mut command, common::EXITS_WITHIN)
     };
     let b_ = b.to_string();
     // `list` prints a table: a row per process, owner first; `--json` the

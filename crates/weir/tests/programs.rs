@@ -329,6 +329,13 @@ async fn two_first_runs_of_an_image_at_once_compile_it_once_and_both_run() {
         1,
         "one artifact, no partial left: {compiled:?}"
     );
+    // And one compile: the second run waited for the first's, rather than
+    // compiling the same bytes again over it. (Counted once a request
+    // made after both runs has its receipt in the log, which is written
+    // in batches: every line before it is there then.)
+    weir.log_flushed("/").await;
+    let hex = digest.trim_start_matches("sha256:");
+    assert_eq!(weir.compiles_of(hex), 1, "{}", weir.log());
     drop(weir);
     let _ = std::fs::remove_dir_all(&data);
 }

@@ -11,6 +11,7 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use bytes::Bytes;
 use common::{Resp, Weir, guest, pattern, root, run_weir};
@@ -20,13 +21,19 @@ use hyper_util::rt::TokioIo;
 
 /// A component from `guests/toolchains.sh`, which installs the toolchains
 /// and builds all of them once per test binary.
+/// How long installing the toolchains and building their guests may take
+/// before the test fails instead of hanging: a first install downloads
+/// componentize-py and componentize-js (minutes on a slow registry), and
+/// each build of a guest takes tens of seconds.
+const TOOLCHAINS_WITHIN: Duration = Duration::from_secs(20 * 60);
+
 fn toolchain_guest(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let dir = BUILT.get_or_init(|| {
-        let out = Command::new("bash")
-            .arg(root().join("guests/toolchains.sh"))
-            .output()
-            .expect("bash runs");
+        let out = common::output_within(
+            Command::new("bash").arg(root().join("guests/toolchains.sh")),
+            TOOLCHAINS_WITHIN,
+        );
         assert!(
             out.status.success(),
             "guests/toolchains.sh failed:\n{}",

@@ -12,7 +12,6 @@ use http::Request;
 use http_body_util::Full;
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use common::websocket::{Client, close_of};
@@ -135,9 +134,17 @@ async fn a_guest_that_does_not_accept_answers_itself_and_plain_requests_see_no_o
     assert_eq!(plain.text(), "upgrade offered: false\n");
     // A guest cannot answer 101 on its own: the transport's 101 is the
     // only one (the probe sets whatever status it is told).
+    // SECURITY.md: an informational status from a guest is
+    // invalid_response, to a plain request and to a handshake alike.
     let probe = Weir::start(&common::probe(), &[]);
     let faked = probe.get("/status?code=101").await;
-    assert_ne!(faked.status, 101, "{faked:?}");
+    assert_eq!(faked.status, 502, "{faked:?}");
+    assert_eq!(faked.json()["error"], "invalid_response", "{faked:?}");
+    let faked = probe
+        .send(handshake("/status?code=101", "GET", &headers))
+        .await;
+    assert_eq!(faked.status, 502, "{faked:?}");
+    assert_eq!(faked.json()["error"], "invalid_response", "{faked:?}");
 }
 
 #[tokio::test]
@@ -258,6 +265,25 @@ async fn a_message_over_the_limit_closes_with_1009_and_a_send_over_it_is_refused
     let r = socket_receipt(&weir, |r| r["close_code"] == 1009).await;
     assert_eq!(r["closed_by"], "weir");
     assert_eq!(r["outcome"], "limit");
+    // The guest's side: a send one byte over the limit is refused, naming
+    // it, and neither reaches the client nor ends the socket; one at the
+    // limit goes.
+    let mut ws = connect(&weir, "/send-over?bytes=1025").await;
+    let at_limit = ws.next().await.unwrap().unwrap();
+    assert_eq!(at_limit, Message::binary(vec![2; 1024]));
+    let said = ws.next().await.unwrap().unwrap();
+    let said = said.to_text().unwrap();
+    let (over, under) = said.split_once('\n').unwrap();
+    assert!(
+        over.starts_with("Err(TooLarge(") && over.contains("max_socket_message_bytes"),
+        "{said}"
+    );
+    assert_eq!(under, "Ok(())", "{said}");
+    ws.send(Message::text("still open")).await.unwrap();
+    assert_eq!(
+        ws.next().await.unwrap().unwrap(),
+        Message::text("still open")
+    );
 }
 
 #[tokio::test]
@@ -270,17 +296,12 @@ async fn a_client_that_stops_reading_holds_the_guest_at_the_send_queue_and_is_dr
     ]);
     // Connect, then never read: the guest floods 64 KiB messages.
     let ws = connect(&weir, "/flood?kb=64").await;
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    let stalled = common::rss_kib(weir.pid());
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let later = common::rss_kib(weir.pid());
-    // The queue holds at most max_socket_send_queue_bytes (1 MiB): the
-    // server does not grow with what the client does not take.
-    assert!(
-        later < stalled + 4 * 1024,
-        "RSS grew from {stalled} KiB to {later} KiB while the client read nothing"
-    );
     let r = socket_receipt(&weir, |r| r["close_code"] == 1001).await;
+    // The queue held at most max_socket_send_queue_bytes (1 MiB), and was
+    // full: the server did not grow with what the client did not take.
+    let peak = r["queue_peak_bytes"].as_u64().expect("the queue's peak");
+    let message = 64 * 1024 + 64;
+    assert!((1024 * 1024 - message..=1024 * 1024).contains(&peak), "{r}");
     assert_eq!(r["closed_by"], "weir");
     assert!(
         r["detail"].as_str().unwrap().contains("taking nothing"),
@@ -378,7 +399,6 @@ async fn a_shutdown_closes_open_sockets_with_1001_and_a_kill_drops_them_without_
         ended.is_err(),
         "a killed server sends no close frame: {ended:?}"
     );
-    let _ = CloseCode::Normal;
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `POST /incr` | n = n + 1 in storage; answers n |
 //! | `GET /get?key=K` | the value of K, or 404 |
-//! | `POST /pair?i=N&gap_ms=G` | writes `x:N`, waits G ms, writes `y:N`, in one turn (crash tests) |
+//! | `POST /pair?i=N&gap_ms=G` | writes `x:N`, says `pair N: x written` on stderr, waits G ms, writes `y:N`, in one turn (crash tests) |
 //! | `GET /pairs` | every N with `x:N`, and every N with `y:N` (JSON) |
 //! | `POST /gate?port=P` | writes `gate`, then GETs `http://127.0.0.1:P/`; answers its body |
 //! | `POST /put?key=K` | stores the body under K; 413 with the error when too large |
@@ -18,7 +18,7 @@
 //! | `POST /fk-violation` | writes `fk`, then leaves a deferred foreign key broken |
 //! | `POST /sql` | runs the body as one statement; JSON result or 400 with the error |
 //! | `GET /whoami` | class, name, incarnation, pid base (JSON) |
-//! | `POST /sleep?ms=N` | sleeps N ms inside the turn |
+//! | `POST /sleep?ms=N` | says `sleeping N ms` on stderr, then sleeps N ms inside the turn |
 //! | `POST /schedule?reason=R&in_ms=N` | schedules R (or the body's text, when it has one) N ms from now (may be negative) |
 //! | `POST /flaky?for_ms=N` | alarm `flaky` traps until N ms from now, then succeeds |
 //! | `POST /callout?port=P&for_ms=N` | alarm `callout` counts its runs (`callout-runs`), GETs `http://127.0.0.1:P/` (a commit point), then errs until N ms from now; schedules it now |
@@ -130,6 +130,9 @@ fn handle(request: &IncomingRequest, path: &str) -> Result<(u16, String), Error>
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0);
             storage::put(&format!("x:{i}"), &i.to_string())?;
+            // Said on stderr (a `weir::guest` line), so that a test knows
+            // the turn is in its gap.
+            eprintln!("pair {i}: x written");
             if gap_ms > 0 {
                 wasi::clocks::monotonic_clock::subscribe_duration(gap_ms * 1_000_000).block();
             }
@@ -306,6 +309,8 @@ fn handle(request: &IncomingRequest, path: &str) -> Result<(u16, String), Error>
         }
         "/sleep" => {
             let ms: u64 = query(path, "ms").and_then(|v| v.parse().ok()).unwrap_or(10);
+            // Said on stderr, so that a test knows the turn holds the actor.
+            eprintln!("sleeping {ms} ms");
             wasi::clocks::monotonic_clock::subscribe_duration(ms * 1_000_000).block();
             storage::put("slept", &ms)?;
             (200, ms.to_string())

@@ -11,6 +11,10 @@
 //! - `/flood?kb=K`: sends K KiB messages as fast as the client takes them,
 //!   forever (a client that stops reading meets the send queue);
 //! - `/hold`: accepts and waits for messages, answering none;
+//! - `/send-over?bytes=N`: sends a binary message of `N` bytes, then one
+//!   of `N - 1`, and reports what each send returned as a text message
+//!   (`N` one over `max_socket_message_bytes` is refused, the socket
+//!   stays open), then echoes;
 //! - `/refuse`: does not accept; answers 403 itself;
 //! - `/bad-close`: tries close codes that may not be sent, and reports what
 //!   Weir said as a text message, then closes with 1000;
@@ -97,6 +101,13 @@ impl wasi::exports::http::incoming_handler::Guest for Sockets {
                 while socket.send(&chunk).is_ok() {}
             }
             "/hold" => while let Ok(Incoming::Message(_)) = socket.receive() {},
+            "/send-over" => {
+                let bytes: usize = query(&path, "bytes").and_then(|b| b.parse().ok()).unwrap_or(0);
+                let over = socket.send(&Message::Binary(vec![1; bytes]));
+                let under = socket.send(&Message::Binary(vec![2; bytes.saturating_sub(1)]));
+                let _ = socket.send(&Message::Text(format!("{over:?}\n{under:?}")));
+                echo(&socket, None);
+            }
             "/bad-close" => {
                 let mut said = Vec::new();
                 for code in [1005u16, 1006, 1015, 2000, 5000] {

@@ -76,6 +76,25 @@ pub async fn wait_log(weir: &Weir, actor: &str, f: impl Fn(&[String]) -> bool) -
     }
 }
 
+/// Returns once a timer set now for `ms` later has fired on an actor of its
+/// own: every timer due before it was dispatched by then, so a count of
+/// deliveries taken after this is the count, not the first sight of one.
+pub async fn after_a_later_timer(weir: &Weir, ms: u64) {
+    static MARKERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let marker = format!(
+        "marker{}",
+        MARKERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let r = post(
+        weir,
+        &format!("/probe/{marker}/schedule?reason=tick&in_ms={ms}"),
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    wait_log(weir, &marker, |l| !l.is_empty()).await;
+}
+
 pub async fn inspect(weir: &Weir, actor: &str) -> Value {
     let r = weir
         .admin_get(&format!("/actors/probe/{actor}?keys=1"))

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -15,17 +16,17 @@ pub fn kosoku() -> PathBuf {
     let venv = super::root().join(format!("target/tools/kosoku-{KOSOKU_VERSION}"));
     let bin = venv.join("bin/kosoku");
     if !bin.is_file() {
-        let made = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status()
-            .expect("python3 runs");
+        let made = super::status_within(
+            Command::new("python3").args(["-m", "venv"]).arg(&venv),
+            super::FETCHES_WITHIN,
+        );
         assert!(made.success(), "python3 -m venv {}", venv.display());
-        let installed = Command::new(venv.join("bin/pip"))
-            .args(["install", "--quiet", "--disable-pip-version-check"])
-            .arg(format!("kosoku=={KOSOKU_VERSION}"))
-            .status()
-            .expect("pip runs");
+        let installed = super::status_within(
+            Command::new(venv.join("bin/pip"))
+                .args(["install", "--quiet", "--disable-pip-version-check"])
+                .arg(format!("kosoku=={KOSOKU_VERSION}")),
+            super::FETCHES_WITHIN,
+        );
         assert!(installed.success(), "pip install kosoku=={KOSOKU_VERSION}");
     }
     bin
@@ -47,12 +48,14 @@ pub struct Report {
 pub fn run(kosoku: &PathBuf, url: &str) -> Report {
     let out = tempdir();
     let address = url.trim_start_matches("ws://");
-    let status = Command::new(kosoku)
-        .args(["-x", "12.*", "-x", "13.*", "-p", "2", "-o"])
-        .arg(&out)
-        .arg(url)
-        .status()
-        .expect("kosoku runs");
+    // The whole suite of cases takes about a minute here.
+    let status = super::status_within(
+        Command::new(kosoku)
+            .args(["-x", "12.*", "-x", "13.*", "-p", "2", "-o"])
+            .arg(&out)
+            .arg(url),
+        Duration::from_secs(10 * 60),
+    );
     let index: Value = serde_json::from_slice(
         &std::fs::read(out.join("index.json")).expect("kosoku wrote index.json"),
     )

@@ -8,11 +8,13 @@ pub mod autobahn;
 pub mod chat;
 pub mod cluster;
 pub mod hostile;
+pub mod netns;
 pub mod postgres;
 pub mod programs;
 pub mod small_disk;
 pub mod strace;
 pub mod websocket;
+pub mod write_stream;
 
 mod hold_server;
 mod process_stats;
@@ -53,7 +55,8 @@ pub fn guest(name: &str) -> PathBuf {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
+        let mut build = Command::new(cargo);
+        build
             .args([
                 "build",
                 "--release",
@@ -65,9 +68,8 @@ pub fn guest(name: &str) -> PathBuf {
             // Explicit, so that a CARGO_TARGET_DIR in the environment does
             // not move the components away from where the tests read them.
             .arg("--target-dir")
-            .arg(root().join("guests/target"))
-            .status()
-            .expect("cargo runs");
+            .arg(root().join("guests/target"));
+        let status = status_within(&mut build, FETCHES_WITHIN);
         assert!(
             status.success(),
             "the guests under guests/ do not build (the README's test command \
@@ -166,31 +168,95 @@ pub fn run_weir_with_env(args: &[&str], env: &[(&str, &str)]) -> Exited {
     }
     // It must exit by itself: one that starts serving instead is killed
     // after a minute and fails the test, rather than hanging it.
+    let out = output_within(&mut command, EXITS_WITHIN);
+    Exited {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// How long a `weir` command that should exit by itself (a refusal at
+/// start, `--version`, a one-shot CLI command) may run before the test
+/// kills it and fails: the slowest of them, a first compile of a guest in
+/// a debug build on a loaded machine, takes seconds.
+pub const EXITS_WITHIN: Duration = Duration::from_secs(60);
+
+/// How long a step that fetches from a package registry or builds (the
+/// guests, a test tool from npm or PyPI) may take before the test fails
+/// instead of hanging on a network that stopped answering: a cold build
+/// of the guests takes a few minutes here.
+pub const FETCHES_WITHIN: Duration = Duration::from_secs(20 * 60);
+
+/// `command.status()` that cannot hang the test: its output goes where
+/// the test's does, and a command still running after `limit` is killed
+/// and fails the test.
+pub fn status_within(command: &mut Command, limit: Duration) -> std::process::ExitStatus {
+    let mut child = command
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{command:?} runs: {e}"));
+    exit_within(&mut child, limit)
+        .unwrap_or_else(|| panic!("{command:?} did not exit within {limit:?}"))
+}
+
+/// Kills a child the test reads from or waits on (a browser script, a
+/// load generator) once `limit` has passed, so that a read that would
+/// block forever ends in EOF and the test fails; dropping the watchdog
+/// calls it off.
+pub struct Watchdog(#[allow(dead_code)] std::sync::mpsc::Sender<()>);
+
+/// Starts a [`Watchdog`] on `child`.
+pub fn kill_after(child: &Child, limit: Duration) -> Watchdog {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let pid = child.id();
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
+            eprintln!("process {pid} still running after {limit:?}: killed");
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    });
+    Watchdog(tx)
+}
+
+/// `command.output()` that cannot hang the test: stdin is closed, and a
+/// command still running after `limit` is killed and fails the test with
+/// what it said on stderr so far.
+pub fn output_within(command: &mut Command, limit: Duration) -> std::process::Output {
     let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("weir runs");
+        .unwrap_or_else(|e| panic!("{command:?} runs: {e}"));
+    // Read on threads of their own, and waited for with a bound too: a
+    // child of the command (a server it started) may hold a pipe open.
     let read_all = |mut pipe: Box<dyn Read + Send>| {
+        let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = pipe.read_to_string(&mut text);
-            text
-        })
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            let _ = tx.send(bytes);
+        });
+        move || {
+            rx.recv_timeout(Duration::from_secs(10))
+                .expect("the command's pipes close within 10 s of its exit")
+        }
     };
-    let reader = read_all(Box::new(child.stderr.take().expect("stderr is piped")));
-    let out = read_all(Box::new(child.stdout.take().expect("stdout is piped")));
-    let Some(status) = exit_within(&mut child, Duration::from_secs(60)) else {
+    let stderr = read_all(Box::new(child.stderr.take().expect("stderr is piped")));
+    let stdout = read_all(Box::new(child.stdout.take().expect("stdout is piped")));
+    let Some(status) = exit_within(&mut child, limit) else {
         panic!(
-            "weir {args:?} did not exit within a minute:\n{}",
-            reader.join().unwrap_or_default()
+            "{command:?} did not exit within {limit:?}:\n{}",
+            String::from_utf8_lossy(&stderr())
         );
     };
-    Exited {
-        code: status.code(),
-        stdout: out.join().unwrap_or_default(),
-        stderr: reader.join().unwrap_or_default(),
+    std::process::Output {
+        status,
+        stdout: stdout(),
+        stderr: stderr(),
     }
 }
 
@@ -219,6 +285,12 @@ impl Weir {
             command.arg("--data-dir").arg(fresh_data_dir());
         }
         command.envs(env.iter().copied());
+        Self::serving(command)
+    }
+
+    /// Runs `command`, a `weir serve` (perhaps wrapped, as in a network
+    /// namespace), and waits until it serves.
+    pub fn serving(mut command: Command) -> Weir {
         let mut child = command
             .env("WEIR_LOG", "info")
             .stdin(Stdio::null())
@@ -329,6 +401,43 @@ impl Weir {
                 fields
             })
             .collect()
+    }
+
+    /// Returns once every line the server logged before this call is in
+    /// [`Weir::log`]: the server writes its log in batches, so a request
+    /// made now (to `path`: a worker's request or an actor's turn) has
+    /// its receipt after all of them.
+    pub async fn log_flushed(&self, path: &str) {
+        let count = || self.receipts().len() + self.actor_receipts().len();
+        let before = count();
+        let _ = self.get(path).await;
+        wait_for("a marker request's receipt", || async {
+            let now = count();
+            if now > before {
+                Ok(())
+            } else {
+                Err(format!("{now} receipts"))
+            }
+        })
+        .await;
+    }
+
+    /// How many times the server compiled code whose artifact path holds
+    /// `hex` (a digest): each compile logs one `compiled` line, whether or
+    /// not its artifact was left behind.
+    pub fn compiles_of(&self, hex: &str) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| {
+                v["fields"]["message"] == "compiled"
+                    && v["fields"]["artifact"]
+                        .as_str()
+                        .is_some_and(|a| a.contains(hex))
+            })
+            .count()
     }
 
     /// Waits until a log line of `target` matches, returning its fields.
@@ -618,6 +727,20 @@ pub async fn send_to(addr: SocketAddr, req: Request<Full<Bytes>>) -> Resp {
 /// [`send_to`], for exchanges the server may cut (a kill, a refusal): the
 /// response, or what went wrong at the transport.
 pub async fn try_send_to(addr: SocketAddr, req: Request<Full<Bytes>>) -> Result<Resp, String> {
+    let what = format!("{} {}", req.method(), req.uri());
+    tokio::time::timeout(ANSWER_WITHIN, exchange(addr, req))
+        .await
+        .unwrap_or_else(|_| panic!("{what} to {addr}: no answer within {ANSWER_WITHIN:?}"))
+}
+
+/// How long a test waits on one exchange, response and body, before it
+/// fails instead of hanging: past the longest deadline Weir itself puts
+/// on an answer (a call's 30 s event deadline, a cold start's compile),
+/// with room for a loaded machine. A hang is never an answer the caller
+/// of [`try_send_to`] may take for a cut connection.
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(120);
+
+async fn exchange(addr: SocketAddr, req: Request<Full<Bytes>>) -> Result<Resp, String> {
     let stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;

@@ -18,17 +18,18 @@ impl SmallDisk {
     pub fn mount(name: &str, bytes: u64) -> SmallDisk {
         let path = weir_scratch::dir(&format!("small-disk-{name}"));
         std::fs::create_dir_all(&path).unwrap();
-        let out = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={bytes},mode=0700"),
-                "tmpfs",
-            ])
-            .arg(&path)
-            .output()
-            .expect("mount runs");
+        let out = super::output_within(
+            Command::new("mount")
+                .args([
+                    "-t",
+                    "tmpfs",
+                    "-o",
+                    &format!("size={bytes},mode=0700"),
+                    "tmpfs",
+                ])
+                .arg(&path),
+            super::EXITS_WITHIN,
+        );
         assert!(
             out.status.success(),
             "this test fills a disk of its own, a tmpfs, and mounting one needs root: {}",
