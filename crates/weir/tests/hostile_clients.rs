@@ -312,10 +312,17 @@ async fn a_guest_cannot_flood_weirs_log() {
         }
     })
     .await;
-    // Then a marker: once its receipt is in, after the two events' own,
-    // everything they could have put in the log is there.
+    // Then every receipt: the two events' (each written as its event
+    // ends, which may come after its answer) and a marker's, made after
+    // both: everything they could have put in the log is there.
     weir.log_flushed("/hello").await;
-    assert!(weir.receipts().len() - receipts_before >= 3);
+    common::wait_for("the two events' receipts and the marker's", || async {
+        match weir.receipts().len() - receipts_before {
+            n if n >= 3 => Ok(()),
+            n => Err(format!("{n} receipts")),
+        }
+    })
+    .await;
     let grown = log_bytes(&weir) - before;
     println!("20 MB printed by two events; the log grew {grown} bytes");
     assert!(
